@@ -1,0 +1,95 @@
+// turnstile::Client: one connection to a coordination backend, the factory of every primitive.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "turnstile/error.hpp"
+
+namespace turnstile {
+
+class Mutex;
+class RecursiveMutex;
+class SharedMutex;
+class Semaphore;
+class PermitCounter;
+
+namespace detail {
+class ClientState;
+}
+
+using ErrorHandler = std::function<void(const Error&)>;
+
+struct ClientOptions {
+  // Lease time-to-live of holds on backends that expire them (redis, etcd, zk session);
+  // zero keeps the URL's ?ttl= or the backend default. The embedded backend ignores it:
+  // its holds live exactly as long as the holding process.
+  std::chrono::milliseconds ttl{0};
+  // Receives errors that cannot be thrown: misuse of unlock(), failed background releases.
+  // Default: one line on stderr.
+  ErrorHandler error_handler;
+  // Called (from a background thread) whenever a hold may have been lost, in addition to
+  // the hold's stop token being signalled. The error is a HoldLost naming the hold.
+  ErrorHandler on_hold_lost;
+};
+
+// One entry of a queue as `turnstile inspect` shows it.
+struct EntryInfo {
+  std::uint64_t fencing_token = 0;
+  std::string kind;  // "exclusive", "shared" or "lease"
+  std::int64_t permits = 1;
+  bool holding = false;
+  std::int64_t pid = 0;
+  std::string host;
+  std::chrono::system_clock::time_point since;
+};
+
+struct Inspection {
+  std::string name;
+  std::string mode;                  // "lock", "semaphore" or "" when nobody is queued
+  std::int64_t limit = 0;            // the Semaphore's limit when mode == "semaphore"
+  std::vector<EntryInfo> holders;    // in queue order
+  std::vector<EntryInfo> waiters;    // in queue order
+  std::optional<std::int64_t> permits;  // the PermitCounter's value, if ever set
+};
+
+class Client {
+ public:
+  // The URL in TURNSTILE_BACKEND, else the embedded default (see default_url()).
+  static Client connect();
+  // `file:///dir` today; redis://, zk://, etcd://, consul:// when their backends are built.
+  // Throws InvalidUrl (malformed, unknown scheme), BackendNotBuilt, BackendUnavailable.
+  static Client connect(std::string_view url, ClientOptions options = {});
+  // file://$XDG_RUNTIME_DIR/turnstile, else file:///tmp/turnstile-$UID.
+  static std::string default_url();
+
+  const std::string& url() const;
+
+  // Primitives are cheap handles. Names are '/'-separated paths of non-empty segments,
+  // at most 255 bytes of UTF-8 without control characters, '.' or '..' segments;
+  // anything else throws InvalidArgument.
+  Mutex mutex(std::string_view name);
+  RecursiveMutex recursive_mutex(std::string_view name);
+  SharedMutex shared_mutex(std::string_view name);
+  // Throws InvalidArgument when limit <= 0.
+  Semaphore semaphore(std::string_view name, std::int64_t limit);
+  PermitCounter permit_counter(std::string_view name);
+
+  // Holders and waiters of a name, in queue order. Throws InvalidArgument, BackendUnavailable.
+  Inspection inspect(std::string_view name);
+
+  void set_error_handler(ErrorHandler handler);
+
+  explicit Client(std::shared_ptr<detail::ClientState> state);
+
+ private:
+  std::shared_ptr<detail::ClientState> state_;
+};
+
+}  // namespace turnstile

@@ -1,0 +1,161 @@
+// Mutex, RecursiveMutex and SharedMutex: the C++ Lockable / TimedLockable / SharedTimedLockable
+// requirements over a backend queue, so std::lock_guard, std::unique_lock, std::scoped_lock and
+// std::shared_lock work unchanged.
+//
+// Holds belong to the calling thread. All three kinds on one name share one queue: a Mutex
+// excludes a RecursiveMutex and a SharedMutex writer of the same name, and readers of it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stop_token>
+#include <string>
+
+#include "turnstile/deadline.hpp"
+#include "turnstile/error.hpp"
+
+namespace turnstile {
+
+namespace detail {
+class LockCore;
+enum class LockFlavor { plain, recursive, read_write };
+
+// What the three lock types share: the calling thread's view of its hold.
+class LockHandle {
+ public:
+  const std::string& name() const;
+  // Whether the calling thread holds the lock exclusively.
+  bool owns_lock() const;
+  // The fencing token of the calling thread's hold (exclusive, else shared): strictly greater
+  // than every earlier holder's of this name. Throws NotHeld.
+  std::uint64_t fencing_token() const;
+  // Signalled when the calling thread's hold may have been lost. Throws NotHeld.
+  std::stop_token lost_token() const;
+
+ protected:
+  LockHandle(std::shared_ptr<LockCore> core, LockFlavor flavor);
+  bool acquire_exclusive(Deadline deadline);
+  void release_exclusive();
+  void unlock_exclusive() noexcept;
+  bool acquire_shared(Deadline deadline);
+  void release_shared();
+  void unlock_shared_noexcept() noexcept;
+  bool owns_shared_lock() const;
+
+  std::shared_ptr<LockCore> core_;
+  LockFlavor flavor_;
+};
+}  // namespace detail
+
+// Not reentrant (Curator InterProcessSemaphoreMutex, Consul lock).
+class Mutex : public detail::LockHandle {
+ public:
+  // Blocks until held. Throws WouldDeadlock if the calling thread already holds the name,
+  // BackendUnavailable, HoldLost.
+  void lock() { acquire_exclusive(std::nullopt); }
+  // One attempt, no waiting. Same errors as lock().
+  bool try_lock() { return acquire_exclusive(SteadyClock::now()); }
+  // Throws InvalidArgument on a negative timeout, else as lock().
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
+    return acquire_exclusive(detail::deadline_after(timeout));
+  }
+  template <class Clock, class Duration>
+  bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
+    return acquire_exclusive(detail::deadline_at(when));
+  }
+  // Never throws (guards call it from destructors): misuse and release failures go to the
+  // client's error handler, and a failed release is retried in the background.
+  void unlock() noexcept { unlock_exclusive(); }
+  // unlock() that reports: NotHeld, BackendUnavailable (retried in the background), HoldLost.
+  void release() { release_exclusive(); }
+
+ private:
+  friend class Client;
+  using LockHandle::LockHandle;
+};
+
+// Reentrant per thread with a hold count (Curator InterProcessMutex, Redisson RLock).
+class RecursiveMutex : public detail::LockHandle {
+ public:
+  void lock() { acquire_exclusive(std::nullopt); }
+  bool try_lock() { return acquire_exclusive(SteadyClock::now()); }
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
+    return acquire_exclusive(detail::deadline_after(timeout));
+  }
+  template <class Clock, class Duration>
+  bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
+    return acquire_exclusive(detail::deadline_at(when));
+  }
+  // Releases the backend hold when the count drops to zero.
+  void unlock() noexcept { unlock_exclusive(); }
+  void release() { release_exclusive(); }
+
+ private:
+  friend class Client;
+  using LockHandle::LockHandle;
+};
+
+// Readers/writer, reentrant on both sides (Curator InterProcessReadWriteLock). A writer may
+// also take the read lock and then drop the write lock (downgrade); a thread holding only the
+// read lock that asks for the write lock gets WouldDeadlock (upgrades deadlock by nature).
+class SharedMutex : public detail::LockHandle {
+ public:
+  void lock() { acquire_exclusive(std::nullopt); }
+  bool try_lock() { return acquire_exclusive(SteadyClock::now()); }
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
+    return acquire_exclusive(detail::deadline_after(timeout));
+  }
+  template <class Clock, class Duration>
+  bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
+    return acquire_exclusive(detail::deadline_at(when));
+  }
+  void unlock() noexcept { unlock_exclusive(); }
+  void release() { release_exclusive(); }
+
+  void lock_shared() { acquire_shared(std::nullopt); }
+  bool try_lock_shared() { return acquire_shared(SteadyClock::now()); }
+  template <class Rep, class Period>
+  bool try_lock_shared_for(const std::chrono::duration<Rep, Period>& timeout) {
+    return acquire_shared(detail::deadline_after(timeout));
+  }
+  template <class Clock, class Duration>
+  bool try_lock_shared_until(const std::chrono::time_point<Clock, Duration>& when) {
+    return acquire_shared(detail::deadline_at(when));
+  }
+  void unlock_shared() noexcept { unlock_shared_noexcept(); }
+  void release_shared() { LockHandle::release_shared(); }
+  bool owns_shared() const { return owns_shared_lock(); }
+
+  // A Lockable view whose lock() is lock_shared(): for MultiLock and std::lock_guard.
+  class Reader {
+   public:
+    void lock() { owner_->lock_shared(); }
+    bool try_lock() { return owner_->try_lock_shared(); }
+    template <class Rep, class Period>
+    bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
+      return owner_->try_lock_shared_for(timeout);
+    }
+    template <class Clock, class Duration>
+    bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
+      return owner_->try_lock_shared_until(when);
+    }
+    void unlock() noexcept { owner_->unlock_shared(); }
+
+   private:
+    friend class SharedMutex;
+    explicit Reader(SharedMutex* owner) : owner_(owner) {}
+    SharedMutex* owner_;
+  };
+  // The view refers to this SharedMutex, which must outlive it.
+  Reader reader() { return Reader(this); }
+
+ private:
+  friend class Client;
+  using LockHandle::LockHandle;
+};
+
+}  // namespace turnstile

@@ -1,0 +1,82 @@
+// PermitCounter: Redisson RSemaphore semantics. Permits are a number, not owned: anyone may
+// release, nothing returns them when a process dies. Waiters are served in arrival order and
+// wake when permits are added.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "turnstile/deadline.hpp"
+#include "turnstile/error.hpp"
+
+namespace turnstile {
+
+namespace detail {
+class ClientState;
+}
+
+class PermitCounter {
+ public:
+  // Sets the count to n only if it was never set. Throws InvalidArgument when n < 0.
+  bool try_set_permits(std::int64_t n);
+  // Adds n (which may be negative) to the count, unset counting as 0; returns the new count.
+  std::int64_t add_permits(std::int64_t n);
+  std::int64_t available_permits();
+  // Sets the count to 0 and returns what was available (never less than 0).
+  std::int64_t drain_permits();
+
+  // Takes n permits, waiting for them. Throws InvalidArgument when n <= 0.
+  void acquire(std::int64_t n = 1) { acquire_until(std::nullopt, n); }
+  bool try_acquire(std::int64_t n = 1) { return acquire_until(SteadyClock::now(), n); }
+  template <class Rep, class Period>
+  bool try_acquire_for(const std::chrono::duration<Rep, Period>& timeout, std::int64_t n = 1) {
+    return acquire_until(detail::deadline_after(timeout), n);
+  }
+  template <class Clock, class Duration>
+  bool try_acquire_until(const std::chrono::time_point<Clock, Duration>& when, std::int64_t n = 1) {
+    return acquire_until(detail::deadline_at(when), n);
+  }
+  // Returns n permits (no ownership check, as in Redisson). Throws InvalidArgument when n <= 0.
+  void release(std::int64_t n = 1);
+
+  const std::string& name() const { return name_; }
+
+  // A Lockable view taking n permits in lock() and returning them in unlock(). The view
+  // remembers whether it holds, so unlock() without lock() returns nothing.
+  class Lockable;
+  Lockable lockable(std::int64_t n = 1) const;
+
+  PermitCounter(std::shared_ptr<detail::ClientState> client, std::string name);
+
+ private:
+  bool acquire_until(Deadline deadline, std::int64_t n);
+
+  std::shared_ptr<detail::ClientState> client_;
+  std::string name_;
+};
+
+class PermitCounter::Lockable {
+ public:
+  void lock() { owner_.acquire(n_); held_ = true; }
+  bool try_lock() { return held_ = owner_.try_acquire(n_); }
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
+    return held_ = owner_.try_acquire_for(timeout, n_);
+  }
+  template <class Clock, class Duration>
+  bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
+    return held_ = owner_.try_acquire_until(when, n_);
+  }
+  void unlock() noexcept;
+
+ private:
+  friend class PermitCounter;
+  Lockable(PermitCounter owner, std::int64_t n) : owner_(std::move(owner)), n_(n) {}
+  PermitCounter owner_;
+  std::int64_t n_;
+  bool held_ = false;
+};
+
+}  // namespace turnstile

@@ -1,0 +1,129 @@
+// The narrow interface every backend implements. The core (src/core) owns reentrancy, guards,
+// MultiLock, loss signalling and release retries; a backend owns only queues and counters.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "turnstile/client.hpp"
+#include "turnstile/deadline.hpp"
+
+namespace turnstile::detail {
+
+enum class EntryKind : std::uint8_t { exclusive = 1, shared = 2, lease = 3 };
+
+const char* to_string(EntryKind kind);
+
+// One contender joining a name's queue.
+struct QueueRequest {
+  std::string name;
+  EntryKind kind = EntryKind::exclusive;
+  std::int64_t permits = 1;  // leases only
+  std::int64_t limit = 0;    // leases only: the Semaphore's limit
+};
+
+// How a hold learns it may have been lost: a stop_source the holder's stop_token watches,
+// plus the client's optional callback. Backends call lose(); it is idempotent.
+class LossSignal {
+ public:
+  LossSignal(std::string name, ErrorHandler on_lost) : name_(std::move(name)), on_lost_(std::move(on_lost)) {}
+  void lose(const std::string& reason) noexcept;
+  bool lost() const noexcept { return source_.stop_requested(); }
+  std::string reason() const;
+  std::stop_token token() const noexcept { return source_.get_token(); }
+  void set_fencing_token(std::uint64_t token) { fencing_token_ = token; }
+
+ private:
+  std::string name_;
+  ErrorHandler on_lost_;
+  std::uint64_t fencing_token_ = 0;
+  std::stop_source source_;
+  mutable std::mutex mutex_;
+  std::string reason_;
+};
+
+// One admitted entry of a queue.
+class BackendHold {
+ public:
+  virtual ~BackendHold() = default;
+  virtual std::uint64_t fencing_token() const = 0;
+  // An exclusive entry becomes a shared one in place: same position, same token.
+  virtual void downgrade() = 0;
+  // Leaves the queue. Throws BackendUnavailable (the core retries later) or HoldLost.
+  // Once it has succeeded, calling it again does nothing.
+  virtual void release() = 0;
+};
+
+// A parsed backend URL: scheme://[user[:password]@]host:port[,host:port...][/path][?k=v&...]
+struct BackendUrl {
+  std::string text;
+  std::string scheme;
+  std::string user;
+  std::string password;
+  std::vector<std::string> hosts;  // "host:port" as written
+  std::string path;                // percent-decoded, starts with '/' when present
+  std::map<std::string, std::string> query;
+};
+
+// Throws InvalidUrl naming what is wrong.
+BackendUrl parse_url(std::string_view text);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Joins the queue and waits until admitted (nullptr when the deadline passes first; the
+  // entry has then left). Throws KindMismatch, LimitMismatch, QueueFull, BackendUnavailable.
+  virtual std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
+                                               std::shared_ptr<LossSignal> loss) = 0;
+  virtual Inspection inspect(const std::string& name) = 0;
+
+  // PermitCounter: a number changed atomically, waiters served in arrival order.
+  virtual bool counter_try_set(const std::string& name, std::int64_t permits) = 0;
+  virtual std::int64_t counter_add(const std::string& name, std::int64_t delta) = 0;
+  virtual std::optional<std::int64_t> counter_get(const std::string& name) = 0;
+  virtual std::int64_t counter_drain(const std::string& name) = 0;
+  virtual bool counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) = 0;
+};
+
+using BackendFactory = std::unique_ptr<Backend> (*)(const BackendUrl& url, const ClientOptions& options);
+
+// Where a contender stands in a queue, backend-neutral (the Curator insight: one queue
+// algorithm, a predicate per primitive).
+struct QueueEntryView {
+  EntryKind kind;
+  std::int64_t permits;
+};
+
+enum class WaitFor {
+  nothing,          // admitted
+  leave,            // the entry at `index` leaving (or dying)
+  exclusive_end,    // the entry at `index` leaving or downgrading to shared
+  admission,        // the entry at `index` being admitted (or leaving)
+  any_holder_leave, // any entry ahead leaving: every one ahead holds, none is enough alone
+};
+
+struct Verdict {
+  WaitFor wait = WaitFor::nothing;
+  std::size_t index = 0;
+  bool admitted() const { return wait == WaitFor::nothing; }
+};
+
+// entries[0..mine] are the live entries up to and including ours, in queue order.
+Verdict evaluate_queue(const std::vector<QueueEntryView>& entries, std::size_t mine, std::int64_t limit);
+
+// Checks a request against a queue that already has `mode` ("lock"/"semaphore"/"") and limit.
+// Throws KindMismatch or LimitMismatch.
+void check_queue_mode(const QueueRequest& request, const std::string& mode, std::int64_t limit);
+
+// Throws InvalidArgument unless `name` is a valid turnstile name (see Client).
+void validate_name(std::string_view name);
+
+}  // namespace turnstile::detail

@@ -1,0 +1,305 @@
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/client_state.hpp"
+#include "turnstile/lock.hpp"
+#include "turnstile/permit_counter.hpp"
+#include "turnstile/semaphore.hpp"
+
+namespace turnstile {
+namespace detail {
+
+std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions& options);
+
+void LossSignal::lose(const std::string& reason) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (source_.stop_requested()) return;
+    reason_ = reason;
+  }
+  source_.request_stop();
+  if (on_lost_) {
+    try {
+      on_lost_(HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(fencing_token_) +
+                        ") may have been lost: " + reason));
+    } catch (...) {
+      // A throwing user callback must not take the backend's watcher thread down.
+    }
+  }
+}
+
+std::string LossSignal::reason() const {
+  std::lock_guard lock(mutex_);
+  return reason_;
+}
+
+HoldRecord::HoldRecord(std::shared_ptr<ClientState> client, std::string name, std::int64_t permits,
+                       std::unique_ptr<BackendHold> hold, std::shared_ptr<LossSignal> loss)
+    : client_(std::move(client)),
+      name_(std::move(name)),
+      permits_(permits),
+      token_(hold->fencing_token()),
+      hold_(std::move(hold)),
+      loss_(std::move(loss)) {
+  loss_->set_fencing_token(token_);
+}
+
+HoldRecord::~HoldRecord() {
+  if (!hold_) return;
+  try {
+    release();
+  } catch (const Error& error) {
+    client_->report(error);
+  }
+}
+
+void HoldRecord::release() {
+  if (!hold_) throw NotHeld("'" + name_ + "' was already released");
+  auto hold = std::move(hold_);
+  try {
+    hold->release();
+  } catch (const BackendUnavailable& error) {
+    client_->retry_release_later(name_, std::move(hold));
+    throw BackendUnavailable("release of '" + name_ + "' failed and is retried in the background: " +
+                             error.what());
+  }
+  if (loss_->lost()) {
+    throw HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(token_) +
+                   ") may have been lost before its release: " + loss_->reason());
+  }
+}
+
+ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options)
+    : url_(std::move(url)), backend_(std::move(backend)), options_(std::move(options)),
+      error_handler_(options_.error_handler) {}
+
+ClientState::~ClientState() {
+  if (retrier_.joinable()) {
+    retrier_.request_stop();
+    retry_cv_.notify_all();
+    retrier_.join();
+  }
+  // One last attempt for releases still pending: the process may be about to exit.
+  for (auto& pending : pending_) {
+    try {
+      pending.hold->release();
+    } catch (const Error& error) {
+      report(BackendUnavailable("giving up the release of '" + pending.name + "': " + error.what()));
+    }
+  }
+}
+
+void ClientState::report(const Error& error) noexcept {
+  ErrorHandler handler;
+  {
+    std::lock_guard lock(handler_mutex_);
+    handler = error_handler_;
+  }
+  try {
+    if (handler) {
+      handler(error);
+      return;
+    }
+  } catch (...) {
+  }
+  std::fprintf(stderr, "turnstile: %s\n", error.what());
+}
+
+void ClientState::set_error_handler(ErrorHandler handler) {
+  std::lock_guard lock(handler_mutex_);
+  error_handler_ = std::move(handler);
+}
+
+std::shared_ptr<LossSignal> ClientState::new_loss_signal(const std::string& name) {
+  return std::make_shared<LossSignal>(name, options_.on_hold_lost);
+}
+
+std::shared_ptr<LockCore> ClientState::lock_core(const std::string& name) {
+  std::lock_guard lock(cores_mutex_);
+  auto& slot = cores_[name];
+  if (auto core = slot.lock()) return core;
+  auto core = std::make_shared<LockCore>(shared_from_this(), name);
+  slot = core;
+  return core;
+}
+
+std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, Deadline deadline) {
+  auto loss = new_loss_signal(request.name);
+  auto hold = backend_->acquire(request, deadline, loss);
+  if (!hold) return nullptr;
+  return std::make_unique<HoldRecord>(shared_from_this(), request.name, request.permits,
+                                      std::move(hold), std::move(loss));
+}
+
+void ClientState::retry_release_later(std::string name, std::unique_ptr<BackendHold> hold) {
+  std::lock_guard lock(retry_mutex_);
+  constexpr auto first_backoff = std::chrono::milliseconds(100);
+  pending_.push_back({std::move(name), std::move(hold), first_backoff, SteadyClock::now() + first_backoff});
+  if (!retrier_.joinable()) {
+    retrier_ = std::jthread([this](std::stop_token stop) { retry_loop(stop); });
+  }
+  retry_cv_.notify_all();
+}
+
+void ClientState::retry_loop(std::stop_token stop) {
+  constexpr auto max_backoff = std::chrono::milliseconds(5000);
+  std::unique_lock lock(retry_mutex_);
+  while (!stop.stop_requested()) {
+    if (pending_.empty()) {
+      retry_cv_.wait(lock, stop, [&] { return !pending_.empty(); });
+      continue;
+    }
+    auto due = pending_.front().next_try;
+    for (auto& p : pending_) due = std::min(due, p.next_try);
+    if (retry_cv_.wait_until(lock, stop, due, [] { return false; }); stop.stop_requested()) break;
+    const auto now = SteadyClock::now();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->next_try > now) {
+        ++it;
+        continue;
+      }
+      try {
+        it->hold->release();
+        it = pending_.erase(it);
+        continue;
+      } catch (const BackendUnavailable&) {
+        it->backoff = std::min(it->backoff * 2, max_backoff);
+        it->next_try = now + it->backoff;
+      } catch (const Error& error) {
+        report(error);  // lost or refused: nothing left to release
+        it = pending_.erase(it);
+        continue;
+      }
+      ++it;
+    }
+  }
+}
+
+namespace {
+
+// Network backends live in their own shared libraries so the embedded path never pays for
+// their dependencies: libturnstile-<scheme>.so, next to this library or on the loader path.
+BackendFactory load_backend(const std::string& family) {
+  const std::string file = "libturnstile-" + family + ".so";
+  std::vector<std::string> candidates;
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&load_backend), &self) && self.dli_fname) {
+    candidates.push_back((std::filesystem::path(self.dli_fname).parent_path() / file).string());
+  }
+  candidates.push_back(file);
+  for (const auto& path : candidates) {
+    if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      if (void* symbol = dlsym(handle, "turnstile_backend_factory_v1")) {
+        return reinterpret_cast<BackendFactory>(symbol);
+      }
+      dlclose(handle);
+    }
+  }
+  return nullptr;
+}
+
+std::string family_of(const std::string& scheme) {
+  if (scheme == "file") return "file";
+  if (scheme == "redis" || scheme == "rediss") return "redis";
+  if (scheme == "zk") return "zookeeper";
+  if (scheme == "etcd" || scheme == "etcds") return "etcd";
+  if (scheme == "consul") return "consul";
+  return {};
+}
+
+std::string percent_encode_path(const std::string& path) {
+  std::string out;
+  for (unsigned char c : path) {
+    if (c == '%' || c == ' ' || c == '?' || c == '#' || c < 0x20 || c == 0x7f) {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace detail
+
+std::string Client::default_url() {
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  std::string dir;
+  if (runtime && runtime[0] == '/') {
+    dir = std::string(runtime) + "/turnstile";
+  } else {
+    dir = "/tmp/turnstile-" + std::to_string(::geteuid());
+  }
+  return "file://" + detail::percent_encode_path(dir);
+}
+
+Client Client::connect() {
+  const char* env = std::getenv("TURNSTILE_BACKEND");
+  return connect(env && *env ? std::string_view(env) : std::string_view(default_url()));
+}
+
+Client Client::connect(std::string_view url_text, ClientOptions options) {
+  const auto url = detail::parse_url(url_text);
+  const auto family = detail::family_of(url.scheme);
+  if (family.empty()) {
+    throw InvalidUrl("unknown backend scheme '" + url.scheme + "' in '" + url.text +
+                     "' (expected file, redis, zk, etcd or consul)");
+  }
+  std::unique_ptr<detail::Backend> backend;
+  if (family == "file") {
+    backend = detail::make_file_backend(url, options);
+  } else {
+    auto factory = detail::load_backend(family);
+    if (!factory) {
+      throw BackendNotBuilt("the " + family + " backend for '" + url.scheme +
+                            "://' is not installed (libturnstile-" + family + ".so not found)");
+    }
+    backend = factory(url, options);
+  }
+  return Client(std::make_shared<detail::ClientState>(url.text, std::move(backend), std::move(options)));
+}
+
+Client::Client(std::shared_ptr<detail::ClientState> state) : state_(std::move(state)) {}
+
+const std::string& Client::url() const { return state_->url(); }
+
+Mutex Client::mutex(std::string_view name) {
+  detail::validate_name(name);
+  return Mutex(state_->lock_core(std::string(name)), detail::LockFlavor::plain);
+}
+
+RecursiveMutex Client::recursive_mutex(std::string_view name) {
+  detail::validate_name(name);
+  return RecursiveMutex(state_->lock_core(std::string(name)), detail::LockFlavor::recursive);
+}
+
+SharedMutex Client::shared_mutex(std::string_view name) {
+  detail::validate_name(name);
+  return SharedMutex(state_->lock_core(std::string(name)), detail::LockFlavor::read_write);
+}
+
+Semaphore Client::semaphore(std::string_view name, std::int64_t limit) {
+  detail::validate_name(name);
+  if (limit <= 0) throw InvalidArgument("Semaphore limit must be positive, got " + std::to_string(limit));
+  return Semaphore(state_, std::string(name), limit);
+}
+
+PermitCounter Client::permit_counter(std::string_view name) {
+  detail::validate_name(name);
+  return PermitCounter(state_, std::string(name));
+}
+
+Inspection Client::inspect(std::string_view name) {
+  detail::validate_name(name);
+  return state_->backend().inspect(std::string(name));
+}
+
+void Client::set_error_handler(ErrorHandler handler) { state_->set_error_handler(std::move(handler)); }
+
+}  // namespace turnstile

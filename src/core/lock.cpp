@@ -1,0 +1,148 @@
+// Reentrancy and reader/writer rules, per thread, on top of one backend entry per thread.
+#include "core/client_state.hpp"
+#include "turnstile/lock.hpp"
+
+namespace turnstile {
+namespace detail {
+
+const LockCore::ThreadHold* LockCore::find_current() const {
+  const auto it = holds_.find(std::this_thread::get_id());
+  return it == holds_.end() ? nullptr : &it->second;
+}
+
+bool LockCore::acquire_exclusive(LockFlavor flavor, Deadline deadline) {
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = holds_.find(std::this_thread::get_id()); it != holds_.end()) {
+      auto& held = it->second;
+      if (held.exclusive_count > 0) {
+        if (flavor == LockFlavor::plain || held.exclusive_flavor == LockFlavor::plain) {
+          throw WouldDeadlock("this thread already holds '" + name_ + "' and Mutex is not reentrant");
+        }
+        ++held.exclusive_count;
+        return true;
+      }
+      throw WouldDeadlock("this thread holds the read lock of '" + name_ +
+                          "'; asking for the write lock would deadlock (upgrades are not supported)");
+    }
+  }
+  auto record = client_->acquire({name_, EntryKind::exclusive, 1, 0}, deadline);
+  if (!record) return false;
+  std::lock_guard lock(mutex_);
+  holds_[std::this_thread::get_id()] = ThreadHold{std::move(record), flavor, 1, 0};
+  return true;
+}
+
+void LockCore::release_exclusive() {
+  std::unique_lock lock(mutex_);
+  const auto it = holds_.find(std::this_thread::get_id());
+  if (it == holds_.end() || it->second.exclusive_count == 0) {
+    throw NotHeld("this thread does not hold '" + name_ + "'");
+  }
+  auto& held = it->second;
+  if (--held.exclusive_count > 0) return;
+  if (held.shared_count > 0) {
+    try {
+      held.record->backend_hold().downgrade();  // the reads keep the entry, now shared
+    } catch (...) {
+      ++held.exclusive_count;
+      throw;
+    }
+    return;
+  }
+  auto record = std::move(held.record);
+  holds_.erase(it);
+  lock.unlock();
+  record->release();
+}
+
+bool LockCore::acquire_shared(Deadline deadline) {
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = holds_.find(std::this_thread::get_id()); it != holds_.end()) {
+      ++it->second.shared_count;  // reentrant read, or a writer reading (downgrade path)
+      return true;
+    }
+  }
+  auto record = client_->acquire({name_, EntryKind::shared, 1, 0}, deadline);
+  if (!record) return false;
+  std::lock_guard lock(mutex_);
+  holds_[std::this_thread::get_id()] = ThreadHold{std::move(record), LockFlavor::read_write, 0, 1};
+  return true;
+}
+
+void LockCore::release_shared() {
+  std::unique_lock lock(mutex_);
+  const auto it = holds_.find(std::this_thread::get_id());
+  if (it == holds_.end() || it->second.shared_count == 0) {
+    throw NotHeld("this thread does not hold the read lock of '" + name_ + "'");
+  }
+  auto& held = it->second;
+  if (--held.shared_count > 0 || held.exclusive_count > 0) return;
+  auto record = std::move(held.record);
+  holds_.erase(it);
+  lock.unlock();
+  record->release();
+}
+
+bool LockCore::owns_exclusive() const {
+  std::lock_guard lock(mutex_);
+  const auto* held = find_current();
+  return held && held->exclusive_count > 0;
+}
+
+bool LockCore::owns_shared() const {
+  std::lock_guard lock(mutex_);
+  const auto* held = find_current();
+  return held && held->shared_count > 0;
+}
+
+std::uint64_t LockCore::fencing_token() const {
+  std::lock_guard lock(mutex_);
+  const auto* held = find_current();
+  if (!held) throw NotHeld("this thread does not hold '" + name_ + "'");
+  return held->record->fencing_token();
+}
+
+std::stop_token LockCore::lost_token() const {
+  std::lock_guard lock(mutex_);
+  const auto* held = find_current();
+  if (!held) throw NotHeld("this thread does not hold '" + name_ + "'");
+  return held->record->lost_token();
+}
+
+LockHandle::LockHandle(std::shared_ptr<LockCore> core, LockFlavor flavor)
+    : core_(std::move(core)), flavor_(flavor) {}
+
+const std::string& LockHandle::name() const { return core_->name(); }
+bool LockHandle::owns_lock() const { return core_->owns_exclusive(); }
+bool LockHandle::owns_shared_lock() const { return core_->owns_shared(); }
+std::uint64_t LockHandle::fencing_token() const { return core_->fencing_token(); }
+std::stop_token LockHandle::lost_token() const { return core_->lost_token(); }
+bool LockHandle::acquire_exclusive(Deadline deadline) { return core_->acquire_exclusive(flavor_, deadline); }
+void LockHandle::release_exclusive() { core_->release_exclusive(); }
+bool LockHandle::acquire_shared(Deadline deadline) { return core_->acquire_shared(deadline); }
+void LockHandle::release_shared() { core_->release_shared(); }
+
+void LockHandle::unlock_exclusive() noexcept {
+  try {
+    core_->release_exclusive();
+  } catch (const Error& error) {
+    core_->client().report(error);
+  } catch (const std::exception& error) {
+    core_->client().report(BackendUnavailable(error.what()));
+  }
+}
+
+void LockHandle::unlock_shared_noexcept() noexcept {
+  try {
+    core_->release_shared();
+  } catch (const Error& error) {
+    core_->client().report(error);
+  } catch (const std::exception& error) {
+    core_->client().report(BackendUnavailable(error.what()));
+  }
+}
+
+}  // namespace detail
+}  // namespace turnstile

@@ -1,0 +1,52 @@
+#include "core/client_state.hpp"
+#include "turnstile/permit_counter.hpp"
+
+namespace turnstile {
+namespace {
+void require_positive(const std::string& name, std::int64_t n) {
+  if (n <= 0) {
+    throw InvalidArgument("PermitCounter '" + name + "': the permit count must be positive, got " + std::to_string(n));
+  }
+}
+}  // namespace
+
+PermitCounter::PermitCounter(std::shared_ptr<detail::ClientState> client, std::string name)
+    : client_(std::move(client)), name_(std::move(name)) {}
+
+bool PermitCounter::try_set_permits(std::int64_t n) {
+  if (n < 0) throw InvalidArgument("PermitCounter '" + name_ + "': cannot set a negative count " + std::to_string(n));
+  return client_->backend().counter_try_set(name_, n);
+}
+
+std::int64_t PermitCounter::add_permits(std::int64_t n) { return client_->backend().counter_add(name_, n); }
+
+std::int64_t PermitCounter::available_permits() { return client_->backend().counter_get(name_).value_or(0); }
+
+std::int64_t PermitCounter::drain_permits() { return client_->backend().counter_drain(name_); }
+
+bool PermitCounter::acquire_until(Deadline deadline, std::int64_t n) {
+  require_positive(name_, n);
+  return client_->backend().counter_acquire(name_, n, deadline);
+}
+
+void PermitCounter::release(std::int64_t n) {
+  require_positive(name_, n);
+  client_->backend().counter_add(name_, n);
+}
+
+PermitCounter::Lockable PermitCounter::lockable(std::int64_t n) const {
+  require_positive(name_, n);
+  return Lockable(*this, n);
+}
+
+void PermitCounter::Lockable::unlock() noexcept {
+  if (!held_) return;
+  held_ = false;
+  try {
+    owner_.release(n_);
+  } catch (const Error& error) {
+    owner_.client_->report(error);
+  }
+}
+
+}  // namespace turnstile

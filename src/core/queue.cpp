@@ -1,0 +1,56 @@
+// The one queue algorithm behind every primitive: who holds, and whom a waiter waits for.
+#include "core/backend.hpp"
+
+namespace turnstile::detail {
+
+const char* to_string(EntryKind kind) {
+  switch (kind) {
+    case EntryKind::exclusive: return "exclusive";
+    case EntryKind::shared: return "shared";
+    case EntryKind::lease: return "lease";
+  }
+  return "unknown";
+}
+
+Verdict evaluate_queue(const std::vector<QueueEntryView>& entries, std::size_t mine, std::int64_t limit) {
+  const auto& me = entries[mine];
+  switch (me.kind) {
+    case EntryKind::exclusive:
+      // Held when first; waits for the entry just ahead (which may itself be waiting).
+      if (mine == 0) return {};
+      return {WaitFor::leave, mine - 1};
+    case EntryKind::shared:
+      // Held when no writer is ahead; waits for the nearest writer ahead to finish writing.
+      for (std::size_t i = mine; i-- > 0;) {
+        if (entries[i].kind == EntryKind::exclusive) return {WaitFor::exclusive_end, i};
+      }
+      return {};
+    case EntryKind::lease: {
+      // Held when the permits of everyone ahead plus ours fit the limit. Since every waiter
+      // ahead already failed that test, "fits" also means everyone ahead holds: FIFO.
+      std::int64_t ahead = 0;
+      for (std::size_t i = 0; i < mine; ++i) ahead += entries[i].permits;
+      if (ahead + me.permits <= limit) return {};
+      if (ahead > limit) return {WaitFor::admission, mine - 1};  // our predecessor waits too
+      return {WaitFor::any_holder_leave, 0};
+    }
+  }
+  return {};
+}
+
+void check_queue_mode(const QueueRequest& request, const std::string& mode, std::int64_t limit) {
+  if (mode.empty()) return;
+  const bool wants_semaphore = request.kind == EntryKind::lease;
+  if (wants_semaphore && mode != "semaphore") {
+    throw KindMismatch("'" + request.name + "' is in use as a lock; it cannot be a Semaphore at the same time");
+  }
+  if (!wants_semaphore && mode != "lock") {
+    throw KindMismatch("'" + request.name + "' is in use as a Semaphore; it cannot be a lock at the same time");
+  }
+  if (wants_semaphore && limit != request.limit) {
+    throw LimitMismatch("Semaphore '" + request.name + "' is in use with limit " + std::to_string(limit) +
+                        "; this contender asked for limit " + std::to_string(request.limit));
+  }
+}
+
+}  // namespace turnstile::detail

@@ -1,0 +1,58 @@
+#include "core/client_state.hpp"
+#include "turnstile/semaphore.hpp"
+
+namespace turnstile {
+
+Lease::Lease(std::shared_ptr<detail::HoldRecord> record) : record_(std::move(record)) {}
+Lease::Lease(Lease&& other) noexcept = default;
+
+Lease& Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    record_.reset();  // the record's destructor releases, reporting failures
+    record_ = std::move(other.record_);
+  }
+  return *this;
+}
+
+Lease::~Lease() = default;
+
+namespace {
+const detail::HoldRecord& require(const std::shared_ptr<detail::HoldRecord>& record) {
+  if (!record) throw NotHeld("this Lease holds nothing (released or moved from)");
+  return *record;
+}
+}  // namespace
+
+const std::string& Lease::name() const { return require(record_).name(); }
+std::int64_t Lease::permits() const { return require(record_).permits(); }
+std::uint64_t Lease::fencing_token() const { return require(record_).fencing_token(); }
+std::stop_token Lease::lost_token() const { return require(record_).lost_token(); }
+
+void Lease::release() {
+  require(record_);
+  auto record = std::move(record_);
+  record->release();
+}
+
+Semaphore::Semaphore(std::shared_ptr<detail::ClientState> client, std::string name, std::int64_t limit)
+    : client_(std::move(client)), name_(std::move(name)), limit_(limit) {}
+
+std::optional<Lease> Semaphore::acquire_until(Deadline deadline, std::int64_t n) {
+  if (n <= 0 || n > limit_) {
+    throw InvalidArgument("Semaphore '" + name_ + "': cannot acquire " + std::to_string(n) +
+                          " leases, the count must be between 1 and the limit " + std::to_string(limit_));
+  }
+  auto record = client_->acquire({name_, detail::EntryKind::lease, n, limit_}, deadline);
+  if (!record) return std::nullopt;
+  return Lease(std::shared_ptr<detail::HoldRecord>(std::move(record)));
+}
+
+Semaphore::Lockable Semaphore::lockable(std::int64_t n) const {
+  if (n <= 0 || n > limit_) {
+    throw InvalidArgument("Semaphore '" + name_ + "': a lockable view needs between 1 and " +
+                          std::to_string(limit_) + " leases, got " + std::to_string(n));
+  }
+  return Lockable(*this, n);
+}
+
+}  // namespace turnstile

@@ -1,0 +1,85 @@
+#include <cctype>
+
+#include "core/backend.hpp"
+
+namespace turnstile::detail {
+namespace {
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::string percent_decode(std::string_view text, std::string_view whole) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '%') {
+      out += text[i];
+      continue;
+    }
+    if (i + 2 >= text.size() || hex_value(text[i + 1]) < 0 || hex_value(text[i + 2]) < 0) {
+      throw InvalidUrl("bad percent-escape in '" + std::string(whole) + "'");
+    }
+    out += static_cast<char>(hex_value(text[i + 1]) * 16 + hex_value(text[i + 2]));
+    i += 2;
+  }
+  return out;
+}
+
+}  // namespace
+
+BackendUrl parse_url(std::string_view text) {
+  BackendUrl url;
+  url.text = std::string(text);
+  const auto fail = [&](const std::string& why) -> void {
+    throw InvalidUrl("malformed backend URL '" + url.text + "': " + why);
+  };
+  const auto scheme_end = text.find("://");
+  if (scheme_end == std::string_view::npos || scheme_end == 0) fail("expected scheme://...");
+  url.scheme = std::string(text.substr(0, scheme_end));
+  for (char& c : url.scheme) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.') fail("bad scheme");
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  auto rest = text.substr(scheme_end + 3);
+  if (const auto hash = rest.find('#'); hash != std::string_view::npos) fail("fragments are not allowed");
+  if (const auto q = rest.find('?'); q != std::string_view::npos) {
+    auto query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+    while (!query.empty()) {
+      const auto amp = query.find('&');
+      const auto pair = query.substr(0, amp);
+      const auto eq = pair.find('=');
+      if (eq == std::string_view::npos || eq == 0) fail("query parameters must be key=value");
+      url.query[percent_decode(pair.substr(0, eq), text)] = percent_decode(pair.substr(eq + 1), text);
+      if (amp == std::string_view::npos) break;
+      query = query.substr(amp + 1);
+    }
+  }
+  const auto slash = rest.find('/');
+  auto authority = rest.substr(0, slash);
+  if (slash != std::string_view::npos) url.path = percent_decode(rest.substr(slash), text);
+  if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
+    const auto userinfo = authority.substr(0, at);
+    authority = authority.substr(at + 1);
+    const auto colon = userinfo.find(':');
+    url.user = percent_decode(userinfo.substr(0, colon), text);
+    if (colon != std::string_view::npos) url.password = percent_decode(userinfo.substr(colon + 1), text);
+  }
+  while (!authority.empty()) {
+    const auto comma = authority.find(',');
+    const auto host = authority.substr(0, comma);
+    if (host.empty()) fail("empty host in host list");
+    for (char c : host) {
+      if (std::isspace(static_cast<unsigned char>(c))) fail("spaces in host");
+    }
+    url.hosts.emplace_back(host);
+    if (comma == std::string_view::npos) break;
+    authority = authority.substr(comma + 1);
+  }
+  return url;
+}
+
+}  // namespace turnstile::detail
