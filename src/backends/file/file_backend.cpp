@@ -187,6 +187,13 @@ class NameFile {
   void wake(bool counter);   // under the guard
   void drain(bool counter);  // under the guard
 
+  struct ByteWatch {
+    std::mutex mutex;
+    std::condition_variable released_cv;
+    bool released = false;
+  };
+  std::shared_ptr<ByteWatch> watch_byte(off_t offset);
+
   // Under the guard:
   std::ptrdiff_t find(std::uint64_t seq) const;
   void remove_at(std::size_t index);
@@ -212,6 +219,8 @@ class NameFile {
   std::vector<int> pool_;
   dev_t dev_ = 0;
   ino_t ino_ = 0;
+  std::mutex watches_mutex_;
+  std::unordered_map<off_t, std::weak_ptr<ByteWatch>> watches_;
 };
 
 NameFile::Guard::Guard(NameFile& file) : file_(file) {
@@ -389,6 +398,28 @@ int NameFile::checkout_descriptor() {
   return fd;
 }
 
+std::shared_ptr<NameFile::ByteWatch> NameFile::watch_byte(off_t offset) {
+  std::lock_guard lock(watches_mutex_);
+  std::erase_if(watches_, [](const auto& item) { return item.second.expired(); });
+  if (auto existing = watches_[offset].lock()) return existing;
+  auto watch = std::make_shared<ByteWatch>();
+  const int fd = checkout_descriptor();
+  std::thread([watch, fd, offset] {
+    try {
+      set_lock(fd, F_RDLCK, offset, 1, true);
+      set_lock(fd, F_UNLCK, offset, 1, false);
+    } catch (...) {
+      // Reported as "released": the waiter looks at the queue again and decides.
+    }
+    close(fd);  // its own description: the NameFile may be gone by now
+    std::lock_guard lock(watch->mutex);
+    watch->released = true;
+    watch->released_cv.notify_all();
+  }).detach();
+  watches_[offset] = watch;
+  return watch;
+}
+
 void NameFile::return_descriptor(int fd) {
   std::lock_guard lock(pool_mutex_);
   pool_.push_back(fd);
@@ -471,45 +502,11 @@ bool NameFile::still_linked() const {
   return now.st_dev == dev_ && now.st_ino == ino_;
 }
 
-// Runs one blocking lock wait with a deadline. F_OFD_SETLKW has no timeout of its own, so a
-// timed wait runs it on a helper thread that is cancelled (fcntl is a cancellation point)
-// when the deadline passes.
-struct TimedLockWait {
-  int fd;
-  off_t offset;
-  std::mutex mutex;
-  std::condition_variable done_cv;
-  bool done = false;
-  int error = 0;
-};
-
-void* run_lock_wait(void* argument) {
-  auto* wait = static_cast<TimedLockWait*>(argument);
-  struct flock fl {};
-  fl.l_type = F_RDLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = wait->offset;
-  fl.l_len = 1;
-  int rc;
-  do {
-    rc = fcntl(wait->fd, F_OFD_SETLKW, &fl);
-  } while (rc != 0 && errno == EINTR);
-  const int error = rc == 0 ? 0 : errno;
-  int ignored;
-  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &ignored);
-  if (rc == 0) {
-    fl.l_type = F_UNLCK;
-    fcntl(wait->fd, F_OFD_SETLK, &fl);
-  }
-  std::lock_guard lock(wait->mutex);
-  wait->done = true;
-  wait->error = error;
-  wait->done_cv.notify_all();
-  return nullptr;
-}
-
 // Waits until nobody holds the byte (it was released or its owner died), or the deadline.
-bool wait_for_byte_release(int fd, std::uint64_t seq, Byte which, Deadline deadline) {
+// F_OFD_SETLKW has no timeout, so a timed wait sleeps on a condition variable fed by a
+// watcher thread blocked in F_OFD_SETLKW; the watcher outlives a timed-out waiter and ends
+// by itself when the byte is released, and later waiters for the same byte share it.
+bool wait_for_byte_release(NameFile& file, int fd, std::uint64_t seq, Byte which, Deadline deadline) {
   const off_t offset = byte_offset(seq, which);
   if (!deadline) {
     set_lock(fd, F_RDLCK, offset, 1, true);
@@ -520,21 +517,10 @@ bool wait_for_byte_release(int fd, std::uint64_t seq, Byte which, Deadline deadl
     set_lock(fd, F_UNLCK, offset, 1, false);
     return true;
   }
-  if (SteadyClock::now() >= *deadline) return false;
-  TimedLockWait wait;
-  wait.fd = fd;
-  wait.offset = offset;
-  pthread_t thread;
-  if (int rc = pthread_create(&thread, nullptr, run_lock_wait, &wait); rc != 0) fail_io("pthread_create", rc);
-  bool finished;
-  {
-    std::unique_lock lock(wait.mutex);
-    finished = wait.done_cv.wait_until(lock, *deadline, [&] { return wait.done; });
-  }
-  if (!finished) pthread_cancel(thread);
-  pthread_join(thread, nullptr);
-  if (wait.done && wait.error != 0) fail_io("file lock wait", wait.error);
-  return wait.done && wait.error == 0;
+  auto watch = file.watch_byte(offset);
+  std::unique_lock lock(watch->mutex);
+  watch->released_cv.wait_until(lock, *deadline, [&] { return watch->released; });
+  return watch->released;
 }
 
 int timeout_ms(Deadline deadline) {
@@ -807,7 +793,7 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
       const Byte which = verdict.wait == WaitFor::leave ? Byte::life
                          : verdict.wait == WaitFor::exclusive_end ? Byte::exclusive
                                                                   : Byte::waiting;
-      if (wait_for_byte_release(fd, target, which, deadline)) {
+      if (wait_for_byte_release(nf, fd, target, which, deadline)) {
         NameFile::Guard guard(nf);
         nf.remove_if_dead(target);  // released by death rather than by leaving
       }
@@ -964,7 +950,7 @@ bool FileBackend::counter_acquire(const std::string& name, std::int64_t permits,
         }
         NameFile::Guard guard(nf);
         --nf.header().counter_sleepers;
-      } else if (wait_for_byte_release(fd, predecessor, Byte::life, deadline)) {
+      } else if (wait_for_byte_release(nf, fd, predecessor, Byte::life, deadline)) {
         NameFile::Guard guard(nf);
         nf.remove_if_dead(predecessor);
       }
