@@ -24,7 +24,7 @@ class PermitCounter {
   // Adds n (which may be negative) to the count, unset counting as 0; returns the new count.
   std::int64_t add_permits(std::int64_t n);
   std::int64_t available_permits();
-  // Sets the count to 0 and returns what was available (never less than 0).
+  // Sets the count to 0 and returns the count it had (0 when never set), as Redisson does.
   std::int64_t drain_permits();
 
   // Takes n permits, waiting for them. Throws InvalidArgument when n <= 0.
