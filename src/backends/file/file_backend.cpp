@@ -774,11 +774,15 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
       }
       if (verdict.wait == WaitFor::any_holder_leave) {
         std::vector<pollfd> fds{{nf.fifo(false), POLLIN, 0}};
+        bool gone = false;
         for (pid_t pid : holder_pids) {
           const int pidfd = open_pidfd(pid);
-          fds.push_back({pidfd, POLLIN, 0});  // -1 (already gone) is ignored by poll; recheck below
+          if (pidfd >= 0) {
+            fds.push_back({pidfd, POLLIN, 0});
+          } else {
+            gone |= errno == ESRCH;  // it died since we looked: look again at once
+          }
         }
-        bool gone = std::any_of(fds.begin() + 1, fds.end(), [](const pollfd& p) { return p.fd < 0; });
         if (!gone) {
           while (poll(fds.data(), fds.size(), timeout_ms(deadline)) < 0 && errno == EINTR) {
           }
