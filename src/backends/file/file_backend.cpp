@@ -688,17 +688,25 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
       }
       seq = h.next_seq + 1;
       Entry entry{seq, request.permits, realtime_ns(), getpid(), static_cast<std::uint8_t>(request.kind), {}};
-      std::vector<QueueEntryView> views;
-      for (std::size_t i = 0; i < h.count; ++i) {
-        if (h.entries[i].kind != kCounterWaiter) {
-          views.push_back({static_cast<EntryKind>(h.entries[i].kind), h.entries[i].permits});
+      const auto admitted_at_tail = [&] {
+        std::vector<QueueEntryView> views;
+        for (std::size_t i = 0; i < h.count; ++i) {
+          if (h.entries[i].kind != kCounterWaiter) {
+            views.push_back({static_cast<EntryKind>(h.entries[i].kind), h.entries[i].permits});
+          }
         }
-      }
-      views.push_back({request.kind, request.permits});
-      const bool admitted = evaluate_queue(views, views.size() - 1, request.limit).admitted();
+        views.push_back({request.kind, request.permits});
+        return evaluate_queue(views, views.size() - 1, request.limit).admitted();
+      };
+      bool admitted = admitted_at_tail();
       if (!admitted && deadline && *deadline <= SteadyClock::now()) {
-        nf.return_descriptor(fd);
-        return nullptr;  // try-once: nothing joined, nothing to undo
+        // Try-once: nobody will wake us, so check that those ahead are alive before failing.
+        nf.sweep_dead();
+        admitted = admitted_at_tail();
+        if (!admitted) {
+          nf.return_descriptor(fd);
+          return nullptr;  // nothing joined, nothing to undo
+        }
       }
       // life, then exclusive for writers, then waiting for leases still in line
       const off_t length = request.kind == EntryKind::lease ? (admitted ? 1 : 3) : request.kind == EntryKind::exclusive ? 2 : 1;
@@ -929,6 +937,14 @@ bool FileBackend::counter_acquire(const std::string& name, std::int64_t permits,
           return true;
         }
         if (deadline && *deadline <= SteadyClock::now()) {
+          if (seq == 0 && !first) {
+            nf.sweep_dead();  // a dead waiter ahead would make try_acquire fail forever
+            if (nf.header().counter_set && nf.header().counter >= permits &&
+                std::none_of(h.entries, h.entries + h.count, [](const Entry& e) { return e.kind == kCounterWaiter; })) {
+              h.counter -= permits;
+              return true;
+            }
+          }
           if (seq != 0) leave();
           return false;
         }
