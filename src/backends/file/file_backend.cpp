@@ -531,6 +531,41 @@ int timeout_ms(Deadline deadline) {
 
 int open_pidfd(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
 
+// Opens the backend directory, creating missing parts private to this user; refuses a
+// symbolic link, a non-directory, or a directory owned by someone else.
+int open_root(const std::string& root) {
+  for (std::size_t slash = 1; slash != std::string::npos;) {
+    slash = root.find('/', slash + 1);
+    const std::string prefix = root.substr(0, slash);
+    if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) fail_io("cannot create " + prefix);
+  }
+  int fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP || errno == ENOTDIR) {
+      throw BackendUnavailable("refusing " + root + ": it is a symbolic link or not a directory");
+    }
+    fail_io("cannot open " + root);
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    int error = errno;
+    close(fd);
+    fail_io("stat " + root, error);
+  }
+  if (st.st_uid != geteuid()) {
+    close(fd);
+    throw BackendUnavailable("refusing " + root + ": it is owned by uid " + std::to_string(st.st_uid) +
+                             ", not by this user (uid " + std::to_string(geteuid()) + ")");
+  }
+  return fd;
+}
+
+// Whether a file or directory we hold open was removed from the tree.
+bool unlinked(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) != 0 || st.st_nlink == 0;
+}
+
 class FileHold;
 
 class FileBackend final : public Backend {
@@ -542,6 +577,7 @@ class FileBackend final : public Backend {
     if (watcher_.joinable()) watcher_.join();
     files_.clear();
     close(root_fd_);
+    for (int fd : removed_root_fds_) close(fd);
   }
 
   std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
@@ -562,6 +598,7 @@ class FileBackend final : public Backend {
 
   std::string root_;
   int root_fd_;
+  std::vector<int> removed_root_fds_;  // still named by NameFiles that outlive their directory
   std::mutex files_mutex_;
   std::unordered_map<std::string, std::shared_ptr<NameFile>> files_;
 
@@ -630,6 +667,17 @@ class FileHold final : public BackendHold {
 std::shared_ptr<NameFile> FileBackend::file(const std::string& name) {
   std::lock_guard lock(files_mutex_);
   auto& slot = files_[name];
+  // A state file removed under us (rm -rf, a tmp cleaner) no longer excludes anyone: use the
+  // one now at the path, never the orphan. Holds on the orphan keep it alive and are told by
+  // the watcher that they may be lost.
+  if (slot && unlinked(slot->probe_fd())) {
+    slot.reset();
+    if (unlinked(root_fd_)) {
+      const int fresh = open_root(root_);
+      removed_root_fds_.push_back(root_fd_);
+      root_fd_ = fresh;
+    }
+  }
   if (!slot) slot = std::make_shared<NameFile>(root_fd_, name);
   return slot;
 }
@@ -767,6 +815,18 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
           bool swept = false;
           for (std::size_t i = 0; i < mine; ++i) swept |= nf.remove_if_dead(seqs[i]);
           if (swept) continue;
+          // A lease ahead that the queue now admits may not know it yet: it sleeps on the FIFO
+          // for the byte that admitted it, and draining the FIFO here would steal that wake-up.
+          // Wait for it to notice (it drops its waiting byte) first, so that at most one
+          // contender ever sleeps on the FIFO.
+          for (std::size_t i = mine; i-- > 0;) {
+            if (is_locked(nf.probe_fd(), seqs[i], Byte::waiting)) {
+              verdict = {WaitFor::admission, i};
+              break;
+            }
+          }
+        }
+        if (verdict.wait == WaitFor::any_holder_leave) {
           nf.drain(false);
           ++h.lease_sleepers;
           // Our own process cannot die without us; other holders wake us by dying, via pidfd.
@@ -1003,30 +1063,7 @@ std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOp
   if (!url.user.empty()) throw InvalidUrl("file:// URLs take no user name");
   std::string root = url.path;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
-  // Create missing directories, private to this user.
-  for (std::size_t slash = 1; slash != std::string::npos;) {
-    slash = root.find('/', slash + 1);
-    const std::string prefix = root.substr(0, slash);
-    if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) fail_io("cannot create " + prefix);
-  }
-  int fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ELOOP || errno == ENOTDIR) {
-      throw BackendUnavailable("refusing " + root + ": it is a symbolic link or not a directory");
-    }
-    fail_io("cannot open " + root);
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    int error = errno;
-    close(fd);
-    fail_io("stat " + root, error);
-  }
-  if (st.st_uid != geteuid()) {
-    close(fd);
-    throw BackendUnavailable("refusing " + root + ": it is owned by uid " + std::to_string(st.st_uid) +
-                             ", not by this user (uid " + std::to_string(geteuid()) + ")");
-  }
+  const int fd = open_root(root);
   return std::make_unique<FileBackend>(root, fd);
 }
 
