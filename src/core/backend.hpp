@@ -38,7 +38,8 @@ class LossSignal {
   bool lost() const noexcept { return source_.stop_requested(); }
   std::string reason() const;
   std::stop_token token() const noexcept { return source_.get_token(); }
-  void set_fencing_token(std::uint64_t token) { fencing_token_ = token; }
+  // Called once the hold exists, while the backend's watcher may already be calling lose().
+  void set_fencing_token(std::uint64_t token);
 
  private:
   std::string name_;

@@ -15,16 +15,23 @@ namespace detail {
 
 std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions& options);
 
+void LossSignal::set_fencing_token(std::uint64_t token) {
+  std::lock_guard lock(mutex_);
+  fencing_token_ = token;
+}
+
 void LossSignal::lose(const std::string& reason) noexcept {
+  std::uint64_t token;
   {
     std::lock_guard lock(mutex_);
-    if (source_.stop_requested()) return;
-    reason_ = reason;
+    if (!reason_.empty()) return;  // only the first report counts, and calls back once
+    reason_ = reason.empty() ? "unknown reason" : reason;
+    token = fencing_token_;
   }
   source_.request_stop();
   if (on_lost_) {
     try {
-      on_lost_(HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(fencing_token_) +
+      on_lost_(HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(token) +
                         ") may have been lost: " + reason));
     } catch (...) {
       // A throwing user callback must not take the backend's watcher thread down.

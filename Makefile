@@ -1,0 +1,57 @@
+# The two set-up commands of the README's Quick start, on a fresh Debian 12 machine:
+#   make demo   installs missing Debian packages, builds, runs the parking-lot demo
+#   make test   the same set-up, then every test through CTest, plain and under the sanitizers
+# Other targets: build, bench, test-plain, test-asan, test-tsan, clean.
+
+# What the build, the tests and the benchmarks need, all from Debian 12.
+PACKAGES := g++ cmake make libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
+            nlohmann-json3-dev util-linux procps hyperfine
+JOBS := $(shell nproc 2>/dev/null || echo 2)
+CLI := build/tools/turnstile/turnstile
+
+.PHONY: deps build demo test test-plain test-asan test-tsan bench clean
+
+# apt-get only when something is missing; as root it installs, otherwise it prints the command.
+deps:
+	@missing=""; for p in $(PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" -eq 0 ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	else \
+	  echo "missing Debian packages; run:"; \
+	  echo "  sudo apt-get update && sudo apt-get install -y$$missing"; \
+	  exit 1; \
+	fi
+
+build: deps
+	cmake --preset default
+	cmake --build --preset default -j $(JOBS)
+
+demo: build
+	$(CLI) demo parking
+
+test: test-plain test-asan test-tsan
+
+test-plain: build
+	ctest --preset default -j $(JOBS)
+
+# Every test under AddressSanitizer and UndefinedBehaviorSanitizer.
+test-asan: deps
+	cmake --preset asan
+	cmake --build --preset asan -j $(JOBS)
+	ctest --preset asan -j $(JOBS)
+
+# The core (unit, conformance and embedded-backend tests) under ThreadSanitizer.
+test-tsan: deps
+	cmake --preset tsan
+	cmake --build --preset tsan -j $(JOBS)
+	ctest --preset tsan -j $(JOBS)
+
+bench: build
+	bench/run.sh build
+
+clean:
+	rm -rf build build-asan build-tsan
