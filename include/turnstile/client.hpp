@@ -63,8 +63,10 @@ class Client {
  public:
   // The URL in TURNSTILE_BACKEND, else the embedded default (see default_url()).
   static Client connect();
+  static Client connect(ClientOptions options);
   // `file:///dir` today; redis://, zk://, etcd://, consul:// when their backends are built.
-  // Throws InvalidUrl (malformed, unknown scheme), BackendNotBuilt, BackendUnavailable.
+  // Throws InvalidUrl (malformed, unknown scheme), BackendNotBuilt, BackendUnavailable,
+  // AccessDenied (the backend refused the credentials).
   static Client connect(std::string_view url, ClientOptions options = {});
   // file://$XDG_RUNTIME_DIR/turnstile, else file:///tmp/turnstile-$UID.
   static std::string default_url();

@@ -17,6 +17,7 @@ enum class ErrorCode {
   kind_mismatch,        // one name used both as a lock and as a Semaphore
   hold_lost,            // a hold may have been lost (session expired, state removed)
   queue_full,           // the backend cannot queue another contender on this name
+  access_denied,        // the backend refused our credentials or our rights (password, ACL)
 };
 
 class Error : public std::runtime_error {
@@ -44,6 +45,7 @@ TURNSTILE_ERROR_TYPE(LimitMismatch, limit_mismatch);
 TURNSTILE_ERROR_TYPE(KindMismatch, kind_mismatch);
 TURNSTILE_ERROR_TYPE(HoldLost, hold_lost);
 TURNSTILE_ERROR_TYPE(QueueFull, queue_full);
+TURNSTILE_ERROR_TYPE(AccessDenied, access_denied);
 
 #undef TURNSTILE_ERROR_TYPE
 

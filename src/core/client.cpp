@@ -246,9 +246,11 @@ std::string Client::default_url() {
   return "file://" + detail::percent_encode_path(dir);
 }
 
-Client Client::connect() {
+Client Client::connect() { return connect(ClientOptions{}); }
+
+Client Client::connect(ClientOptions options) {
   const char* env = std::getenv("TURNSTILE_BACKEND");
-  return connect(env && *env ? std::string_view(env) : std::string_view(default_url()));
+  return connect(env && *env ? std::string(env) : default_url(), std::move(options));
 }
 
 Client Client::connect(std::string_view url_text, ClientOptions options) {

@@ -272,6 +272,11 @@ TEST_F(FileBackend, UrlForms) {
   // Percent-encoded paths decode.
   EXPECT_NO_THROW(Client::connect(url_of(path("with%20space"))));
   EXPECT_TRUE(fs::is_directory(path("with space")));
+  // '.' and '..' segments are refused before anything is created.
+  EXPECT_THROW(Client::connect(url_of(path("a/../b"))), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect(url_of(path("./c"))), turnstile::InvalidUrl);
+  EXPECT_FALSE(fs::exists(path("a")));
+  EXPECT_FALSE(fs::exists(path("b")));
 }
 
 TEST_F(FileBackend, RemovingTheDirectorySignalsLoss) {

@@ -1061,6 +1061,15 @@ std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOp
     throw InvalidUrl("file:// URLs take no parameters; got '?" + url.query.begin()->first + "=...'");
   }
   if (!url.user.empty()) throw InvalidUrl("file:// URLs take no user name");
+  // A directory is named one way only: '.' and '..' would create directories along the way.
+  for (std::size_t start = 1; start < url.path.size();) {
+    const auto end = std::min(url.path.find('/', start), url.path.size());
+    const auto segment = url.path.substr(start, end - start);
+    if (segment == "." || segment == "..") {
+      throw InvalidUrl("file:// URL '" + url.text + "' has a '.' or '..' segment; give the directory's plain path");
+    }
+    start = end + 1;
+  }
   std::string root = url.path;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   const int fd = open_root(root);

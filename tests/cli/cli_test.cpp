@@ -1,0 +1,509 @@
+// The `turnstile` command as users run it: a separate process, exit statuses, the child's
+// environment and signals, loss, and inspect/demo output. Every test uses its own fresh
+// file:// directory. Waits are bounded polls with generous deadlines, never speed assertions.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testing/hold_history.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr auto kDeadline = 60s;  // generous: the machine may be loaded
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+bool wait_until(const std::function<bool()>& done, std::chrono::seconds deadline = kDeadline) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return done();
+}
+
+// Exit status as a shell reports it: the code, or 128 + the signal.
+int shell_status(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+struct Process {
+  pid_t pid = -1;
+  std::string out_path, err_path;
+  std::string out() const { return read_file(out_path); }
+  std::string err() const { return read_file(err_path); }
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Orphans (the child of a SIGKILLed turnstile) come to us, so we can watch them die.
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    char dir_template[] = "/tmp/turnstile-cli-test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    dir_ = dir_template;
+    backend_dir_ = dir_ + "/backend";
+    backend_ = "file://" + backend_dir_;
+  }
+
+  void TearDown() override {
+    for (pid_t pid : started_) {
+      if (kill(pid, 0) == 0) kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+
+  std::string path(const std::string& file) const { return dir_ + "/" + file; }
+
+  // Starts `turnstile ARGS...` with stdin from /dev/null and stdout/stderr to files.
+  Process start(const std::vector<std::string>& args) {
+    Process process;
+    const int n = counter_++;
+    process.out_path = path("out." + std::to_string(n));
+    process.err_path = path("err." + std::to_string(n));
+    std::vector<std::string> argv_strings{TURNSTILE_CLI_PATH};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& arg : argv_strings) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int in = open("/dev/null", O_RDONLY);
+      const int out = open(process.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      const int err = open(process.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (in < 0 || out < 0 || err < 0) _exit(99);
+      dup2(in, 0);
+      dup2(out, 1);
+      dup2(err, 2);
+      // Nothing of ours (or of ctest's) leaks into turnstile: any other descriptor its child
+      // sees came from turnstile.
+      close_range(3, ~0u, 0);
+      execv(argv[0], argv.data());
+      _exit(98);
+    }
+    process.pid = pid;
+    started_.push_back(pid);
+    return process;
+  }
+
+  // The exit status of a started process; kills it and fails after the deadline.
+  int wait_exit(const Process& process, std::chrono::seconds deadline = kDeadline) {
+    int status = 0;
+    const bool done = wait_until([&] { return waitpid(process.pid, &status, WNOHANG) == process.pid; }, deadline);
+    std::erase(started_, process.pid);
+    if (!done) {
+      kill(process.pid, SIGKILL);
+      waitpid(process.pid, &status, 0);
+      ADD_FAILURE() << "turnstile did not exit in time; stderr: " << process.err();
+      return -1;
+    }
+    return shell_status(status);
+  }
+
+  struct Result {
+    int status;
+    std::string out, err;
+  };
+  Result run(const std::vector<std::string>& args) {
+    auto process = start(args);
+    const int status = wait_exit(process);
+    return {status, process.out(), process.err()};
+  }
+
+  // `turnstile run --backend B --lock NAME -- sh -c SCRIPT`
+  std::vector<std::string> lock_sh(const std::string& name, const std::string& script,
+                                   std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"run", "--backend", backend_, "--lock", name};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--", "sh", "-c", script});
+    return args;
+  }
+
+  // A `run --lock NAME` whose child signals readiness with a file and holds until `release`
+  // exists. Returns once the child runs, i.e. the lock is held.
+  Process hold_until(const std::string& name, const std::string& ready, const std::string& release) {
+    auto process = start(lock_sh(name, "echo $TURNSTILE_FENCING_TOKEN > " + ready + "; while [ ! -e " + release +
+                                           " ]; do sleep 0.02; done"));
+    EXPECT_TRUE(wait_until([&] { return fs::exists(ready) && !read_file(ready).empty(); }))
+        << "the holder never ran; stderr: " << process.err();
+    return process;
+  }
+
+  nlohmann::json inspect_json(const std::string& name) {
+    const auto result = run({"inspect", "--backend", backend_, "--json", name});
+    EXPECT_EQ(result.status, 0) << result.err;
+    return nlohmann::json::parse(result.out);
+  }
+
+  bool waiter_count_is(const std::string& name, std::size_t count) {
+    return inspect_json(name)["waiters"].size() == count;
+  }
+
+  std::string dir_, backend_dir_, backend_;
+  std::vector<pid_t> started_;
+  int counter_ = 0;
+};
+
+// --- exit statuses ---------------------------------------------------------------------------
+
+TEST_F(CliTest, ChildExitStatusPassesThrough) {
+  EXPECT_EQ(run(lock_sh("job", "exit 0")).status, 0);
+  EXPECT_EQ(run(lock_sh("job", "exit 7")).status, 7);
+  EXPECT_EQ(run(lock_sh("job", "exit 255")).status, 255);
+}
+
+TEST_F(CliTest, ChildKilledBySignalGives128PlusSignal) {
+  EXPECT_EQ(run(lock_sh("job", "kill -KILL $$")).status, 128 + SIGKILL);
+  EXPECT_EQ(run(lock_sh("job", "kill -USR1 $$")).status, 128 + SIGUSR1);
+}
+
+TEST_F(CliTest, TimeoutWhileAnotherRunHoldsGives75) {
+  const auto ready = path("ready"), release = path("release");
+  auto holder = hold_until("job", ready, release);
+  const auto marker = path("ran");
+  auto timed = run(lock_sh("job", "touch " + marker, {"--timeout", "0.3"}));
+  EXPECT_EQ(timed.status, 75) << timed.err;
+  EXPECT_NE(timed.err.find("turnstile: "), std::string::npos);
+  auto once = run(lock_sh("job", "touch " + marker, {"--timeout", "0"}));
+  EXPECT_EQ(once.status, 75) << once.err;
+  EXPECT_FALSE(fs::exists(marker));
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+  // Free again: try-once succeeds.
+  EXPECT_EQ(run(lock_sh("job", "touch " + marker, {"--timeout", "0"})).status, 0);
+  EXPECT_TRUE(fs::exists(marker));
+}
+
+TEST_F(CliTest, UsageErrorsGive64) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"run", "--backend", backend_, "--lock", "a//b", "--", "true"},           // bad name
+      {"run", "--backend", backend_, "--lock", "job"},                          // no command
+      {"run", "--backend", backend_, "--lock", "job", "--"},                    // empty command
+      {"run", "--backend", backend_, "--lock", "job", "true"},                  // command without --
+      {"run", "--backend", backend_, "--semaphore", "s", "--limit", "0", "--", "true"},
+      {"run", "--backend", backend_, "--semaphore", "s", "--limit", "-2", "--", "true"},
+      {"run", "--backend", backend_, "--semaphore", "s", "--limit", "x", "--", "true"},
+      {"run", "--backend", backend_, "--semaphore", "s", "--", "true"},          // no --limit
+      {"run", "--backend", backend_, "--lock", "s", "--limit", "2", "--", "true"},
+      {"run", "--backend", backend_, "--lock", "a", "--write", "b", "--", "true"},
+      {"run", "--backend", backend_, "--", "true"},                              // no primitive
+      {"run", "--backend", backend_, "--lock", "job", "--timeout", "-1", "--", "true"},
+      {"run", "--backend", backend_, "--lock", "job", "--grace", "-1", "--", "true"},
+      {"run", "--backend", "nosuch://host/x", "--lock", "job", "--", "true"},   // unknown scheme
+      {"run", "--backend", "file://relative", "--lock", "job", "--", "true"},   // malformed file URL
+      {"inspect", "--backend", backend_, "a//b"},
+      {"inspect", "--backend", "nosuch://x", "job"},
+      {"demo", "parking", "--cars", "0"},
+      {"demo", "parking", "--cars", "1001"},
+      {"demo", "parking", "--spaces", "0"},
+      {"no-such-subcommand"},
+      {},
+  };
+  for (const auto& args : bad) {
+    const auto result = run(args);
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    EXPECT_EQ(result.status, 64) << joined << "\nstderr: " << result.err;
+    EXPECT_NE(result.err.find("turnstile: "), std::string::npos) << joined;
+  }
+}
+
+TEST_F(CliTest, HelpExitsZero) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--help"}, {"run", "--help"}, {"inspect", "--help"},
+                                                                  {"demo", "parking", "--help"}}) {
+    const auto result = run(args);
+    EXPECT_EQ(result.status, 0) << result.err;
+    EXPECT_NE(result.out.find("Usage"), std::string::npos);
+  }
+}
+
+TEST_F(CliTest, UnusableBackendGives69) {
+  // Under a regular file: the directory cannot be created.
+  write_file(path("plain-file"), "x");
+  const auto under_file = run({"run", "--backend", "file://" + path("plain-file") + "/sub", "--lock", "job", "--",
+                               "true"});
+  EXPECT_EQ(under_file.status, 69) << under_file.err;
+  const auto inspect_under_file = run({"inspect", "--backend", "file://" + path("plain-file") + "/sub", "job"});
+  EXPECT_EQ(inspect_under_file.status, 69) << inspect_under_file.err;
+  // Owned by another user: refused (only root can make such a directory for the test).
+  if (geteuid() == 0) {
+    const auto foreign = path("foreign");
+    ASSERT_EQ(mkdir(foreign.c_str(), 0700), 0);
+    ASSERT_EQ(chown(foreign.c_str(), 65534, 65534), 0);
+    const auto result = run({"run", "--backend", "file://" + foreign, "--lock", "job", "--", "true"});
+    EXPECT_EQ(result.status, 69) << result.err;
+  }
+}
+
+TEST_F(CliTest, CommandNotFoundGives127AndNotExecutableGives126) {
+  const auto missing = run({"run", "--backend", backend_, "--lock", "job", "--", "turnstile-no-such-command-xyz"});
+  EXPECT_EQ(missing.status, 127) << missing.err;
+  EXPECT_NE(missing.err.find("turnstile-no-such-command-xyz"), std::string::npos) << missing.err;
+  EXPECT_EQ(run({"run", "--backend", backend_, "--lock", "job", "--", path("nope/cmd")}).status, 127);
+  const auto script = path("not-executable");
+  write_file(script, "#!/bin/sh\nexit 0\n");
+  chmod(script.c_str(), 0644);
+  const auto result = run({"run", "--backend", backend_, "--lock", "job", "--", script});
+  EXPECT_EQ(result.status, 126) << result.err;
+  // The lock was released after the failed exec.
+  EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "0"})).status, 0);
+}
+
+// --- the child's environment ------------------------------------------------------------------
+
+TEST_F(CliTest, ChildSeesFencingTokenAndNameAndTokensIncrease) {
+  const auto out = path("env");
+  const std::string script = "echo \"$TURNSTILE_FENCING_TOKEN $TURNSTILE_NAME\" >> " + out;
+  ASSERT_EQ(run(lock_sh("jobs/nightly", script)).status, 0);
+  ASSERT_EQ(run(lock_sh("jobs/nightly", script)).status, 0);
+  std::istringstream lines(read_file(out));
+  std::uint64_t first = 0, second = 0;
+  std::string name1, name2;
+  lines >> first >> name1 >> second >> name2;
+  EXPECT_GT(first, 0u);
+  EXPECT_GT(second, first);
+  EXPECT_EQ(name1, "jobs/nightly");
+  EXPECT_EQ(name2, "jobs/nightly");
+  // The read, write and semaphore forms set them too.
+  for (const auto& form : std::vector<std::vector<std::string>>{
+           {"--read", "rw"}, {"--write", "rw"}, {"--semaphore", "pool", "--limit", "2"}}) {
+    std::vector<std::string> args{"run", "--backend", backend_};
+    args.insert(args.end(), form.begin(), form.end());
+    args.insert(args.end(), {"--", "sh", "-c", "test -n \"$TURNSTILE_FENCING_TOKEN\" && test \"$TURNSTILE_NAME\" = " + form[1]});
+    EXPECT_EQ(run(args).status, 0) << form[0];
+  }
+}
+
+TEST_F(CliTest, ChildInheritsNoLockDescriptors) {
+  const auto listing = path("fds"), parent_listing = path("parent-fds");
+  ASSERT_EQ(run(lock_sh("job", "ls -l /proc/$PPID/fd > " + parent_listing + "; ls -l /proc/$$/fd > " + listing)).status, 0);
+  // turnstile itself has the backend's files open while the child runs...
+  EXPECT_NE(read_file(parent_listing).find(backend_dir_), std::string::npos) << read_file(parent_listing);
+  // ...and the child has none of them.
+  const auto fds = read_file(listing);
+  ASSERT_FALSE(fds.empty());
+  EXPECT_EQ(fds.find(backend_dir_), std::string::npos) << fds;
+  EXPECT_EQ(fds.find("anon_inode"), std::string::npos) << fds;  // signalfd, eventfd
+  EXPECT_EQ(fds.find("pipe:"), std::string::npos) << fds;       // the exec-error pipe
+}
+
+// --- exclusion ----------------------------------------------------------------------------------
+
+TEST_F(CliTest, ConcurrentLockRunsNeverOverlap) {
+  const auto history = path("history");
+  std::vector<Process> runs;
+  for (int i = 0; i < 5; ++i) {
+    runs.push_back(start({"run", "--backend", backend_, "--lock", "shared/job", "--", TURNSTILE_HOLD_CHILD_PATH,
+                          history, "exclusive", "1", "50"}));
+  }
+  for (auto& process : runs) EXPECT_EQ(wait_exit(process), 0) << process.err();
+  const auto records = turnstile::testing::load_history(history);
+  EXPECT_EQ(records.size(), 5u);
+  const auto violations = turnstile::testing::check(records);
+  EXPECT_TRUE(violations.empty()) << turnstile::testing::describe(violations);
+  EXPECT_EQ(turnstile::testing::max_concurrency(records), 1);
+}
+
+TEST_F(CliTest, ConcurrentSemaphoreRunsRespectTheLimit) {
+  const auto history = path("history");
+  std::vector<Process> runs;
+  for (int i = 0; i < 6; ++i) {
+    runs.push_back(start({"run", "--backend", backend_, "--semaphore", "pool", "--limit", "2", "--",
+                          TURNSTILE_HOLD_CHILD_PATH, history, "lease", "1", "80"}));
+  }
+  for (auto& process : runs) EXPECT_EQ(wait_exit(process), 0) << process.err();
+  const auto records = turnstile::testing::load_history(history);
+  EXPECT_EQ(records.size(), 6u);
+  const auto violations = turnstile::testing::check(records, 2);
+  EXPECT_TRUE(violations.empty()) << turnstile::testing::describe(violations);
+  EXPECT_LE(turnstile::testing::max_concurrency(records), 2);
+}
+
+TEST_F(CliTest, ReadersShareAndWriterExcludes) {
+  const auto history = path("history");
+  std::vector<Process> runs;
+  for (int i = 0; i < 6; ++i) {
+    const bool writer = i % 3 == 0;
+    runs.push_back(start({"run", "--backend", backend_, writer ? "--write" : "--read", "catalog", "--",
+                          TURNSTILE_HOLD_CHILD_PATH, history, writer ? "exclusive" : "shared", "1", "50"}));
+  }
+  for (auto& process : runs) EXPECT_EQ(wait_exit(process), 0) << process.err();
+  const auto records = turnstile::testing::load_history(history);
+  EXPECT_EQ(records.size(), 6u);
+  const auto violations = turnstile::testing::check(records);
+  EXPECT_TRUE(violations.empty()) << turnstile::testing::describe(violations);
+}
+
+// --- signals ----------------------------------------------------------------------------------
+
+class CliSignalTest : public CliTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(CliSignalTest, ForwardedToTheChild) {
+  const int sig = GetParam();
+  const std::string sig_name = sig == SIGINT ? "INT" : sig == SIGTERM ? "TERM" : "HUP";
+  const auto ready = path("ready"), marker = path("marker");
+  auto process = start(lock_sh("job", "trap 'echo got > " + marker + "; exit 3' " + sig_name + "; touch " + ready +
+                                           "; while :; do sleep 0.02; done"));
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << process.err();
+  kill(process.pid, sig);
+  EXPECT_EQ(wait_exit(process), 3) << process.err();
+  EXPECT_EQ(read_file(marker), "got\n");
+}
+
+TEST_P(CliSignalTest, BeforeAcquisitionExitsWithoutRunning) {
+  const int sig = GetParam();
+  const auto ready = path("ready"), release = path("release"), marker = path("ran");
+  auto holder = hold_until("job", ready, release);
+  auto waiter = start(lock_sh("job", "touch " + marker));
+  ASSERT_TRUE(wait_until([&] { return waiter_count_is("job", 1); })) << waiter.err();
+  kill(waiter.pid, sig);
+  EXPECT_EQ(wait_exit(waiter), 128 + sig) << waiter.err();
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+  EXPECT_FALSE(fs::exists(marker));
+  // The abandoned waiter left no trace that blocks the next one.
+  EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "10"})).status, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, CliSignalTest, ::testing::Values(SIGINT, SIGTERM, SIGHUP),
+                         [](const auto& info) { return std::string(sigabbrev_np(info.param)); });
+
+// --- loss and death ---------------------------------------------------------------------------
+
+TEST_F(CliTest, LostHoldStopsTheChildAndGives70) {
+  const auto ready = path("ready"), marker = path("marker");
+  auto process = start(lock_sh("job", "trap 'echo term > " + marker + "; exit 0' TERM; touch " + ready +
+                                          "; while :; do sleep 0.02; done"));
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << process.err();
+  fs::remove_all(backend_dir_);  // the embedded backend's state is gone: the hold may be lost
+  EXPECT_EQ(wait_exit(process), 70) << process.err();
+  EXPECT_EQ(read_file(marker), "term\n");
+  EXPECT_NE(process.err().find("lost"), std::string::npos) << process.err();
+}
+
+TEST_F(CliTest, LostHoldKillsAChildIgnoringSigtermAfterGrace) {
+  const auto ready = path("ready");
+  auto process = start(lock_sh("job", "trap '' TERM; touch " + ready + "; while :; do sleep 0.02; done",
+                               {"--grace", "0.2"}));
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << process.err();
+  fs::remove_all(backend_dir_);
+  EXPECT_EQ(wait_exit(process), 70) << process.err();
+}
+
+TEST_F(CliTest, ChildDiesWhenTurnstileIsKilled) {
+  const auto pid_file = path("child-pid");
+  auto process = start(lock_sh("job", "echo $$ > " + pid_file + "; exec sleep 600"));
+  ASSERT_TRUE(wait_until([&] { return !read_file(pid_file).empty(); })) << process.err();
+  const pid_t child = std::stoi(read_file(pid_file));
+  kill(process.pid, SIGKILL);
+  EXPECT_EQ(wait_exit(process), 128 + SIGKILL);
+  // We are the subreaper: the orphaned child comes to us, and must die of PDEATHSIG.
+  int status = 0;
+  ASSERT_TRUE(wait_until([&] { return waitpid(child, &status, WNOHANG) == child; }))
+      << "the child outlived turnstile";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  // And the lock is free: the kernel dropped turnstile's hold.
+  EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "10"})).status, 0);
+}
+
+// --- inspect ------------------------------------------------------------------------------------
+
+TEST_F(CliTest, InspectShowsHolderAndWaitersInOrder) {
+  const auto ready = path("ready"), release = path("release");
+  auto holder = hold_until("jobs/report", ready, release);
+  const auto token = std::stoull(read_file(ready));
+
+  auto first = start(lock_sh("jobs/report", "exit 0"));
+  ASSERT_TRUE(wait_until([&] { return waiter_count_is("jobs/report", 1); }));
+  auto second = start(lock_sh("jobs/report", "exit 0"));
+  ASSERT_TRUE(wait_until([&] { return waiter_count_is("jobs/report", 2); }));
+
+  const auto q = inspect_json("jobs/report");
+  EXPECT_EQ(q["name"], "jobs/report");
+  EXPECT_EQ(q["mode"], "lock");
+  EXPECT_TRUE(q["permits"].is_null());
+  ASSERT_EQ(q["holders"].size(), 1u);
+  const auto& h = q["holders"][0];
+  EXPECT_EQ(h["fencing_token"].get<std::uint64_t>(), token);
+  EXPECT_EQ(h["pid"].get<pid_t>(), holder.pid);  // turnstile holds, on its child's behalf
+  EXPECT_EQ(h["kind"], "exclusive");
+  EXPECT_EQ(h["permits"], 1);
+  EXPECT_FALSE(h["host"].get<std::string>().empty());
+  EXPECT_TRUE(h["since"].get<std::string>().ends_with("Z"));
+  ASSERT_EQ(q["waiters"].size(), 2u);
+  EXPECT_EQ(q["waiters"][0]["pid"].get<pid_t>(), first.pid);
+  EXPECT_EQ(q["waiters"][1]["pid"].get<pid_t>(), second.pid);
+  EXPECT_LT(q["waiters"][0]["fencing_token"].get<std::uint64_t>(), q["waiters"][1]["fencing_token"].get<std::uint64_t>());
+
+  const auto table = run({"inspect", "--backend", backend_, "jobs/report"});
+  EXPECT_EQ(table.status, 0);
+  EXPECT_NE(table.out.find(std::to_string(holder.pid)), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("waiter"), std::string::npos) << table.out;
+
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+  EXPECT_EQ(wait_exit(first), 0);
+  EXPECT_EQ(wait_exit(second), 0);
+  const auto idle = inspect_json("jobs/report");
+  EXPECT_TRUE(idle["holders"].empty());
+  EXPECT_TRUE(idle["waiters"].empty());
+}
+
+TEST_F(CliTest, InspectShowsSemaphoreLimit) {
+  const auto ready = path("ready"), release = path("release");
+  auto holder = start({"run", "--backend", backend_, "--semaphore", "pool", "--limit", "3", "--", "sh", "-c",
+                       "touch " + ready + "; while [ ! -e " + release + " ]; do sleep 0.02; done"});
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << holder.err();
+  const auto q = inspect_json("pool");
+  EXPECT_EQ(q["mode"], "semaphore");
+  EXPECT_EQ(q["limit"], 3);
+  ASSERT_EQ(q["holders"].size(), 1u);
+  EXPECT_EQ(q["holders"][0]["kind"], "lease");
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
+// --- demo ----------------------------------------------------------------------------------------
+
+TEST_F(CliTest, ParkingDemoRunsSound) {
+  const auto result = run({"demo", "parking", "--cars", "6", "--spaces", "2"});
+  EXPECT_EQ(result.status, 0) << result.out << result.err;
+  EXPECT_NE(result.out.find("history sound"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("of 2 spaces used"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("parks in space"), std::string::npos) << result.out;
+}
+
+TEST_F(CliTest, ParkingDemoOnAGivenBackend) {
+  const auto result = run({"demo", "parking", "--cars", "3", "--spaces", "1", "--backend", backend_});
+  EXPECT_EQ(result.status, 0) << result.out << result.err;
+  EXPECT_TRUE(fs::exists(backend_dir_));
+  const auto bad = run({"demo", "parking", "--backend", "nosuch://x"});
+  EXPECT_EQ(bad.status, 64) << bad.err;
+}
+
+}  // namespace

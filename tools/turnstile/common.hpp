@@ -1,0 +1,32 @@
+// What the subcommands of the `turnstile` command share: exit statuses, error reporting,
+// connecting to a backend.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <turnstile/turnstile.hpp>
+
+namespace turnstile::cli {
+
+// sysexits(3) values, as the README's table promises.
+inline constexpr int kExitUsage = 64;        // bad usage, bad name, bad URL
+inline constexpr int kExitUnavailable = 69;  // the backend cannot be reached
+inline constexpr int kExitHoldLost = 70;     // the hold was lost while the command ran
+inline constexpr int kExitOsError = 71;      // fork/pipe/signalfd failed
+inline constexpr int kExitTimeout = 75;      // the timeout passed before acquisition
+inline constexpr int kExitNoPermission = 77; // the backend refused our credentials
+inline constexpr int kExitCannotExecute = 126;
+inline constexpr int kExitNotFound = 127;
+
+// Prints "turnstile: <message>" on stderr.
+void complain(const std::string& message);
+
+// The exit status for a library error: the caller's fault (64) or the backend's (69).
+int exit_status_for(const Error& error);
+
+// Client::connect(url) with options; without a URL, what Client::connect() would use
+// (TURNSTILE_BACKEND, else the embedded default), so options such as the TTL still apply.
+Client connect_backend(const std::optional<std::string>& url, ClientOptions options = {});
+
+}  // namespace turnstile::cli
