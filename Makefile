@@ -4,8 +4,9 @@
 # Other targets: build, bench, test-plain, test-asan, test-tsan, clean.
 
 # What the build, the tests and the benchmarks need, all from Debian 12.
-PACKAGES := g++ cmake make libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
-            nlohmann-json3-dev util-linux procps hyperfine
+PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
+            nlohmann-json3-dev util-linux procps hyperfine \
+            libhiredis-dev redis-server redis-tools python3-redis
 JOBS := $(shell nproc 2>/dev/null || echo 2)
 CLI := build/tools/turnstile/turnstile
 

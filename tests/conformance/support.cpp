@@ -11,12 +11,28 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 namespace conformance {
 
 std::vector<BackendParam> backend_params() {
   std::vector<BackendParam> params{{"file", ""}};
+  // Servers the build knows how to start (TURNSTILE_CONFORMANCE_SERVERS="label=@url-file|..."):
+  // their CTest fixture writes the URL into the file before the tests run.
+#ifdef TURNSTILE_CONFORMANCE_SERVERS
+  {
+    std::string list = TURNSTILE_CONFORMANCE_SERVERS;
+    std::size_t start = 0;
+    while (start < list.size()) {
+      auto end = list.find('|', start);
+      if (end == std::string::npos) end = list.size();
+      const auto item = list.substr(start, end - start);
+      if (const auto eq = item.find('='); eq != std::string::npos) params.push_back({item.substr(0, eq), item.substr(eq + 1)});
+      start = end + 1;
+    }
+  }
+#endif
   const char* extra = std::getenv("TURNSTILE_CONFORMANCE_URLS");
   if (!extra) return params;
   std::string list(extra);
@@ -45,6 +61,11 @@ void Conformance::SetUp() {
   ASSERT_NE(mkdtemp(scratch), nullptr) << std::strerror(errno);
   scratch_ = scratch;
   url_ = GetParam().url.empty() ? "file://" + scratch_ + "/backend" : GetParam().url;
+  if (url_.front() == '@') {
+    std::ifstream file(url_.substr(1));
+    std::getline(file, url_);
+    ASSERT_FALSE(url_.empty()) << "no server URL in " << GetParam().url.substr(1) << " (did its CTest fixture run?)";
+  }
   std::random_device random;
   char prefix[64];
   std::snprintf(prefix, sizeof prefix, "conformance/%d-%08x", static_cast<int>(getpid()), random());

@@ -25,7 +25,8 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 namespace th = turnstile::testing;
 
-// One backend the suite runs against. An empty url means "a fresh file:// directory per test".
+// One backend the suite runs against. An empty url means "a fresh file:// directory per test";
+// "@path" means "the URL written in that file" (by the CTest fixture that starts the server).
 struct BackendParam {
   std::string label;
   std::string url;

@@ -1,0 +1,46 @@
+// One subscriber connection per client, multiplexing every channel the client waits on. A
+// thread owns the hiredis context: it sleeps in poll() on the socket and on an eventfd that
+// asks it to change subscriptions, so nothing polls on a timer.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "backends/redis/connection.hpp"
+
+namespace turnstile::detail::redis {
+
+class Subscriber {
+ public:
+  // on_message(channel, payload); on_reset() after a reconnect, when messages may have been
+  // missed: every waiter should look again. Both run on the subscriber thread.
+  Subscriber(Settings settings, std::function<void(const std::string&, const std::string&)> on_message,
+             std::function<void()> on_reset);
+  ~Subscriber();
+
+  // Counts a use of the channel and waits (bounded by `until`) for the server to confirm the
+  // subscription. Returns false when unconfirmed: callers then rely on their periodic re-check.
+  bool subscribe(const std::string& channel, SteadyClock::time_point until);
+  void unsubscribe(const std::string& channel);
+
+ private:
+  void loop(std::stop_token stop);
+  void poke();
+
+  Settings settings_;
+  std::function<void(const std::string&, const std::string&)> on_message_;
+  std::function<void()> on_reset_;
+  int event_fd_ = -1;
+  std::mutex mutex_;
+  std::condition_variable confirmed_cv_;
+  std::map<std::string, int> wanted_;  // channel -> users
+  std::set<std::string> confirmed_;
+  std::jthread thread_;
+};
+
+}  // namespace turnstile::detail::redis

@@ -1,0 +1,46 @@
+#!/bin/sh
+# Starts or stops a throwaway redis-server (Debian's) on a free port of 127.0.0.1, for tests.
+#   redis.sh start DIR   data, log and pid under DIR; writes the URL to DIR/url
+#   redis.sh stop DIR
+# Persistence is off: a restart forgets everything, as the restart tests want.
+set -eu
+action=$1
+dir=$2
+case "$action" in
+start)
+  mkdir -p "$dir"
+  rm -f "$dir/url"
+  for attempt in 1 2 3 4 5 6 7 8 9 10; do
+    port=$(shuf -i 20000-60999 -n 1)
+    redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --daemonize yes \
+      --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" || continue
+    for _ in $(seq 1 50); do
+      if [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ]; then
+        echo "redis://127.0.0.1:$port" > "$dir/url"
+        echo "redis-server ready on 127.0.0.1:$port"
+        exit 0
+      fi
+      # A daemon that lost the race for the port has exited: try another port.
+      if [ -f "$dir/redis.pid" ] && ! kill -0 "$(cat "$dir/redis.pid")" 2>/dev/null; then break; fi
+      sleep 0.1
+    done
+    [ -f "$dir/redis.pid" ] && kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
+  done
+  echo "could not start redis-server; log:" >&2
+  cat "$dir/redis.log" >&2 || true
+  exit 1
+  ;;
+stop)
+  if [ -f "$dir/redis.pid" ]; then
+    pid=$(cat "$dir/redis.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$dir/redis.pid"
+  fi
+  ;;
+*)
+  echo "usage: $0 start|stop DIR" >&2
+  exit 64
+  ;;
+esac
