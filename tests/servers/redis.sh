@@ -2,6 +2,7 @@
 # Starts or stops a throwaway redis-server (Debian's) on a free port of 127.0.0.1, for tests.
 #   redis.sh start DIR   data, log and pid under DIR; writes the URL to DIR/url
 #   redis.sh stop DIR
+#   redis.sh restart DIR   the same port, empty (what a crash without persistence looks like)
 # Persistence is off: a restart forgets everything, as the restart tests want.
 set -eu
 action=$1
@@ -39,8 +40,19 @@ stop)
     rm -f "$dir/redis.pid"
   fi
   ;;
+restart)
+  port=$(sed 's/.*://' "$dir/url")
+  "$0" stop "$dir"
+  redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --daemonize yes \
+    --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+  for _ in $(seq 1 50); do
+    [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ] && exit 0
+    sleep 0.1
+  done
+  exit 1
+  ;;
 *)
-  echo "usage: $0 start|stop DIR" >&2
+  echo "usage: $0 start|stop|restart DIR" >&2
   exit 64
   ;;
 esac

@@ -2,7 +2,10 @@
 -- ARGV: 2 lease ms, 3.. seqs. Returns per seq: 0 gone (expired or removed), 1 waiting,
 -- 2 admitted. Waiters call it too: their periodic re-check that no lost message strands them.
 local now = now_ms()
-if reap_expired(now) > 0 then admit(nil) end
+reap_expired(now)
+-- Always walk the queue: whatever changed without a script (an entry deleted by hand, a
+-- failover that lost writes), the predicate decides again here.
+admit(nil)
 local lease_ms = tonumber(ARGV[2])
 local result = {}
 for i = 3, #ARGV do

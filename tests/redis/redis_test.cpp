@@ -1,0 +1,319 @@
+// What only the Redis backend promises: a holder paused past its TTL is told, a server that
+// restarts without its data makes holds lost, a lost wake-up message strands nobody, bad
+// credentials fail at connect time, PermitCounter shares Redisson's layout, every key of a name
+// shares one hash tag, and an uncontended lock+unlock costs two server commands.
+//
+// Tests that restart or count the server start their own redis-server (tests/servers/redis.sh);
+// the others use the suite's fixture server, whose URL file is TURNSTILE_REDIS_URL_FILE.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <cstdio>
+#include <fstream>
+#include <future>
+
+#include "conformance/support.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using conformance::Child;
+using conformance::Pipe;
+using turnstile::Client;
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream file(path);
+  std::string line;
+  std::getline(file, line);
+  return line;
+}
+
+// Runs redis-cli against the URL and returns its output without the trailing newline.
+std::string redis_cli(const std::string& url, const std::string& arguments) {
+  const std::string command = "redis-cli -u '" + url + "' " + arguments + " 2>&1";
+  std::string output;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    std::array<char, 4096> buffer;
+    while (std::fgets(buffer.data(), buffer.size(), pipe)) output += buffer.data();
+    pclose(pipe);
+  }
+  while (!output.empty() && (output.back() == '\n' || output.back() == '\r')) output.pop_back();
+  return output;
+}
+
+// Single-quotes a string for the shell.
+std::string quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return predicate();
+}
+
+std::string unique_name(const std::string& leaf) {
+  return "redis-test/" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()) + "/" + leaf;
+}
+
+turnstile::ClientOptions with_ttl(std::chrono::milliseconds ttl) {
+  turnstile::ClientOptions options;
+  options.ttl = ttl;
+  return options;
+}
+
+// A redis-server of this test's own, for what would disturb the shared one.
+class OwnServer {
+ public:
+  OwnServer() {
+    char dir[] = "/tmp/turnstile-redis-test-XXXXXX";
+    if (!mkdtemp(dir)) throw std::runtime_error("mkdtemp failed");
+    dir_ = dir;
+    if (script("start") != 0) throw std::runtime_error("could not start redis-server");
+    url_ = read_first_line(dir_ + "/url");
+  }
+  ~OwnServer() {
+    script("stop");
+    std::filesystem::remove_all(dir_);
+  }
+  const std::string& url() const { return url_; }
+  int restart() { return script("restart"); }
+
+ private:
+  int script(const std::string& action) {
+    return std::system((std::string(TURNSTILE_REDIS_SCRIPT) + " " + action + " " + dir_ + " >/dev/null").c_str());
+  }
+  std::string dir_;
+  std::string url_;
+};
+
+class Redis : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    url_ = read_first_line(TURNSTILE_REDIS_URL_FILE);
+    ASSERT_FALSE(url_.empty()) << "no URL in " << TURNSTILE_REDIS_URL_FILE << " (did the redis_server fixture run?)";
+  }
+  std::string url_;
+};
+
+TEST_F(Redis, HolderPausedPastItsTtlIsToldWhenItResumes) {
+  const auto name = unique_name("paused");
+  Pipe ready, verdict;
+  auto child = Child::spawn([&]() -> int {
+    auto own = Client::connect(url_, with_ttl(900ms));
+    auto mutex = own.mutex(name);
+    mutex.lock();
+    const auto lost = mutex.lost_token();
+    ready.send();
+    // Paused here by the parent; once resumed, the hold must be reported lost.
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!lost.stop_requested() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    verdict.send(lost.stop_requested() ? 'L' : 'H');
+    try {
+      mutex.release();
+    } catch (const turnstile::HoldLost&) {
+      return 0;  // release() reports the loss too
+    }
+    return 5;
+  });
+  ASSERT_TRUE(ready.receive());
+  child.kill(SIGSTOP);
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex(name);
+  // The paused holder stops renewing: its entry runs out and this waiter gets the lock.
+  ASSERT_TRUE(mutex.try_lock_for(15s));
+  const auto token = mutex.fencing_token();
+  child.kill(SIGCONT);
+  EXPECT_EQ(verdict.receive(15s), 'L') << "the resumed holder was not told it lost the hold";
+  EXPECT_EQ(child.wait(), 0);
+  EXPECT_TRUE(mutex.owns_lock());
+  EXPECT_GT(token, 0u);
+  mutex.unlock();
+}
+
+TEST_F(Redis, ServerRestartWithoutDataReportsHoldsLost) {
+  OwnServer server;
+  auto client = Client::connect(server.url(), with_ttl(1500ms));
+  auto mutex = client.mutex(unique_name("restart"));
+  auto semaphore = client.semaphore(unique_name("restart-sem"), 2);
+  mutex.lock();
+  auto lease = semaphore.acquire();
+  const auto lock_lost = mutex.lost_token();
+  const auto lease_lost = lease.lost_token();
+  ASSERT_EQ(server.restart(), 0);
+  EXPECT_TRUE(eventually([&] { return lock_lost.stop_requested() && lease_lost.stop_requested(); }, 15s))
+      << "holds survived a restart that forgot them";
+  // Another client now gets the lock; the old holder's explicit release reports the loss.
+  auto other = Client::connect(server.url());
+  auto other_mutex = other.mutex(mutex.name());
+  EXPECT_TRUE(other_mutex.try_lock_for(10s));
+  EXPECT_THROW(mutex.release(), turnstile::HoldLost);
+  EXPECT_THROW(lease.release(), turnstile::HoldLost);
+  other_mutex.unlock();
+}
+
+TEST_F(Redis, LostWakeUpMessageDoesNotStrandAWaiter) {
+  const auto name = unique_name("lost-message");
+  auto holder_client = Client::connect(url_);
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  const auto holder_lost = holder.lost_token();
+  auto waiter_client = Client::connect(url_);
+  auto waiter = waiter_client.mutex(name);
+  auto got = std::async(std::launch::async, [&] {
+    const bool ok = waiter.try_lock_for(20s);
+    if (ok) waiter.unlock();
+    return ok;
+  });
+  ASSERT_TRUE(eventually([&] { return holder_client.inspect(name).waiters.size() == 1; }));
+  // Remove the holder's entry behind turnstile's back: no release script runs, no message is
+  // published. Only the waiter's periodic re-check can find out.
+  const auto token = std::to_string(holder.fencing_token());
+  const std::string tag = "turnstile:{" + name + "}:";
+  redis_cli(url_, "ZREM " + quoted(tag + "q") + " " + token);
+  redis_cli(url_, "HDEL " + quoted(tag + "e") + " " + token);
+  redis_cli(url_, "ZREM " + quoted(tag + "x") + " " + token);
+  ASSERT_EQ(got.wait_for(15s), std::future_status::ready) << "the waiter was stranded by a lost message";
+  EXPECT_TRUE(got.get());
+  // And the holder whose entry vanished is told.
+  EXPECT_TRUE(eventually([&] { return holder_lost.stop_requested(); }, 15s));
+  holder.unlock();  // reports HoldLost to the error handler, never throws
+}
+
+TEST_F(Redis, BadCredentialsAndWrongServersFailAtConnect) {
+  const auto hostport = url_.substr(std::string("redis://").size());
+  const auto user = "t" + std::to_string(getpid());
+  ASSERT_EQ(redis_cli(url_, "ACL SETUSER " + user + " on '>secret' '~*' '&*' '+@all'"), "OK");
+  ASSERT_EQ(redis_cli(url_, "ACL SETUSER " + user + "-noscript on '>secret' '~*' '&*' '+@all' '-@scripting'"), "OK");
+  EXPECT_NO_THROW(Client::connect("redis://" + user + ":secret@" + hostport));
+  EXPECT_THROW(Client::connect("redis://" + user + ":wrong@" + hostport), turnstile::AccessDenied);
+  EXPECT_THROW(Client::connect("redis://" + user + "-noscript:secret@" + hostport), turnstile::AccessDenied);
+  redis_cli(url_, "ACL DELUSER " + user + " " + user + "-noscript");
+
+  // Something that is not Redis: a TCP server answering like a web server.
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t length = sizeof address;
+  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  const auto port = ntohs(address.sin_port);
+  std::thread web([listener] {
+    const int connection = accept(listener, nullptr, nullptr);
+    if (connection < 0) return;
+    const char answer[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+    [[maybe_unused]] auto written = write(connection, answer, sizeof answer - 1);
+    close(connection);
+  });
+  try {
+    Client::connect("redis://127.0.0.1:" + std::to_string(port));
+    ADD_FAILURE() << "connected to a web server as if it were Redis";
+  } catch (const turnstile::BackendUnavailable& error) {
+    EXPECT_NE(std::string(error.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << error.what();
+  }
+  web.join();
+  close(listener);
+  // Nobody listening at all (the port was just released).
+  EXPECT_THROW(Client::connect("redis://127.0.0.1:" + std::to_string(port)), turnstile::BackendUnavailable);
+}
+
+TEST_F(Redis, UrlsAreCheckedBeforeConnecting) {
+  EXPECT_THROW(Client::connect("redis://127.0.0.1:notaport"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("redis://127.0.0.1:1,127.0.0.1:2"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("redis://127.0.0.1:6379/x"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("redis://127.0.0.1:6379?ttl=abc"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("redis://127.0.0.1:6379?ttl=0"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("redis://127.0.0.1:6379?colour=red"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("rediss://127.0.0.1:6379"), turnstile::BackendNotBuilt);
+  EXPECT_NO_THROW(Client::connect(url_ + "/3?ttl=2.5"));
+}
+
+TEST_F(Redis, PermitCounterSharesRedissonsLayout) {
+  // A name with a space, braces and non-ASCII bytes: the key is the name itself, as Redisson's.
+  const auto name = unique_name("budget {x} \xC3\xBC");
+  auto client = Client::connect(url_);
+  auto counter = client.permit_counter(name);
+  EXPECT_TRUE(counter.try_set_permits(7));
+  EXPECT_EQ(redis_cli(url_, "GET " + quoted(name)), "7");
+  // What a Java RSemaphore does is seen here, and the other way round.
+  redis_cli(url_, "SET " + quoted(name) + " 3");
+  EXPECT_EQ(counter.available_permits(), 3);
+  counter.acquire(2);
+  EXPECT_EQ(redis_cli(url_, "GET " + quoted(name)), "1");
+  // A waiter for 4 permits wakes when a Redisson client releases (INCRBY, then a message on
+  // redisson_sc:{NAME}).
+  auto waiter = std::async(std::launch::async, [&] {
+    auto own = Client::connect(url_);
+    return own.permit_counter(name).try_acquire_for(15s, 4);
+  });
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }));
+  redis_cli(url_, "INCRBY " + quoted(name) + " 3");
+  redis_cli(url_, "PUBLISH " + quoted("redisson_sc:{" + name + "}") + " 4");
+  ASSERT_EQ(waiter.wait_for(15s), std::future_status::ready);
+  EXPECT_TRUE(waiter.get());
+  EXPECT_EQ(redis_cli(url_, "GET " + quoted(name)), "0");
+  EXPECT_EQ(counter.drain_permits(), 0);
+  redis_cli(url_, "DEL " + quoted(name));
+}
+
+TEST_F(Redis, EveryKeyOfANameSharesOneHashTag) {
+  for (const std::string leaf : {"plain", "with space", "{braces}", "caf\xC3\xA9", "%25"}) {
+    const auto name = unique_name(leaf);
+    auto client = Client::connect(url_);
+    auto mutex = client.mutex(name);
+    auto reader = client.shared_mutex(name + "-rw");
+    mutex.lock();
+    reader.lock_shared();
+    const auto inspection = client.inspect(name);
+    ASSERT_EQ(inspection.holders.size(), 1u) << leaf;
+    EXPECT_EQ(inspection.holders.front().fencing_token, mutex.fencing_token());
+    // The keys of the name: all of them carry the same {tag}, and nothing else does.
+    std::string encoded;
+    for (char c : name) encoded += c == '{' ? std::string("%7B") : c == '}' ? std::string("%7D") : c == '%' ? std::string("%25") : std::string(1, c);
+    const auto keys = redis_cli(url_, "--scan --pattern " + quoted("turnstile:{" + encoded + "}:*"));
+    EXPECT_NE(keys.find("turnstile:{" + encoded + "}:q"), std::string::npos) << keys;
+    EXPECT_NE(keys.find("turnstile:{" + encoded + "}:seq"), std::string::npos) << keys;
+    reader.unlock_shared();
+    mutex.unlock();
+    EXPECT_TRUE(client.inspect(name).holders.empty());
+  }
+}
+
+// The issue's budget: an uncontended lock+unlock is two scripts, i.e. two client commands.
+TEST(RedisOwnServer, UncontendedLockUnlockCostsTwoCommands) {
+  OwnServer server;
+  auto client = Client::connect(server.url());
+  auto mutex = client.mutex(unique_name("count"));
+  mutex.lock();  // the first call may load scripts
+  mutex.unlock();
+  const auto calls = [&] {
+    const auto stats = redis_cli(server.url(), "INFO commandstats");
+    long long total = 0;
+    for (const char* command : {"cmdstat_evalsha:calls=", "cmdstat_eval:calls="}) {
+      if (const auto at = stats.find(command); at != std::string::npos) total += std::stoll(stats.substr(at + std::strlen(command)));
+    }
+    return total;
+  };
+  const auto before = calls();
+  for (int i = 0; i < 10; ++i) {
+    mutex.lock();
+    mutex.unlock();
+  }
+  EXPECT_EQ(calls() - before, 20);
+}
+
+}  // namespace
