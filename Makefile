@@ -6,7 +6,11 @@
 # What the build, the tests and the benchmarks need, all from Debian 12.
 PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
             nlohmann-json3-dev util-linux procps hyperfine \
-            libhiredis-dev redis-server redis-tools python3-redis
+            libhiredis-dev redis-server redis-tools python3-redis \
+            libzookeeper-mt-dev zookeeper default-jdk-headless \
+            libcurator-recipes-java libcurator-framework-java libcurator-client-java \
+            libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
+            etcd-server etcd-client
 JOBS := $(shell nproc 2>/dev/null || echo 2)
 CLI := build/tools/turnstile/turnstile
 
