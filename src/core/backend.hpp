@@ -2,6 +2,7 @@
 // MultiLock, loss signalling and release retries; a backend owns only queues and counters.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -31,22 +32,28 @@ struct QueueRequest {
 
 // How a hold learns it may have been lost: a stop_source the holder's stop_token watches,
 // plus the client's optional callback. Backends call lose(); it is idempotent.
+// Made on every acquire, so it is cheap: the stop state is allocated only when someone asks
+// for a token, and the callback is shared with the client rather than copied.
 class LossSignal {
  public:
-  LossSignal(std::string name, ErrorHandler on_lost) : name_(std::move(name)), on_lost_(std::move(on_lost)) {}
+  LossSignal(std::string name, ErrorHandler on_lost)
+      : LossSignal(std::move(name), on_lost ? std::make_shared<const ErrorHandler>(std::move(on_lost)) : nullptr) {}
+  LossSignal(std::string name, std::shared_ptr<const ErrorHandler> on_lost)
+      : name_(std::move(name)), on_lost_(std::move(on_lost)) {}
   void lose(const std::string& reason) noexcept;
-  bool lost() const noexcept { return source_.stop_requested(); }
+  bool lost() const noexcept { return lost_.load(std::memory_order_acquire); }
   std::string reason() const;
-  std::stop_token token() const noexcept { return source_.get_token(); }
+  std::stop_token token() const;
   // Called once the hold exists, while the backend's watcher may already be calling lose().
-  void set_fencing_token(std::uint64_t token);
+  void set_fencing_token(std::uint64_t token) { fencing_token_.store(token, std::memory_order_relaxed); }
 
  private:
   std::string name_;
-  ErrorHandler on_lost_;
-  std::uint64_t fencing_token_ = 0;
-  std::stop_source source_;
+  std::shared_ptr<const ErrorHandler> on_lost_;
+  std::atomic<std::uint64_t> fencing_token_{0};
+  std::atomic<bool> lost_{false};
   mutable std::mutex mutex_;
+  mutable std::stop_source source_{std::nostopstate};  // made by the first token()
   std::string reason_;
 };
 

@@ -15,28 +15,36 @@ namespace detail {
 
 std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions& options);
 
-void LossSignal::set_fencing_token(std::uint64_t token) {
-  std::lock_guard lock(mutex_);
-  fencing_token_ = token;
-}
-
 void LossSignal::lose(const std::string& reason) noexcept {
   std::uint64_t token;
+  std::stop_source source{std::nostopstate};
   {
     std::lock_guard lock(mutex_);
-    if (!reason_.empty()) return;  // only the first report counts, and calls back once
+    if (lost_.load(std::memory_order_relaxed)) return;  // only the first report counts, and calls back once
     reason_ = reason.empty() ? "unknown reason" : reason;
-    token = fencing_token_;
+    token = fencing_token_.load(std::memory_order_relaxed);
+    source = source_;  // a token() from now on sees lost_ and makes its state stopped
+    lost_.store(true, std::memory_order_release);
   }
-  source_.request_stop();
-  if (on_lost_) {
+  if (source.stop_possible()) source.request_stop();  // outside the lock: runs stop_callbacks
+  if (on_lost_ && *on_lost_) {
     try {
-      on_lost_(HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(token) +
-                        ") may have been lost: " + reason));
+      (*on_lost_)(HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(token) +
+                           ") may have been lost: " + reason));
     } catch (...) {
       // A throwing user callback must not take the backend's watcher thread down.
     }
   }
+}
+
+std::stop_token LossSignal::token() const {
+  std::lock_guard lock(mutex_);
+  if (!source_.stop_possible()) {
+    source_ = std::stop_source();
+    // No callback can be registered yet, so requesting here runs nothing under the lock.
+    if (lost_.load(std::memory_order_relaxed)) source_.request_stop();
+  }
+  return source_.get_token();
 }
 
 std::string LossSignal::reason() const {
@@ -82,7 +90,8 @@ void HoldRecord::release() {
 
 ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options)
     : url_(std::move(url)), backend_(std::move(backend)), options_(std::move(options)),
-      error_handler_(options_.error_handler) {}
+      error_handler_(options_.error_handler),
+      on_hold_lost_(options_.on_hold_lost ? std::make_shared<const ErrorHandler>(options_.on_hold_lost) : nullptr) {}
 
 ClientState::~ClientState() {
   if (retrier_.joinable()) {
@@ -122,7 +131,7 @@ void ClientState::set_error_handler(ErrorHandler handler) {
 }
 
 std::shared_ptr<LossSignal> ClientState::new_loss_signal(const std::string& name) {
-  return std::make_shared<LossSignal>(name, options_.on_hold_lost);
+  return std::make_shared<LossSignal>(name, on_hold_lost_);
 }
 
 std::shared_ptr<LockCore> ClientState::lock_core(const std::string& name) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "core/backend.hpp"
 #include "turnstile/lock.hpp"
@@ -67,12 +69,17 @@ class LockCore {
     int exclusive_count = 0;
     int shared_count = 0;  // when exclusive_count > 0 too, the reads ride on the write entry
   };
+  // A handful of threads at most hold one name at once: a linear scan of a vector that keeps
+  // its capacity costs no allocation per acquire, unlike a hash map node.
+  using Holds = std::vector<std::pair<std::thread::id, ThreadHold>>;
+  Holds::iterator find_mine();
   const ThreadHold* find_current() const;
+  void erase(Holds::iterator it);
 
   std::shared_ptr<ClientState> client_;
   std::string name_;
   mutable std::mutex mutex_;
-  std::unordered_map<std::thread::id, ThreadHold> holds_;
+  Holds holds_;
 };
 
 class ClientState : public std::enable_shared_from_this<ClientState> {
@@ -99,6 +106,7 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
   ClientOptions options_;
   std::mutex handler_mutex_;
   ErrorHandler error_handler_;
+  std::shared_ptr<const ErrorHandler> on_hold_lost_;  // shared by every LossSignal, not copied
 
   std::mutex cores_mutex_;
   std::unordered_map<std::string, std::weak_ptr<LockCore>> cores_;

@@ -1,19 +1,34 @@
 // Reentrancy and reader/writer rules, per thread, on top of one backend entry per thread.
+#include <algorithm>
+
 #include "core/client_state.hpp"
 #include "turnstile/lock.hpp"
 
 namespace turnstile {
 namespace detail {
 
+LockCore::Holds::iterator LockCore::find_mine() {
+  const auto self = std::this_thread::get_id();
+  return std::find_if(holds_.begin(), holds_.end(), [self](const auto& item) { return item.first == self; });
+}
+
 const LockCore::ThreadHold* LockCore::find_current() const {
-  const auto it = holds_.find(std::this_thread::get_id());
-  return it == holds_.end() ? nullptr : &it->second;
+  const auto self = std::this_thread::get_id();
+  for (const auto& [thread, held] : holds_) {
+    if (thread == self) return &held;
+  }
+  return nullptr;
+}
+
+void LockCore::erase(Holds::iterator it) {
+  if (it != holds_.end() - 1) *it = std::move(holds_.back());
+  holds_.pop_back();
 }
 
 bool LockCore::acquire_exclusive(LockFlavor flavor, Deadline deadline) {
   {
     std::lock_guard lock(mutex_);
-    if (auto it = holds_.find(std::this_thread::get_id()); it != holds_.end()) {
+    if (auto it = find_mine(); it != holds_.end()) {
       auto& held = it->second;
       if (held.exclusive_count > 0) {
         if (flavor == LockFlavor::plain || held.exclusive_flavor == LockFlavor::plain) {
@@ -29,13 +44,13 @@ bool LockCore::acquire_exclusive(LockFlavor flavor, Deadline deadline) {
   auto record = client_->acquire({name_, EntryKind::exclusive, 1, 0}, deadline);
   if (!record) return false;
   std::lock_guard lock(mutex_);
-  holds_[std::this_thread::get_id()] = ThreadHold{std::move(record), flavor, 1, 0};
+  holds_.emplace_back(std::this_thread::get_id(), ThreadHold{std::move(record), flavor, 1, 0});
   return true;
 }
 
 void LockCore::release_exclusive() {
   std::unique_lock lock(mutex_);
-  const auto it = holds_.find(std::this_thread::get_id());
+  const auto it = find_mine();
   if (it == holds_.end() || it->second.exclusive_count == 0) {
     throw NotHeld("this thread does not hold '" + name_ + "'");
   }
@@ -51,7 +66,7 @@ void LockCore::release_exclusive() {
     return;
   }
   auto record = std::move(held.record);
-  holds_.erase(it);
+  erase(it);
   lock.unlock();
   record->release();
 }
@@ -59,7 +74,7 @@ void LockCore::release_exclusive() {
 bool LockCore::acquire_shared(Deadline deadline) {
   {
     std::lock_guard lock(mutex_);
-    if (auto it = holds_.find(std::this_thread::get_id()); it != holds_.end()) {
+    if (auto it = find_mine(); it != holds_.end()) {
       ++it->second.shared_count;  // reentrant read, or a writer reading (downgrade path)
       return true;
     }
@@ -67,20 +82,20 @@ bool LockCore::acquire_shared(Deadline deadline) {
   auto record = client_->acquire({name_, EntryKind::shared, 1, 0}, deadline);
   if (!record) return false;
   std::lock_guard lock(mutex_);
-  holds_[std::this_thread::get_id()] = ThreadHold{std::move(record), LockFlavor::read_write, 0, 1};
+  holds_.emplace_back(std::this_thread::get_id(), ThreadHold{std::move(record), LockFlavor::read_write, 0, 1});
   return true;
 }
 
 void LockCore::release_shared() {
   std::unique_lock lock(mutex_);
-  const auto it = holds_.find(std::this_thread::get_id());
+  const auto it = find_mine();
   if (it == holds_.end() || it->second.shared_count == 0) {
     throw NotHeld("this thread does not hold the read lock of '" + name_ + "'");
   }
   auto& held = it->second;
   if (--held.shared_count > 0 || held.exclusive_count > 0) return;
   auto record = std::move(held.record);
-  holds_.erase(it);
+  erase(it);
   lock.unlock();
   record->release();
 }

@@ -3,6 +3,7 @@
 // Signals: SIGINT/SIGTERM/SIGHUP/SIGCHLD are blocked before any thread exists (so no library
 // thread ever takes them) and read from a signalfd. While we wait for the hold, a small thread
 // reads it and makes us exit at once; once we hold, the main thread forwards them to the child.
+// An uncontended hold is taken by one try first, without that thread (a try cannot block).
 // The main thread forks and stays alive until the child is reaped, because PR_SET_PDEATHSIG
 // fires when the forking *thread* exits.
 #include <fcntl.h>
@@ -109,16 +110,19 @@ class AcquisitionGuard {
   std::thread thread_;
 };
 
-// Takes the hold; nullopt when the timeout passed first.
-std::optional<Hold> acquire(Client& client, Kind kind, const std::string& name, const RunOptions& options) {
-  using Seconds = std::chrono::duration<double>;
-  const auto& timeout = options.timeout_sec;
+// How long acquire() may wait: nothing (one try), until a deadline, or forever.
+using Wait = std::optional<std::optional<std::chrono::steady_clock::time_point>>;
+constexpr Wait kTryOnce = std::nullopt;
+
+// Takes the hold; nullopt when the wait ended first.
+std::optional<Hold> acquire(Client& client, Kind kind, const std::string& name, const RunOptions& options,
+                            const Wait& wait) {
+  const bool once = !wait.has_value();
+  const bool forever = wait.has_value() && !wait->has_value();
   switch (kind) {
     case Kind::lock: {
       auto mutex = std::make_shared<Mutex>(client.mutex(name));
-      const bool got = !timeout ? (mutex->lock(), true)
-                       : *timeout == 0 ? mutex->try_lock()
-                                       : mutex->try_lock_for(Seconds(*timeout));
+      const bool got = once ? mutex->try_lock() : forever ? (mutex->lock(), true) : mutex->try_lock_until(**wait);
       if (!got) return std::nullopt;
       return Hold{mutex->fencing_token(), mutex->lost_token(), [mutex] { mutex->release(); }};
     }
@@ -127,13 +131,9 @@ std::optional<Hold> acquire(Client& client, Kind kind, const std::string& name, 
       auto rw = std::make_shared<SharedMutex>(client.shared_mutex(name));
       bool got;
       if (kind == Kind::read) {
-        got = !timeout ? (rw->lock_shared(), true)
-              : *timeout == 0 ? rw->try_lock_shared()
-                              : rw->try_lock_shared_for(Seconds(*timeout));
+        got = once ? rw->try_lock_shared() : forever ? (rw->lock_shared(), true) : rw->try_lock_shared_until(**wait);
       } else {
-        got = !timeout ? (rw->lock(), true)
-              : *timeout == 0 ? rw->try_lock()
-                              : rw->try_lock_for(Seconds(*timeout));
+        got = once ? rw->try_lock() : forever ? (rw->lock(), true) : rw->try_lock_until(**wait);
       }
       if (!got) return std::nullopt;
       auto release = kind == Kind::read ? std::function<void()>([rw] { rw->release_shared(); })
@@ -142,15 +142,28 @@ std::optional<Hold> acquire(Client& client, Kind kind, const std::string& name, 
     }
     case Kind::semaphore: {
       auto semaphore = client.semaphore(name, *options.limit);
-      std::optional<Lease> lease = !timeout ? std::optional<Lease>(semaphore.acquire())
-                                   : *timeout == 0 ? semaphore.try_acquire()
-                                                   : semaphore.try_acquire_for(Seconds(*timeout));
+      std::optional<Lease> lease = once      ? semaphore.try_acquire()
+                                   : forever ? std::optional<Lease>(semaphore.acquire())
+                                             : semaphore.try_acquire_until(**wait);
       if (!lease) return std::nullopt;
       auto shared = std::make_shared<Lease>(std::move(*lease));
       return Hold{shared->fencing_token(), shared->lost_token(), [shared] { shared->release(); }};
     }
   }
   return std::nullopt;
+}
+
+// Signals that came while the hold was being tried, without the guard thread: each is handed
+// to the child, as the guard does with signals it reads once the hold is taken.
+std::vector<int> pending_signals(int signal_fd) {
+  std::vector<int> signals;
+  pollfd fd{signal_fd, POLLIN, 0};
+  while (poll(&fd, 1, 0) == 1 && (fd.revents & POLLIN)) {
+    signalfd_siginfo info{};
+    if (read(signal_fd, &info, sizeof info) != sizeof info) break;
+    if (info.ssi_signo != SIGCHLD) signals.push_back(static_cast<int>(info.ssi_signo));
+  }
+  return signals;
 }
 
 // Bad usage found before anything is touched; empty when the options are fine.
@@ -191,7 +204,8 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
   return out;
 }
 
-// In the forked child: only async-signal-safe calls (the parent has library threads).
+// In the vforked child: only async-signal-safe calls (the parent has library threads), and
+// nothing that writes to memory the parent uses beyond errno (it shares our address space).
 [[noreturn]] void exec_child(pid_t parent, const sigset_t& original_mask, char** argv, char** envp, int error_fd) {
   // Die with turnstile, even if it is SIGKILLed: the command must never run unprotected.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -232,8 +246,11 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
 
   std::fflush(nullptr);
   const pid_t parent = getpid();
-  const pid_t child = fork();
-  if (child < 0) throw std::runtime_error(describe_errno("fork"));
+  // vfork: the child shares our memory until it execs, so no page tables are copied and we
+  // take no copy-on-write faults afterwards (most of a fork's cost here). That is safe because
+  // exec_child only makes system calls on its own stack frame, and we are suspended meanwhile.
+  const pid_t child = vfork();
+  if (child < 0) throw std::runtime_error(describe_errno("vfork"));
   if (child == 0) exec_child(parent, original_mask, argv.data(), envp.data(), error_pipe[1]);
   close(error_pipe[1]);
 
@@ -339,9 +356,24 @@ int run_command(const RunOptions& options) {
     }
     auto client = connect_backend(options.backend, std::move(client_options));
 
-    AcquisitionGuard guard(signal_fd, name);
-    auto hold = acquire(client, kind, name, options);
-    auto early_signals = guard.disarm();
+    // The deadline counts from before the first try.
+    Wait wait = kTryOnce;
+    if (!options.timeout_sec) {
+      wait.emplace(std::nullopt);
+    } else if (*options.timeout_sec > 0) {
+      wait.emplace(std::chrono::steady_clock::now() +
+                   std::chrono::ceil<std::chrono::steady_clock::duration>(std::chrono::duration<double>(*options.timeout_sec)));
+    }
+    // Try once first: uncontended, that is the whole acquisition, and it needs no thread.
+    auto hold = acquire(client, kind, name, options, kTryOnce);
+    std::vector<int> early_signals;
+    if (hold) {
+      early_signals = pending_signals(signal_fd);
+    } else if (wait) {
+      AcquisitionGuard guard(signal_fd, name);
+      hold = acquire(client, kind, name, options, wait);
+      early_signals = guard.disarm();
+    }
     if (!hold) {
       if (*options.timeout_sec == 0) {
         complain("'" + name + "' is busy");

@@ -85,6 +85,21 @@ struct Header {
   throw BackendUnavailable(what + ": " + std::strerror(error));
 }
 
+// getpid() is a real system call (glibc no longer caches it) and every join records the pid:
+// cache it, and forget it in a forked child, which must record its own.
+std::atomic<pid_t> cached_pid{0};
+
+pid_t my_pid() {
+  pid_t pid = cached_pid.load(std::memory_order_relaxed);
+  if (pid == 0) {
+    [[maybe_unused]] static const int registered =
+        pthread_atfork(nullptr, nullptr, [] { cached_pid.store(0, std::memory_order_relaxed); });
+    pid = getpid();
+    cached_pid.store(pid, std::memory_order_relaxed);
+  }
+  return pid;
+}
+
 std::int64_t realtime_ns() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -572,9 +587,17 @@ class FileBackend final : public Backend {
  public:
   FileBackend(std::string root, int root_fd) : root_(std::move(root)), root_fd_(root_fd) {}
   ~FileBackend() override {
-    watcher_.request_stop();
-    watcher_cv_.notify_all();
-    if (watcher_.joinable()) watcher_.join();
+    {
+      // No join: waiting for the watcher to be scheduled just to see the stop costs a short
+      // process (turnstile run) milliseconds on a busy machine. It exits on its own when it
+      // next wakes, touching only the shared state; a check in progress uses our directory
+      // descriptor, so that one we let finish.
+      std::unique_lock lock(watch_->mutex);
+      watch_->stop = true;
+      watch_->cv.notify_all();
+      // (Unless we are that check: a loss callback that dropped the last Client.)
+      if (watch_->thread != std::this_thread::get_id()) watch_->cv.wait(lock, [&] { return !watch_->checking; });
+    }
     files_.clear();
     close(root_fd_);
     for (int fd : removed_root_fds_) close(fd);
@@ -594,7 +617,8 @@ class FileBackend final : public Backend {
 
  private:
   std::shared_ptr<NameFile> file(const std::string& name);
-  void watch_loop(std::stop_token stop);
+  struct WatchState;
+  static void watch_loop(const std::shared_ptr<WatchState>& state);
 
   std::string root_;
   int root_fd_;
@@ -602,10 +626,18 @@ class FileBackend final : public Backend {
   std::mutex files_mutex_;
   std::unordered_map<std::string, std::shared_ptr<NameFile>> files_;
 
-  std::mutex watched_mutex_;
-  std::condition_variable_any watcher_cv_;
-  std::set<FileHold*> watched_;
-  std::jthread watcher_;
+  // The watcher's state, shared with its thread, which may outlive the backend (see above).
+  struct WatchState {
+    std::mutex mutex;
+    std::condition_variable cv;
+    // An intrusive list through the holds themselves: watching costs no allocation per acquire.
+    FileHold* holds = nullptr;
+    bool started = false;
+    bool stop = false;
+    bool checking = false;  // the thread is checking files, outside the mutex
+    std::thread::id thread;
+  };
+  std::shared_ptr<WatchState> watch_ = std::make_shared<WatchState>();
 };
 
 class FileHold final : public BackendHold {
@@ -644,7 +676,10 @@ class FileHold final : public BackendHold {
       found = index >= 0;
       if (found) file_->remove_at(static_cast<std::size_t>(index));
       file_->recompute_mode();
-      set_lock(fd_, F_UNLCK, byte_offset(seq_, Byte::life), 4, false);
+      // This description holds only this entry's bytes: unlocking the whole file drops the
+      // same locks, and the kernel skips allocating the two lock records that splitting a
+      // range may need (a ranged unlock allocates them on every call).
+      set_lock(fd_, F_UNLCK, 0, 0, false);
       if (kind_ == EntryKind::lease) file_->wake(false);
     }
     file_->return_descriptor(fd_);
@@ -656,6 +691,9 @@ class FileHold final : public BackendHold {
   const std::shared_ptr<LossSignal>& loss() const { return loss_; }
 
  private:
+  friend class FileBackend;
+  FileHold* watch_prev_ = nullptr;  // FileBackend::WatchState::holds, under its mutex
+  FileHold* watch_next_ = nullptr;
   FileBackend& backend_;
   std::shared_ptr<NameFile> file_;
   int fd_;
@@ -683,31 +721,52 @@ std::shared_ptr<NameFile> FileBackend::file(const std::string& name) {
 }
 
 void FileBackend::watch(FileHold* hold) {
-  std::lock_guard lock(watched_mutex_);
-  watched_.insert(hold);
-  if (!watcher_.joinable()) watcher_ = std::jthread([this](std::stop_token stop) { watch_loop(stop); });
+  std::lock_guard lock(watch_->mutex);
+  hold->watch_prev_ = nullptr;
+  hold->watch_next_ = watch_->holds;
+  if (watch_->holds) watch_->holds->watch_prev_ = hold;
+  watch_->holds = hold;
+  if (!watch_->started) {
+    std::thread watcher([state = watch_] { watch_loop(state); });
+    watch_->thread = watcher.get_id();
+    watcher.detach();
+    watch_->started = true;
+  }
 }
 
 void FileBackend::unwatch(FileHold* hold) {
-  std::lock_guard lock(watched_mutex_);
-  watched_.erase(hold);
+  std::lock_guard lock(watch_->mutex);
+  if (hold->watch_prev_) {
+    hold->watch_prev_->watch_next_ = hold->watch_next_;
+  } else if (watch_->holds == hold) {
+    watch_->holds = hold->watch_next_;
+  } else {
+    return;  // not in the list
+  }
+  if (hold->watch_next_) hold->watch_next_->watch_prev_ = hold->watch_prev_;
+  hold->watch_prev_ = hold->watch_next_ = nullptr;
 }
 
 // The embedded backend's keep-alive: the kernel keeps our locks for as long as we live, but a
 // state file removed or replaced under us (rm -rf, a tmp cleaner) no longer excludes anyone.
-void FileBackend::watch_loop(std::stop_token stop) {
-  std::unique_lock lock(watched_mutex_);
-  while (!stop.stop_requested()) {
-    watcher_cv_.wait_for(lock, stop, std::chrono::milliseconds(500), [] { return false; });
+void FileBackend::watch_loop(const std::shared_ptr<WatchState>& state) {
+  std::unique_lock lock(state->mutex);
+  for (;;) {
+    state->cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return state->stop; });
+    if (state->stop) return;
     std::vector<std::pair<std::shared_ptr<NameFile>, std::shared_ptr<LossSignal>>> holds;
-    for (auto* hold : watched_) holds.emplace_back(hold->file(), hold->loss());
+    for (auto* hold = state->holds; hold; hold = hold->watch_next_) holds.emplace_back(hold->file(), hold->loss());
+    state->checking = true;
     lock.unlock();  // lose() runs the user's callback, which may release holds
     for (const auto& [file, loss] : holds) {
       if (!loss->lost() && !file->still_linked()) {
         loss->lose("the state file of '" + file->name() + "' was removed or replaced");
       }
     }
+    holds.clear();
     lock.lock();
+    state->checking = false;
+    state->cv.notify_all();
   }
 }
 
@@ -735,9 +794,11 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
         throw QueueFull("'" + request.name + "' already has " + std::to_string(kCapacity) + " contenders");
       }
       seq = h.next_seq + 1;
-      Entry entry{seq, request.permits, realtime_ns(), getpid(), static_cast<std::uint8_t>(request.kind), {}};
+      Entry entry{seq, request.permits, realtime_ns(), my_pid(), static_cast<std::uint8_t>(request.kind), {}};
       const auto admitted_at_tail = [&] {
-        std::vector<QueueEntryView> views;
+        // Reused per thread: no allocation on the uncontended path.
+        thread_local std::vector<QueueEntryView> views;
+        views.clear();
         for (std::size_t i = 0; i < h.count; ++i) {
           if (h.entries[i].kind != kCounterWaiter) {
             views.push_back({static_cast<EntryKind>(h.entries[i].kind), h.entries[i].permits});
@@ -832,7 +893,7 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
           // Our own process cannot die without us; other holders wake us by dying, via pidfd.
           for (std::size_t i = 0; i < h.count && h.entries[i].seq != seq; ++i) {
             const auto& e = h.entries[i];
-            if (e.kind != kCounterWaiter && e.pid != getpid()) holder_pids.push_back(e.pid);
+            if (e.kind != kCounterWaiter && e.pid != my_pid()) holder_pids.push_back(e.pid);
           }
           std::sort(holder_pids.begin(), holder_pids.end());
           holder_pids.erase(std::unique(holder_pids.begin(), holder_pids.end()), holder_pids.end());
@@ -1014,7 +1075,7 @@ bool FileBackend::counter_acquire(const std::string& name, std::int64_t permits,
           fd = nf.checkout_descriptor();
           seq = h.next_seq + 1;
           set_lock(fd, F_WRLCK, byte_offset(seq, Byte::life), 1, false);
-          h.entries[h.count] = Entry{seq, permits, realtime_ns(), getpid(), kCounterWaiter, {}};
+          h.entries[h.count] = Entry{seq, permits, realtime_ns(), my_pid(), kCounterWaiter, {}};
           h.next_seq = seq;
           ++h.count;
           continue;  // look again as a member of the queue
