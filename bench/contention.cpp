@@ -1,6 +1,11 @@
-// N processes contending for one lock: turnstile's Mutex on file:// versus a bare flock(2).
+// N processes contending for one lock: turnstile's Mutex (on file://, or on any backend URL)
+// versus a bare flock(2); and N processes contending for a turnstile Semaphore.
 //
-//   turnstile_bench_contention (turnstile|flock) [--procs 8] [--seconds 2] [--dir DIR]
+//   turnstile_bench_contention (turnstile|flock) [--procs 8] [--seconds 2] [--dir DIR] [--url URL]
+//   turnstile_bench_contention semaphore [--limit 3] [--procs 16] [--seconds 2] [--url URL]
+//
+// --url picks the turnstile backend (say redis://127.0.0.1:6379); the default is file://DIR,
+// with DIR a fresh directory. flock always uses DIR.
 //
 // The parent forks the children before it creates any thread or Client; each child connects on
 // its own (or opens the lock file on its own, for flock: one open file description each) and
@@ -11,6 +16,10 @@
 // order): {pid, start = first instant after lock() returned, end = last instant before unlock()},
 // CLOCK_MONOTONIC. Handoff latency is next.start - previous.end. Only holds that started within
 // the period count. Prints one JSON object.
+//
+// semaphore: each child loops acquire / record / release on one Semaphore(limit). Holds overlap,
+// so there is no hold order and no handoff latency: the output is the acquisition rate, plus
+// the most holders seen at once (must not exceed the limit).
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -50,6 +59,8 @@ struct Shared {
   std::atomic<std::int64_t> start_ns;
   std::atomic<std::int64_t> end_ns;
   std::atomic<int> failed;
+  std::atomic<int> holders;      // semaphore: holders right now
+  std::atomic<int> max_holders;  // semaphore: the most seen at once
 };
 
 constexpr std::size_t kCapacity = 8u << 20;  // records; pages are only touched when used
@@ -80,9 +91,9 @@ void wait_for_go(int ready_fd, int go_fd) {
   if (read(go_fd, &byte, 1) != 0) die("read go");  // returns 0 when the parent closes it
 }
 
-int child_turnstile(const std::string& dir, int ready_fd, int go_fd) {
+int child_turnstile(const std::string& url, int ready_fd, int go_fd) {
   try {
-    auto client = turnstile::Client::connect("file://" + dir);
+    auto client = turnstile::Client::connect(url);
     auto mutex = client.mutex("bench/contended");
     wait_for_go(ready_fd, go_fd);
     for (;;) {
@@ -90,6 +101,38 @@ int child_turnstile(const std::string& dir, int ready_fd, int go_fd) {
       const std::int64_t start = now_ns();
       const bool more = record_hold(start, mutex.fencing_token());
       mutex.unlock();
+      if (!more) break;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
+    shared->failed = 1;
+    return 1;
+  }
+  return 0;
+}
+
+int child_semaphore(const std::string& url, std::int64_t limit, int ready_fd, int go_fd) {
+  try {
+    auto client = turnstile::Client::connect(url);
+    auto semaphore = client.semaphore("bench/contended-semaphore", limit);
+    wait_for_go(ready_fd, go_fd);
+    for (;;) {
+      turnstile::Lease lease = semaphore.acquire();
+      const std::int64_t start = now_ns();
+      const int holders = shared->holders.fetch_add(1) + 1;
+      for (int seen = shared->max_holders.load(); holders > seen && !shared->max_holders.compare_exchange_weak(seen, holders);) {
+      }
+      const auto i = shared->next.fetch_add(1);  // several holders at once: an atomic bump
+      bool more = false;
+      if (i < kCapacity) {
+        records[i].start = start;
+        records[i].pid = getpid();
+        records[i].token = static_cast<std::uint32_t>(lease.fencing_token());
+        records[i].end = now_ns();
+        more = start < shared->end_ns.load(std::memory_order_relaxed);
+      }
+      shared->holders.fetch_sub(1);
+      lease.release();
       if (!more) break;
     }
   } catch (const std::exception& e) {
@@ -124,18 +167,26 @@ double percentile(std::vector<std::int64_t>& v, double p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || (std::strcmp(argv[1], "turnstile") != 0 && std::strcmp(argv[1], "flock") != 0)) {
-    std::fprintf(stderr, "usage: %s (turnstile|flock) [--procs N] [--seconds S] [--dir DIR]\n", argv[0]);
+  if (argc < 2 || (std::strcmp(argv[1], "turnstile") != 0 && std::strcmp(argv[1], "flock") != 0 &&
+                    std::strcmp(argv[1], "semaphore") != 0)) {
+    std::fprintf(stderr,
+                 "usage: %s (turnstile|flock) [--procs N] [--seconds S] [--dir DIR] [--url URL]\n"
+                 "       %s semaphore [--limit N] [--procs N] [--seconds S] [--dir DIR] [--url URL]\n",
+                 argv[0], argv[0]);
     return 64;
   }
   const bool use_flock = std::strcmp(argv[1], "flock") == 0;
-  int procs = 8;
+  const bool use_semaphore = std::strcmp(argv[1], "semaphore") == 0;
+  int procs = use_semaphore ? 16 : 8;
+  std::int64_t limit = 3;
   double seconds = 2.0;
-  std::string dir;
+  std::string dir, url;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--procs")) procs = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--seconds")) seconds = std::atof(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--dir")) dir = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--url")) url = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--limit")) limit = std::atoll(argv[i + 1]);
   }
   bool own_dir = false;
   if (dir.empty()) {
@@ -145,6 +196,9 @@ int main(int argc, char** argv) {
     dir = pattern;
     own_dir = true;
   }
+  // The backend's name for the JSON (a URL has colons, which the summary's parser splits on).
+  const std::string backend = use_flock ? "flock" : url.empty() ? "file" : url.substr(0, url.find(':'));
+  if (url.empty()) url = "file://" + dir;
 
   void* area = mmap(nullptr, sizeof(Shared) + kCapacity * sizeof(Record), PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -164,7 +218,9 @@ int main(int argc, char** argv) {
     if (pid == 0) {
       close(ready[0]);
       close(go[1]);
-      std::_Exit(use_flock ? child_flock(dir, ready[1], go[0]) : child_turnstile(dir, ready[1], go[0]));
+      std::_Exit(use_flock        ? child_flock(dir, ready[1], go[0])
+                 : use_semaphore ? child_semaphore(url, limit, ready[1], go[0])
+                                 : child_turnstile(url, ready[1], go[0]));
     }
     children.push_back(pid);
   }
@@ -192,6 +248,18 @@ int main(int argc, char** argv) {
 
   const std::uint64_t total = std::min<std::uint64_t>(shared->next.load(), kCapacity);
   const std::int64_t end = shared->end_ns.load();
+  const int failed = shared->failed.load() | status_failed;
+  if (use_semaphore) {
+    std::size_t n = 0;  // holds that started within the period; records are not in time order
+    for (std::uint64_t i = 0; i < total; ++i) n += records[i].start < end;
+    const double period = static_cast<double>(end - start) / 1e9;
+    std::printf(
+        "{\"mode\":\"semaphore\",\"backend\":\"%s\",\"procs\":%d,\"limit\":%lld,\"seconds\":%.3f,"
+        "\"acquisitions\":%zu,\"per_second\":%.1f,\"max_holders\":%d,\"failed\":%d}\n",
+        backend.c_str(), procs, static_cast<long long>(limit), period, n, static_cast<double>(n) / period,
+        shared->max_holders.load(), failed);
+    return failed;
+  }
   std::size_t n = 0;  // holds that started within the period, a prefix in hold order
   while (n < total && records[n].start < end) ++n;
   std::vector<std::int64_t> handoff, cross;
@@ -206,12 +274,12 @@ int main(int argc, char** argv) {
   }
   const double period = static_cast<double>(end - start) / 1e9;
   std::printf(
-      "{\"mode\":\"%s\",\"procs\":%d,\"seconds\":%.3f,\"acquisitions\":%zu,\"per_second\":%.1f,"
+      "{\"mode\":\"%s\",\"backend\":\"%s\",\"procs\":%d,\"seconds\":%.3f,\"acquisitions\":%zu,\"per_second\":%.1f,"
       "\"handoff_p50_ns\":%.0f,\"handoff_p99_ns\":%.0f,\"cross_p50_ns\":%.0f,\"cross_p99_ns\":%.0f,"
       "\"same_process_share\":%.4f,\"order_errors\":%zu,\"failed\":%d}\n",
-      use_flock ? "flock" : "turnstile", procs, period, n, static_cast<double>(n) / period,
+      use_flock ? "flock" : "turnstile", backend.c_str(), procs, period, n, static_cast<double>(n) / period,
       percentile(handoff, 0.50), percentile(handoff, 0.99), percentile(cross, 0.50),
       percentile(cross, 0.99), handoff.empty() ? 0.0 : static_cast<double>(same_process) / handoff.size(),
-      order_errors, shared->failed.load() | status_failed);
-  return shared->failed.load() | status_failed;
+      order_errors, failed);
+  return failed;
 }

@@ -48,7 +48,7 @@ struct QueueKeys {
 
 QueueKeys queue_keys(const std::string& name) {
   const auto tag = queue_tag(name);
-  return {{tag + "seq", tag + "q", tag + "e", tag + "x", tag + "m", tag + "i", tag + "r"}, tag + "w"};
+  return {{tag + "seq", tag + "q", tag + "e", tag + "x", tag + "r"}, tag + "w"};
 }
 
 // Redisson's RSemaphore: the permit count is the plain key NAME, releases go to
@@ -199,6 +199,9 @@ class RedisBackend final : public Backend {
   std::condition_variable waiters_cv_;
   std::map<std::string, std::map<std::string, Waiter*>> queue_waiters_;  // channel -> seq -> waiter
   std::map<std::string, std::deque<Waiter*>> counter_waiters_;          // channel -> oldest first
+  // Admissions announced before their waiter registered (it was still reading the acquire
+  // reply): kept briefly, per channel, for the waiter to find.
+  std::map<std::string, std::deque<std::string>> early_admissions_;
 
   std::mutex holds_mutex_;
   std::condition_variable_any watchdog_cv_;
@@ -238,10 +241,19 @@ void RedisHold::release() {
 
 void RedisBackend::on_message(const std::string& channel, const std::string& payload) {
   std::lock_guard lock(waiters_mutex_);
-  if (const auto queue = queue_waiters_.find(channel); queue != queue_waiters_.end()) {
+  if (channel.size() > 2 && channel.compare(channel.size() - 2, 2, ":w") == 0) {
+    const auto queue = queue_waiters_.find(channel);
     std::istringstream seqs(payload);
     for (std::string seq; seqs >> seq;) {
-      if (const auto it = queue->second.find(seq); it != queue->second.end()) it->second->admitted = true;
+      if (queue != queue_waiters_.end()) {
+        if (const auto it = queue->second.find(seq); it != queue->second.end()) {
+          it->second->admitted = true;
+          continue;
+        }
+      }
+      auto& early = early_admissions_[channel];
+      early.push_back(seq);
+      if (early.size() > 64) early.pop_front();
     }
   }
   // Only this client's oldest waiter of a counter can be first in line: it alone looks again.
@@ -283,6 +295,7 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
   const auto keys = queue_keys(request.name);
   const bool try_once = deadline && *deadline <= SteadyClock::now();
   const auto request_id = request_ids_.next();
+  const bool was_listening = !try_once && subscriber_.listening(keys.channel);
   auto sent_at = SteadyClock::now();
   std::uint64_t generation = 0;
   auto reply = connection_.eval(scripts::acquire, keys.keys,
@@ -304,6 +317,14 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
   {
     std::lock_guard lock(waiters_mutex_);
     queue_waiters_[keys.channel][seq_text] = &waiter;
+    if (auto early = early_admissions_.find(keys.channel); early != early_admissions_.end()) {
+      auto& seqs = early->second;
+      if (const auto it = std::find(seqs.begin(), seqs.end(), seq_text); it != seqs.end()) {
+        waiter.admitted = true;
+        seqs.erase(it);
+      }
+      if (seqs.empty()) early_admissions_.erase(early);
+    }
   }
   struct Unregister {
     RedisBackend& backend;
@@ -322,21 +343,29 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
   auto confirm_until = SteadyClock::now() + milliseconds(1000);
   if (deadline) confirm_until = std::min(confirm_until, *deadline);
   subscriber_.subscribe(keys.channel, confirm_until);
+  // Subscribed before the acquire script ran: every admission since reached us. Otherwise one
+  // look now covers a message published before the subscription took.
+  bool look_now = !was_listening;
   try {
     for (;;) {
       {
         std::lock_guard lock(waiters_mutex_);
         if (waiter.admitted) break;
       }
-      // The periodic look: renews our place and catches a message we may have missed.
-      sent_at = SteadyClock::now();
-      auto state = connection_.eval(scripts::renew, keys.keys, {keys.channel, std::to_string(settings_.ttl.count()), seq_text},
-                                    deadline, true, &generation);
-      const auto where = integer_at(state.get(), 0);
-      if (where == 0) {
-        throw HoldLost("the queue entry of '" + request.name + "' expired while waiting (paused past the TTL, or the redis server restarted)");
+      if (look_now) {
+        // The periodic look: renews our place and catches a message we may have missed.
+        sent_at = SteadyClock::now();
+        auto state = connection_.eval(scripts::renew, keys.keys,
+                                      {keys.channel, std::to_string(settings_.ttl.count()), seq_text}, deadline, true,
+                                      &generation);
+        const auto where = integer_at(state.get(), 0);
+        if (where == 0) {
+          throw HoldLost("the queue entry of '" + request.name +
+                         "' expired while waiting (paused past the TTL, or the redis server restarted)");
+        }
+        if (where == 2) break;
       }
-      if (where == 2) break;
+      look_now = true;
       if (deadline && *deadline <= SteadyClock::now()) {
         abandon(keys, seq);
         return nullptr;
@@ -449,22 +478,24 @@ Inspection RedisBackend::inspect(const std::string& name) {
   Inspection result;
   result.name = name;
   const auto* queue = replies[0].get();
-  result.mode = string_at(queue, 0);
-  result.limit = integer_at(queue, 1);
-  std::vector<QueueEntryView> views;
-  for (std::size_t i = 2; i < queue->elements; ++i) {
+  for (std::size_t i = 0; i < queue->elements; ++i) {
     const auto* item = queue->element[i];
     EntryInfo info;
     info.fencing_token = static_cast<std::uint64_t>(integer_at(item, 0));
-    const auto entry = string_at(item, 1);
-    info.kind = entry.empty() ? "exclusive" : entry[0] == 's' ? "shared" : entry[0] == 'l' ? "lease" : "exclusive";
-    info.permits = entry.size() > 3 ? std::stoll(entry.substr(3)) : 1;
-    info.holding = entry.size() > 1 && entry[1] == '1';
-    std::istringstream text(string_at(item, 2));
-    std::string request;
+    // "<kind><admitted> <permits> <limit> <request> <pid> <host> <since ms>"
+    std::istringstream text(string_at(item, 1));
+    std::string state, request;
+    std::int64_t limit = 0;
     long long since_ms = 0;
-    text >> request >> info.pid >> info.host >> since_ms;
+    text >> state >> info.permits >> limit >> request >> info.pid >> info.host >> since_ms;
+    const char kind = state.empty() ? 'x' : state[0];
+    info.kind = kind == 's' ? "shared" : kind == 'l' ? "lease" : "exclusive";
+    info.holding = state.size() > 1 && state[1] == '1';
     info.since = std::chrono::system_clock::time_point(milliseconds(since_ms));
+    if (i == 0) {
+      result.mode = kind == 'l' ? "semaphore" : "lock";
+      result.limit = kind == 'l' ? limit : 0;
+    }
     (info.holding ? result.holders : result.waiters).push_back(info);
   }
   const auto* permits = replies[1].get();

@@ -8,6 +8,10 @@
 
 namespace turnstile::detail::redis {
 
+namespace {
+constexpr auto kIdleLinger = std::chrono::seconds(30);
+}
+
 Subscriber::Subscriber(Settings settings, std::function<void(const std::string&, const std::string&)> on_message,
                        std::function<void()> on_reset)
     : settings_(std::move(settings)), on_message_(std::move(on_message)), on_reset_(std::move(on_reset)) {
@@ -30,18 +34,22 @@ void Subscriber::poke() {
 
 bool Subscriber::subscribe(const std::string& channel, SteadyClock::time_point until) {
   std::unique_lock lock(mutex_);
-  if (++wanted_[channel] == 1) poke();
+  const auto [it, added] = wanted_.try_emplace(channel);
+  ++it->second.users;
+  if (added) poke();
   return confirmed_cv_.wait_until(lock, until, [&] { return confirmed_.count(channel) > 0; });
 }
 
 void Subscriber::unsubscribe(const std::string& channel) {
   std::lock_guard lock(mutex_);
   const auto it = wanted_.find(channel);
-  if (it == wanted_.end()) return;
-  if (--it->second == 0) {
-    wanted_.erase(it);
-    poke();
-  }
+  if (it == wanted_.end() || it->second.users == 0) return;
+  if (--it->second.users == 0) it->second.idle_since = SteadyClock::now();
+}
+
+bool Subscriber::listening(const std::string& channel) {
+  std::lock_guard lock(mutex_);
+  return confirmed_.count(channel) > 0;
 }
 
 void Subscriber::loop(std::stop_token stop) {
@@ -62,10 +70,21 @@ void Subscriber::loop(std::stop_token stop) {
         continue;
       }
     }
-    // Bring the subscriptions in line with what the waiters want.
+    // Bring the subscriptions in line with what the waiters want; channels idle for a while
+    // are dropped.
+    int housekeeping_ms = -1;
     {
       std::lock_guard lock(mutex_);
-      for (const auto& [channel, users] : wanted_) {
+      const auto now = SteadyClock::now();
+      for (auto it = wanted_.begin(); it != wanted_.end();) {
+        if (it->second.users == 0 && now - it->second.idle_since >= kIdleLinger) {
+          it = wanted_.erase(it);
+        } else {
+          if (it->second.users == 0) housekeeping_ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(kIdleLinger).count());
+          ++it;
+        }
+      }
+      for (const auto& [channel, want] : wanted_) {
         if (sent.insert(channel).second) {
           const char* argv[] = {"SUBSCRIBE", channel.data()};
           const size_t lengths[] = {9, channel.size()};
@@ -95,7 +114,7 @@ void Subscriber::loop(std::stop_token stop) {
       continue;
     }
     pollfd fds[2] = {{context->fd, POLLIN, 0}, {event_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) continue;
+    if (poll(fds, 2, housekeeping_ms) < 0) continue;
     if (fds[1].revents & POLLIN) {
       std::uint64_t count;
       [[maybe_unused]] auto got = read(event_fd_, &count, sizeof count);

@@ -26,7 +26,11 @@ class Subscriber {
   // Counts a use of the channel and waits (bounded by `until`) for the server to confirm the
   // subscription. Returns false when unconfirmed: callers then rely on their periodic re-check.
   bool subscribe(const std::string& channel, SteadyClock::time_point until);
+  // Drops a use. The subscription itself stays a while (kIdleLinger), so a name waited on
+  // again and again costs no SUBSCRIBE/UNSUBSCRIBE per wait.
   void unsubscribe(const std::string& channel);
+  // Whether the server has confirmed the subscription: every message from now on arrives.
+  bool listening(const std::string& channel);
 
  private:
   void loop(std::stop_token stop);
@@ -38,7 +42,11 @@ class Subscriber {
   int event_fd_ = -1;
   std::mutex mutex_;
   std::condition_variable confirmed_cv_;
-  std::map<std::string, int> wanted_;  // channel -> users
+  struct Want {
+    int users = 0;
+    SteadyClock::time_point idle_since{};
+  };
+  std::map<std::string, Want> wanted_;
   std::set<std::string> confirmed_;
   std::jthread thread_;
 };

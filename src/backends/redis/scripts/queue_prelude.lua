@@ -2,14 +2,13 @@
 -- One queue per name, every key under the name's hash tag:
 --   KEYS[1] fencing counter (INCR; never deleted, so tokens keep growing)
 --   KEYS[2] queue     zset  seq -> seq (arrival order)
---   KEYS[3] entries   hash  seq -> "<kind><admitted> <permits>", kind x|s|l, admitted 0|1
+--   KEYS[3] entries   hash  seq -> "<kind><admitted> <permits> <limit> <request> <pid> <host> <since ms>"
+--                           kind x|s|l, admitted 0|1; limit is the Semaphore's (0 for locks)
 --   KEYS[4] expiries  zset  seq -> lease end in ms (server clock)
---   KEYS[5] mode      hash  kind = lock|semaphore, limit = N (while the queue has entries)
---   KEYS[6] info      hash  seq -> "<request id> <pid> <since ms> <host>" (for inspect)
---   KEYS[7] requests  hash  request id -> seq (makes a retried acquire find its entry)
--- ARGV[1] is always the wake-up channel.
-local counter_key, queue_key, entries_key, expiry_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local mode_key, info_key, requests_key = KEYS[5], KEYS[6], KEYS[7]
+--   KEYS[5] requests  hash  request id -> seq (a retried acquire finds its entry)
+-- ARGV[1] is always the wake-up channel. Scripts make as few calls as they can: each one
+-- costs server time on every lock and unlock.
+local counter_key, queue_key, entries_key, expiry_key, requests_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local channel = ARGV[1]
 
 local function now_ms()
@@ -17,19 +16,27 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function remove_entry(seq)
-  local info = redis.call('HGET', info_key, seq)
-  if info then redis.call('HDEL', requests_key, string.match(info, '^(%S+)')) end
+-- kind, admitted ('0'|'1'), permits, limit, request of an entry's text
+local function parse(entry)
+  local kind, admitted, permits, limit, request = string.match(entry, '^(%a)(%d) (%d+) (%d+) (%S+)')
+  return kind, admitted, tonumber(permits), tonumber(limit), request
+end
+
+local function remove_entry(seq, entry)
+  local _, _, _, _, request = parse(entry)
+  redis.call('HDEL', requests_key, request)
   redis.call('ZREM', queue_key, seq)
   redis.call('HDEL', entries_key, seq)
   redis.call('ZREM', expiry_key, seq)
-  redis.call('HDEL', info_key, seq)
 end
 
 -- Entries whose holder stopped renewing (it died, or paused past its lease) leave the queue.
 local function reap_expired(now)
   local expired = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', now)
-  for _, seq in ipairs(expired) do remove_entry(seq) end
+  for _, seq in ipairs(expired) do
+    local entry = redis.call('HGET', entries_key, seq)
+    if entry then remove_entry(seq, entry) else redis.call('ZREM', expiry_key, seq) end
+  end
   return #expired
 end
 
@@ -37,20 +44,14 @@ end
 -- publishes the newly admitted sequence numbers, so exactly those waiters wake. `quiet` is
 -- the caller's own entry, which needs no message.
 local function admit(quiet)
-  if redis.call('ZCARD', queue_key) == 0 then
-    redis.call('DEL', mode_key)
-    return
-  end
-  local mode = redis.call('HMGET', mode_key, 'kind', 'limit')
-  local semaphore = mode[1] == 'semaphore'
-  local limit = tonumber(mode[2]) or 0
-  local used, position, woken = 0, 0, {}
+  local used, position, woken, limit = 0, 0, {}, nil
   -- false ends the walk: nobody behind a waiter (or behind a writer) is admitted
   local function visit(seq)
     local entry = redis.call('HGET', entries_key, seq)
-    local kind, admitted, permits = string.sub(entry, 1, 1), string.sub(entry, 2, 2), tonumber(string.sub(entry, 4))
+    local kind, admitted, permits, entry_limit = parse(entry)
     local fits
-    if semaphore then
+    if kind == 'l' then
+      limit = limit or entry_limit
       used = used + permits
       fits = used <= limit
     else
@@ -58,7 +59,7 @@ local function admit(quiet)
     end
     if not fits then return false end
     if admitted == '0' then
-      redis.call('HSET', entries_key, seq, kind .. '1 ' .. permits)
+      redis.call('HSET', entries_key, seq, kind .. '1' .. string.sub(entry, 3))
       if seq ~= quiet then woken[#woken + 1] = seq end
     end
     position = position + 1
