@@ -28,6 +28,9 @@ struct QueueRequest {
   EntryKind kind = EntryKind::exclusive;
   std::int64_t permits = 1;  // leases only
   std::int64_t limit = 0;    // leases only: the Semaphore's limit
+  // Asked through a SharedMutex (a writer or a reader) rather than a Mutex: same queue, but
+  // peers like Curator name a read/write lock's nodes differently.
+  bool shared_mutex = false;
 };
 
 // How a hold learns it may have been lost: a stop_source the holder's stop_token watches,

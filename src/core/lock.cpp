@@ -41,7 +41,7 @@ bool LockCore::acquire_exclusive(LockFlavor flavor, Deadline deadline) {
                           "'; asking for the write lock would deadlock (upgrades are not supported)");
     }
   }
-  auto record = client_->acquire({name_, EntryKind::exclusive, 1, 0}, deadline);
+  auto record = client_->acquire({name_, EntryKind::exclusive, 1, 0, flavor == LockFlavor::read_write}, deadline);
   if (!record) return false;
   std::lock_guard lock(mutex_);
   holds_.emplace_back(std::this_thread::get_id(), ThreadHold{std::move(record), flavor, 1, 0});
@@ -79,7 +79,7 @@ bool LockCore::acquire_shared(Deadline deadline) {
       return true;
     }
   }
-  auto record = client_->acquire({name_, EntryKind::shared, 1, 0}, deadline);
+  auto record = client_->acquire({name_, EntryKind::shared, 1, 0, true}, deadline);
   if (!record) return false;
   std::lock_guard lock(mutex_);
   holds_.emplace_back(std::this_thread::get_id(), ThreadHold{std::move(record), LockFlavor::read_write, 0, 1});

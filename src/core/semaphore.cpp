@@ -42,7 +42,7 @@ std::optional<Lease> Semaphore::acquire_until(Deadline deadline, std::int64_t n)
     throw InvalidArgument("Semaphore '" + name_ + "': cannot acquire " + std::to_string(n) +
                           " leases, the count must be between 1 and the limit " + std::to_string(limit_));
   }
-  auto record = client_->acquire({name_, detail::EntryKind::lease, n, limit_}, deadline);
+  auto record = client_->acquire({name_, detail::EntryKind::lease, n, limit_, false}, deadline);
   if (!record) return std::nullopt;
   return Lease(std::shared_ptr<detail::HoldRecord>(std::move(record)));
 }

@@ -1,0 +1,150 @@
+// One ZooKeeper connection per turnstile client, through the C client's multithreaded API.
+//
+// A Session is one zhandle_t, i.e. one ZooKeeper session: its ephemeral nodes live exactly as
+// long as it. When the server expires it, the Connection opens a new one; holds made on the
+// old one are reported lost. Calls are the C client's synchronous ones, made from the caller's
+// thread (the library pipelines concurrent calls on its one socket).
+//
+// Watches all go to one watcher function, which wakes the Waiters registered on the event's
+// path (a waiter registers before the call that sets the watch, so no event is missed), and
+// every waiter on any session event: the one dispatcher never outlives the Connection.
+#pragma once
+
+#include <zookeeper/zookeeper.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.hpp"
+
+namespace turnstile::detail::zookeeper {
+
+using std::chrono::milliseconds;
+
+struct Settings {
+  std::string hosts;          // "host:port,host:port" as the C client takes it
+  std::string root;           // the URL's chroot, "" or "/something" (no trailing '/')
+  std::string user;           // digest credentials, optional
+  std::string password;
+  milliseconds session_timeout{30'000};  // asked for; the server may grant another
+  std::string description;    // for messages
+};
+
+Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
+
+// True when `rc` came from the server (so the server heard us), false for connection trouble.
+bool server_answered(int rc);
+// Connection trouble that a later attempt may not have: the outcome of the call is unknown.
+bool connection_trouble(int rc);
+// The session is gone (expired or closed): its ephemeral nodes are gone or going.
+bool session_gone(int rc);
+
+class Connection;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(Connection& connection, zhandle_t* handle) : connection_(connection), handle_(handle) {}
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  zhandle_t* handle() const { return handle_; }
+  // The server's id of the session: the ephemeralOwner of the nodes it creates.
+  std::int64_t id() const { return zoo_client_id(handle_)->client_id; }
+  // The timeout the server granted (known once connected).
+  milliseconds timeout() const { return milliseconds(zoo_recv_timeout(handle_)); }
+  bool connected() const { return connected_.load(); }
+  bool expired() const { return expired_.load(); }
+  // The send time of the latest request the server answered: the server cannot expire the
+  // session before that plus the timeout.
+  SteadyClock::time_point confirmed_at() const { return confirmed_at_.load(); }
+  void confirm(SteadyClock::time_point sent_at);
+  // The keeper's ping: at most one in flight.
+  bool start_ping();
+  void ping_answered(int rc);
+
+  // The calls; each returns the C client's code and notes the server's answer.
+  int create(const std::string& path, const std::string& data, int flags, std::string* created = nullptr);
+  int remove(const std::string& path, int version = -1);
+  int get(const std::string& path, bool watch, std::string* data, Stat* stat = nullptr);
+  int exists(const std::string& path, bool watch, Stat* stat = nullptr);
+  int set(const std::string& path, const std::string& data, int version, Stat* stat = nullptr);
+  int children(const std::string& path, bool watch, std::vector<std::string>* names);
+  int multi(int count, const zoo_op_t* ops, zoo_op_result_t* results);
+
+ private:
+  friend class Connection;
+  Connection& connection_;
+  zhandle_t* handle_;
+  std::atomic<bool> connected_{false};
+  std::atomic<bool> expired_{false};
+  std::atomic<SteadyClock::time_point> confirmed_at_{SteadyClock::time_point{}};
+  std::atomic<bool> ping_in_flight_{false};
+  std::atomic<SteadyClock::time_point> ping_sent_at_{SteadyClock::time_point{}};
+};
+
+// A thread sleeping until a watched path changes or the session's state does.
+struct Waiter {
+  bool woken = false;
+};
+
+// A hold, as the keeper sees it: told (through its loss signal) when its session may be gone.
+struct TrackedHold {
+  const Session* session;
+  std::shared_ptr<LossSignal> loss;
+};
+
+class Connection {
+ public:
+  // Connects; throws BackendUnavailable when no server answers in time.
+  explicit Connection(Settings settings);
+  ~Connection();
+
+  const Settings& settings() const { return settings_; }
+  // The ACL of every node we create: the creator's digest identity when credentials were
+  // given, else open.
+  const ACL_vector* acl() const { return settings_.user.empty() ? &ZOO_OPEN_ACL_UNSAFE : &ZOO_CREATOR_ALL_ACL; }
+  // The live session, waiting (until the deadline) while a new one is being opened.
+  // Throws BackendUnavailable.
+  std::shared_ptr<Session> session(Deadline deadline);
+
+  // Registers `waiter` for events on `path` (and on every session event) until unwatch().
+  void watch(const std::string& path, Waiter* waiter);
+  void unwatch(const std::string& path, Waiter* waiter);
+  // Sleeps until the waiter is woken or the deadline passes. Returns false on the deadline.
+  bool sleep(Waiter& waiter, Deadline deadline);
+
+  void track(TrackedHold* hold);
+  void untrack(TrackedHold* hold);
+
+ private:
+  friend class Session;
+  static void on_event(zhandle_t* handle, int type, int state, const char* path, void* context);
+  void handle_event(zhandle_t* handle, int type, int state, const char* path);
+  std::shared_ptr<Session> open_session();
+  void keeper_loop(std::stop_token stop);
+  void wake_all_locked();
+
+  Settings settings_;
+
+  std::mutex mutex_;  // the session pointer, the waiters, the tracked holds
+  std::condition_variable_any cv_;
+  std::shared_ptr<Session> session_;
+  std::map<std::string, std::set<Waiter*>> waiters_;
+  std::set<Waiter*> all_waiters_;
+  std::set<TrackedHold*> holds_;
+
+  std::jthread keeper_;  // last: stopped and joined first
+};
+
+}  // namespace turnstile::detail::zookeeper

@@ -1,0 +1,927 @@
+// The ZooKeeper backend, laid out as Apache Curator 5's lock recipes lay out their nodes, so
+// turnstile and Curator contenders on one path exclude each other in one FIFO queue:
+//
+//   name "a/b" -> path ROOT/a/b (ROOT: the URL's chroot). Parents are container nodes.
+//   Mutex, RecursiveMutex   ROOT/a/b/_c_<uuid>-lock-<seq>      (Curator InterProcessMutex)
+//   SharedMutex             ROOT/a/b/_c_<uuid>-__READ__<seq>   (InterProcessReadWriteLock)
+//                           ROOT/a/b/_c_<uuid>-__WRIT__<seq>   (writers)
+//   Semaphore(limit)        ROOT/a/b/locks/_c_<uuid>-lock-<seq>  the line (a mutex)
+//                           ROOT/a/b/leases/_c_<uuid>-lease-<seq> one per permit held
+//                           (InterProcessSemaphoreV2); ROOT/a/b's data records the limit
+//   PermitCounter           ROOT/a/b/permits (the count, changed by versioned set)
+//                           ROOT/a/b/permit-waiters/_c_<uuid>-wait-<seq> (the line)
+//
+// Every entry is an ephemeral sequential node: it dies with its session, so nothing leaks
+// when a process dies. Entries are ordered by their 10-digit sequence suffix (the parent's
+// counter, shared by every kind of child), which plus one is the fencing token. A waiter
+// watches only the entry it waits for, with getData (a watch on a missing node is never set).
+// The `_c_<uuid>-` prefix is Curator's "protection": after a connection loss during create,
+// the contender finds its node by the prefix instead of creating a second one, and checks the
+// node's ephemeral owner is its own session (CURATOR-604).
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "backends/zookeeper/session.hpp"
+
+namespace turnstile::detail::zookeeper {
+namespace {
+
+constexpr const char* kMutexLabel = "lock-";
+constexpr const char* kReadLabel = "__READ__";
+constexpr const char* kWriteLabel = "__WRIT__";
+constexpr const char* kLeaseLabel = "lease-";
+constexpr const char* kWaitLabel = "wait-";
+constexpr std::size_t kSequenceDigits = 10;
+constexpr std::size_t kUuidLength = 36;
+
+std::string random_uuid() {
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  thread_local pid_t seeded_in = getpid();
+  if (seeded_in != getpid()) {  // a forked child must not repeat its parent's uuids
+    random.seed(std::random_device{}());
+    seeded_in = getpid();
+  }
+  const std::uint64_t high = (random() & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;  // version 4
+  const std::uint64_t low = (random() & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;   // variant 1
+  char text[37];
+  std::snprintf(text, sizeof text, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(high >> 32),
+                static_cast<unsigned>((high >> 16) & 0xffff), static_cast<unsigned>(high & 0xffff),
+                static_cast<unsigned>(low >> 48), static_cast<unsigned long long>(low & 0xffffffffffffULL));
+  return text;
+}
+
+std::string host_name() {
+  char buffer[256] = {};
+  gethostname(buffer, sizeof buffer - 1);
+  return buffer;
+}
+
+// One child of a queue's parent, parsed from its name.
+struct Entry {
+  std::string node;  // the child's name
+  std::uint64_t seq = 0;
+  EntryKind kind = EntryKind::exclusive;
+  std::string uuid;  // the protection id, "" for unprotected nodes
+};
+
+// A queue entry ends in a 10-digit sequence after one of the labels; anything else (the
+// semaphore's `locks`, a nested name's parent) is not an entry.
+std::optional<Entry> parse_entry(const std::string& node) {
+  if (node.size() < kSequenceDigits) return std::nullopt;
+  const auto digits = node.size() - kSequenceDigits;
+  std::uint64_t seq = 0;
+  const auto [end, error] = std::from_chars(node.data() + digits, node.data() + node.size(), seq);
+  if (error != std::errc() || end != node.data() + node.size()) return std::nullopt;
+  Entry entry;
+  entry.node = node;
+  entry.seq = seq;
+  const auto head = std::string_view(node).substr(0, digits);
+  if (head.ends_with(kReadLabel)) {
+    entry.kind = EntryKind::shared;
+  } else if (head.ends_with(kWriteLabel) || head.ends_with(kMutexLabel)) {
+    entry.kind = EntryKind::exclusive;
+  } else if (head.ends_with(kLeaseLabel) || head.ends_with(kWaitLabel)) {
+    entry.kind = EntryKind::lease;
+  } else {
+    return std::nullopt;
+  }
+  if (node.starts_with("_c_") && node.size() > 3 + kUuidLength) entry.uuid = node.substr(3, kUuidLength);
+  return entry;
+}
+
+std::vector<Entry> sorted_entries(const std::vector<std::string>& children) {
+  std::vector<Entry> entries;
+  entries.reserve(children.size());
+  for (const auto& child : children) {
+    if (auto entry = parse_entry(child)) entries.push_back(std::move(*entry));
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.seq < b.seq; });
+  return entries;
+}
+
+std::size_t index_of(const std::vector<Entry>& entries, const std::string& node) {
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].node == node) return i;
+  }
+  return entries.size();
+}
+
+// What our nodes carry: who made them (for inspect), and whether a writer's entry was
+// downgraded to a reader's. Curator's nodes carry the client's IP address instead.
+struct NodeInfo {
+  std::int64_t pid = 0;
+  std::string host;
+  bool downgraded = false;
+  std::int64_t permits = 1;
+};
+
+std::string node_data(const std::string& kind, std::int64_t permits = 1) {
+  static const std::string identity = "turnstile pid=" + std::to_string(getpid()) + " host=" + host_name();
+  return identity + " kind=" + kind + (permits != 1 ? " permits=" + std::to_string(permits) : "");
+}
+
+std::string field(const std::string& data, const std::string& key) {
+  const auto at = data.find(" " + key + "=");
+  if (at == std::string::npos) return {};
+  const auto start = at + key.size() + 2;
+  return data.substr(start, data.find(' ', start) - start);
+}
+
+NodeInfo parse_node_data(const std::string& data) {
+  NodeInfo info;
+  if (!data.starts_with("turnstile ")) {
+    info.host = data;  // a Curator node: its client's address
+    return info;
+  }
+  info.host = field(data, "host");
+  const auto pid = field(data, "pid");
+  std::from_chars(pid.data(), pid.data() + pid.size(), info.pid);
+  info.downgraded = field(data, "kind") == "downgraded";
+  const auto permits = field(data, "permits");
+  if (!permits.empty()) std::from_chars(permits.data(), permits.data() + permits.size(), info.permits);
+  return info;
+}
+
+std::optional<std::int64_t> parse_number(const std::string& text) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// The semaphore node's data: "limit=N" (turnstile's own record; Curator leaves it empty).
+std::optional<std::int64_t> recorded_limit(const std::string& data) {
+  if (!data.starts_with("limit=")) return std::nullopt;
+  return parse_number(data.substr(6));
+}
+
+// ZooKeeper refuses in paths the code points Java's PathUtils refuses: U+007F-U+009F,
+// U+D800-U+F8FF, U+FFF0-U+FFFF and, as they need UTF-16 surrogates, everything above U+FFFF.
+// Their UTF-8 bytes (and '%', so the mapping stays one-to-one) are percent-encoded; every
+// other name is its path unchanged, as Curator users write it.
+std::string encode_name(const std::string& name) {
+  std::string path;
+  path.reserve(name.size());
+  for (std::size_t i = 0; i < name.size();) {
+    const auto lead = static_cast<unsigned char>(name[i]);
+    const std::size_t length = lead < 0x80 ? 1 : lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+    std::uint32_t code = length == 1 ? lead : lead & (0x7f >> length);
+    for (std::size_t k = 1; k < length && i + k < name.size(); ++k) code = (code << 6) | (static_cast<unsigned char>(name[i + k]) & 0x3f);
+    const bool refused = lead == '%' || (code >= 0x7f && code <= 0x9f) || (code >= 0xd800 && code <= 0xf8ff) ||
+                         (code >= 0xfff0 && code <= 0xffff) || code > 0xffff;
+    for (std::size_t k = 0; k < length && i + k < name.size(); ++k) {
+      if (refused) {
+        char escaped[4];
+        std::snprintf(escaped, sizeof escaped, "%%%02X", static_cast<unsigned char>(name[i + k]));
+        path += escaped;
+      } else {
+        path += name[i + k];
+      }
+    }
+    i += length;
+  }
+  return path;
+}
+
+std::string describe(int rc) { return zerror(rc); }
+
+[[noreturn]] void fail(const std::string& what, int rc) {
+  if (rc == ZNOAUTH || rc == ZAUTHFAILED) throw AccessDenied("ZooKeeper refused " + what + ": " + describe(rc));
+  throw BackendUnavailable("ZooKeeper " + what + " failed: " + describe(rc));
+}
+
+// Thrown inside an acquire when its session went away: the acquire starts over on a new one.
+struct SessionGone {};
+
+class ZookeeperBackend;
+
+class ZookeeperHold final : public BackendHold {
+ public:
+  ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session> session, std::vector<std::string> paths,
+                std::uint64_t token, std::shared_ptr<LossSignal> loss);
+  ~ZookeeperHold() override;
+
+  std::uint64_t fencing_token() const override { return token_; }
+  void downgrade() override;
+  void release() override;
+
+ private:
+  ZookeeperBackend& backend_;
+  std::shared_ptr<Session> session_;
+  std::vector<std::string> paths_;  // our nodes: one entry, or one lease node per permit
+  std::uint64_t token_;
+  TrackedHold tracked_;
+  bool released_ = false;
+};
+
+class ZookeeperBackend final : public Backend {
+ public:
+  explicit ZookeeperBackend(Settings settings) : connection_(std::move(settings)) {}
+
+  std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
+                                       std::shared_ptr<LossSignal> loss) override;
+  Inspection inspect(const std::string& name) override;
+  bool counter_try_set(const std::string& name, std::int64_t permits) override;
+  std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
+  std::optional<std::int64_t> counter_get(const std::string& name) override;
+  std::int64_t counter_drain(const std::string& name) override;
+  bool counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) override;
+
+  Connection& connection() { return connection_; }
+
+ private:
+  std::string path_of(const std::string& name) const { return connection_.settings().root + "/" + encode_name(name); }
+  // Creates every missing node of `path` (and `path` itself) as a container.
+  void ensure_path(Session& session, const std::string& path);
+  // Creates an ephemeral sequential child PARENT/PREFIX<seq> and returns its name (not path).
+  // After a connection loss it looks for its own node by the protection prefix.
+  std::string create_entry(Session& session, const std::string& parent, const std::string& prefix,
+                           const std::string& uuid, const std::string& data, Deadline deadline);
+  // Reads, retried over connection losses; throws SessionGone or BackendUnavailable.
+  std::vector<std::string> list(Session& session, const std::string& path, bool watch, Deadline deadline,
+                                bool missing_is_empty = true);
+  std::optional<std::string> read(Session& session, const std::string& path, bool watch, Deadline deadline,
+                                  Stat* stat = nullptr);
+  // Deletes our node, retrying while the connection is down (an entry we gave up on must
+  // never stay in line, CURATOR-678); best effort after that (it dies with the session).
+  void remove_quietly(Session& session, const std::string& path) noexcept;
+
+  std::unique_ptr<BackendHold> acquire_lock(Session& session, const QueueRequest& request, Deadline deadline,
+                                            std::shared_ptr<LossSignal>& loss);
+  std::unique_ptr<BackendHold> acquire_lease(Session& session, const QueueRequest& request, Deadline deadline,
+                                             std::shared_ptr<LossSignal>& loss);
+  // Throws KindMismatch when the semaphore children of a lock path have entries.
+  void refuse_semaphore_users(Session& session, const std::string& path, const std::vector<std::string>& children,
+                              const QueueRequest& request, Deadline deadline);
+  // Waits on `path` (registered before the watch is set) until it changes; false on the
+  // deadline. Returns at once when the node is already gone.
+  bool wait_for_change(Session& session, const std::string& path, Deadline deadline);
+  void inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
+                    Inspection& result);
+  void inspect_semaphore(Session& session, const std::string& path, Inspection& result);
+
+  std::shared_ptr<Session> session_for(Deadline deadline) { return connection_.session(deadline); }
+
+  Connection connection_;
+  std::atomic<bool> containers_supported_{true};
+  friend class ZookeeperHold;
+};
+
+void check_session(Session& session, int rc) {
+  if (session_gone(rc) || session.expired()) throw SessionGone{};
+}
+
+ZookeeperHold::ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session> session, std::vector<std::string> paths,
+                             std::uint64_t token, std::shared_ptr<LossSignal> loss)
+    : backend_(backend), session_(std::move(session)), paths_(std::move(paths)), token_(token),
+      tracked_{session_.get(), std::move(loss)} {
+  backend_.connection().track(&tracked_);
+}
+
+ZookeeperHold::~ZookeeperHold() {
+  if (!released_) backend_.connection().untrack(&tracked_);  // the core releases first; this guards misuse
+}
+
+void ZookeeperHold::downgrade() {
+  // The entry keeps its place and token: its data now says "shared", which turnstile readers
+  // behind it read (their watch on it fires). Curator's readers still wait for it: safe.
+  const int rc = session_->set(paths_.front(), node_data("downgraded"), -1);
+  if (rc == ZOK) return;
+  if (rc == ZNONODE || session_gone(rc)) {
+    tracked_.loss->lose("its ZooKeeper session expired");
+    return;
+  }
+  fail("downgrade of '" + paths_.front() + "'", rc);
+}
+
+void ZookeeperHold::release() {
+  if (released_) return;
+  // Leases go in one transaction, so a release never leaves some of them behind.
+  std::vector<zoo_op_t> ops(paths_.size());
+  std::vector<zoo_op_result_t> results(paths_.size());
+  for (std::size_t i = 0; i < paths_.size(); ++i) zoo_delete_op_init(&ops[i], paths_[i].c_str(), -1);
+  int rc = paths_.size() == 1 ? session_->remove(paths_.front())
+                              : session_->multi(static_cast<int>(ops.size()), ops.data(), results.data());
+  if (rc == ZNONODE && paths_.size() > 1) {
+    // Some are gone already (an earlier attempt whose answer was lost): delete the rest.
+    rc = ZOK;
+    for (const auto& path : paths_) {
+      const int one = session_->remove(path);
+      if (one != ZOK && one != ZNONODE) rc = one;
+    }
+  }
+  if (connection_trouble(rc)) {
+    // The core retries later (BackendUnavailable); the node stays ours meanwhile.
+    throw BackendUnavailable("ZooKeeper release of '" + paths_.front() + "' failed: " + describe(rc));
+  }
+  released_ = true;
+  backend_.connection().untrack(&tracked_);
+  if (rc == ZOK) {
+    if (session_->expired()) tracked_.loss->lose("its ZooKeeper session expired");
+    return;
+  }
+  if (rc == ZNONODE || session_gone(rc)) {
+    tracked_.loss->lose("its ZooKeeper session expired before the release");
+    return;
+  }
+  fail("release of '" + paths_.front() + "'", rc);
+}
+
+void ZookeeperBackend::ensure_path(Session& session, const std::string& path) {
+  // Top down: each level exists or is created; a container left empty is reaped by the server.
+  for (std::size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    const auto prefix = slash == std::string::npos ? path : path.substr(0, slash);
+    for (;;) {
+      const int flags = containers_supported_ ? ZOO_CONTAINER : ZOO_PERSISTENT;
+      const int rc = session.create(prefix, "", flags);
+      if (rc == ZOK || rc == ZNODEEXISTS) break;
+      if (rc == ZUNIMPLEMENTED && containers_supported_) {
+        containers_supported_ = false;  // a server before 3.5: persistent parents, as Curator does
+        continue;
+      }
+      check_session(session, rc);
+      if (connection_trouble(rc)) {
+        std::this_thread::sleep_for(milliseconds(50));
+        continue;
+      }
+      fail("create of '" + prefix + "'", rc);
+    }
+    if (slash == std::string::npos) break;
+  }
+}
+
+std::string ZookeeperBackend::create_entry(Session& session, const std::string& parent, const std::string& prefix,
+                                           const std::string& uuid, const std::string& data, Deadline deadline) {
+  const auto path = parent + "/" + prefix;
+  for (int attempt = 0;; ++attempt) {
+    std::string created;
+    const int rc = session.create(path, data, ZOO_EPHEMERAL_SEQUENTIAL, &created);
+    if (rc == ZOK) return created.substr(parent.size() + 1);
+    if (rc == ZNONODE) {
+      ensure_path(session, parent);  // first use, or the server reaped the empty container
+      continue;
+    }
+    check_session(session, rc);
+    if (!connection_trouble(rc)) fail("create under '" + parent + "'", rc);
+    // Unknown outcome: did the server make our node? Look for our protection id, owned by
+    // this very session (a node of an earlier session is not ours, CURATOR-604).
+    for (;;) {
+      std::vector<std::string> children;
+      const int listed = session.children(parent, false, &children);
+      check_session(session, listed);
+      if (connection_trouble(listed)) {
+        if (deadline && SteadyClock::now() > *deadline + milliseconds(5000)) fail("create under '" + parent + "'", listed);
+        std::this_thread::sleep_for(milliseconds(50));
+        continue;
+      }
+      for (const auto& child : children) {
+        if (child.find(uuid) == std::string::npos) continue;
+        Stat stat{};
+        if (session.exists(parent + "/" + child, false, &stat) == ZOK && stat.ephemeralOwner == session.id()) return child;
+      }
+      break;
+    }
+  }
+}
+
+std::vector<std::string> ZookeeperBackend::list(Session& session, const std::string& path, bool watch, Deadline deadline,
+                                                bool missing_is_empty) {
+  for (;;) {
+    std::vector<std::string> children;
+    const int rc = session.children(path, watch, &children);
+    if (rc == ZOK) return children;
+    if (rc == ZNONODE && missing_is_empty) return {};
+    check_session(session, rc);
+    if (!connection_trouble(rc) || (deadline && SteadyClock::now() > *deadline + milliseconds(5000))) {
+      fail("listing of '" + path + "'", rc);
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+}
+
+std::optional<std::string> ZookeeperBackend::read(Session& session, const std::string& path, bool watch, Deadline deadline,
+                                                  Stat* stat) {
+  for (;;) {
+    std::string data;
+    const int rc = session.get(path, watch, &data, stat);
+    if (rc == ZOK) return data;
+    if (rc == ZNONODE) return std::nullopt;
+    check_session(session, rc);
+    if (!connection_trouble(rc) || (deadline && SteadyClock::now() > *deadline + milliseconds(5000))) {
+      fail("read of '" + path + "'", rc);
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+}
+
+void ZookeeperBackend::remove_quietly(Session& session, const std::string& path) noexcept {
+  const auto until = SteadyClock::now() + std::max(milliseconds(2000), session.timeout());
+  for (;;) {
+    const int rc = session.remove(path);
+    if (!connection_trouble(rc) || SteadyClock::now() > until) return;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+}
+
+bool ZookeeperBackend::wait_for_change(Session& session, const std::string& path, Deadline deadline) {
+  Waiter waiter;
+  connection_.watch(path, &waiter);
+  struct Unwatch {
+    Connection& connection;
+    const std::string& path;
+    Waiter* waiter;
+    ~Unwatch() { connection.unwatch(path, waiter); }
+  } unwatch{connection_, path, &waiter};
+  // getData, not exists: a node already gone leaves no watch behind.
+  if (!read(session, path, true, deadline)) return true;
+  const bool in_time = connection_.sleep(waiter, deadline);
+  check_session(session, ZOK);
+  return in_time;
+}
+
+std::unique_ptr<BackendHold> ZookeeperBackend::acquire(const QueueRequest& request, Deadline deadline,
+                                                       std::shared_ptr<LossSignal> loss) {
+  // A session that expires while we wait took our entry with it: join again on the new one.
+  for (;;) {
+    auto session = session_for(deadline);
+    try {
+      return request.kind == EntryKind::lease ? acquire_lease(*session, request, deadline, loss)
+                                              : acquire_lock(*session, request, deadline, loss);
+    } catch (const SessionGone&) {
+      if (deadline && SteadyClock::now() >= *deadline) return nullptr;
+    }
+  }
+}
+
+// A SharedMutex writer's node is named as Curator's write lock names it (__WRIT__), a Mutex's
+// as InterProcessMutex's (lock-).
+bool is_shared_mutex_writer(const QueueRequest& request) {
+  return request.kind == EntryKind::exclusive && request.shared_mutex;
+}
+
+void ZookeeperBackend::refuse_semaphore_users(Session& session, const std::string& path,
+                                              const std::vector<std::string>& children, const QueueRequest& request,
+                                              Deadline deadline) {
+  for (const auto& child : children) {
+    if (child != "locks" && child != "leases") continue;
+    Stat stat{};
+    const int rc = session.exists(path + "/" + child, false, &stat);
+    check_session(session, rc);
+    if (rc == ZOK && stat.numChildren > 0) {
+      Stat parent{};
+      const auto data = read(session, path, false, deadline, &parent);
+      check_queue_mode(request, "semaphore", data ? recorded_limit(*data).value_or(0) : 0);
+    }
+  }
+}
+
+std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lock(Session& session, const QueueRequest& request, Deadline deadline,
+                                                            std::shared_ptr<LossSignal>& loss) {
+  const bool try_once = deadline && *deadline <= SteadyClock::now();
+  const auto path = path_of(request.name);
+  const auto uuid = random_uuid();
+  const char* label = request.kind == EntryKind::shared ? kReadLabel
+                      : is_shared_mutex_writer(request) ? kWriteLabel
+                                                        : kMutexLabel;
+  const auto mine = create_entry(session, path, "_c_" + uuid + "-" + label, uuid,
+                                 node_data(request.kind == EntryKind::shared ? "shared" : "exclusive"), deadline);
+  const auto my_path = path + "/" + mine;
+  try {
+    for (;;) {
+      const auto children = list(session, path, false, deadline);
+      // A semaphore on the same name is a kind mismatch (we joined first, then looked: of two
+      // racing contenders at least one sees the other).
+      refuse_semaphore_users(session, path, children, request, deadline);
+      const auto entries = sorted_entries(children);
+      const auto me = index_of(entries, mine);
+      if (me == entries.size()) throw SessionGone{};  // our ephemeral node is gone
+      // Whom we wait for: an exclusive entry waits for the one just ahead; a shared one for
+      // the nearest exclusive entry ahead that was not downgraded.
+      std::optional<std::string> blocker;
+      bool stale = false;  // an entry we looked at left meanwhile: list again
+      if (request.kind == EntryKind::exclusive) {
+        if (me > 0) blocker = path + "/" + entries[me - 1].node;
+      } else {
+        for (std::size_t i = me; i-- > 0;) {
+          if (entries[i].kind != EntryKind::exclusive) continue;
+          const auto ahead = path + "/" + entries[i].node;
+          const auto data = read(session, ahead, false, deadline);
+          if (!data) {
+            stale = true;
+            break;
+          }
+          if (parse_node_data(*data).downgraded) continue;
+          blocker = ahead;
+          break;
+        }
+      }
+      if (stale) continue;
+      if (!blocker) {
+        return std::make_unique<ZookeeperHold>(*this, session.shared_from_this(), std::vector<std::string>{my_path},
+                                               entries[me].seq + 1, std::move(loss));
+      }
+      if (try_once || !wait_for_change(session, *blocker, deadline)) {
+        remove_quietly(session, my_path);
+        return nullptr;
+      }
+    }
+  } catch (const SessionGone&) {
+    throw;
+  } catch (...) {
+    remove_quietly(session, my_path);
+    throw;
+  }
+}
+
+std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, const QueueRequest& request, Deadline deadline,
+                                                             std::shared_ptr<LossSignal>& loss) {
+  const bool try_once = deadline && *deadline <= SteadyClock::now();
+  const auto path = path_of(request.name);
+  const auto line = path + "/locks";
+  const auto leases = path + "/leases";
+  const auto uuid = random_uuid();
+  // The line is InterProcessSemaphoreV2's `locks` mutex: its head alone may add leases.
+  const auto mine = create_entry(session, line, "_c_" + uuid + "-" + kMutexLabel, uuid, node_data("lease", request.permits), deadline);
+  const auto my_path = line + "/" + mine;
+  try {
+    // A lock on the same name is a kind mismatch (joined first, then looked).
+    for (const auto& entry : sorted_entries(list(session, path, false, deadline))) {
+      (void)entry;
+      check_queue_mode(request, "lock", 0);
+    }
+    bool limit_checked = false;
+    for (;;) {
+      const auto entries = sorted_entries(list(session, line, false, deadline));
+      const auto me = index_of(entries, mine);
+      if (me == entries.size()) throw SessionGone{};
+      if (me > 0) {
+        if (!limit_checked) {
+          // Queued behind others: refuse a disagreeing limit now rather than after the wait.
+          limit_checked = true;
+          const auto data = read(session, path, false, deadline);
+          const auto limit = data ? recorded_limit(*data) : std::nullopt;
+          if (limit && *limit != request.limit && !list(session, leases, false, deadline).empty()) {
+            check_queue_mode(request, "semaphore", *limit);
+          }
+        }
+        if (try_once || !wait_for_change(session, line + "/" + entries[me - 1].node, deadline)) {
+          remove_quietly(session, my_path);
+          return nullptr;
+        }
+        continue;
+      }
+      // At the head of the line: count the leases, watching them for a release.
+      Stat semaphore_stat{};
+      const auto data = read(session, path, false, deadline, &semaphore_stat);
+      if (!data) throw SessionGone{};  // the parent of our node cannot be gone while we live
+      const auto limit = recorded_limit(*data);
+      Waiter waiter;
+      connection_.watch(leases, &waiter);
+      struct Unwatch {
+        Connection& connection;
+        const std::string& path;
+        Waiter* waiter;
+        ~Unwatch() { connection.unwatch(path, waiter); }
+      } unwatch{connection_, leases, &waiter};
+      const auto held = list(session, leases, !try_once, deadline);
+      const auto held_leases = sorted_entries(held).size();
+      if (held_leases > 0 && limit && *limit != request.limit) check_queue_mode(request, "semaphore", *limit);
+      if (static_cast<std::int64_t>(held_leases) + request.permits <= request.limit) {
+        // One transaction: record the limit (if it changes), add our leases, leave the line.
+        // Nothing half-done can leak (CURATOR-315 and kin).
+        const auto limit_text = "limit=" + std::to_string(request.limit);
+        const auto lease_prefix = leases + "/_c_" + uuid + "-" + kLeaseLabel;
+        const auto lease_data = node_data("lease", request.permits);
+        std::vector<zoo_op_t> ops;
+        const auto count = static_cast<std::size_t>(request.permits) + 2;
+        ops.reserve(count);
+        std::vector<std::vector<char>> buffers(count, std::vector<char>(1024));
+        std::vector<zoo_op_result_t> results(count);
+        if (limit != request.limit) {
+          ops.emplace_back();
+          zoo_set_op_init(&ops.back(), path.c_str(), limit_text.data(), static_cast<int>(limit_text.size()),
+                          semaphore_stat.version, nullptr);
+        }
+        const auto first_lease = ops.size();
+        for (std::int64_t i = 0; i < request.permits; ++i) {
+          ops.emplace_back();
+          zoo_create_op_init(&ops.back(), lease_prefix.c_str(), lease_data.data(), static_cast<int>(lease_data.size()),
+                             connection_.acl(), ZOO_EPHEMERAL_SEQUENTIAL, buffers[ops.size() - 1].data(),
+                             static_cast<int>(buffers[ops.size() - 1].size()));
+        }
+        ops.emplace_back();
+        zoo_delete_op_init(&ops.back(), my_path.c_str(), -1);
+        const int rc = session.multi(static_cast<int>(ops.size()), ops.data(), results.data());
+        if (rc == ZBADVERSION) continue;  // someone else recorded a limit meanwhile: look again
+        if (rc == ZNONODE) {
+          ensure_path(session, leases);
+          continue;
+        }
+        check_session(session, rc);
+        if (connection_trouble(rc)) {
+          // Unknown outcome: it happened iff our place in line is gone and our leases exist.
+          std::this_thread::sleep_for(milliseconds(50));
+          if (session.exists(my_path, false) == ZOK) continue;
+          std::vector<std::string> paths;
+          std::uint64_t first_seq = ~0ULL;
+          for (const auto& entry : sorted_entries(list(session, leases, false, deadline))) {
+            if (entry.uuid != uuid) continue;
+            paths.push_back(leases + "/" + entry.node);
+            first_seq = std::min(first_seq, entry.seq);
+          }
+          if (paths.empty()) throw SessionGone{};
+          return std::make_unique<ZookeeperHold>(*this, session.shared_from_this(), std::move(paths), first_seq + 1,
+                                                 std::move(loss));
+        }
+        if (rc != ZOK) fail("lease of '" + path + "'", rc);
+        std::vector<std::string> paths;
+        std::uint64_t first_seq = ~0ULL;
+        for (std::size_t i = first_lease; i < first_lease + static_cast<std::size_t>(request.permits); ++i) {
+          // The created path, NUL-terminated in our buffer.
+          std::string created(buffers[i].data(), strnlen(buffers[i].data(), buffers[i].size()));
+          if (auto entry = parse_entry(created.substr(created.rfind('/') + 1))) first_seq = std::min(first_seq, entry->seq);
+          paths.push_back(std::move(created));
+        }
+        return std::make_unique<ZookeeperHold>(*this, session.shared_from_this(), std::move(paths), first_seq + 1,
+                                               std::move(loss));
+      }
+      if (try_once || !connection_.sleep(waiter, deadline)) {
+        remove_quietly(session, my_path);
+        return nullptr;
+      }
+      check_session(session, ZOK);
+    }
+  } catch (const SessionGone&) {
+    throw;
+  } catch (...) {
+    remove_quietly(session, my_path);
+    throw;
+  }
+}
+
+void ZookeeperBackend::inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
+                                    Inspection& result) {
+  bool exclusive_ahead = false;
+  bool first = true;
+  for (const auto& entry : sorted_entries(children)) {
+    Stat stat{};
+    const auto data = read(session, path + "/" + entry.node, false, std::nullopt, &stat);
+    if (!data) continue;  // left meanwhile
+    const auto node = parse_node_data(*data);
+    EntryInfo info;
+    info.fencing_token = entry.seq + 1;
+    info.kind = entry.kind == EntryKind::shared || node.downgraded ? "shared" : "exclusive";
+    info.holding = info.kind == "exclusive" ? first : !exclusive_ahead;
+    info.pid = node.pid;
+    info.host = node.host;
+    info.since = std::chrono::system_clock::time_point(milliseconds(stat.ctime));
+    if (info.kind == "exclusive") exclusive_ahead = true;
+    first = false;
+    (info.holding ? result.holders : result.waiters).push_back(std::move(info));
+  }
+}
+
+void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& path, Inspection& result) {
+  const auto holders = sorted_entries(list(session, path + "/leases", false, std::nullopt));
+  const auto line = sorted_entries(list(session, path + "/locks", false, std::nullopt));
+  if (holders.empty() && line.empty()) return;
+  result.mode = "semaphore";
+  if (const auto data = read(session, path, false, std::nullopt)) result.limit = recorded_limit(*data).value_or(0);
+  // One holder per protection id: a contender's leases share it.
+  std::map<std::string, EntryInfo> by_uuid;
+  std::vector<std::string> order;
+  for (const auto& entry : holders) {
+    const auto key = entry.uuid.empty() ? entry.node : entry.uuid;
+    auto [it, added] = by_uuid.try_emplace(key);
+    auto& info = it->second;
+    if (added) {
+      order.push_back(key);
+      Stat stat{};
+      const auto data = read(session, path + "/leases/" + entry.node, false, std::nullopt, &stat);
+      const auto node = parse_node_data(data.value_or(""));
+      info.fencing_token = entry.seq + 1;
+      info.kind = "lease";
+      info.permits = 0;
+      info.holding = true;
+      info.pid = node.pid;
+      info.host = node.host;
+      info.since = std::chrono::system_clock::time_point(milliseconds(stat.ctime));
+    }
+    ++info.permits;
+  }
+  for (const auto& key : order) result.holders.push_back(by_uuid[key]);
+  for (const auto& entry : line) {
+    if (by_uuid.count(entry.uuid)) continue;  // admitted, leaving the line right now
+    Stat stat{};
+    const auto data = read(session, path + "/locks/" + entry.node, false, std::nullopt, &stat);
+    if (!data) continue;
+    const auto node = parse_node_data(*data);
+    EntryInfo info;
+    info.fencing_token = entry.seq + 1;
+    info.kind = "lease";
+    info.permits = node.permits;
+    info.pid = node.pid;
+    info.host = node.host;
+    info.since = std::chrono::system_clock::time_point(milliseconds(stat.ctime));
+    result.waiters.push_back(std::move(info));
+  }
+}
+
+Inspection ZookeeperBackend::inspect(const std::string& name) {
+  auto session = session_for(SteadyClock::now() + milliseconds(5000));
+  Inspection result;
+  result.name = name;
+  const auto path = path_of(name);
+  try {
+    const auto children = list(*session, path, false, std::nullopt);
+    if (!sorted_entries(children).empty()) {
+      result.mode = "lock";
+      inspect_lock(*session, path, children, result);
+    } else if (std::find(children.begin(), children.end(), "locks") != children.end() ||
+               std::find(children.begin(), children.end(), "leases") != children.end()) {
+      inspect_semaphore(*session, path, result);
+    }
+    if (const auto value = read(*session, path + "/permits", false, std::nullopt)) result.permits = parse_number(*value);
+    for (const auto& entry : sorted_entries(list(*session, path + "/permit-waiters", false, std::nullopt))) {
+      Stat stat{};
+      const auto data = read(*session, path + "/permit-waiters/" + entry.node, false, std::nullopt, &stat);
+      if (!data) continue;
+      const auto node = parse_node_data(*data);
+      EntryInfo info;
+      info.fencing_token = entry.seq + 1;
+      info.kind = "permits";
+      info.permits = node.permits;
+      info.pid = node.pid;
+      info.host = node.host;
+      info.since = std::chrono::system_clock::time_point(milliseconds(stat.ctime));
+      result.waiters.push_back(std::move(info));
+    }
+  } catch (const SessionGone&) {
+    throw BackendUnavailable("the ZooKeeper session expired during inspect");
+  }
+  return result;
+}
+
+// PermitCounter: the count is the text of ROOT/NAME/permits, changed only by a set that
+// names the version it read (compare-and-set). Waiters line up as ephemeral sequential
+// nodes; the head watches the count, the others their predecessor.
+bool ZookeeperBackend::counter_try_set(const std::string& name, std::int64_t permits) {
+  auto session = session_for(SteadyClock::now() + milliseconds(5000));
+  const auto path = path_of(name) + "/permits";
+  for (;;) {
+    const int rc = session->create(path, std::to_string(permits), ZOO_PERSISTENT);
+    if (rc == ZOK) return true;
+    if (rc == ZNODEEXISTS) return false;
+    if (rc == ZNONODE) {
+      ensure_path(*session, path_of(name));
+      continue;
+    }
+    fail("create of '" + path + "'", rc);
+  }
+}
+
+std::int64_t ZookeeperBackend::counter_add(const std::string& name, std::int64_t delta) {
+  auto session = session_for(SteadyClock::now() + milliseconds(5000));
+  const auto path = path_of(name) + "/permits";
+  for (;;) {
+    Stat stat{};
+    const auto text = read(*session, path, false, std::nullopt, &stat);
+    const std::int64_t value = text ? parse_number(*text).value_or(0) : 0;
+    std::int64_t sum = 0;
+    if (__builtin_add_overflow(value, delta, &sum)) {
+      throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would overflow");
+    }
+    if (!text) {
+      if (counter_try_set(name, sum)) return sum;
+      continue;
+    }
+    const int rc = session->set(path, std::to_string(sum), stat.version);
+    if (rc == ZOK) return sum;
+    if (rc == ZBADVERSION || rc == ZNONODE) continue;
+    fail("update of '" + path + "'", rc);  // not retried: the outcome is unknown
+  }
+}
+
+std::optional<std::int64_t> ZookeeperBackend::counter_get(const std::string& name) {
+  auto session = session_for(SteadyClock::now() + milliseconds(5000));
+  const auto text = read(*session, path_of(name) + "/permits", false, std::nullopt);
+  if (!text) return std::nullopt;
+  const auto value = parse_number(*text);
+  if (!value) throw BackendUnavailable("the PermitCounter node of '" + name + "' does not hold a number");
+  return value;
+}
+
+std::int64_t ZookeeperBackend::counter_drain(const std::string& name) {
+  auto session = session_for(SteadyClock::now() + milliseconds(5000));
+  const auto path = path_of(name) + "/permits";
+  for (;;) {
+    Stat stat{};
+    const auto text = read(*session, path, false, std::nullopt, &stat);
+    if (!text) return 0;
+    const int rc = session->set(path, "0", stat.version);
+    if (rc == ZOK) return parse_number(*text).value_or(0);
+    if (rc == ZBADVERSION) continue;
+    fail("update of '" + path + "'", rc);
+  }
+}
+
+bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) {
+  const bool try_once = deadline && *deadline <= SteadyClock::now();
+  const auto base = path_of(name);
+  const auto count_path = base + "/permits";
+  const auto line = base + "/permit-waiters";
+  for (;;) {
+    auto session = session_for(deadline);
+    try {
+      // Nobody in line: take the permits at once if they are there.
+      if (list(*session, line, false, deadline).empty()) {
+        Stat stat{};
+        const auto text = read(*session, count_path, false, deadline, &stat);
+        const auto value = text ? parse_number(*text).value_or(0) : 0;
+        if (text && value >= permits) {
+          const int rc = session->set(count_path, std::to_string(value - permits), stat.version);
+          if (rc == ZOK) return true;
+          if (rc != ZBADVERSION) fail("update of '" + count_path + "'", rc);
+          continue;
+        }
+        if (try_once) return false;
+      } else if (try_once) {
+        return false;
+      }
+      const auto uuid = random_uuid();
+      const auto mine = create_entry(*session, line, "_c_" + uuid + "-" + kWaitLabel, uuid, node_data("permits", permits), deadline);
+      const auto my_path = line + "/" + mine;
+      try {
+        for (;;) {
+          const auto entries = sorted_entries(list(*session, line, false, deadline));
+          const auto me = index_of(entries, mine);
+          if (me == entries.size()) throw SessionGone{};
+          if (me > 0) {
+            if (!wait_for_change(*session, line + "/" + entries[me - 1].node, deadline)) {
+              remove_quietly(*session, my_path);
+              return false;
+            }
+            continue;
+          }
+          Waiter waiter;
+          connection_.watch(count_path, &waiter);
+          struct Unwatch {
+            Connection& connection;
+            const std::string& path;
+            Waiter* waiter;
+            ~Unwatch() { connection.unwatch(path, waiter); }
+          } unwatch{connection_, count_path, &waiter};
+          Stat stat{};
+          const auto text = read(*session, count_path, true, deadline, &stat);
+          if (!text) {
+            const int rc = session->exists(count_path, true);  // a watch for its creation
+            check_session(*session, rc);
+            if (rc == ZOK) continue;
+          }
+          const auto value = text ? parse_number(*text).value_or(0) : 0;
+          if (text && value >= permits) {
+            // Take them and leave the line in one transaction.
+            const auto left = std::to_string(value - permits);
+            zoo_op_t ops[2];
+            zoo_op_result_t results[2];
+            zoo_set_op_init(&ops[0], count_path.c_str(), left.data(), static_cast<int>(left.size()), stat.version, nullptr);
+            zoo_delete_op_init(&ops[1], my_path.c_str(), -1);
+            const int rc = session->multi(2, ops, results);
+            if (rc == ZOK) return true;
+            check_session(*session, rc);
+            if (rc == ZBADVERSION) continue;
+            if (connection_trouble(rc) && session->exists(my_path, false) == ZNONODE) return true;
+            if (connection_trouble(rc)) continue;
+            fail("update of '" + count_path + "'", rc);
+          }
+          if (!connection_.sleep(waiter, deadline)) {
+            remove_quietly(*session, my_path);
+            return false;
+          }
+          check_session(*session, ZOK);
+        }
+      } catch (const SessionGone&) {
+        throw;
+      } catch (...) {
+        remove_quietly(*session, my_path);
+        throw;
+      }
+    } catch (const SessionGone&) {
+      if (deadline && SteadyClock::now() >= *deadline) return false;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace turnstile::detail::zookeeper
+
+extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v1(
+    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options) {
+  using namespace turnstile::detail::zookeeper;
+  return std::make_unique<ZookeeperBackend>(parse_settings(url, options));
+}

@@ -1,0 +1,74 @@
+#!/bin/bash
+# Starts or stops a throwaway ZooKeeper server (Debian's zookeeper package, standalone) on a
+# free port of 127.0.0.1, for tests.
+#   zookeeper.sh start DIR   config, data, log and pid under DIR; writes the URL to DIR/url
+#   zookeeper.sh stop DIR
+# tickTime is short (250 ms) so that sessions may be as short as 500 ms (2 x tickTime): the
+# conformance suite kills children that asked for a 2 s TTL and expects their holds to go
+# within one short session timeout. maxSessionTimeout stays generous (60 s) for the others.
+set -eu
+action=$1
+dir=$2
+classpath=/usr/share/java/zookeeper.jar:/usr/share/java/zookeeper-jute.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-simple.jar:/usr/share/java/netty-handler.jar:/usr/share/java/netty-transport.jar:/usr/share/java/netty-common.jar:/usr/share/java/netty-buffer.jar:/usr/share/java/netty-resolver.jar:/usr/share/java/netty-codec.jar:/usr/share/java/netty-transport-native-epoll.jar:/usr/share/java/netty-transport-native-unix-common.jar:/usr/share/java/metrics-core.jar:/usr/share/java/commons-cli.jar:/usr/share/java/commons-io.jar
+
+# Answers the four-letter command `ruok` (imok when serving).
+ruok() {
+  exec 3<>"/dev/tcp/127.0.0.1/$1" 2>/dev/null || return 1
+  printf ruok >&3
+  reply=$(head -c 4 <&3 2>/dev/null || true)
+  exec 3<&- 3>&-
+  [ "$reply" = imok ]
+}
+
+case "$action" in
+start)
+  mkdir -p "$dir/data"
+  rm -f "$dir/url"
+  for attempt in 1 2 3 4 5 6 7 8 9 10; do
+    port=$(shuf -i 20000-60999 -n 1)
+    cat > "$dir/zoo.cfg" <<CFG
+tickTime=250
+minSessionTimeout=500
+maxSessionTimeout=60000
+dataDir=$dir/data
+clientPort=$port
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,wchs
+maxClientCnxns=0
+CFG
+    java -Xmx512m -Dzookeeper.log.dir="$dir" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+      -cp "$classpath" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" \
+      > "$dir/zookeeper.log" 2>&1 &
+    echo $! > "$dir/zookeeper.pid"
+    pid=$(cat "$dir/zookeeper.pid")
+    for _ in $(seq 1 150); do
+      if ruok "$port" 2>/dev/null; then
+        echo "zk://127.0.0.1:$port" > "$dir/url"
+        echo "zookeeper ready on 127.0.0.1:$port"
+        exit 0
+      fi
+      # A server that lost the race for the port has exited: try another port.
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill "$pid" 2>/dev/null || true
+  done
+  echo "could not start zookeeper; log:" >&2
+  cat "$dir/zookeeper.log" >&2 || true
+  exit 1
+  ;;
+stop)
+  if [ -f "$dir/zookeeper.pid" ]; then
+    pid=$(cat "$dir/zookeeper.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$dir/zookeeper.pid"
+  fi
+  ;;
+*)
+  echo "usage: $0 start|stop DIR" >&2
+  exit 64
+  ;;
+esac

@@ -1,0 +1,432 @@
+// What only the ZooKeeper backend promises: nodes named and laid out as Apache Curator 5 lays
+// them out; exclusion, fairness and semaphore limits shared with Curator's own recipes (a Java
+// peer, CuratorPeer.java, run with Debian's jars); a holder paused past its session timeout is
+// told its hold is lost; a holder killed with -9 frees its hold within its session timeout.
+//
+// The server is the suite's fixture (its URL in TURNSTILE_ZOOKEEPER_URL_FILE).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zookeeper/zookeeper.h>
+
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <random>
+#include <regex>
+
+#include "conformance/support.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using conformance::Child;
+using conformance::Clock;
+using conformance::elapsed_ms;
+using conformance::Pipe;
+using turnstile::Client;
+
+std::string server_url() {
+  std::ifstream file(TURNSTILE_ZOOKEEPER_URL_FILE);
+  std::string line;
+  std::getline(file, line);
+  return line;
+}
+
+bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return predicate();
+}
+
+std::string host_port() { return server_url().substr(std::strlen("zk://")); }
+
+// A name (and path) unique to this test run.
+std::string unique_name(const std::string& leaf) {
+  std::random_device random;
+  char prefix[64];
+  std::snprintf(prefix, sizeof prefix, "zktest/%d-%08x/", static_cast<int>(getpid()), random());
+  return prefix + leaf;
+}
+
+// A raw C-client handle, to look at the nodes themselves.
+class RawZk {
+ public:
+  RawZk() {
+    zoo_set_debug_level(static_cast<ZooLogLevel>(0));
+    handle_ = zookeeper_init(host_port().c_str(), nullptr, 10000, nullptr, nullptr, 0);
+    for (int i = 0; i < 100 && zoo_state(handle_) != ZOO_CONNECTED_STATE; ++i) std::this_thread::sleep_for(20ms);
+  }
+  ~RawZk() { zookeeper_close(handle_); }
+  std::vector<std::string> children(const std::string& path) {
+    String_vector names{};
+    std::vector<std::string> result;
+    if (zoo_get_children(handle_, path.c_str(), 0, &names) != ZOK) return result;
+    for (int i = 0; i < names.count; ++i) result.emplace_back(names.data[i]);
+    deallocate_String_vector(&names);
+    return result;
+  }
+  std::string data(const std::string& path) {
+    char buffer[1024];
+    int length = sizeof buffer;
+    if (zoo_get(handle_, path.c_str(), 0, buffer, &length, nullptr) != ZOK || length < 0) return {};
+    return std::string(buffer, static_cast<std::size_t>(length));
+  }
+
+ private:
+  zhandle_t* handle_ = nullptr;
+};
+
+// CuratorPeer.java in a JVM, driven through its stdin and stdout.
+class CuratorPeer {
+ public:
+  CuratorPeer() {
+    int to_child[2], from_child[2];
+    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return;
+    const std::string classpath = TURNSTILE_CURATOR_CLASSPATH;
+    const std::string connect = host_port();
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      execlp("java", "java", "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", classpath.c_str(), "CuratorPeer",
+             connect.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    in_ = to_child[1];
+    out_ = from_child[0];
+    ready_ = next_line(30s) == "ready";
+  }
+  ~CuratorPeer() {
+    send("quit");
+    if (in_ >= 0) close(in_);
+    if (out_ >= 0) close(out_);
+    if (pid_ > 0) {
+      for (int i = 0; i < 100 && waitpid(pid_, nullptr, WNOHANG) == 0; ++i) std::this_thread::sleep_for(20ms);
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool ready() const { return ready_; }
+  void send(const std::string& line) {
+    const auto text = line + "\n";
+    if (in_ >= 0) (void)!write(in_, text.data(), text.size());
+  }
+  // The next line the peer prints, or "" when none comes in time.
+  std::string next_line(std::chrono::milliseconds timeout = 15s) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      if (const auto end = buffer_.find('\n'); end != std::string::npos) {
+        auto line = buffer_.substr(0, end);
+        buffer_.erase(0, end + 1);
+        return line;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return "";
+      pollfd pfd{out_, POLLIN, 0};
+      if (poll(&pfd, 1, static_cast<int>(left)) <= 0) continue;
+      char chunk[256];
+      const auto got = read(out_, chunk, sizeof chunk);
+      if (got <= 0) return "";
+      buffer_.append(chunk, static_cast<std::size_t>(got));
+    }
+  }
+  // Sends a command and returns the peer's answer.
+  std::string ask(const std::string& line, std::chrono::milliseconds timeout = 15s) {
+    send(line);
+    return next_line(timeout);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int in_ = -1;
+  int out_ = -1;
+  bool ready_ = false;
+  std::string buffer_;
+};
+
+#define REQUIRE_CURATOR()                                                                     \
+  if (std::string(TURNSTILE_CURATOR_CLASSPATH).empty()) GTEST_SKIP() << "no javac or Curator"; \
+  CuratorPeer curator;                                                                        \
+  ASSERT_TRUE(curator.ready()) << "the Curator peer did not start"
+
+// ---- Curator's node names and layout ----
+
+TEST(ZookeeperLayout, MutexAndReadLockNodesAreNamedAsCuratorNamesThem) {
+  auto client = Client::connect(server_url());
+  RawZk raw;
+  const auto name = unique_name("m");
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  auto children = raw.children("/" + name);
+  ASSERT_EQ(children.size(), 1u);
+  EXPECT_TRUE(std::regex_match(children[0], std::regex("_c_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}-lock-[0-9]{10}")))
+      << children[0];
+  EXPECT_EQ(mutex.fencing_token(), std::stoull(children[0].substr(children[0].size() - 10)) + 1);
+  mutex.unlock();
+  EXPECT_TRUE(raw.children("/" + name).empty());
+
+  auto shared = client.shared_mutex(name);
+  shared.lock_shared();
+  children = raw.children("/" + name);
+  ASSERT_EQ(children.size(), 1u);
+  EXPECT_TRUE(std::regex_match(children[0], std::regex("_c_[0-9a-f-]{36}-__READ__[0-9]{10}"))) << children[0];
+  shared.unlock_shared();
+}
+
+TEST(ZookeeperLayout, SemaphoreUsesLocksAndLeasesAndRecordsItsLimit) {
+  auto client = Client::connect(server_url());
+  RawZk raw;
+  const auto name = unique_name("s");
+  auto lease = client.semaphore(name, 3).acquire(2);
+  const auto leases = raw.children("/" + name + "/leases");
+  ASSERT_EQ(leases.size(), 2u);
+  for (const auto& node : leases) {
+    EXPECT_TRUE(std::regex_match(node, std::regex("_c_[0-9a-f-]{36}-lease-[0-9]{10}"))) << node;
+  }
+  EXPECT_TRUE(raw.children("/" + name + "/locks").empty()) << "the line's node stayed after admission";
+  EXPECT_EQ(raw.data("/" + name), "limit=3");
+  lease.release();
+  EXPECT_TRUE(raw.children("/" + name + "/leases").empty());
+}
+
+// ---- exclusion and fairness with Curator ----
+
+TEST(ZookeeperCurator, MutexExcludesInterProcessMutexBothWays) {
+  REQUIRE_CURATOR();
+  auto client = Client::connect(server_url());
+  const auto name = unique_name("m");
+  auto mutex = client.mutex(name);
+  ASSERT_EQ(curator.ask("acquire mutex /" + name + " 5000"), "acquired");
+  EXPECT_FALSE(mutex.try_lock());
+  EXPECT_FALSE(mutex.try_lock_for(300ms));
+  ASSERT_EQ(curator.ask("release"), "released");
+  ASSERT_TRUE(mutex.try_lock_for(5s));
+  EXPECT_EQ(curator.ask("acquire mutex /" + name + " 300"), "timeout");
+  mutex.unlock();
+  EXPECT_EQ(curator.ask("acquire mutex /" + name + " 5000"), "acquired");
+  EXPECT_EQ(curator.ask("release"), "released");
+
+  // RecursiveMutex uses the same nodes.
+  auto recursive = client.recursive_mutex(name);
+  recursive.lock();
+  recursive.lock();
+  EXPECT_EQ(curator.ask("acquire mutex /" + name + " 300"), "timeout");
+  recursive.unlock();
+  EXPECT_EQ(curator.ask("acquire mutex /" + name + " 300"), "timeout");
+  recursive.unlock();
+  EXPECT_EQ(curator.ask("acquire mutex /" + name + " 5000"), "acquired");
+  EXPECT_EQ(curator.ask("release"), "released");
+}
+
+TEST(ZookeeperCurator, TurnstileAndCuratorWaitersAreServedInArrivalOrder) {
+  REQUIRE_CURATOR();
+  auto client = Client::connect(server_url());
+  const auto name = unique_name("m");
+  auto holder = client.mutex(name);
+  holder.lock();
+  curator.send("acquire mutex /" + name + " 20000");  // queued first
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }));
+  auto other = Client::connect(server_url());
+  std::atomic<bool> turnstile_got{false};
+  auto late = std::async(std::launch::async, [&] {
+    auto mutex = other.mutex(name);
+    if (!mutex.try_lock_for(20s)) return false;
+    turnstile_got = true;
+    mutex.unlock();
+    return true;
+  });
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 2; }));
+  holder.unlock();
+  EXPECT_EQ(curator.next_line(), "acquired") << "Curator queued first but was not served first";
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(turnstile_got.load()) << "turnstile barged past Curator's holder";
+  EXPECT_EQ(curator.ask("release"), "released");
+  ASSERT_EQ(late.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(late.get());
+
+  // And the reverse: a turnstile waiter queued before Curator's is served first.
+  holder.lock();
+  auto early = std::async(std::launch::async, [&] {
+    auto mutex = other.mutex(name);
+    if (!mutex.try_lock_for(20s)) return false;
+    std::this_thread::sleep_for(300ms);
+    mutex.unlock();
+    return true;
+  });
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }));
+  curator.send("acquire mutex /" + name + " 20000");
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 2; }));
+  holder.unlock();
+  EXPECT_EQ(curator.next_line(200ms), "") << "Curator was served before the earlier turnstile waiter";
+  EXPECT_EQ(curator.next_line(), "acquired");
+  ASSERT_EQ(early.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(early.get());
+  EXPECT_EQ(curator.ask("release"), "released");
+}
+
+TEST(ZookeeperCurator, SemaphoreSharesItsLimitWithInterProcessSemaphoreV2) {
+  REQUIRE_CURATOR();
+  auto client = Client::connect(server_url());
+  const auto name = unique_name("s");
+  auto semaphore = client.semaphore(name, 2);
+  ASSERT_EQ(curator.ask("acquire semaphore /" + name + " 2 5000"), "acquired");
+  auto one = semaphore.try_acquire();
+  ASSERT_TRUE(one.has_value());
+  EXPECT_FALSE(semaphore.try_acquire().has_value()) << "three leases of a limit of two";
+  EXPECT_EQ(curator.ask("acquire semaphore /" + name + " 2 300"), "timeout");
+  one->release();
+  EXPECT_EQ(curator.ask("acquire semaphore /" + name + " 2 5000"), "acquired");
+  EXPECT_FALSE(semaphore.try_acquire().has_value());
+  EXPECT_EQ(curator.ask("release"), "released");
+  EXPECT_EQ(curator.ask("release"), "released");
+  auto both = semaphore.try_acquire(2);
+  EXPECT_TRUE(both.has_value());
+  EXPECT_EQ(curator.ask("acquire semaphore /" + name + " 2 300"), "timeout");
+}
+
+TEST(ZookeeperCurator, SemaphoreOfOneExcludesInterProcessSemaphoreMutex) {
+  REQUIRE_CURATOR();
+  auto client = Client::connect(server_url());
+  const auto name = unique_name("sm");
+  auto semaphore = client.semaphore(name, 1);
+  ASSERT_EQ(curator.ask("acquire semmutex /" + name + " 5000"), "acquired");
+  EXPECT_FALSE(semaphore.try_acquire_for(300ms).has_value());
+  EXPECT_EQ(curator.ask("release"), "released");
+  auto lease = semaphore.try_acquire_for(5s);
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_EQ(curator.ask("acquire semmutex /" + name + " 300"), "timeout");
+}
+
+TEST(ZookeeperCurator, ReadersShareWithCuratorReadersAndExcludeItsWriters) {
+  REQUIRE_CURATOR();
+  auto client = Client::connect(server_url());
+  const auto name = unique_name("rw");
+  auto shared = client.shared_mutex(name);
+  ASSERT_EQ(curator.ask("acquire read /" + name + " 5000"), "acquired");
+  EXPECT_TRUE(shared.try_lock_shared()) << "readers must share with Curator's readers";
+  auto other = Client::connect(server_url());
+  EXPECT_FALSE(std::async(std::launch::async, [&] { return other.shared_mutex(name).try_lock(); }).get())
+      << "a writer must wait for the readers";
+  EXPECT_EQ(curator.ask("release"), "released");
+  // turnstile reading: Curator's writer waits.
+  EXPECT_EQ(curator.ask("acquire write /" + name + " 300"), "timeout");
+  shared.unlock_shared();
+  // Curator writing: turnstile's reader waits.
+  ASSERT_EQ(curator.ask("acquire write /" + name + " 5000"), "acquired");
+  EXPECT_FALSE(shared.try_lock_shared_for(300ms));
+  EXPECT_EQ(curator.ask("release"), "released");
+  EXPECT_TRUE(shared.try_lock_shared_for(5s));
+  shared.unlock_shared();
+}
+
+// ---- sessions ----
+
+TEST(ZookeeperSession, HolderPausedPastItsSessionTimeoutIsToldItsHoldIsLost) {
+  const auto url = server_url();
+  const auto name = unique_name("m");
+  Pipe ready;
+  auto child = Child::spawn_gated([&]() -> int {
+    turnstile::ClientOptions options;
+    options.ttl = 1s;
+    auto own = Client::connect(url, options);
+    auto mutex = own.mutex(name);
+    mutex.lock();
+    const auto lost = mutex.lost_token();
+    ready.send();
+    const auto until = Clock::now() + 20s;
+    while (!lost.stop_requested() && Clock::now() < until) std::this_thread::sleep_for(10ms);
+    return lost.stop_requested() ? 0 : 1;
+  });
+  child.start();
+  ASSERT_TRUE(ready.receive());
+  auto client = Client::connect(url);
+  auto mutex = client.mutex(name);
+  EXPECT_FALSE(mutex.try_lock());
+  child.kill(SIGSTOP);
+  // The server expires the paused holder's session: the hold is someone else's now...
+  ASSERT_TRUE(mutex.try_lock_for(10s));
+  child.kill(SIGCONT);
+  // ...and the holder learns it as soon as it runs again.
+  EXPECT_EQ(child.wait(10s), 0) << "the paused holder was not told its hold was lost";
+  mutex.unlock();
+}
+
+TEST(ZookeeperSession, KilledHolderIsFreedWithinItsSessionTimeout) {
+  const auto url = server_url();
+  const auto name = unique_name("m");
+  Pipe ready;
+  auto child = Child::spawn_gated([&]() -> int {
+    turnstile::ClientOptions options;
+    options.ttl = 1s;
+    auto own = Client::connect(url, options);
+    auto mutex = own.mutex(name);
+    mutex.lock();
+    ready.send();
+    conformance::linger_in_child();
+  });
+  child.start();
+  ASSERT_TRUE(ready.receive());
+  auto client = Client::connect(url);
+  auto mutex = client.mutex(name);
+  EXPECT_FALSE(mutex.try_lock());
+  child.kill(SIGKILL);
+  EXPECT_EQ(child.wait(), 128 + SIGKILL);
+  const auto start = Clock::now();
+  ASSERT_TRUE(mutex.try_lock_for(10s));
+  // One session timeout (1 s), plus the server's tick (250 ms) and some slack.
+  EXPECT_LT(elapsed_ms(start), 2500);
+  mutex.unlock();
+}
+
+TEST(ZookeeperSession, SessionTimeoutComesFromTheUrl) {
+  EXPECT_NO_THROW(Client::connect(server_url() + "?session_timeout=2"));
+  EXPECT_THROW(Client::connect(server_url() + "?session_timeout=abc"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect(server_url() + "?colour=blue"), turnstile::InvalidUrl);
+}
+
+TEST(ZookeeperSession, ChrootPrefixesEveryPath) {
+  const auto name = unique_name("m");
+  auto client = Client::connect(server_url() + "/chrooted");
+  RawZk raw;
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  EXPECT_EQ(raw.children("/chrooted/" + name).size(), 1u);
+  mutex.unlock();
+}
+
+// ---- many waiters, each watching only its predecessor, are all served ----
+
+TEST(ZookeeperWatches, TwentyWaitersAreServedOneAfterAnother) {
+  auto client = Client::connect(server_url());
+  const auto name = unique_name("m");
+  auto holder = client.mutex(name);
+  holder.lock();
+  constexpr int kWaiters = 20;
+  std::vector<std::future<bool>> waiters;
+  std::vector<Client> clients;
+  for (int i = 0; i < kWaiters; ++i) clients.push_back(Client::connect(server_url()));
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.push_back(std::async(std::launch::async, [&, i] {
+      auto mutex = clients[static_cast<std::size_t>(i)].mutex(name);
+      if (!mutex.try_lock_for(30s)) return false;
+      mutex.unlock();
+      return true;
+    }));
+  }
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == kWaiters; }, 20s));
+  holder.unlock();
+  for (auto& waiter : waiters) {
+    ASSERT_EQ(waiter.wait_for(30s), std::future_status::ready);
+    EXPECT_TRUE(waiter.get());
+  }
+}
+
+}  // namespace
