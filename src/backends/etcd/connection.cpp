@@ -1,0 +1,382 @@
+#include "backends/etcd/connection.hpp"
+
+#include <grpc/fork.h>
+#include <pthread.h>
+
+#include <charconv>
+#include <condition_variable>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace turnstile::detail::etcd {
+namespace {
+
+using std::chrono::milliseconds;
+
+// --- fork handling -------------------------------------------------------------------------
+// gRPC 1.51 can hand a forked child a working library (grpc_prefork / grpc_postfork_child:
+// its threads stopped and restarted, its epoll set rebuilt) only when fork support was enabled
+// before grpc_init (GRPC_ENABLE_FORK_SUPPORT) and no thread is inside a gRPC call at fork
+// time. Debian's build registers no fork handlers itself, so this library does, after parking
+// every caller: blocked streams are cancelled, unary calls finish (they have deadlines).
+
+struct ForkState {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int active = 0;  // threads inside a GrpcScope
+  bool forking = false;
+  std::set<grpc::ClientContext*> streams;
+};
+
+ForkState& fork_state() {
+  static auto* state = new ForkState;  // never destroyed: fork handlers may run at exit
+  return *state;
+}
+
+void before_fork() {
+  auto& state = fork_state();
+  {
+    std::unique_lock lock(state.mutex);
+    state.forking = true;
+    for (auto* context : state.streams) context->TryCancel();
+    state.changed.wait_for(lock, milliseconds(3000), [&] { return state.active == 0; });
+  }
+  grpc_prefork();
+}
+
+void after_fork_in_parent() {
+  grpc_postfork_parent();
+  auto& state = fork_state();
+  std::lock_guard lock(state.mutex);
+  state.forking = false;
+  state.changed.notify_all();
+}
+
+void after_fork_in_child() {
+  grpc_postfork_child();
+  // The child has only the forking thread: nobody else is in a scope, and the mutex may have
+  // been copied in any state.
+  new (&fork_state()) ForkState;
+}
+
+void enable_fork_support() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    setenv("GRPC_ENABLE_FORK_SUPPORT", "true", 0);
+    // The epoll1 poller's fork handling left parents stalled after a few forks in our tests;
+    // the poll poller (plenty for a client's few connections) survives them.
+    setenv("GRPC_POLL_STRATEGY", "poll", 0);
+    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
+  });
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw InvalidUrl("cannot read the CA certificate file '" + path + "'");
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+std::string describe(const grpc::Status& status) {
+  return status.error_message().empty() ? "gRPC status " + std::to_string(status.error_code()) : status.error_message();
+}
+
+// gRPC takes deadlines on the system clock only.
+std::chrono::system_clock::time_point system_deadline(SteadyClock::time_point deadline) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - SteadyClock::now());
+}
+
+}  // namespace
+
+GrpcScope::GrpcScope(grpc::ClientContext* stream_context) : stream_context_(stream_context) {
+  auto& state = fork_state();
+  std::unique_lock lock(state.mutex);
+  state.changed.wait(lock, [&] { return !state.forking; });
+  ++state.active;
+  if (stream_context_) state.streams.insert(stream_context_);
+}
+
+GrpcScope::~GrpcScope() {
+  auto& state = fork_state();
+  std::lock_guard lock(state.mutex);
+  --state.active;
+  if (stream_context_) state.streams.erase(stream_context_);
+  state.changed.notify_all();
+}
+
+std::string prefix_end(std::string key) {
+  // The smallest key greater than every key with this prefix: the last byte below 0xff, plus 1.
+  while (!key.empty() && static_cast<unsigned char>(key.back()) == 0xff) key.pop_back();
+  if (key.empty()) return std::string(1, '\0');  // etcd: "\0" means "to the end"
+  key.back() = static_cast<char>(static_cast<unsigned char>(key.back()) + 1);
+  return key;
+}
+
+Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
+  Settings settings;
+  settings.tls = url.scheme == "etcds";
+  if (url.hosts.empty()) throw InvalidUrl("no host:port in '" + url.text + "'");
+  for (const auto& host : url.hosts) {
+    const auto colon = host.rfind(':');
+    if (colon == std::string::npos || colon == 0) throw InvalidUrl("etcd endpoints are host:port, got '" + host + "' in '" + url.text + "'");
+    const auto port_text = host.substr(colon + 1);
+    int port = 0;
+    const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+    if (error != std::errc() || end != port_text.data() + port_text.size() || port <= 0 || port > 65535) {
+      throw InvalidUrl("bad port '" + port_text + "' in '" + url.text + "'");
+    }
+    settings.endpoints.push_back(host);
+    settings.description += (settings.description.empty() ? "" : ",") + host;
+  }
+  if (!url.path.empty() && url.path != "/") throw InvalidUrl("etcd URLs take no path, got '" + url.path + "' in '" + url.text + "'");
+  settings.user = url.user;
+  settings.password = url.password;
+  for (const auto& [key, value] : url.query) {
+    if (key == "ttl") {
+      double seconds = 0;
+      const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+      if (error != std::errc() || end != value.data() + value.size() || !(seconds >= 1) || seconds > 86400) {
+        throw InvalidUrl("ttl must be between 1 and 86400 seconds (etcd leases count whole seconds), got '" + value + "'");
+      }
+      settings.ttl = milliseconds(static_cast<long long>(seconds * 1000));
+    } else if (key == "cacert") {
+      if (!settings.tls) throw InvalidUrl("cacert= needs etcds:// (TLS) in '" + url.text + "'");
+      settings.root_certificates = read_file(value);
+    } else {
+      throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected ttl or cacert)");
+    }
+  }
+  if (options.ttl.count() > 0) {
+    if (options.ttl < milliseconds(1000)) throw InvalidArgument("etcd lease TTLs are whole seconds: ttl must be at least 1 s");
+    settings.ttl = options.ttl;
+  }
+  return settings;
+}
+
+// --- Connection ----------------------------------------------------------------------------
+
+Connection::Connection(Settings settings) : settings_(std::move(settings)) {
+  enable_fork_support();
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (settings_.tls) {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = settings_.root_certificates;
+    credentials = grpc::SslCredentials(tls);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  for (const auto& host : settings_.endpoints) {
+    grpc::ChannelArguments arguments;
+    // Reconnect quickly after a restart or fail-over: waiters and keep-alives depend on it.
+    arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // A connection of its own per client: gRPC otherwise shares one per target process-wide,
+    // and a forked child would write into its parent's HTTP/2 stream.
+    arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    Endpoint endpoint;
+    endpoint.channel = grpc::CreateCustomChannel("dns:///" + host, credentials, arguments);
+    endpoint.kv = pb::KV::NewStub(endpoint.channel);
+    endpoint.lease = pb::Lease::NewStub(endpoint.channel);
+    endpoint.watch = pb::Watch::NewStub(endpoint.channel);
+    endpoint.auth = pb::Auth::NewStub(endpoint.channel);
+    endpoints_.push_back(std::move(endpoint));
+  }
+  const auto deadline = SteadyClock::now() + milliseconds(5000);
+  if (!settings_.user.empty()) authenticate(deadline);
+  // Fail at connect time when no etcd answers (a count of one key that never exists).
+  pb::RangeRequest probe;
+  probe.set_key("\x1fturnstile/probe");
+  probe.set_count_only(true);
+  range(probe, deadline);
+}
+
+Connection::Endpoint& Connection::current() {
+  std::lock_guard lock(mutex_);
+  return endpoints_[current_];
+}
+
+pb::Watch::Stub& Connection::watch_stub() { return *current().watch; }
+
+void Connection::prepare(grpc::ClientContext& context, Deadline deadline) {
+  if (deadline) context.set_deadline(system_deadline(*deadline));
+  std::lock_guard lock(mutex_);
+  if (!token_.empty()) context.AddMetadata("token", token_);
+}
+
+void Connection::check_retryable(const grpc::Status& status, const char* what) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::INTERNAL:
+      if (endpoints_.size() > 1) {
+        std::lock_guard lock(mutex_);
+        current_ = (current_ + 1) % endpoints_.size();
+      }
+      return;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      // An expired or revoked token: authenticate again, then retry.
+      if (!settings_.user.empty()) {
+        authenticate(SteadyClock::now() + milliseconds(5000));
+        return;
+      }
+      throw AccessDenied(std::string("etcd refused ") + what + ": " + describe(status));
+    case grpc::StatusCode::PERMISSION_DENIED:
+      throw AccessDenied(std::string("etcd refused ") + what + " (user '" + settings_.user + "'): " + describe(status));
+    default:
+      throw BackendUnavailable(std::string("etcd failed ") + what + " at " + settings_.description + ": " + describe(status));
+  }
+}
+
+template <class Call>
+void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what) {
+  auto backoff = milliseconds(25);
+  for (;;) {
+    // Each attempt gets at most 2 s, so that a stuck endpoint gives way to the next one.
+    const auto attempt_deadline = std::min(deadline, SteadyClock::now() + milliseconds(2000));
+    grpc::ClientContext context;
+    prepare(context, attempt_deadline);
+    grpc::Status status;
+    {
+      GrpcScope scope;
+      status = call(context);
+    }
+    if (status.ok()) return;
+    check_retryable(status, what);
+    const bool unsent = status.error_code() == grpc::StatusCode::UNAVAILABLE && status.error_message().find("connect") != std::string::npos;
+    if (!idempotent && !unsent) {
+      throw BackendUnavailable(std::string("etcd did not confirm ") + what + " (its outcome is unknown): " + describe(status));
+    }
+    if (SteadyClock::now() + backoff >= deadline) {
+      throw BackendUnavailable(std::string("no etcd answered ") + what + " at " + settings_.description + ": " + describe(status));
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, milliseconds(500));
+  }
+}
+
+void Connection::authenticate(SteadyClock::time_point deadline) {
+  pb::AuthenticateRequest request;
+  request.set_name(settings_.user);
+  request.set_password(settings_.password);
+  for (auto backoff = milliseconds(25);; backoff = std::min(backoff * 2, milliseconds(500))) {
+    pb::AuthenticateResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(system_deadline(std::min(deadline, SteadyClock::now() + milliseconds(2000))));
+    grpc::Status status;
+    {
+      GrpcScope scope;
+      status = current().auth->Authenticate(&context, request, &response);
+    }
+    if (status.ok()) {
+      std::lock_guard lock(mutex_);
+      token_ = response.token();
+      return;
+    }
+    switch (status.error_code()) {
+      case grpc::StatusCode::FAILED_PRECONDITION:  // authentication is not enabled: no token needed
+        return;
+      case grpc::StatusCode::INVALID_ARGUMENT:
+      case grpc::StatusCode::PERMISSION_DENIED:
+      case grpc::StatusCode::UNAUTHENTICATED:
+        throw AccessDenied("etcd refused the credentials of user '" + settings_.user + "': " + describe(status));
+      default:
+        break;
+    }
+    if (SteadyClock::now() + backoff >= deadline) {
+      throw BackendUnavailable("no etcd answered at " + settings_.description + ": " + describe(status));
+    }
+    if (endpoints_.size() > 1) {
+      std::lock_guard lock(mutex_);
+      current_ = (current_ + 1) % endpoints_.size();
+    }
+    std::this_thread::sleep_for(backoff);
+  }
+}
+
+pb::RangeResponse Connection::range(const pb::RangeRequest& request, SteadyClock::time_point deadline) {
+  pb::RangeResponse response;
+  unary([&](grpc::ClientContext& context) { return current().kv->Range(&context, request, &response); }, deadline, true, "a read");
+  return response;
+}
+
+pb::TxnResponse Connection::txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent) {
+  pb::TxnResponse response;
+  unary([&](grpc::ClientContext& context) { return current().kv->Txn(&context, request, &response); }, deadline, idempotent,
+        "a transaction");
+  return response;
+}
+
+pb::LeaseGrantResponse Connection::lease_grant(std::int64_t ttl_seconds, SteadyClock::time_point deadline) {
+  pb::LeaseGrantRequest request;
+  request.set_ttl(ttl_seconds);
+  pb::LeaseGrantResponse response;
+  // Not idempotent, but a lease granted twice only costs an unused lease that expires.
+  unary([&](grpc::ClientContext& context) { return current().lease->LeaseGrant(&context, request, &response); }, deadline,
+        true, "a lease grant");
+  if (!response.error().empty()) throw BackendUnavailable("etcd refused a lease: " + response.error());
+  return response;
+}
+
+void Connection::lease_revoke(std::int64_t lease, SteadyClock::time_point deadline) {
+  pb::LeaseRevokeRequest request;
+  request.set_id(lease);
+  pb::LeaseRevokeResponse response;
+  grpc::ClientContext context;
+  prepare(context, deadline);
+  GrpcScope scope;
+  current().lease->LeaseRevoke(&context, request, &response);  // best effort: the lease expires anyway
+}
+
+std::int64_t Connection::keep_alive(std::int64_t lease, SteadyClock::time_point deadline) {
+  grpc::ClientContext context;
+  prepare(context, deadline);
+  GrpcScope scope(&context);
+  auto stream = current().lease->LeaseKeepAlive(&context);
+  pb::LeaseKeepAliveRequest request;
+  request.set_id(lease);
+  pb::LeaseKeepAliveResponse response;
+  const bool answered = stream->Write(request) && stream->Read(&response);
+  stream->WritesDone();
+  context.TryCancel();  // one round per stream: do not wait for the server to close it
+  const auto status = stream->Finish();
+  if (answered) return response.ttl();
+  check_retryable(status, "a lease keep-alive");
+  throw BackendUnavailable("no etcd answered a lease keep-alive at " + settings_.description + ": " + describe(status));
+}
+
+// --- WatchStream ---------------------------------------------------------------------------
+
+WatchStream::WatchStream(Connection& connection, const pb::WatchCreateRequest& request, Deadline deadline)
+    : scope_(&context_) {
+  connection.prepare(context_, deadline);
+  stream_ = connection.watch_stub().Watch(&context_);
+  pb::WatchRequest create;
+  *create.mutable_create_request() = request;
+  pb::WatchResponse response;
+  if (!stream_->Write(create)) return;  // next() then reports the end
+  // etcd confirms with `created` before any event; a cancelled watch (compacted revision)
+  // ends at once.
+  if (!stream_->Read(&response) || !response.created() || response.canceled()) context_.TryCancel();
+}
+
+WatchStream::~WatchStream() {
+  context_.TryCancel();
+  stream_->Finish();
+}
+
+bool WatchStream::next(pb::WatchResponse& response) {
+  while (stream_->Read(&response)) {
+    if (response.canceled() || response.compact_revision() != 0) return false;
+    if (response.events_size() > 0) return true;
+  }
+  return false;
+}
+
+}  // namespace turnstile::detail::etcd

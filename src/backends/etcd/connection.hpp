@@ -1,0 +1,119 @@
+// The etcd v3 API over gRPC (Debian's libgrpc++): endpoints with fail-over, etcd
+// authentication, retries of idempotent calls, watch and keep-alive streams, and the fork
+// handling gRPC needs so that a forked child can open its own client.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "rpc.grpc.pb.h"
+
+namespace turnstile::detail::etcd {
+
+namespace pb = etcdserverpb;
+
+struct Settings {
+  std::string description;             // the endpoints as written, for messages
+  std::vector<std::string> endpoints;  // host:port
+  bool tls = false;
+  std::string root_certificates;  // PEM from ?cacert=, empty: the system's
+  std::string user;
+  std::string password;
+  std::chrono::milliseconds ttl{10'000};  // etcdctl lock's default
+};
+
+// etcd[s]://[user:password@]host:port[,host:port...][?ttl=SECONDS][&cacert=PATH];
+// ClientOptions::ttl wins when set. Throws InvalidUrl, InvalidArgument.
+Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
+
+// The key range [key, prefix_end(key)) holds every key starting with `key`.
+std::string prefix_end(std::string key);
+
+// Marks a stretch of code that calls into gRPC. fork() waits (bounded) until no such stretch
+// is running and cancels registered streams first, so that gRPC's own fork handling
+// (grpc_prefork/grpc_postfork_*, which refuses to run while calls are in flight) can leave
+// the child a working gRPC. Streams cancelled that way end like a broken connection.
+class GrpcScope {
+ public:
+  explicit GrpcScope(grpc::ClientContext* stream_context = nullptr);
+  ~GrpcScope();
+  GrpcScope(const GrpcScope&) = delete;
+  GrpcScope& operator=(const GrpcScope&) = delete;
+
+ private:
+  grpc::ClientContext* stream_context_;
+};
+
+class Connection;
+
+// One Watch stream watching one key or prefix from a revision.
+class WatchStream {
+ public:
+  // Opens the stream and waits for etcd to confirm the watch. Throws BackendUnavailable.
+  WatchStream(Connection& connection, const pb::WatchCreateRequest& request, Deadline deadline);
+  ~WatchStream();
+  // The next response with events; false when the stream ended (deadline, cancel(), a
+  // broken connection, a compacted start revision): the caller looks again.
+  bool next(pb::WatchResponse& response);
+  // From any thread: makes next() return false.
+  void cancel() { context_.TryCancel(); }
+
+ private:
+  grpc::ClientContext context_;
+  GrpcScope scope_;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::WatchRequest, pb::WatchResponse>> stream_;
+};
+
+class Connection {
+ public:
+  // Connects (lazily, as gRPC does), authenticates when a user is given, and checks that an
+  // etcd answers. Throws BackendUnavailable, AccessDenied.
+  explicit Connection(Settings settings);
+
+  const Settings& settings() const { return settings_; }
+
+  // `idempotent` calls are resent after a failure until the deadline (then BackendUnavailable);
+  // the others throw BackendUnavailable at once when their outcome is unknown.
+  pb::RangeResponse range(const pb::RangeRequest& request, SteadyClock::time_point deadline);
+  pb::TxnResponse txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent);
+  pb::LeaseGrantResponse lease_grant(std::int64_t ttl_seconds, SteadyClock::time_point deadline);
+  void lease_revoke(std::int64_t lease, SteadyClock::time_point deadline);
+  // One keep-alive round on a LeaseKeepAlive stream: the lease's remaining TTL in seconds,
+  // <= 0 when etcd no longer knows the lease. Throws BackendUnavailable.
+  std::int64_t keep_alive(std::int64_t lease, SteadyClock::time_point deadline);
+
+  // For WatchStream: a context with the auth token and deadline, and the current endpoint.
+  void prepare(grpc::ClientContext& context, Deadline deadline);
+  pb::Watch::Stub& watch_stub();
+  // After a failed call: the status as an exception, or nothing when it is worth retrying
+  // (the endpoint then moves on to the next one).
+  void check_retryable(const grpc::Status& status, const char* what);
+
+ private:
+  struct Endpoint {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<pb::KV::Stub> kv;
+    std::unique_ptr<pb::Lease::Stub> lease;
+    std::unique_ptr<pb::Watch::Stub> watch;
+    std::unique_ptr<pb::Auth::Stub> auth;
+  };
+
+  template <class Call>
+  void unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what);
+  Endpoint& current();
+  void authenticate(SteadyClock::time_point deadline);
+
+  Settings settings_;
+  std::vector<Endpoint> endpoints_;
+  std::mutex mutex_;
+  std::size_t current_ = 0;
+  std::string token_;
+};
+
+}  // namespace turnstile::detail::etcd

@@ -1,0 +1,316 @@
+// What only the etcd backend promises: `etcdctl lock` (Debian's etcd-client) and turnstile's
+// Mutex exclude each other both ways, on etcd's own key layout; a holder or a waiter paused
+// past its lease TTL is told (HoldLost); kill -9 frees a hold within the TTL; an etcd restart
+// with its data kept never doubles a hold; URLs are checked.
+//
+// The restart test starts an etcd of its own (tests/servers/etcd.sh); the others use the
+// suite's fixture server, whose URL file is TURNSTILE_ETCD_URL_FILE.
+#include <signal.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <random>
+
+#include "conformance/support.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using conformance::Child;
+using conformance::Pipe;
+using turnstile::Client;
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream file(path);
+  std::string line;
+  std::getline(file, line);
+  return line;
+}
+
+// Runs a shell command and returns its output without the trailing newline.
+std::string shell(const std::string& command) {
+  std::string output;
+  if (FILE* pipe = popen((command + " 2>&1").c_str(), "r")) {
+    std::array<char, 4096> buffer;
+    while (std::fgets(buffer.data(), buffer.size(), pipe)) output += buffer.data();
+    pclose(pipe);
+  }
+  while (!output.empty() && (output.back() == '\n' || output.back() == '\r')) output.pop_back();
+  return output;
+}
+
+std::string quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// etcdctl against the server of an etcd:// URL.
+std::string etcdctl(const std::string& url, const std::string& arguments) {
+  const auto endpoint = "http://" + url.substr(std::string("etcd://").size());
+  return std::string("ETCDCTL_API=3 ") + TURNSTILE_ETCDCTL + " --endpoints=" + endpoint + " " + arguments;
+}
+
+bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return predicate();
+}
+
+std::string unique_name(const std::string& leaf) {
+  return "etcd-test/" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()) + "/" + leaf;
+}
+
+turnstile::ClientOptions with_ttl(std::chrono::milliseconds ttl) {
+  turnstile::ClientOptions options;
+  options.ttl = ttl;
+  return options;
+}
+
+std::string scratch_file(const std::string& leaf) {
+  return std::filesystem::temp_directory_path() / ("turnstile-etcd-test-" + std::to_string(getpid()) + "-" + leaf);
+}
+
+class Etcd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    url_ = read_first_line(TURNSTILE_ETCD_URL_FILE);
+    ASSERT_FALSE(url_.empty()) << "no URL in " << TURNSTILE_ETCD_URL_FILE << " (did the etcd_server fixture run?)";
+  }
+  std::string url_;
+};
+
+TEST_F(Etcd, EtcdctlHoldsWhileTurnstileWaits) {
+  const auto name = unique_name("interop");
+  const auto marker = scratch_file("etcdctl-held");
+  std::filesystem::remove(marker);
+  // etcdctl holds for 2 s and writes its revision (ETCD_LOCK_REV) once it holds.
+  auto holder = std::async(std::launch::async, [&] {
+    return std::system(etcdctl(url_, "lock " + quoted(name) + " -- sh -c " +
+                                         quoted("echo $ETCD_LOCK_REV > " + marker + ".tmp && mv " + marker + ".tmp " +
+                                                marker + " && sleep 2"))
+                           .c_str());
+  });
+  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(marker); })) << "etcdctl lock never held";
+  const auto etcdctl_revision = std::stoull(read_first_line(marker));
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex(name);
+  EXPECT_FALSE(mutex.try_lock()) << "turnstile took a lock etcdctl holds";
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(mutex.try_lock_for(15s));
+  EXPECT_EQ(holder.wait_for(1s), std::future_status::ready) << "turnstile got the lock while etcdctl still ran";
+  EXPECT_GT(std::chrono::steady_clock::now() - start, 1s);
+  EXPECT_GT(mutex.fencing_token(), etcdctl_revision);
+  mutex.unlock();
+  EXPECT_EQ(holder.get(), 0);
+  std::filesystem::remove(marker);
+}
+
+TEST_F(Etcd, TurnstileHoldsWhileEtcdctlWaits) {
+  const auto name = unique_name("interop");
+  const auto marker = scratch_file("etcdctl-got");
+  std::filesystem::remove(marker);
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  // The key is etcd's concurrency.Mutex key: NAME/<lease id in hex>, empty of foreign marks.
+  const auto keys = shell(etcdctl(url_, "get --prefix --keys-only " + quoted(name + "/")));
+  EXPECT_EQ(keys.rfind(name + "/", 0), 0u) << keys;
+  const auto suffix = keys.substr(name.size() + 1);
+  EXPECT_EQ(suffix.find_first_not_of("0123456789abcdef"), std::string::npos) << keys;
+  auto waiter = std::async(std::launch::async, [&] {
+    return std::system(etcdctl(url_, "lock " + quoted(name) + " -- sh -c " + quoted("touch " + marker)).c_str());
+  });
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "etcdctl lock got a lock turnstile holds";
+  EXPECT_EQ(client.inspect(name).waiters.size(), 1u) << "etcdctl's key is not listed as a waiter";
+  mutex.unlock();
+  ASSERT_EQ(waiter.wait_for(15s), std::future_status::ready) << "etcdctl lock never got the lock after the release";
+  EXPECT_EQ(waiter.get(), 0);
+  EXPECT_TRUE(std::filesystem::exists(marker));
+  std::filesystem::remove(marker);
+}
+
+TEST_F(Etcd, ThreadsOfOneClientNeverShareAKey) {
+  // etcd-io/etcd#11360: two Mutexes on one lease share the key and do not exclude each other.
+  const auto name = unique_name("threads");
+  auto client = Client::connect(url_);
+  std::atomic<int> inside{0};
+  std::atomic<bool> overlap{false};
+  conformance::run_threads(4, [&](int) {
+    auto mutex = client.mutex(name);
+    for (int i = 0; i < 10; ++i) {
+      std::lock_guard guard(mutex);
+      if (inside.fetch_add(1) != 0) overlap = true;
+      std::this_thread::sleep_for(1ms);
+      inside.fetch_sub(1);
+    }
+  });
+  EXPECT_FALSE(overlap.load());
+  EXPECT_EQ(shell(etcdctl(url_, "get --prefix --keys-only " + quoted(name + "/"))), "") << "a key was left behind";
+}
+
+TEST_F(Etcd, HolderPausedPastItsTtlIsToldWhenItResumes) {
+  const auto name = unique_name("paused");
+  Pipe ready, verdict;
+  auto child = Child::spawn([&]() -> int {
+    auto own = Client::connect(url_, with_ttl(2s));
+    auto mutex = own.mutex(name);
+    mutex.lock();
+    const auto lost = mutex.lost_token();
+    ready.send();
+    // Paused here by the parent; once resumed, the hold must be reported lost.
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!lost.stop_requested() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    verdict.send(lost.stop_requested() ? 'L' : 'H');
+    try {
+      mutex.release();
+    } catch (const turnstile::HoldLost&) {
+      return 0;  // release() reports the loss too
+    }
+    return 5;
+  });
+  ASSERT_TRUE(ready.receive());
+  child.kill(SIGSTOP);
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex(name);
+  // The paused holder stops its keep-alives: etcd expires its lease and this waiter gets in.
+  ASSERT_TRUE(mutex.try_lock_for(15s));
+  child.kill(SIGCONT);
+  EXPECT_EQ(verdict.receive(15s), 'L') << "the resumed holder was not told it lost the hold";
+  EXPECT_EQ(child.wait(), 0);
+  EXPECT_TRUE(mutex.owns_lock());
+  mutex.unlock();
+}
+
+TEST_F(Etcd, WaiterWhoseLeaseExpiresStopsWithHoldLost) {
+  // etcd-io/etcd#19597 and #11456: a waiter whose session died must neither keep waiting nor
+  // be granted the lock.
+  const auto name = unique_name("waiter");
+  auto client = Client::connect(url_);
+  auto holder = client.mutex(name);
+  holder.lock();
+  Pipe waiting, verdict;
+  auto child = Child::spawn([&]() -> int {
+    auto own = Client::connect(url_, with_ttl(2s));
+    auto mutex = own.mutex(name);
+    waiting.send();
+    try {
+      const bool got = mutex.try_lock_for(30s);
+      verdict.send(got ? 'G' : 'T');
+    } catch (const turnstile::HoldLost&) {
+      verdict.send('L');
+    }
+    return 0;
+  });
+  ASSERT_TRUE(waiting.receive());
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }));
+  child.kill(SIGSTOP);
+  // Its lease expires; its key goes with it.
+  EXPECT_TRUE(eventually([&] { return client.inspect(name).waiters.empty(); }, 15s));
+  const auto resumed = std::chrono::steady_clock::now();
+  child.kill(SIGCONT);
+  EXPECT_EQ(verdict.receive(10s), 'L') << "the waiter did not stop with HoldLost";
+  EXPECT_LT(std::chrono::steady_clock::now() - resumed, 3s);
+  EXPECT_EQ(child.wait(), 0);
+  holder.unlock();
+}
+
+TEST_F(Etcd, KilledHolderFreesItsHoldWithinTheTtl) {
+  const auto name = unique_name("killed");
+  Pipe ready;
+  auto child = Child::spawn([&]() -> int {
+    auto own = Client::connect(url_, with_ttl(3s));
+    auto mutex = own.mutex(name);
+    mutex.lock();
+    ready.send();
+    conformance::linger_in_child();
+  });
+  ASSERT_TRUE(ready.receive());
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex(name);
+  EXPECT_FALSE(mutex.try_lock());
+  child.kill(SIGKILL);
+  EXPECT_EQ(child.wait(), 128 + SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(mutex.try_lock_for(10s));
+  // etcd checks lease expiry every 500 ms.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s + 1s);
+  mutex.unlock();
+}
+
+TEST_F(Etcd, UrlsAreChecked) {
+  EXPECT_THROW(Client::connect("etcd://127.0.0.1:2379?bogus=1"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("etcd://127.0.0.1:2379?ttl=0.5"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("etcd://127.0.0.1"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("etcd://127.0.0.1:2379?cacert=/nonexistent"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect(url_, with_ttl(500ms)), turnstile::InvalidArgument);
+  // Nothing listens on port 1.
+  EXPECT_THROW(Client::connect("etcd://127.0.0.1:1"), turnstile::BackendUnavailable);
+  // Several endpoints: a dead one first, the live one second.
+  auto client = Client::connect("etcd://127.0.0.1:1," + url_.substr(std::string("etcd://").size()));
+  auto mutex = client.mutex(unique_name("failover"));
+  EXPECT_TRUE(mutex.try_lock());
+  mutex.unlock();
+}
+
+// An etcd of this test's own, for what would disturb the shared one.
+class OwnServer {
+ public:
+  OwnServer() {
+    char dir[] = "/tmp/turnstile-etcd-test-XXXXXX";
+    if (!mkdtemp(dir)) throw std::runtime_error("mkdtemp failed");
+    dir_ = dir;
+    if (script("start") != 0) throw std::runtime_error("could not start etcd");
+    url_ = read_first_line(dir_ + "/url");
+  }
+  ~OwnServer() {
+    script("stop");
+    std::filesystem::remove_all(dir_);
+  }
+  const std::string& url() const { return url_; }
+  int restart() { return script("restart"); }
+
+ private:
+  int script(const std::string& action) {
+    return std::system((std::string(TURNSTILE_ETCD_SCRIPT) + " " + action + " " + dir_ + " >/dev/null").c_str());
+  }
+  std::string dir_;
+  std::string url_;
+};
+
+TEST(EtcdOwnServer, RestartWithDataKeptNeverDoublesAHold) {
+  OwnServer server;
+  const auto name = unique_name("restart");
+  auto holder_client = Client::connect(server.url(), with_ttl(3s));
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  const auto lost = holder.lost_token();
+  ASSERT_EQ(server.restart(), 0);
+  auto other_client = Client::connect(server.url());
+  auto other = other_client.mutex(name);
+  // Either the hold survived (and still excludes), or its holder was told before anyone else
+  // could take it.
+  for (int i = 0; i < 20; ++i) {
+    if (other.try_lock()) {
+      EXPECT_TRUE(lost.stop_requested()) << "a second holder got in while the first was not told";
+      other.unlock();
+      break;
+    }
+    std::this_thread::sleep_for(250ms);
+  }
+  if (!lost.stop_requested()) {
+    EXPECT_NO_THROW(holder.release());
+  } else {
+    holder.unlock();
+  }
+}
+
+}  // namespace

@@ -1,0 +1,74 @@
+#!/bin/sh
+# Starts or stops a throwaway etcd (Debian's etcd-server) on free 127.0.0.1 client and peer
+# ports, for tests.
+#   etcd.sh start DIR     data, log and pid under DIR; writes etcd://127.0.0.1:PORT to DIR/url
+#   etcd.sh stop DIR
+#   etcd.sh restart DIR   the same ports and data (what a crash with its disk intact looks like)
+set -eu
+action=$1
+dir=$2
+
+launch() {  # client port, peer port
+  etcd --name n1 --data-dir "$dir/data" \
+    --listen-client-urls "http://127.0.0.1:$1" --advertise-client-urls "http://127.0.0.1:$1" \
+    --listen-peer-urls "http://127.0.0.1:$2" --initial-advertise-peer-urls "http://127.0.0.1:$2" \
+    --initial-cluster "n1=http://127.0.0.1:$2" --initial-cluster-state new \
+    >>"$dir/etcd.log" 2>&1 &
+  echo $! > "$dir/etcd.pid"
+}
+
+ready() {  # client port
+  etcdctl --endpoints="http://127.0.0.1:$1" --command-timeout=1s endpoint health >/dev/null 2>&1
+}
+
+wait_ready() {  # client port; fails when etcd exits first
+  for _ in $(seq 1 100); do
+    if ready "$1"; then return 0; fi
+    kill -0 "$(cat "$dir/etcd.pid")" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+case "$action" in
+start)
+  mkdir -p "$dir"
+  rm -rf "$dir/url" "$dir/data"
+  for attempt in 1 2 3 4 5 6 7 8 9 10; do
+    client=$(shuf -i 20000-60999 -n 1)
+    peer=$((client + 1))
+    launch "$client" "$peer"
+    if wait_ready "$client"; then
+      echo "$client $peer" > "$dir/ports"
+      echo "etcd://127.0.0.1:$client" > "$dir/url"
+      echo "etcd ready on 127.0.0.1:$client"
+      exit 0
+    fi
+    # Lost the race for a port (or too slow): clean up and try others.
+    kill -9 "$(cat "$dir/etcd.pid")" 2>/dev/null || true
+    rm -rf "$dir/data"
+  done
+  echo "could not start etcd; log:" >&2
+  tail -n 50 "$dir/etcd.log" >&2 || true
+  exit 1
+  ;;
+stop)
+  if [ -f "$dir/etcd.pid" ]; then
+    pid=$(cat "$dir/etcd.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$dir/etcd.pid"
+  fi
+  ;;
+restart)
+  read -r client peer < "$dir/ports"
+  "$0" stop "$dir"
+  launch "$client" "$peer"
+  wait_ready "$client"
+  ;;
+*)
+  echo "usage: $0 start|stop|restart DIR" >&2
+  exit 64
+  ;;
+esac
