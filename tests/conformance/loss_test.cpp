@@ -166,6 +166,43 @@ TEST_P(Conformance, KilledWriterReleasesItsWriteLock) {
   if (shared.owns_shared()) shared.unlock_shared();
 }
 
+// A holder that stops running (SIGSTOP, a long GC pause, a VM freeze) past its TTL has lost its
+// hold to the next waiter: when it runs again, it must be told before it acts on it. The
+// embedded backend's holds live exactly as long as the process, paused or not.
+TEST_P(Conformance, HolderPausedPastItsTtlIsToldWhenItResumes) {
+  if (url().rfind("file:", 0) == 0) GTEST_SKIP() << "embedded holds do not expire while the holder lives";
+  const auto lock_name = name("paused");
+  Pipe ready, verdict;
+  auto child = Child::spawn([&]() -> int {
+    auto own = connect_short_lived(url());
+    auto mutex = own.mutex(lock_name);
+    mutex.lock();
+    const auto lost = mutex.lost_token();
+    ready.send();
+    // Paused here by the parent; once resumed, the hold must be reported lost.
+    const auto deadline = Clock::now() + 20s;
+    while (!lost.stop_requested() && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    verdict.send(lost.stop_requested() ? 'L' : 'H');
+    try {
+      mutex.release();
+    } catch (const turnstile::HoldLost&) {
+      return 0;  // release() reports the loss too
+    }
+    return 5;
+  });
+  ASSERT_TRUE(ready.receive()) << "the child never locked";
+  auto mutex = client().mutex(lock_name);
+  EXPECT_FALSE(mutex.try_lock());
+  child.kill(SIGSTOP);
+  // The paused holder stops renewing: its hold runs out and this waiter gets the lock.
+  ASSERT_TRUE(mutex.try_lock_for(death_bound(url())));
+  child.kill(SIGCONT);
+  EXPECT_EQ(verdict.receive(15s), 'L') << "the resumed holder was not told it lost the hold";
+  EXPECT_EQ(child.wait(), 0);
+  EXPECT_TRUE(mutex.owns_lock());
+  mutex.unlock();
+}
+
 TEST_P(Conformance, HoldsThatAreNotLostDoNotSignal) {
   auto mutex = client().mutex(name("m"));
   auto shared = client().shared_mutex(name("rw"));

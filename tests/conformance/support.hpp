@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -47,7 +48,9 @@ class Conformance : public ::testing::TestWithParam<BackendParam> {
   void TearDown() override;
 
   const std::string& url() const { return url_; }
-  turnstile::Client& client() { return *client_; }
+  // Made on first use, so a test that forks its children first forks a process with no
+  // backend threads yet (gRPC in particular is fragile across fork).
+  turnstile::Client& client();
   // A new, independent client on the same backend.
   turnstile::Client connect(turnstile::ClientOptions options = {}) const;
   // A name unique to this test (and run), so tests never see each other's state.
@@ -69,6 +72,7 @@ class Conformance : public ::testing::TestWithParam<BackendParam> {
   std::string scratch_;
   std::string url_;
   std::string prefix_;
+  std::mutex client_mutex_;
   std::optional<turnstile::Client> client_;
 };
 

@@ -1,6 +1,6 @@
 // What only the etcd backend promises: `etcdctl lock` (Debian's etcd-client) and turnstile's
-// Mutex exclude each other both ways, on etcd's own key layout; a holder or a waiter paused
-// past its lease TTL is told (HoldLost); kill -9 frees a hold within the TTL; an etcd restart
+// Mutex exclude each other both ways, on etcd's own key layout; a waiter paused past its lease
+// TTL is told (HoldLost); kill -9 frees a hold within the TTL; an etcd restart
 // with its data kept never doubles a hold; URLs are checked.
 //
 // The restart test starts an etcd of its own (tests/servers/etcd.sh); the others use the
@@ -16,6 +16,7 @@
 #include <random>
 
 #include "conformance/support.hpp"
+#include "support/server_tests.hpp"
 
 namespace {
 
@@ -23,55 +24,12 @@ using namespace std::chrono_literals;
 using conformance::Child;
 using conformance::Pipe;
 using turnstile::Client;
-
-std::string read_first_line(const std::string& path) {
-  std::ifstream file(path);
-  std::string line;
-  std::getline(file, line);
-  return line;
-}
-
-// Runs a shell command and returns its output without the trailing newline.
-std::string shell(const std::string& command) {
-  std::string output;
-  if (FILE* pipe = popen((command + " 2>&1").c_str(), "r")) {
-    std::array<char, 4096> buffer;
-    while (std::fgets(buffer.data(), buffer.size(), pipe)) output += buffer.data();
-    pclose(pipe);
-  }
-  while (!output.empty() && (output.back() == '\n' || output.back() == '\r')) output.pop_back();
-  return output;
-}
-
-std::string quoted(const std::string& text) {
-  std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+using namespace server_tests;
 
 // etcdctl against the server of an etcd:// URL.
 std::string etcdctl(const std::string& url, const std::string& arguments) {
   const auto endpoint = "http://" + url.substr(std::string("etcd://").size());
   return std::string("ETCDCTL_API=3 ") + TURNSTILE_ETCDCTL + " --endpoints=" + endpoint + " " + arguments;
-}
-
-bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (predicate()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return predicate();
-}
-
-std::string unique_name(const std::string& leaf) {
-  return "etcd-test/" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()) + "/" + leaf;
-}
-
-turnstile::ClientOptions with_ttl(std::chrono::milliseconds ttl) {
-  turnstile::ClientOptions options;
-  options.ttl = ttl;
-  return options;
 }
 
 std::string scratch_file(const std::string& leaf) {
@@ -155,39 +113,6 @@ TEST_F(Etcd, ThreadsOfOneClientNeverShareAKey) {
   });
   EXPECT_FALSE(overlap.load());
   EXPECT_EQ(shell(etcdctl(url_, "get --prefix --keys-only " + quoted(name + "/"))), "") << "a key was left behind";
-}
-
-TEST_F(Etcd, HolderPausedPastItsTtlIsToldWhenItResumes) {
-  const auto name = unique_name("paused");
-  Pipe ready, verdict;
-  auto child = Child::spawn([&]() -> int {
-    auto own = Client::connect(url_, with_ttl(2s));
-    auto mutex = own.mutex(name);
-    mutex.lock();
-    const auto lost = mutex.lost_token();
-    ready.send();
-    // Paused here by the parent; once resumed, the hold must be reported lost.
-    const auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (!lost.stop_requested() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
-    verdict.send(lost.stop_requested() ? 'L' : 'H');
-    try {
-      mutex.release();
-    } catch (const turnstile::HoldLost&) {
-      return 0;  // release() reports the loss too
-    }
-    return 5;
-  });
-  ASSERT_TRUE(ready.receive());
-  child.kill(SIGSTOP);
-  auto client = Client::connect(url_);
-  auto mutex = client.mutex(name);
-  // The paused holder stops its keep-alives: etcd expires its lease and this waiter gets in.
-  ASSERT_TRUE(mutex.try_lock_for(15s));
-  child.kill(SIGCONT);
-  EXPECT_EQ(verdict.receive(15s), 'L') << "the resumed holder was not told it lost the hold";
-  EXPECT_EQ(child.wait(), 0);
-  EXPECT_TRUE(mutex.owns_lock());
-  mutex.unlock();
 }
 
 TEST_F(Etcd, WaiterWhoseLeaseExpiresStopsWithHoldLost) {

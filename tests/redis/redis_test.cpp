@@ -1,5 +1,5 @@
-// What only the Redis backend promises: a holder paused past its TTL is told, a server that
-// restarts without its data makes holds lost, a lost wake-up message strands nobody, bad
+// What only the Redis backend promises: a server that restarts without its data makes holds
+// lost, a lost wake-up message strands nobody, bad
 // credentials fail at connect time, PermitCounter shares Redisson's layout, every key of a name
 // shares one hash tag, and an uncontended lock+unlock costs two server commands.
 //
@@ -20,58 +20,17 @@
 #include <future>
 
 #include "conformance/support.hpp"
+#include "support/server_tests.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
-using conformance::Child;
-using conformance::Pipe;
 using turnstile::Client;
+using namespace server_tests;
 
-std::string read_first_line(const std::string& path) {
-  std::ifstream file(path);
-  std::string line;
-  std::getline(file, line);
-  return line;
-}
-
-// Runs redis-cli against the URL and returns its output without the trailing newline.
+// redis-cli against the server of a redis:// URL.
 std::string redis_cli(const std::string& url, const std::string& arguments) {
-  const std::string command = "redis-cli -u '" + url + "' " + arguments + " 2>&1";
-  std::string output;
-  if (FILE* pipe = popen(command.c_str(), "r")) {
-    std::array<char, 4096> buffer;
-    while (std::fgets(buffer.data(), buffer.size(), pipe)) output += buffer.data();
-    pclose(pipe);
-  }
-  while (!output.empty() && (output.back() == '\n' || output.back() == '\r')) output.pop_back();
-  return output;
-}
-
-// Single-quotes a string for the shell.
-std::string quoted(const std::string& text) {
-  std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (predicate()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return predicate();
-}
-
-std::string unique_name(const std::string& leaf) {
-  return "redis-test/" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()) + "/" + leaf;
-}
-
-turnstile::ClientOptions with_ttl(std::chrono::milliseconds ttl) {
-  turnstile::ClientOptions options;
-  options.ttl = ttl;
-  return options;
+  return shell("redis-cli -u " + quoted(url) + " " + arguments);
 }
 
 // A redis-server of this test's own, for what would disturb the shared one.
@@ -107,41 +66,6 @@ class Redis : public ::testing::Test {
   }
   std::string url_;
 };
-
-TEST_F(Redis, HolderPausedPastItsTtlIsToldWhenItResumes) {
-  const auto name = unique_name("paused");
-  Pipe ready, verdict;
-  auto child = Child::spawn([&]() -> int {
-    auto own = Client::connect(url_, with_ttl(900ms));
-    auto mutex = own.mutex(name);
-    mutex.lock();
-    const auto lost = mutex.lost_token();
-    ready.send();
-    // Paused here by the parent; once resumed, the hold must be reported lost.
-    const auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (!lost.stop_requested() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
-    verdict.send(lost.stop_requested() ? 'L' : 'H');
-    try {
-      mutex.release();
-    } catch (const turnstile::HoldLost&) {
-      return 0;  // release() reports the loss too
-    }
-    return 5;
-  });
-  ASSERT_TRUE(ready.receive());
-  child.kill(SIGSTOP);
-  auto client = Client::connect(url_);
-  auto mutex = client.mutex(name);
-  // The paused holder stops renewing: its entry runs out and this waiter gets the lock.
-  ASSERT_TRUE(mutex.try_lock_for(15s));
-  const auto token = mutex.fencing_token();
-  child.kill(SIGCONT);
-  EXPECT_EQ(verdict.receive(15s), 'L') << "the resumed holder was not told it lost the hold";
-  EXPECT_EQ(child.wait(), 0);
-  EXPECT_TRUE(mutex.owns_lock());
-  EXPECT_GT(token, 0u);
-  mutex.unlock();
-}
 
 TEST_F(Redis, ServerRestartWithoutDataReportsHoldsLost) {
   OwnServer server;

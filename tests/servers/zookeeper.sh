@@ -6,6 +6,8 @@
 # tickTime is short (250 ms) so that sessions may be as short as 500 ms (2 x tickTime): the
 # conformance suite kills children that asked for a 2 s TTL and expects their holds to go
 # within one short session timeout. maxSessionTimeout stays generous (60 s) for the others.
+# TURNSTILE_ZK_FORCESYNC=no sets forceSync=no (no fsync of the transaction log per write), for
+# benchmarks; unset, the server's default (forceSync=yes) stays.
 set -eu
 action=$1
 dir=$2
@@ -36,6 +38,7 @@ clientPortAddress=127.0.0.1
 admin.enableServer=false
 4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,wchs
 maxClientCnxns=0
+${TURNSTILE_ZK_FORCESYNC:+forceSync=$TURNSTILE_ZK_FORCESYNC}
 CFG
     java -Xmx512m -Dzookeeper.log.dir="$dir" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
       -cp "$classpath" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" \

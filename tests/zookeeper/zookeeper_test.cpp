@@ -1,7 +1,7 @@
 // What only the ZooKeeper backend promises: nodes named and laid out as Apache Curator 5 lays
 // them out; exclusion, fairness and semaphore limits shared with Curator's own recipes (a Java
-// peer, CuratorPeer.java, run with Debian's jars); a holder paused past its session timeout is
-// told its hold is lost; a holder killed with -9 frees its hold within its session timeout.
+// peer, CuratorPeer.java, run with Debian's jars); a holder killed with -9 frees its hold within
+// its session timeout. (A holder paused past its TTL is a conformance test.)
 //
 // The server is the suite's fixture (its URL in TURNSTILE_ZOOKEEPER_URL_FILE).
 #include <fcntl.h>
@@ -18,6 +18,7 @@
 #include <regex>
 
 #include "conformance/support.hpp"
+#include "support/server_tests.hpp"
 
 namespace {
 
@@ -27,32 +28,11 @@ using conformance::Clock;
 using conformance::elapsed_ms;
 using conformance::Pipe;
 using turnstile::Client;
+using namespace server_tests;
 
-std::string server_url() {
-  std::ifstream file(TURNSTILE_ZOOKEEPER_URL_FILE);
-  std::string line;
-  std::getline(file, line);
-  return line;
-}
-
-bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s) {
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    if (predicate()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return predicate();
-}
+std::string server_url() { return read_first_line(TURNSTILE_ZOOKEEPER_URL_FILE); }
 
 std::string host_port() { return server_url().substr(std::strlen("zk://")); }
-
-// A name (and path) unique to this test run.
-std::string unique_name(const std::string& leaf) {
-  std::random_device random;
-  char prefix[64];
-  std::snprintf(prefix, sizeof prefix, "zktest/%d-%08x/", static_cast<int>(getpid()), random());
-  return prefix + leaf;
-}
 
 // A raw C-client handle, to look at the nodes themselves.
 class RawZk {
@@ -328,36 +308,6 @@ TEST(ZookeeperCurator, ReadersShareWithCuratorReadersAndExcludeItsWriters) {
 }
 
 // ---- sessions ----
-
-TEST(ZookeeperSession, HolderPausedPastItsSessionTimeoutIsToldItsHoldIsLost) {
-  const auto url = server_url();
-  const auto name = unique_name("m");
-  Pipe ready;
-  auto child = Child::spawn_gated([&]() -> int {
-    turnstile::ClientOptions options;
-    options.ttl = 1s;
-    auto own = Client::connect(url, options);
-    auto mutex = own.mutex(name);
-    mutex.lock();
-    const auto lost = mutex.lost_token();
-    ready.send();
-    const auto until = Clock::now() + 20s;
-    while (!lost.stop_requested() && Clock::now() < until) std::this_thread::sleep_for(10ms);
-    return lost.stop_requested() ? 0 : 1;
-  });
-  child.start();
-  ASSERT_TRUE(ready.receive());
-  auto client = Client::connect(url);
-  auto mutex = client.mutex(name);
-  EXPECT_FALSE(mutex.try_lock());
-  child.kill(SIGSTOP);
-  // The server expires the paused holder's session: the hold is someone else's now...
-  ASSERT_TRUE(mutex.try_lock_for(10s));
-  child.kill(SIGCONT);
-  // ...and the holder learns it as soon as it runs again.
-  EXPECT_EQ(child.wait(10s), 0) << "the paused holder was not told its hold was lost";
-  mutex.unlock();
-}
 
 TEST(ZookeeperSession, KilledHolderIsFreedWithinItsSessionTimeout) {
   const auto url = server_url();

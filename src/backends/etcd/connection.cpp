@@ -38,12 +38,18 @@ ForkState& fork_state() {
 
 void before_fork() {
   auto& state = fork_state();
+  bool cancelled = false;
   {
     std::unique_lock lock(state.mutex);
     state.forking = true;
     for (auto* context : state.streams) context->TryCancel();
+    cancelled = !state.streams.empty();
     state.changed.wait_for(lock, milliseconds(3000), [&] { return state.active == 0; });
   }
+  // A cancelled stream's call is torn down on gRPC's executor threads after our caller has
+  // returned. grpc_prefork joins those threads while forbidding new ExecCtx, so a teardown still
+  // running then deadlocks it (seen with Debian's 1.51). Give the teardown time to finish.
+  if (cancelled) std::this_thread::sleep_for(milliseconds(50));
   grpc_prefork();
 }
 

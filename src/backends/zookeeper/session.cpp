@@ -93,13 +93,21 @@ int Session::remove(const std::string& path, int version) {
 }
 
 int Session::get(const std::string& path, bool watch, std::string* data, Stat* stat) {
-  // Our nodes carry a short line of text; 64 KiB covers anything else a peer might store.
-  std::string buffer(64 * 1024, '\0');
-  int length = static_cast<int>(buffer.size());
+  // Our nodes carry a short line of text: a small buffer first (a waiter keeps nothing large
+  // alive), a second read when a peer stored more.
+  std::string buffer(512, '\0');
   Stat local{};
-  const int rc = timed(*this, [&] { return zoo_get(handle_, path.c_str(), watch ? 1 : 0, buffer.data(), &length, stat ? stat : &local); });
-  if (rc == ZOK && data) data->assign(buffer.data(), length > 0 ? static_cast<std::size_t>(length) : 0);
-  return rc;
+  Stat& result = stat ? *stat : local;
+  for (;;) {
+    int length = static_cast<int>(buffer.size());
+    const int rc = timed(*this, [&] { return zoo_get(handle_, path.c_str(), watch ? 1 : 0, buffer.data(), &length, &result); });
+    if (rc == ZOK && result.dataLength > static_cast<int>(buffer.size())) {
+      buffer.resize(static_cast<std::size_t>(result.dataLength));
+      continue;
+    }
+    if (rc == ZOK && data) data->assign(buffer.data(), length > 0 ? static_cast<std::size_t>(length) : 0);
+    return rc;
+  }
 }
 
 int Session::exists(const std::string& path, bool watch, Stat* stat) {
@@ -166,6 +174,9 @@ std::shared_ptr<Session> Connection::open_session() {
   zhandle_t* handle = zookeeper_init(settings_.hosts.c_str(), &Connection::on_event,
                                      static_cast<int>(settings_.session_timeout.count()), nullptr, this, 0);
   if (!handle) throw BackendUnavailable("cannot start a ZooKeeper client for " + settings_.description);
+  // By default the C client resolves the host list again at nearly every poll (getaddrinfo
+  // twice per request, half its CPU per lock+unlock); resolve on connection loss only.
+  zoo_set_servers_resolution_delay(handle, -1);
   auto session = std::make_shared<Session>(*this, handle);
   if (!settings_.user.empty()) {
     const auto credentials = settings_.user + ":" + settings_.password;

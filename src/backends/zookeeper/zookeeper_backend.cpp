@@ -493,11 +493,11 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lock(Session& session, co
   const auto my_path = path + "/" + mine;
   try {
     for (;;) {
-      const auto children = list(session, path, false, deadline);
+      auto children = list(session, path, false, deadline);
       // A semaphore on the same name is a kind mismatch (we joined first, then looked: of two
       // racing contenders at least one sees the other).
       refuse_semaphore_users(session, path, children, request, deadline);
-      const auto entries = sorted_entries(children);
+      auto entries = sorted_entries(children);
       const auto me = index_of(entries, mine);
       if (me == entries.size()) throw SessionGone{};  // our ephemeral node is gone
       // Whom we wait for: an exclusive entry waits for the one just ahead; a shared one for
@@ -525,6 +525,9 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lock(Session& session, co
         return std::make_unique<ZookeeperHold>(*this, session.shared_from_this(), std::vector<std::string>{my_path},
                                                entries[me].seq + 1, std::move(loss));
       }
+      // A long queue's listing is not kept while we sleep: memory per waiter stays constant.
+      decltype(children)().swap(children);
+      decltype(entries)().swap(entries);
       if (try_once || !wait_for_change(session, *blocker, deadline)) {
         remove_quietly(session, my_path);
         return nullptr;
