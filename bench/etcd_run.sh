@@ -17,8 +17,12 @@ trap '"$here/../tests/servers/etcd.sh" stop "$server"; rm -rf "$server"' EXIT
 url=$(cat "$server/url")
 endpoint="http://${url#etcd://}"
 
-echo "== uncontended ($seconds s each)"
-"$build/bench/turnstile_bench_etcd" "$url" "$seconds"
+echo "== uncontended ($seconds s each, 3 rounds, raw and turnstile alternating)"
+for round in 1 2 3; do
+  raw=$("$build/bench/turnstile_bench_etcd_raw" "$url" "$seconds")
+  ours=$("$build/bench/turnstile_bench_etcd" "$url" "$seconds")
+  echo "round $round: raw Txn+DeleteRange $raw pairs/s, turnstile Mutex $ours pairs/s, raw/turnstile $(awk "BEGIN { printf \"%.2f\", $raw / $ours }")"
+done
 
 echo "== whole process (hyperfine, 100 runs)"
 hyperfine --style none --shell none --warmup 10 --runs 100 --export-json "$server/cli.json" \
