@@ -68,7 +68,8 @@ class Mutex : public detail::LockHandle {
   // Never throws (guards call it from destructors): misuse and release failures go to the
   // client's error handler, and a failed release is retried in the background.
   void unlock() noexcept { unlock_exclusive(); }
-  // unlock() that reports: NotHeld, BackendUnavailable (retried in the background), HoldLost.
+  // unlock() that reports: NotHeld, BackendUnavailable (retried in the background), HoldLost
+  // (the hold may have been lost while held; also when its release failed after that).
   void release() { release_exclusive(); }
 
  private:

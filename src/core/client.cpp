@@ -79,6 +79,12 @@ void HoldRecord::release() {
     hold->release();
   } catch (const BackendUnavailable& error) {
     client_->retry_release_later(name_, std::move(hold));
+    // A hold already reported lost is reported as lost: that is what the caller must act on.
+    if (loss_->lost()) {
+      throw HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(token_) +
+                     ") may have been lost before its release: " + loss_->reason() +
+                     "; its release is retried in the background");
+    }
     throw BackendUnavailable("release of '" + name_ + "' failed and is retried in the background: " +
                              error.what());
   }

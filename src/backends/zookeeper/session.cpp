@@ -144,7 +144,7 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
   auto first = open_session();
   {
     std::unique_lock lock(mutex_);
-    session_ = first;
+    adopt_locked(first);
     const auto wait = std::max(milliseconds(5000), std::min(settings_.session_timeout, milliseconds(15000)));
     cv_.wait_for(lock, wait, [&] { return first->connected() || first->expired(); });
     if (!first->connected()) {
@@ -175,8 +175,10 @@ std::shared_ptr<Session> Connection::open_session() {
                                      static_cast<int>(settings_.session_timeout.count()), nullptr, this, 0);
   if (!handle) throw BackendUnavailable("cannot start a ZooKeeper client for " + settings_.description);
   // By default the C client resolves the host list again at nearly every poll (getaddrinfo
-  // twice per request, half its CPU per lock+unlock); resolve on connection loss only.
-  zoo_set_servers_resolution_delay(handle, -1);
+  // twice per request, half its CPU per lock+unlock): at most once a minute instead. (-1,
+  // "never during normal operation", raced with the first resolution and could leave a new
+  // handle with no address to connect to.)
+  zoo_set_servers_resolution_delay(handle, 60'000);
   auto session = std::make_shared<Session>(*this, handle);
   if (!settings_.user.empty()) {
     const auto credentials = settings_.user + ":" + settings_.password;
@@ -194,20 +196,35 @@ void Connection::wake_all_locked() {
   cv_.notify_all();
 }
 
+void Connection::apply_state(Session& session, int state) {
+  if (state == ZOO_CONNECTED_STATE) {
+    session.connected_ = true;
+    session.confirm(SteadyClock::now());
+  } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
+    session.connected_ = false;
+    session.expired_ = true;
+  } else {
+    session.connected_ = false;  // connecting again: suspended until it answers
+  }
+}
+
+void Connection::adopt_locked(std::shared_ptr<Session> session) {
+  if (const auto early = early_states_.find(session->handle()); early != early_states_.end()) {
+    apply_state(*session, early->second);
+  }
+  early_states_.clear();  // states of handles never adopted are of no use
+  session_ = std::move(session);
+}
+
 void Connection::handle_event(zhandle_t* handle, int type, int state, const char* path) {
   std::lock_guard lock(mutex_);
   if (type == ZOO_SESSION_EVENT) {
-    // Only the current session's state matters; an old one was already given up.
+    // Only the current session's state matters; an old one was already given up. A session
+    // still being opened may connect before it becomes current: keep its state for then.
     if (session_ && session_->handle() == handle) {
-      if (state == ZOO_CONNECTED_STATE) {
-        session_->connected_ = true;
-        session_->confirm(SteadyClock::now());
-      } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
-        session_->connected_ = false;
-        session_->expired_ = true;
-      } else {
-        session_->connected_ = false;  // connecting again: suspended until it answers
-      }
+      apply_state(*session_, state);
+    } else {
+      early_states_[handle] = state;
     }
     wake_all_locked();
     return;
@@ -322,7 +339,7 @@ void Connection::keeper_loop(std::stop_token stop) {
       } catch (const Error&) {
       }
       lock.lock();
-      if (fresh) session_ = fresh;  // the old one closes when its last user lets go
+      if (fresh) adopt_locked(fresh);  // the old one closes when its last user lets go
       wake_all_locked();
     } else if (session->connected()) {
       session->start_ping();

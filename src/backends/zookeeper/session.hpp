@@ -132,6 +132,10 @@ class Connection {
   static void on_event(zhandle_t* handle, int type, int state, const char* path, void* context);
   void handle_event(zhandle_t* handle, int type, int state, const char* path);
   std::shared_ptr<Session> open_session();
+  // Makes `session` the current one, applying a state event that arrived for its handle
+  // before it was current. With mutex_ held.
+  void adopt_locked(std::shared_ptr<Session> session);
+  static void apply_state(Session& session, int state);
   void keeper_loop(std::stop_token stop);
   void wake_all_locked();
 
@@ -140,6 +144,8 @@ class Connection {
   std::mutex mutex_;  // the session pointer, the waiters, the tracked holds
   std::condition_variable_any cv_;
   std::shared_ptr<Session> session_;
+  // The client may connect before open_session() returns: the event is kept until adopted.
+  std::map<zhandle_t*, int> early_states_;
   std::map<std::string, std::set<Waiter*>> waiters_;
   std::set<Waiter*> all_waiters_;
   std::set<TrackedHold*> holds_;
