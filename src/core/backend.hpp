@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -85,6 +86,18 @@ struct BackendUrl {
 
 // Throws InvalidUrl naming what is wrong.
 BackendUrl parse_url(std::string_view text);
+
+// One "host[:port]" of a URL's host list, the port checked (1 to 65535); `default_port` when
+// none is written (0: a port is required). Throws InvalidUrl naming the URL.
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+HostPort parse_host_port(const std::string& text, int default_port, const BackendUrl& url);
+
+// A query parameter given in (possibly fractional) seconds, between `min` and `max` seconds.
+// Throws InvalidUrl naming the parameter.
+std::chrono::milliseconds parse_seconds(const std::string& parameter, const std::string& value, double min, double max);
 
 class Backend {
  public:

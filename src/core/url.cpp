@@ -1,4 +1,6 @@
 #include <cctype>
+#include <charconv>
+#include <cstdio>
 
 #include "core/backend.hpp"
 
@@ -80,6 +82,35 @@ BackendUrl parse_url(std::string_view text) {
     authority = authority.substr(comma + 1);
   }
   return url;
+}
+
+HostPort parse_host_port(const std::string& text, int default_port, const BackendUrl& url) {
+  HostPort result;
+  const auto colon = text.rfind(':');
+  result.host = text.substr(0, colon);
+  if (result.host.empty()) throw InvalidUrl("no host in '" + url.text + "'");
+  if (colon == std::string::npos) {
+    if (default_port == 0) throw InvalidUrl("expected host:port, got '" + text + "' in '" + url.text + "'");
+    result.port = default_port;
+    return result;
+  }
+  const auto port_text = text.substr(colon + 1);
+  const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), result.port);
+  if (error != std::errc() || end != port_text.data() + port_text.size() || result.port <= 0 || result.port > 65535) {
+    throw InvalidUrl("bad port '" + port_text + "' in '" + url.text + "'");
+  }
+  return result;
+}
+
+std::chrono::milliseconds parse_seconds(const std::string& parameter, const std::string& value, double min, double max) {
+  double seconds = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+  if (error != std::errc() || end != value.data() + value.size() || !(seconds >= min) || seconds > max) {
+    char range[64];
+    std::snprintf(range, sizeof range, "between %g and %g seconds", min, max);
+    throw InvalidUrl(parameter + " must be " + range + ", got '" + value + "'");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
 }
 
 }  // namespace turnstile::detail

@@ -186,33 +186,9 @@ TEST_F(Etcd, UrlsAreChecked) {
   mutex.unlock();
 }
 
-// An etcd of this test's own, for what would disturb the shared one.
-class OwnServer {
- public:
-  OwnServer() {
-    char dir[] = "/tmp/turnstile-etcd-test-XXXXXX";
-    if (!mkdtemp(dir)) throw std::runtime_error("mkdtemp failed");
-    dir_ = dir;
-    if (script("start") != 0) throw std::runtime_error("could not start etcd");
-    url_ = read_first_line(dir_ + "/url");
-  }
-  ~OwnServer() {
-    script("stop");
-    std::filesystem::remove_all(dir_);
-  }
-  const std::string& url() const { return url_; }
-  int restart() { return script("restart"); }
-
- private:
-  int script(const std::string& action) {
-    return std::system((std::string(TURNSTILE_ETCD_SCRIPT) + " " + action + " " + dir_ + " >/dev/null").c_str());
-  }
-  std::string dir_;
-  std::string url_;
-};
 
 TEST(EtcdOwnServer, RestartWithDataKeptNeverDoublesAHold) {
-  OwnServer server;
+  OwnServer server(TURNSTILE_ETCD_SCRIPT);
   const auto name = unique_name("restart");
   auto holder_client = Client::connect(server.url(), with_ttl(3s));
   auto holder = holder_client.mutex(name);

@@ -33,30 +33,6 @@ std::string redis_cli(const std::string& url, const std::string& arguments) {
   return shell("redis-cli -u " + quoted(url) + " " + arguments);
 }
 
-// A redis-server of this test's own, for what would disturb the shared one.
-class OwnServer {
- public:
-  OwnServer() {
-    char dir[] = "/tmp/turnstile-redis-test-XXXXXX";
-    if (!mkdtemp(dir)) throw std::runtime_error("mkdtemp failed");
-    dir_ = dir;
-    if (script("start") != 0) throw std::runtime_error("could not start redis-server");
-    url_ = read_first_line(dir_ + "/url");
-  }
-  ~OwnServer() {
-    script("stop");
-    std::filesystem::remove_all(dir_);
-  }
-  const std::string& url() const { return url_; }
-  int restart() { return script("restart"); }
-
- private:
-  int script(const std::string& action) {
-    return std::system((std::string(TURNSTILE_REDIS_SCRIPT) + " " + action + " " + dir_ + " >/dev/null").c_str());
-  }
-  std::string dir_;
-  std::string url_;
-};
 
 class Redis : public ::testing::Test {
  protected:
@@ -68,7 +44,7 @@ class Redis : public ::testing::Test {
 };
 
 TEST_F(Redis, ServerRestartWithoutDataReportsHoldsLost) {
-  OwnServer server;
+  OwnServer server(TURNSTILE_REDIS_SCRIPT);
   auto client = Client::connect(server.url(), with_ttl(1500ms));
   auto mutex = client.mutex(unique_name("restart"));
   auto semaphore = client.semaphore(unique_name("restart-sem"), 2);
@@ -219,7 +195,7 @@ TEST_F(Redis, EveryKeyOfANameSharesOneHashTag) {
 
 // The budget: an uncontended lock+unlock is two scripts, i.e. two client commands.
 TEST(RedisOwnServer, UncontendedLockUnlockCostsTwoCommands) {
-  OwnServer server;
+  OwnServer server(TURNSTILE_REDIS_SCRIPT);
   auto client = Client::connect(server.url());
   auto mutex = client.mutex(unique_name("count"));
   mutex.lock();  // the first call may load scripts

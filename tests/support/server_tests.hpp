@@ -4,6 +4,9 @@
 #pragma once
 
 #include <array>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -67,5 +70,32 @@ inline turnstile::ClientOptions with_ttl(std::chrono::milliseconds ttl) {
   options.ttl = ttl;
   return options;
 }
+
+// A server of a test's own (started by tests/servers/<family>.sh in a fresh directory), for
+// what would disturb the suite's shared one: restarts, server-wide counters.
+class OwnServer {
+ public:
+  explicit OwnServer(std::string script) : script_(std::move(script)) {
+    char dir[] = "/tmp/turnstile-own-server-XXXXXX";
+    if (!mkdtemp(dir)) throw std::runtime_error("mkdtemp failed");
+    dir_ = dir;
+    if (run("start") != 0) throw std::runtime_error("could not start a server with " + script_);
+    url_ = read_first_line(dir_ + "/url");
+  }
+  ~OwnServer() {
+    run("stop");
+    std::filesystem::remove_all(dir_);
+  }
+  OwnServer(const OwnServer&) = delete;
+  OwnServer& operator=(const OwnServer&) = delete;
+  const std::string& url() const { return url_; }
+  int restart() { return run("restart"); }
+
+ private:
+  int run(const std::string& action) { return std::system((script_ + " " + action + " " + dir_ + " >/dev/null").c_str()); }
+  std::string script_;
+  std::string dir_;
+  std::string url_;
+};
 
 }  // namespace server_tests

@@ -128,14 +128,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   settings.tls = url.scheme == "etcds";
   if (url.hosts.empty()) throw InvalidUrl("no host:port in '" + url.text + "'");
   for (const auto& host : url.hosts) {
-    const auto colon = host.rfind(':');
-    if (colon == std::string::npos || colon == 0) throw InvalidUrl("etcd endpoints are host:port, got '" + host + "' in '" + url.text + "'");
-    const auto port_text = host.substr(colon + 1);
-    int port = 0;
-    const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (error != std::errc() || end != port_text.data() + port_text.size() || port <= 0 || port > 65535) {
-      throw InvalidUrl("bad port '" + port_text + "' in '" + url.text + "'");
-    }
+    parse_host_port(host, 0, url);  // etcd endpoints are host:port: checked, used as written
     settings.endpoints.push_back(host);
     settings.description += (settings.description.empty() ? "" : ",") + host;
   }
@@ -144,12 +137,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   settings.password = url.password;
   for (const auto& [key, value] : url.query) {
     if (key == "ttl") {
-      double seconds = 0;
-      const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), seconds);
-      if (error != std::errc() || end != value.data() + value.size() || !(seconds >= 1) || seconds > 86400) {
-        throw InvalidUrl("ttl must be between 1 and 86400 seconds (etcd leases count whole seconds), got '" + value + "'");
-      }
-      settings.ttl = milliseconds(static_cast<long long>(seconds * 1000));
+      settings.ttl = parse_seconds("ttl (etcd leases count whole seconds)", value, 1, 86400);
     } else if (key == "cacert") {
       if (!settings.tls) throw InvalidUrl("cacert= needs etcds:// (TLS) in '" + url.text + "'");
       settings.root_certificates = read_file(value);

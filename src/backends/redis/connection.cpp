@@ -32,19 +32,9 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   if (url.hosts.size() != 1) {
     throw InvalidUrl("redis:// URLs name exactly one host:port, got '" + url.text + "'");
   }
-  const auto& host = url.hosts.front();
-  const auto colon = host.rfind(':');
-  settings.host = host.substr(0, colon);
-  if (colon != std::string::npos) {
-    const auto port_text = host.substr(colon + 1);
-    int port = 0;
-    const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (error != std::errc() || end != port_text.data() + port_text.size() || port <= 0 || port > 65535) {
-      throw InvalidUrl("bad port '" + port_text + "' in '" + url.text + "'");
-    }
-    settings.port = port;
-  }
-  if (settings.host.empty()) throw InvalidUrl("no host in '" + url.text + "'");
+  const auto endpoint = parse_host_port(url.hosts.front(), 6379, url);
+  settings.host = endpoint.host;
+  settings.port = endpoint.port;
   settings.description = settings.host + ":" + std::to_string(settings.port);
   settings.user = url.user;
   settings.password = url.password;
@@ -62,12 +52,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   }
   for (const auto& [key, value] : url.query) {
     if (key != "ttl") throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected ttl)");
-    double seconds = 0;
-    const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), seconds);
-    if (error != std::errc() || end != value.data() + value.size() || !(seconds >= 0.3) || seconds > 86400) {
-      throw InvalidUrl("ttl must be between 0.3 and 86400 seconds, got '" + value + "'");
-    }
-    settings.ttl = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+    settings.ttl = parse_seconds("ttl", value, 0.3, 86400);
   }
   if (options.ttl.count() > 0) {
     if (options.ttl < std::chrono::milliseconds(300)) throw InvalidArgument("ttl must be at least 300 ms");

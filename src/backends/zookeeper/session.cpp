@@ -10,18 +10,9 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   Settings settings;
   if (url.hosts.empty()) throw InvalidUrl("no host in '" + url.text + "'");
   for (const auto& host : url.hosts) {
-    const auto colon = host.rfind(':');
-    if (colon == 0 || host.empty()) throw InvalidUrl("no host in '" + url.text + "'");
-    if (colon != std::string::npos) {
-      const auto port_text = host.substr(colon + 1);
-      int port = 0;
-      const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-      if (error != std::errc() || end != port_text.data() + port_text.size() || port <= 0 || port > 65535) {
-        throw InvalidUrl("bad port '" + port_text + "' in '" + url.text + "'");
-      }
-    }
+    const auto endpoint = parse_host_port(host, 2181, url);
     if (!settings.hosts.empty()) settings.hosts += ',';
-    settings.hosts += colon == std::string::npos ? host + ":2181" : host;
+    settings.hosts += endpoint.host + ":" + std::to_string(endpoint.port);
   }
   settings.description = settings.hosts;
   settings.root = url.path;
@@ -36,12 +27,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     if (key != "session_timeout" && key != "ttl") {
       throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected session_timeout)");
     }
-    double seconds = 0;
-    const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), seconds);
-    if (error != std::errc() || end != value.data() + value.size() || !(seconds >= 0.1) || seconds > 86400) {
-      throw InvalidUrl("session_timeout must be between 0.1 and 86400 seconds, got '" + value + "'");
-    }
-    settings.session_timeout = milliseconds(static_cast<long long>(seconds * 1000));
+    settings.session_timeout = parse_seconds("session_timeout", value, 0.1, 86400);
   }
   if (options.ttl.count() > 0) settings.session_timeout = options.ttl;
   return settings;
