@@ -32,6 +32,8 @@ wait_ready() {  # client port; fails when etcd exits first
 
 case "$action" in
 start)
+  # A server left running by an interrupted run would be orphaned by a new pid file.
+  "$0" stop "$dir"
   mkdir -p "$dir"
   rm -rf "$dir/url" "$dir/data"
   for attempt in 1 2 3 4 5 6 7 8 9 10; do

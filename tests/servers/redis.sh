@@ -9,6 +9,8 @@ action=$1
 dir=$2
 case "$action" in
 start)
+  # A server left running by an interrupted run would be orphaned by a new pid file.
+  "$0" stop "$dir"
   mkdir -p "$dir"
   rm -f "$dir/url"
   for attempt in 1 2 3 4 5 6 7 8 9 10; do
