@@ -233,7 +233,10 @@ class EtcdBackend final : public Backend {
   void lose_session(const std::shared_ptr<Session>& session, const std::string& reason);
   void keep_alive_loop(std::stop_token stop);
   // Waits for one event of the watch (or its end); false when the session died meanwhile.
-  bool wait_for_change(const std::shared_ptr<Session>& session, const pb::WatchCreateRequest& watch, Deadline deadline);
+  // Waits for an event of the watch. `changed_already`, when given, is asked once the watch
+  // exists: true means what we wait for happened before the watch began, so no wait.
+  bool wait_for_change(const std::shared_ptr<Session>& session, const pb::WatchCreateRequest& watch, Deadline deadline,
+                       const std::function<bool()>& changed_already = {});
 
   Connection connection_;
   std::string identity_;  // "<pid> <host>", for inspect
@@ -403,7 +406,7 @@ void EtcdBackend::keep_alive_loop(std::stop_token stop) {
 }
 
 bool EtcdBackend::wait_for_change(const std::shared_ptr<Session>& session, const pb::WatchCreateRequest& request,
-                                  Deadline deadline) {
+                                  Deadline deadline, const std::function<bool()>& changed_already) {
   const auto started = SteadyClock::now();
   // A bounded watch: a healthy stream is renewed now and then, so no wait depends on one
   // connection forever.
@@ -415,8 +418,16 @@ bool EtcdBackend::wait_for_change(const std::shared_ptr<Session>& session, const
     if (session->lost) return false;
     session->waits.insert(&watch);
   }
+  bool already = false;
+  if (changed_already) {
+    try {
+      already = changed_already();
+    } catch (const BackendUnavailable&) {
+      // Could not look: the watch tells.
+    }
+  }
   pb::WatchResponse response;
-  const bool changed = watch.next(response);
+  const bool changed = already || watch.next(response);
   {
     std::lock_guard lock(mutex_);
     session->waits.erase(&watch);
@@ -466,7 +477,6 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
     revision = own.kvs(0).create_revision();
   }
   auto entries = entries_of(joined.responses(1).response_range());
-  std::int64_t seen_revision = joined.header().revision();
 
   const auto leave = [&]() noexcept {
     try {
@@ -492,8 +502,22 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
         leave();
         return nullptr;
       }
+      // The watch starts now, not just after our read: a watch from a revision etcd has
+      // already passed joins its "unsynced" watchers, caught up only every 100 ms (that was
+      // the handoff p99 under contention). What changed between our read and the watch is
+      // found by reading the entries ahead of ours once more after the watch exists.
       pb::WatchCreateRequest watch;
-      watch.set_start_revision(seen_revision + 1);
+      const auto ahead = std::vector<Entry>(entries.begin(), entries.begin() + static_cast<std::ptrdiff_t>(mine));
+      const auto changed_meanwhile = [&] {
+        const auto now = entries_of(connection_.range(queue_range(prefix, revision - 1), call_deadline()));
+        if (now.size() != ahead.size()) return true;
+        for (std::size_t i = 0; i < now.size(); ++i) {
+          if (now[i].key != ahead[i].key || now[i].create_revision != ahead[i].create_revision || now[i].kind != ahead[i].kind) {
+            return true;
+          }
+        }
+        return false;
+      };
       if (verdict.wait == WaitFor::leave || verdict.wait == WaitFor::exclusive_end) {
         // concurrency.Mutex's wait: the one key ahead of ours.
         watch.set_key(entries[verdict.index].key);
@@ -504,7 +528,7 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
         watch.set_range_end(prefix_end(prefix));
         watch.add_filters(pb::WatchCreateRequest::NOPUT);
       }
-      if (!wait_for_change(live, watch, deadline)) {
+      if (!wait_for_change(live, watch, deadline, changed_meanwhile)) {
         leave();
         throw HoldLost("the etcd session of this client ended while waiting for '" + request.name + "'");
       }
@@ -513,7 +537,6 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
         try {
           const auto range = connection_.range(queue_range(prefix, revision), call_deadline());
           entries = entries_of(range);
-          seen_revision = range.header().revision();
           break;
         } catch (const BackendUnavailable&) {
           // etcd unreachable: keep trying while the session may still live; its end stops us.
