@@ -214,4 +214,27 @@ TEST(EtcdOwnServer, RestartWithDataKeptNeverDoublesAHold) {
   }
 }
 
+// etcd auth: with auth enabled, the right password works (locks and all), a wrong one and no
+// credentials at all are refused at connect time with AccessDenied.
+TEST(EtcdOwnServer, AuthRefusesWrongCredentialsAtConnect) {
+  OwnServer server(TURNSTILE_ETCD_SCRIPT);
+  for (const std::string command : {"user add root:rootpw", "user grant-role root root", "user add alice:secret",
+                                    "user grant-role alice root"}) {
+    const auto output = shell(etcdctl(server.url(), command));
+    ASSERT_TRUE(output.find("created") != std::string::npos || output.find("granted") != std::string::npos)
+        << command << ": " << output;
+  }
+  ASSERT_NE(shell(etcdctl(server.url(), "auth enable")).find("Authentication Enabled"), std::string::npos);
+  const auto hostport = server.url().substr(std::string("etcd://").size());
+  {
+    auto client = Client::connect("etcd://alice:secret@" + hostport);
+    auto mutex = client.mutex(unique_name("auth"));
+    ASSERT_TRUE(mutex.try_lock_for(10s));
+    EXPECT_GT(mutex.fencing_token(), 0u);
+    mutex.unlock();
+  }
+  EXPECT_THROW(Client::connect("etcd://alice:wrong@" + hostport), turnstile::AccessDenied);
+  EXPECT_THROW(Client::connect("etcd://nobody:secret@" + hostport), turnstile::AccessDenied);
+}
+
 }  // namespace
