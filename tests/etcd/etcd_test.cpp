@@ -237,4 +237,40 @@ TEST(EtcdOwnServer, AuthRefusesWrongCredentialsAtConnect) {
   EXPECT_THROW(Client::connect("etcd://nobody:secret@" + hostport), turnstile::AccessDenied);
 }
 
+// etcds://: TLS with the CA given by ?cacert= works; the same server is refused over plain
+// text, and with the system's trust store (which does not know our test CA).
+TEST(EtcdOwnServer, TlsWithAGivenCaWorksAndUntrustedServersAreRefused) {
+  char dir[] = "/tmp/turnstile-etcd-tls-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string tls = std::string(dir) + "/tls";
+  std::filesystem::create_directory(tls);
+  const auto openssl = [&](const std::string& arguments) { return shell("cd " + quoted(tls) + " && openssl " + arguments); };
+  openssl("req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=turnstile-test-ca");
+  openssl("req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1");
+  shell("printf 'subjectAltName=IP:127.0.0.1\\n' > " + quoted(tls + "/ext.cnf"));
+  openssl("x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile ext.cnf");
+  ASSERT_TRUE(std::filesystem::exists(tls + "/server.pem")) << "openssl did not make the certificate";
+  struct Server {
+    std::string dir;
+    ~Server() {
+      shell(std::string(TURNSTILE_ETCD_SCRIPT) + " stop " + dir);
+      std::filesystem::remove_all(dir);
+    }
+  } server{dir};
+  shell(std::string(TURNSTILE_ETCD_SCRIPT) + " start " + dir);
+  const auto url = read_first_line(std::string(dir) + "/url");
+  ASSERT_EQ(url.rfind("etcds://", 0), 0u) << url;
+  const auto hostport = url.substr(std::string("etcds://").size());
+  {
+    auto client = Client::connect(url + "?cacert=" + tls + "/ca.pem");
+    auto mutex = client.mutex(unique_name("tls"));
+    ASSERT_TRUE(mutex.try_lock_for(10s));
+    EXPECT_GT(mutex.fencing_token(), 0u);
+    mutex.unlock();
+  }
+  EXPECT_THROW(Client::connect("etcd://" + hostport), turnstile::BackendUnavailable);
+  EXPECT_THROW(Client::connect(url), turnstile::BackendUnavailable);
+  EXPECT_THROW(Client::connect("etcd://" + hostport + "?cacert=" + tls + "/ca.pem"), turnstile::InvalidUrl);
+}
+
 }  // namespace

@@ -4,13 +4,26 @@
 #   etcd.sh start DIR     data, log and pid under DIR; writes etcd://127.0.0.1:PORT to DIR/url
 #   etcd.sh stop DIR
 #   etcd.sh restart DIR   the same ports and data (what a crash with its disk intact looks like)
+# With DIR/tls/{server.pem,server.key,ca.pem} present, clients speak TLS and the URL is etcds://.
 set -eu
 action=$1
 dir=$2
 
+if [ -f "$dir/tls/server.pem" ]; then
+  client_scheme=https
+  url_scheme=etcds
+  server_tls="--cert-file $dir/tls/server.pem --key-file $dir/tls/server.key"
+  client_tls="--cacert=$dir/tls/ca.pem"
+else
+  client_scheme=http
+  url_scheme=etcd
+  client_tls=""
+fi
+
 launch() {  # client port, peer port
-  etcd --name n1 --data-dir "$dir/data" \
-    --listen-client-urls "http://127.0.0.1:$1" --advertise-client-urls "http://127.0.0.1:$1" \
+  # shellcheck disable=SC2086
+  etcd --name n1 --data-dir "$dir/data" ${server_tls:-} \
+    --listen-client-urls "$client_scheme://127.0.0.1:$1" --advertise-client-urls "$client_scheme://127.0.0.1:$1" \
     --listen-peer-urls "http://127.0.0.1:$2" --initial-advertise-peer-urls "http://127.0.0.1:$2" \
     --initial-cluster "n1=http://127.0.0.1:$2" --initial-cluster-state new \
     >>"$dir/etcd.log" 2>&1 &
@@ -18,7 +31,8 @@ launch() {  # client port, peer port
 }
 
 ready() {  # client port
-  etcdctl --endpoints="http://127.0.0.1:$1" --command-timeout=1s endpoint health >/dev/null 2>&1
+  # shellcheck disable=SC2086
+  etcdctl --endpoints="$client_scheme://127.0.0.1:$1" $client_tls --command-timeout=1s endpoint health >/dev/null 2>&1
 }
 
 wait_ready() {  # client port; fails when etcd exits first
@@ -42,7 +56,7 @@ start)
     launch "$client" "$peer"
     if wait_ready "$client"; then
       echo "$client $peer" > "$dir/ports"
-      echo "etcd://127.0.0.1:$client" > "$dir/url"
+      echo "$url_scheme://127.0.0.1:$client" > "$dir/url"
       echo "etcd ready on 127.0.0.1:$client"
       exit 0
     fi
