@@ -196,6 +196,18 @@ std::string describe(int rc) { return zerror(rc); }
 }
 
 // Thrown inside an acquire when its session went away: the acquire starts over on a new one.
+// What inspect shows of one node: its token, its creator (from its data) and its creation time.
+EntryInfo entry_info(const Entry& entry, const NodeInfo& node, const Stat& stat, std::string kind) {
+  EntryInfo info;
+  info.fencing_token = entry.seq + 1;
+  info.kind = std::move(kind);
+  info.permits = node.permits;
+  info.pid = node.pid;
+  info.host = node.host;
+  info.since = std::chrono::system_clock::time_point(milliseconds(stat.ctime));
+  return info;
+}
+
 struct SessionGone {};
 
 class ZookeeperBackend;
@@ -676,13 +688,9 @@ void ZookeeperBackend::inspect_lock(Session& session, const std::string& path, c
     const auto data = read(session, path + "/" + entry.node, false, std::nullopt, &stat);
     if (!data) continue;  // left meanwhile
     const auto node = parse_node_data(*data);
-    EntryInfo info;
-    info.fencing_token = entry.seq + 1;
-    info.kind = entry.kind == EntryKind::shared || node.downgraded ? "shared" : "exclusive";
+    auto info = entry_info(entry, node, stat, entry.kind == EntryKind::shared || node.downgraded ? "shared" : "exclusive");
+    info.permits = 1;
     info.holding = info.kind == "exclusive" ? first : !exclusive_ahead;
-    info.pid = node.pid;
-    info.host = node.host;
-    info.since = std::chrono::system_clock::time_point(milliseconds(stat.ctime));
     if (info.kind == "exclusive") exclusive_ahead = true;
     first = false;
     (info.holding ? result.holders : result.waiters).push_back(std::move(info));
@@ -706,14 +714,9 @@ void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& pa
       order.push_back(key);
       Stat stat{};
       const auto data = read(session, path + "/leases/" + entry.node, false, std::nullopt, &stat);
-      const auto node = parse_node_data(data.value_or(""));
-      info.fencing_token = entry.seq + 1;
-      info.kind = "lease";
-      info.permits = 0;
+      info = entry_info(entry, parse_node_data(data.value_or("")), stat, "lease");
+      info.permits = 0;  // counted below, one per lease node
       info.holding = true;
-      info.pid = node.pid;
-      info.host = node.host;
-      info.since = std::chrono::system_clock::time_point(milliseconds(stat.ctime));
     }
     ++info.permits;
   }
@@ -723,15 +726,7 @@ void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& pa
     Stat stat{};
     const auto data = read(session, path + "/locks/" + entry.node, false, std::nullopt, &stat);
     if (!data) continue;
-    const auto node = parse_node_data(*data);
-    EntryInfo info;
-    info.fencing_token = entry.seq + 1;
-    info.kind = "lease";
-    info.permits = node.permits;
-    info.pid = node.pid;
-    info.host = node.host;
-    info.since = std::chrono::system_clock::time_point(milliseconds(stat.ctime));
-    result.waiters.push_back(std::move(info));
+    result.waiters.push_back(entry_info(entry, parse_node_data(*data), stat, "lease"));
   }
 }
 
@@ -754,15 +749,7 @@ Inspection ZookeeperBackend::inspect(const std::string& name) {
       Stat stat{};
       const auto data = read(*session, path + "/permit-waiters/" + entry.node, false, std::nullopt, &stat);
       if (!data) continue;
-      const auto node = parse_node_data(*data);
-      EntryInfo info;
-      info.fencing_token = entry.seq + 1;
-      info.kind = "permits";
-      info.permits = node.permits;
-      info.pid = node.pid;
-      info.host = node.host;
-      info.since = std::chrono::system_clock::time_point(milliseconds(stat.ctime));
-      result.waiters.push_back(std::move(info));
+      result.waiters.push_back(entry_info(entry, parse_node_data(*data), stat, "permits"));
     }
   } catch (const SessionGone&) {
     throw BackendUnavailable("the ZooKeeper session expired during inspect");
