@@ -26,6 +26,26 @@ class ClientState;
 
 using ErrorHandler = std::function<void(const Error&)>;
 
+// What a holder may assume about its hold: Curator's connection states, told per hold.
+enum class HoldState : std::uint8_t {
+  held,  // the backend confirmed it recently enough
+  // The connection to the backend is down, but the hold may still be alive there (its session
+  // or lease has not run out). Act as if it were not held (pause the work it protects) until
+  // it is held again, or lost.
+  suspended,
+  lost,  // it may have been lost (final): its lost_token() is signalled
+};
+const char* to_string(HoldState state) noexcept;
+
+// One change of a hold's state, as ClientOptions::on_hold_state receives it.
+struct HoldStateChange {
+  std::string name;
+  std::uint64_t fencing_token = 0;
+  HoldState state = HoldState::held;
+  std::string reason;  // why it was suspended or lost; empty when it is held again
+};
+using HoldStateHandler = std::function<void(const HoldStateChange&)>;
+
 struct ClientOptions {
   // Lease time-to-live of holds on backends that expire them (redis, etcd, zk session);
   // zero keeps the URL's ?ttl= or the backend default. The embedded backend ignores it:
@@ -37,6 +57,10 @@ struct ClientOptions {
   // Called (from a background thread) whenever a hold may have been lost, in addition to
   // the hold's stop token being signalled. The error is a HoldLost naming the hold.
   ErrorHandler on_hold_lost;
+  // Called (from a background thread) on every change of a hold's state: held to suspended,
+  // suspended to held again, either to lost. Changes of one hold arrive in order. The file://
+  // backend never suspends; the network backends suspend while they cannot reach the server.
+  HoldStateHandler on_hold_state;
 };
 
 // One entry of a queue as `turnstile inspect` shows it.

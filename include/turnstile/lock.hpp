@@ -12,6 +12,7 @@
 #include <stop_token>
 #include <string>
 
+#include "turnstile/client.hpp"
 #include "turnstile/deadline.hpp"
 #include "turnstile/error.hpp"
 
@@ -32,6 +33,9 @@ class LockHandle {
   std::uint64_t fencing_token() const;
   // Signalled when the calling thread's hold may have been lost. Throws NotHeld.
   std::stop_token lost_token() const;
+  // Whether the calling thread's hold is confirmed, suspended or lost. Throws NotHeld.
+  // owns_lock() stays true while suspended: the hold is still this thread's to release.
+  HoldState hold_state() const;
 
  protected:
   LockHandle(std::shared_ptr<LockCore> core, LockFlavor flavor);

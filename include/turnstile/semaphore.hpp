@@ -9,6 +9,7 @@
 #include <stop_token>
 #include <string>
 
+#include "turnstile/client.hpp"
 #include "turnstile/deadline.hpp"
 #include "turnstile/error.hpp"
 
@@ -37,6 +38,7 @@ class Lease {
   std::int64_t permits() const;        // throws NotHeld when empty
   std::uint64_t fencing_token() const; // throws NotHeld when empty
   std::stop_token lost_token() const;  // throws NotHeld when empty
+  HoldState hold_state() const;        // throws NotHeld when empty
   // Releases now and reports: NotHeld (empty or already released), BackendUnavailable
   // (the release is still retried in the background), HoldLost.
   void release();

@@ -34,31 +34,44 @@ struct QueueRequest {
   bool shared_mutex = false;
 };
 
-// How a hold learns it may have been lost: a stop_source the holder's stop_token watches,
-// plus the client's optional callback. Backends call lose(); it is idempotent.
-// Made on every acquire, so it is cheap: the stop state is allocated only when someone asks
-// for a token, and the callback is shared with the client rather than copied.
+// How a hold learns its state: lost (final; a stop_source the holder's stop_token watches) or
+// suspended (the backend cannot confirm it now, but it may be alive), plus the client's
+// callbacks. Backends call lose(), suspend() and resume(); each is idempotent, and the last two
+// do nothing once lost. Made on every acquire, so it is cheap: the stop state is allocated
+// only when someone asks for a token, and the callbacks are shared with the client.
 class LossSignal {
  public:
-  LossSignal(std::string name, ErrorHandler on_lost)
-      : LossSignal(std::move(name), on_lost ? std::make_shared<const ErrorHandler>(std::move(on_lost)) : nullptr) {}
-  LossSignal(std::string name, std::shared_ptr<const ErrorHandler> on_lost)
-      : name_(std::move(name)), on_lost_(std::move(on_lost)) {}
+  struct Callbacks {
+    ErrorHandler on_lost;
+    HoldStateHandler on_state;
+  };
+  LossSignal(std::string name, std::shared_ptr<const Callbacks> callbacks)
+      : name_(std::move(name)), callbacks_(std::move(callbacks)) {}
   void lose(const std::string& reason) noexcept;
-  bool lost() const noexcept { return lost_.load(std::memory_order_acquire); }
-  std::string reason() const;
+  void suspend(const std::string& reason) noexcept;
+  void resume() noexcept;
+  HoldState state() const noexcept { return state_.load(std::memory_order_acquire); }
+  bool lost() const noexcept { return state() == HoldState::lost; }
+  std::string reason() const;  // why it was lost
   std::stop_token token() const;
   // Called once the hold exists, while the backend's watcher may already be calling lose().
   void set_fencing_token(std::uint64_t token) { fencing_token_.store(token, std::memory_order_relaxed); }
 
  private:
+  // Moves to `next` unless lost; false when nothing changed.
+  bool change_state(HoldState next) noexcept;
+  void tell(HoldState state, const std::string& reason) noexcept;
+
   std::string name_;
-  std::shared_ptr<const ErrorHandler> on_lost_;
+  std::shared_ptr<const Callbacks> callbacks_;
   std::atomic<std::uint64_t> fencing_token_{0};
-  std::atomic<bool> lost_{false};
+  std::atomic<HoldState> state_{HoldState::held};
   mutable std::mutex mutex_;
   mutable std::stop_source source_{std::nostopstate};  // made by the first token()
   std::string reason_;
+  // Held from a change through its callbacks, so a hold's changes are told in order.
+  // Recursive: a callback may release the hold, and the release may find it lost.
+  std::recursive_mutex tell_mutex_;
 };
 
 // One admitted entry of a queue.

@@ -16,24 +16,50 @@ namespace detail {
 std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions& options);
 
 void LossSignal::lose(const std::string& reason) noexcept {
-  std::uint64_t token;
+  std::lock_guard order(tell_mutex_);
   std::stop_source source{std::nostopstate};
   {
     std::lock_guard lock(mutex_);
-    if (lost_.load(std::memory_order_relaxed)) return;  // only the first report counts, and calls back once
+    if (lost()) return;  // only the first report counts, and calls back once
     reason_ = reason.empty() ? "unknown reason" : reason;
-    token = fencing_token_.load(std::memory_order_relaxed);
-    source = source_;  // a token() from now on sees lost_ and makes its state stopped
-    lost_.store(true, std::memory_order_release);
+    source = source_;  // a token() from now on sees the state and makes its state stopped
+    state_.store(HoldState::lost, std::memory_order_release);
   }
   if (source.stop_possible()) source.request_stop();  // outside the lock: runs stop_callbacks
-  if (on_lost_ && *on_lost_) {
-    try {
-      (*on_lost_)(HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(token) +
-                           ") may have been lost: " + reason));
-    } catch (...) {
-      // A throwing user callback must not take the backend's watcher thread down.
+  tell(HoldState::lost, reason_);
+}
+
+void LossSignal::suspend(const std::string& reason) noexcept {
+  std::lock_guard order(tell_mutex_);
+  if (change_state(HoldState::suspended)) tell(HoldState::suspended, reason);
+}
+
+void LossSignal::resume() noexcept {
+  std::lock_guard order(tell_mutex_);
+  if (change_state(HoldState::held)) tell(HoldState::held, {});
+}
+
+bool LossSignal::change_state(HoldState next) noexcept {
+  std::lock_guard lock(mutex_);
+  if (lost() || state() == next) return false;
+  state_.store(next, std::memory_order_release);
+  return true;
+}
+
+void LossSignal::tell(HoldState state, const std::string& reason) noexcept {
+  if (!callbacks_) return;
+  const auto token = fencing_token_.load(std::memory_order_relaxed);
+  // A throwing user callback must not take the backend's watcher thread down.
+  try {
+    if (state == HoldState::lost && callbacks_->on_lost) {
+      callbacks_->on_lost(HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(token) +
+                                   ") may have been lost: " + reason));
     }
+  } catch (...) {
+  }
+  try {
+    if (callbacks_->on_state) callbacks_->on_state(HoldStateChange{name_, token, state, reason});
+  } catch (...) {
   }
 }
 
@@ -42,7 +68,7 @@ std::stop_token LossSignal::token() const {
   if (!source_.stop_possible()) {
     source_ = std::stop_source();
     // No callback can be registered yet, so requesting here runs nothing under the lock.
-    if (lost_.load(std::memory_order_relaxed)) source_.request_stop();
+    if (lost()) source_.request_stop();
   }
   return source_.get_token();
 }
@@ -97,7 +123,10 @@ void HoldRecord::release() {
 ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options)
     : url_(std::move(url)), backend_(std::move(backend)), options_(std::move(options)),
       error_handler_(options_.error_handler),
-      on_hold_lost_(options_.on_hold_lost ? std::make_shared<const ErrorHandler>(options_.on_hold_lost) : nullptr) {}
+      hold_callbacks_(options_.on_hold_lost || options_.on_hold_state
+                          ? std::make_shared<const LossSignal::Callbacks>(
+                                LossSignal::Callbacks{options_.on_hold_lost, options_.on_hold_state})
+                          : nullptr) {}
 
 ClientState::~ClientState() {
   if (retrier_.joinable()) {
@@ -137,7 +166,7 @@ void ClientState::set_error_handler(ErrorHandler handler) {
 }
 
 std::shared_ptr<LossSignal> ClientState::new_loss_signal(const std::string& name) {
-  return std::make_shared<LossSignal>(name, on_hold_lost_);
+  return std::make_shared<LossSignal>(name, hold_callbacks_);
 }
 
 std::shared_ptr<LockCore> ClientState::lock_core(const std::string& name) {
@@ -249,6 +278,15 @@ std::string percent_encode_path(const std::string& path) {
 
 }  // namespace
 }  // namespace detail
+
+const char* to_string(HoldState state) noexcept {
+  switch (state) {
+    case HoldState::held: return "held";
+    case HoldState::suspended: return "suspended";
+    case HoldState::lost: return "lost";
+  }
+  return "unknown";
+}
 
 std::string Client::default_url() {
   const char* runtime = std::getenv("XDG_RUNTIME_DIR");

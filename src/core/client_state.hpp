@@ -30,6 +30,7 @@ class HoldRecord {
   std::int64_t permits() const { return permits_; }
   std::uint64_t fencing_token() const { return token_; }
   std::stop_token lost_token() const { return loss_->token(); }
+  HoldState hold_state() const { return loss_->state(); }
   bool released() const { return hold_ == nullptr; }
   BackendHold& backend_hold() { return *hold_; }
   // Leaves the queue. Throws NotHeld when already released, BackendUnavailable (the release
@@ -59,6 +60,7 @@ class LockCore {
   bool owns_shared() const;
   std::uint64_t fencing_token() const;
   std::stop_token lost_token() const;
+  HoldState hold_state() const;
   const std::string& name() const { return name_; }
   ClientState& client() { return *client_; }
 
@@ -74,6 +76,8 @@ class LockCore {
   using Holds = std::vector<std::pair<std::thread::id, ThreadHold>>;
   Holds::iterator find_mine();
   const ThreadHold* find_current() const;
+  // The calling thread's hold; throws NotHeld.
+  const HoldRecord& current_record() const;
   void erase(Holds::iterator it);
 
   std::shared_ptr<ClientState> client_;
@@ -106,7 +110,7 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
   ClientOptions options_;
   std::mutex handler_mutex_;
   ErrorHandler error_handler_;
-  std::shared_ptr<const ErrorHandler> on_hold_lost_;  // shared by every LossSignal, not copied
+  std::shared_ptr<const LossSignal::Callbacks> hold_callbacks_;  // shared by every LossSignal, not copied
 
   std::mutex cores_mutex_;
   std::unordered_map<std::string, std::weak_ptr<LockCore>> cores_;

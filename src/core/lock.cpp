@@ -112,19 +112,17 @@ bool LockCore::owns_shared() const {
   return held && held->shared_count > 0;
 }
 
-std::uint64_t LockCore::fencing_token() const {
+const HoldRecord& LockCore::current_record() const {
   std::lock_guard lock(mutex_);
   const auto* held = find_current();
   if (!held) throw NotHeld("this thread does not hold '" + name_ + "'");
-  return held->record->fencing_token();
+  // Only this thread can release its record, so it outlives the caller's use of it.
+  return *held->record;
 }
 
-std::stop_token LockCore::lost_token() const {
-  std::lock_guard lock(mutex_);
-  const auto* held = find_current();
-  if (!held) throw NotHeld("this thread does not hold '" + name_ + "'");
-  return held->record->lost_token();
-}
+std::uint64_t LockCore::fencing_token() const { return current_record().fencing_token(); }
+std::stop_token LockCore::lost_token() const { return current_record().lost_token(); }
+HoldState LockCore::hold_state() const { return current_record().hold_state(); }
 
 LockHandle::LockHandle(std::shared_ptr<LockCore> core, LockFlavor flavor)
     : core_(std::move(core)), flavor_(flavor) {}
@@ -134,6 +132,7 @@ bool LockHandle::owns_lock() const { return core_->owns_exclusive(); }
 bool LockHandle::owns_shared_lock() const { return core_->owns_shared(); }
 std::uint64_t LockHandle::fencing_token() const { return core_->fencing_token(); }
 std::stop_token LockHandle::lost_token() const { return core_->lost_token(); }
+HoldState LockHandle::hold_state() const { return core_->hold_state(); }
 bool LockHandle::acquire_exclusive(Deadline deadline) { return core_->acquire_exclusive(flavor_, deadline); }
 void LockHandle::release_exclusive() { core_->release_exclusive(); }
 bool LockHandle::acquire_shared(Deadline deadline) { return core_->acquire_shared(deadline); }

@@ -27,6 +27,7 @@ const std::string& Lease::name() const { return require(record_).name(); }
 std::int64_t Lease::permits() const { return require(record_).permits(); }
 std::uint64_t Lease::fencing_token() const { return require(record_).fencing_token(); }
 std::stop_token Lease::lost_token() const { return require(record_).lost_token(); }
+HoldState Lease::hold_state() const { return require(record_).hold_state(); }
 
 void Lease::release() {
   require(record_);

@@ -3,6 +3,8 @@
 # free port of 127.0.0.1, for tests.
 #   zookeeper.sh start DIR   config, data, log and pid under DIR; writes the URL to DIR/url
 #   zookeeper.sh stop DIR
+#   zookeeper.sh restart DIR  stops it and starts it again on the same port with its data, so
+#                             sessions survive (tests of a connection lost and regained)
 # tickTime is short (250 ms) so that sessions may be as short as 500 ms (2 x tickTime): the
 # conformance suite kills children that asked for a 2 s TTL and expects their holds to go
 # within one short session timeout. maxSessionTimeout stays generous (60 s) for the others.
@@ -12,6 +14,14 @@ set -eu
 action=$1
 dir=$2
 classpath=/usr/share/java/zookeeper.jar:/usr/share/java/zookeeper-jute.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-simple.jar:/usr/share/java/netty-handler.jar:/usr/share/java/netty-transport.jar:/usr/share/java/netty-common.jar:/usr/share/java/netty-buffer.jar:/usr/share/java/netty-resolver.jar:/usr/share/java/netty-codec.jar:/usr/share/java/netty-transport-native-epoll.jar:/usr/share/java/netty-transport-native-unix-common.jar:/usr/share/java/metrics-core.jar:/usr/share/java/commons-cli.jar:/usr/share/java/commons-io.jar
+
+# Starts the server of DIR/zoo.cfg in the background; its pid in DIR/zookeeper.pid.
+launch() {
+  java -Xmx512m -Dzookeeper.log.dir="$dir" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+    -cp "$classpath" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" \
+    >> "$dir/zookeeper.log" 2>&1 &
+  echo $! > "$dir/zookeeper.pid"
+}
 
 # Answers the four-letter command `ruok` (imok when serving).
 ruok() {
@@ -42,10 +52,8 @@ admin.enableServer=false
 maxClientCnxns=0
 ${TURNSTILE_ZK_FORCESYNC:+forceSync=$TURNSTILE_ZK_FORCESYNC}
 CFG
-    java -Xmx512m -Dzookeeper.log.dir="$dir" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
-      -cp "$classpath" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" \
-      > "$dir/zookeeper.log" 2>&1 &
-    echo $! > "$dir/zookeeper.pid"
+    : > "$dir/zookeeper.log"
+    launch
     pid=$(cat "$dir/zookeeper.pid")
     for _ in $(seq 1 150); do
       if ruok "$port" 2>/dev/null; then
@@ -72,8 +80,23 @@ stop)
     rm -f "$dir/zookeeper.pid"
   fi
   ;;
+restart)
+  "$0" stop "$dir"
+  port=$(sed -n 's/^clientPort=//p' "$dir/zoo.cfg")
+  launch
+  for _ in $(seq 1 300); do
+    if ruok "$port" 2>/dev/null; then
+      echo "zookeeper restarted on 127.0.0.1:$port"
+      exit 0
+    fi
+    sleep 0.1
+  done
+  echo "could not restart zookeeper; log:" >&2
+  cat "$dir/zookeeper.log" >&2 || true
+  exit 1
+  ;;
 *)
-  echo "usage: $0 start|stop DIR" >&2
+  echo "usage: $0 start|stop|restart DIR" >&2
   exit 64
   ;;
 esac

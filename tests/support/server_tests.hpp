@@ -11,9 +11,11 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -71,6 +73,37 @@ inline turnstile::ClientOptions with_ttl(std::chrono::milliseconds ttl) {
   return options;
 }
 
+// Every change of hold state a client reports (ClientOptions::on_hold_state), for tests of
+// suspension and loss. Must outlive the clients made with its options().
+class HoldStateLog {
+ public:
+  turnstile::ClientOptions options(std::chrono::milliseconds ttl) {
+    auto result = with_ttl(ttl);
+    result.on_hold_state = [this](const turnstile::HoldStateChange& change) {
+      std::lock_guard lock(mutex_);
+      changes_.push_back(change);
+    };
+    return result;
+  }
+  // The states one hold went through, in order.
+  std::vector<turnstile::HoldState> states_of(const std::string& name) const {
+    std::lock_guard lock(mutex_);
+    std::vector<turnstile::HoldState> states;
+    for (const auto& change : changes_) {
+      if (change.name == name) states.push_back(change.state);
+    }
+    return states;
+  }
+  bool reached(const std::string& name, turnstile::HoldState state) const {
+    const auto states = states_of(name);
+    return !states.empty() && states.back() == state;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<turnstile::HoldStateChange> changes_;
+};
+
 // A server of a test's own (started by tests/servers/<family>.sh in a fresh directory), for
 // what would disturb the suite's shared one: restarts, server-wide counters.
 class OwnServer {
@@ -89,7 +122,10 @@ class OwnServer {
   OwnServer(const OwnServer&) = delete;
   OwnServer& operator=(const OwnServer&) = delete;
   const std::string& url() const { return url_; }
+  // Stops it and starts it again on the same port (with its data where the script keeps it).
   int restart() { return run("restart"); }
+  // Stops it; restart() starts it again.
+  int stop() { return run("stop"); }
 
  private:
   int run(const std::string& action) { return std::system((script_ + " " + action + " " + dir_ + " >/dev/null").c_str()); }

@@ -212,6 +212,7 @@ void Connection::handle_event(zhandle_t* handle, int type, int state, const char
     } else {
       early_states_[handle] = state;
     }
+    session_event_ = true;  // the keeper tells the holds at once
     wake_all_locked();
     return;
   }
@@ -292,28 +293,42 @@ void Session::ping_answered(int rc) {
 }
 
 // The keeper: replaces an expired session, pings the live one every third of its timeout,
-// and tells every hold whose session may be gone: expired, or not heard from for (nearly) a
-// whole timeout, after which the server may have expired it and granted its nodes' places.
+// and tells every hold what it may assume. Lost: its session expired, or was not heard from
+// for (nearly) a whole timeout, after which the server may have expired it and granted its
+// nodes' places. Suspended: the connection is down but the session may still be alive (Curator's
+// SUSPENDED); held again once the same session reconnects.
 void Connection::keeper_loop(std::stop_token stop) {
   std::unique_lock lock(mutex_);
   while (!stop.stop_requested()) {
     auto session = session_;
     const auto timeout = session->connected() ? session->timeout() : settings_.session_timeout;
     const auto period = std::clamp(timeout / 3, milliseconds(50), milliseconds(1000));
-    cv_.wait_for(lock, stop, period, [] { return false; });
+    cv_.wait_for(lock, stop, period, [&] { return session_event_; });
+    session_event_ = false;
     if (stop.stop_requested()) break;
     session = session_;
     // Signals, not holds: a hold may be released and destroyed while we report it.
-    std::vector<std::pair<std::shared_ptr<LossSignal>, const char*>> lost;
+    struct Change {
+      std::shared_ptr<LossSignal> signal;
+      HoldState state;
+      const char* why;
+    };
+    std::vector<Change> changes;
     const auto now = SteadyClock::now();
     // Trust a hold only until a tenth of the timeout before the server could drop it.
     const auto margin = timeout / 10;
     for (auto* hold : holds_) {
       if (hold->loss->lost()) continue;
       if (hold->session != session.get() || session->expired()) {
-        lost.emplace_back(hold->loss, "its ZooKeeper session expired");
+        changes.push_back({hold->loss, HoldState::lost, "its ZooKeeper session expired"});
       } else if (now - session->confirmed_at() >= timeout - margin) {
-        lost.emplace_back(hold->loss, "ZooKeeper did not answer for a whole session timeout (the process was paused or the server unreachable)");
+        changes.push_back({hold->loss, HoldState::lost,
+                           "ZooKeeper did not answer for a whole session timeout (the process was paused or the server unreachable)"});
+      } else if (!session->connected()) {
+        changes.push_back({hold->loss, HoldState::suspended,
+                           "the connection to ZooKeeper was lost; its session may still be alive"});
+      } else if (hold->loss->state() == HoldState::suspended) {
+        changes.push_back({hold->loss, HoldState::held, ""});
       }
     }
     if (session->expired()) {
@@ -330,9 +345,13 @@ void Connection::keeper_loop(std::stop_token stop) {
     } else if (session->connected()) {
       session->start_ping();
     }
-    // lose() runs user callbacks, which may release holds (and untrack): not under our lock.
+    // These run user callbacks, which may release holds (and untrack): not under our lock.
     lock.unlock();
-    for (auto& [signal, why] : lost) signal->lose(why);
+    for (auto& change : changes) {
+      if (change.state == HoldState::lost) change.signal->lose(change.why);
+      else if (change.state == HoldState::suspended) change.signal->suspend(change.why);
+      else change.signal->resume();
+    }
     // Closing a session joins the client's threads, whose watcher takes our lock: never
     // let go of the last reference under it.
     session.reset();

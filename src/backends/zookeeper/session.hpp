@@ -98,7 +98,8 @@ struct Waiter {
   bool woken = false;
 };
 
-// A hold, as the keeper sees it: told (through its loss signal) when its session may be gone.
+// A hold, as the keeper sees it: told (through its loss signal) when its connection is down
+// (suspended) and when its session may be gone (lost).
 struct TrackedHold {
   const Session* session;
   std::shared_ptr<LossSignal> loss;
@@ -149,6 +150,7 @@ class Connection {
   std::map<std::string, std::set<Waiter*>> waiters_;
   std::set<Waiter*> all_waiters_;
   std::set<TrackedHold*> holds_;
+  bool session_event_ = false;  // wakes the keeper
 
   std::jthread keeper_;  // last: stopped and joined first
 };
