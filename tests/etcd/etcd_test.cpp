@@ -214,6 +214,14 @@ TEST(EtcdOwnServer, RestartWithDataKeptNeverDoublesAHold) {
   }
 }
 
+// A server down for less than the lease's TTL suspends the holds (keep-alives fail), and the
+// same lease's holds are held again once etcd is back with its data.
+TEST(EtcdOwnServer, ServerDownBrieflySuspendsThenResumesTheHolds) {
+  OwnServer server(TURNSTILE_ETCD_SCRIPT);
+  expect_outage_suspends_then_resumes(
+      server.url(), 30s, [&] { ASSERT_EQ(server.stop(), 0); }, [&] { ASSERT_EQ(server.restart(), 0); });
+}
+
 // etcd auth: with auth enabled, the right password works (locks and all), a wrong one and no
 // credentials at all are refused at connect time with AccessDenied.
 TEST(EtcdOwnServer, AuthRefusesWrongCredentialsAtConnect) {

@@ -64,6 +64,16 @@ TEST_F(Redis, ServerRestartWithoutDataReportsHoldsLost) {
   other_mutex.unlock();
 }
 
+TEST_F(Redis, RenewalsBlockedForLessThanTheTtlSuspendThenResumeTheHolds) {
+  OwnServer server(TURNSTILE_REDIS_SCRIPT);
+  // TTL 15 s: renewed every 5 s, each renewal given up after 1 s and tried again 250 ms
+  // later; lost after 13.5 s without a renewal. The server answers nobody for 7.25 s: the
+  // renewal started in its first 5 s fails, and a retry gets through at its end, at most
+  // 12.25 s after the last renewal before it.
+  expect_outage_suspends_then_resumes(
+      server.url(), 15s, [&] { redis_cli(server.url(), "CLIENT PAUSE 7250 ALL"); }, [] {});
+}
+
 TEST_F(Redis, LostWakeUpMessageDoesNotStrandAWaiter) {
   const auto name = unique_name("lost-message");
   auto holder_client = Client::connect(url_);

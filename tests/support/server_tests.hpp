@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <turnstile/turnstile.hpp>
@@ -103,6 +104,48 @@ class HoldStateLog {
   mutable std::mutex mutex_;
   std::vector<turnstile::HoldStateChange> changes_;
 };
+
+// Holds a Mutex and a Semaphore lease of a client with TTL `ttl` through an outage that
+// `begin` starts and `end` ends (the client's session or lease must outlive it), and checks
+// what the holder is told: suspended during it, held again after it, never lost; and that the
+// holds still exclude others, and release normally, afterwards.
+inline void expect_outage_suspends_then_resumes(const std::string& url, std::chrono::milliseconds ttl,
+                                                const std::function<void()>& begin,
+                                                const std::function<void()>& end) {
+  using turnstile::HoldState;
+  HoldStateLog log;
+  auto client = turnstile::Client::connect(url, log.options(ttl));
+  const auto lock_name = unique_name("outage-lock");
+  const auto semaphore_name = unique_name("outage-semaphore");
+  auto mutex = client.mutex(lock_name);
+  mutex.lock();
+  auto lease = client.semaphore(semaphore_name, 1).acquire();
+  const auto token = mutex.fencing_token();
+  EXPECT_EQ(mutex.hold_state(), HoldState::held);
+
+  begin();
+  EXPECT_TRUE(eventually([&] { return mutex.hold_state() == HoldState::suspended; }, 20s));
+  EXPECT_TRUE(eventually([&] { return lease.hold_state() == HoldState::suspended; }, 5s));
+  EXPECT_TRUE(mutex.owns_lock()) << "a suspended hold is still this thread's to release";
+  end();
+  EXPECT_TRUE(eventually([&] { return mutex.hold_state() == HoldState::held; }, 30s));
+  EXPECT_TRUE(eventually([&] { return lease.hold_state() == HoldState::held; }, 5s));
+  const std::vector<HoldState> told{HoldState::suspended, HoldState::held};
+  EXPECT_EQ(log.states_of(lock_name), told);
+  EXPECT_EQ(log.states_of(semaphore_name), told);
+  EXPECT_FALSE(mutex.lost_token().stop_requested());
+  EXPECT_FALSE(lease.lost_token().stop_requested());
+  EXPECT_EQ(mutex.fencing_token(), token);
+
+  auto other = turnstile::Client::connect(url);
+  auto other_mutex = other.mutex(lock_name);
+  EXPECT_FALSE(other_mutex.try_lock()) << "the resumed hold must still exclude";
+  EXPECT_FALSE(other.semaphore(semaphore_name, 1).try_acquire().has_value());
+  EXPECT_NO_THROW(mutex.release());
+  EXPECT_NO_THROW(lease.release());
+  EXPECT_TRUE(other_mutex.try_lock_for(5s));
+  other_mutex.unlock();
+}
 
 // A server of a test's own (started by tests/servers/<family>.sh in a fresh directory), for
 // what would disturb the suite's shared one: restarts, server-wide counters.

@@ -2,12 +2,21 @@
 // Curator's own recipes while turnstile contends, and contends while turnstile holds.
 //   acquire mutex|read|write|semmutex PATH TIMEOUT_MS      -> "acquired" | "timeout"
 //   acquire semaphore PATH LIMIT TIMEOUT_MS                -> "acquired" | "timeout"
-//   release                                                -> "released" (the latest hold)
+//   release                                                -> "released" (the latest hold) | "not held"
+//   release mutex|read|write|semmutex|semaphore PATH       -> "released" (the latest hold of that
+//                                                             kind on PATH) | "not held"
 //   quit
+// "read" and "write" on one PATH share one InterProcessReadWriteLock instance (kept per path),
+// as one thread of one Java process would use it: so "acquire write P", "acquire read P",
+// "release write P" is Curator's downgrade (the write holder's read is granted at once), and the
+// read lock stays held until "release read P" (or "release").
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.util.ArrayDeque;
 import java.util.Deque;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
@@ -21,20 +30,42 @@ import org.apache.curator.retry.RetryNTimes;
 public class CuratorPeer {
   interface Hold { void release() throws Exception; }
 
+  // One hold, with what "release KIND PATH" matches it by.
+  static final class Held {
+    final String kind;
+    final String path;
+    final Hold hold;
+    Held(String kind, String path, Hold hold) { this.kind = kind; this.path = path; this.hold = hold; }
+  }
+
   public static void main(String[] args) throws Exception {
     CuratorFramework client = CuratorFrameworkFactory.newClient(args[0], 10000, 5000, new RetryNTimes(3, 100));
     client.start();
     client.blockUntilConnected();
-    Deque<Hold> holds = new ArrayDeque<>();
+    Deque<Held> holds = new ArrayDeque<>();  // latest first
+    Map<String, InterProcessReadWriteLock> readWriteLocks = new HashMap<>();
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
     System.out.println("ready");
     System.out.flush();
     for (String line; (line = in.readLine()) != null;) {
       String[] word = line.trim().split(" ");
       if (word[0].equals("quit")) break;
-      if (word[0].equals("release")) {
-        holds.pop().release();
-        System.out.println("released");
+      if (word[0].equals("release") && word.length == 1) {
+        Held latest = holds.poll();
+        if (latest != null) latest.hold.release();
+        System.out.println(latest != null ? "released" : "not held");
+      } else if (word[0].equals("release")) {
+        Held found = null;
+        for (Iterator<Held> it = holds.iterator(); it.hasNext();) {
+          Held held = it.next();
+          if (held.kind.equals(word[1]) && held.path.equals(word[2])) {
+            it.remove();
+            found = held;
+            break;
+          }
+        }
+        if (found != null) found.hold.release();
+        System.out.println(found != null ? "released" : "not held");
       } else if (word[0].equals("acquire")) {
         String kind = word[1];
         String path = word[2];
@@ -48,11 +79,11 @@ public class CuratorPeer {
           final org.apache.curator.framework.recipes.locks.InterProcessLock lock;
           if (kind.equals("mutex")) lock = new InterProcessMutex(client, path);
           else if (kind.equals("semmutex")) lock = new InterProcessSemaphoreMutex(client, path);
-          else if (kind.equals("read")) lock = new InterProcessReadWriteLock(client, path).readLock();
-          else lock = new InterProcessReadWriteLock(client, path).writeLock();
+          else if (kind.equals("read")) lock = readWriteLocks.computeIfAbsent(path, p -> new InterProcessReadWriteLock(client, p)).readLock();
+          else lock = readWriteLocks.computeIfAbsent(path, p -> new InterProcessReadWriteLock(client, p)).writeLock();
           if (lock.acquire(timeout, TimeUnit.MILLISECONDS)) hold = lock::release;
         }
-        if (hold != null) holds.push(hold);
+        if (hold != null) holds.push(new Held(kind, path, hold));
         System.out.println(hold != null ? "acquired" : "timeout");
       }
       System.out.flush();

@@ -17,38 +17,9 @@ using namespace server_tests;
 
 TEST(ZookeeperSuspension, ConnectionRegainedInTimeSuspendsThenResumesEveryHold) {
   OwnServer server(TURNSTILE_ZOOKEEPER_SCRIPT);
-  HoldStateLog log;
-  // Long enough for the JVM to restart well within the session timeout.
-  auto client = Client::connect(server.url(), log.options(40s));
-  const auto lock_name = unique_name("m");
-  const auto semaphore_name = unique_name("s");
-  auto mutex = client.mutex(lock_name);
-  mutex.lock();
-  auto lease = client.semaphore(semaphore_name, 2).acquire();
-  const auto token = mutex.fencing_token();
-  EXPECT_EQ(mutex.hold_state(), HoldState::held);
-
-  ASSERT_EQ(server.stop(), 0);
-  EXPECT_TRUE(eventually([&] { return mutex.hold_state() == HoldState::suspended; }, 20s));
-  EXPECT_EQ(lease.hold_state(), HoldState::suspended);
-  EXPECT_TRUE(mutex.owns_lock()) << "a suspended hold is still this thread's to release";
-
-  ASSERT_EQ(server.restart(), 0);
-  EXPECT_TRUE(eventually([&] { return mutex.hold_state() == HoldState::held; }, 30s));
-  EXPECT_TRUE(eventually([&] { return lease.hold_state() == HoldState::held; }, 5s));
-  EXPECT_EQ(log.states_of(lock_name), (std::vector{HoldState::suspended, HoldState::held}));
-  EXPECT_EQ(log.states_of(semaphore_name), (std::vector{HoldState::suspended, HoldState::held}));
-  EXPECT_FALSE(mutex.lost_token().stop_requested());
-  EXPECT_EQ(mutex.fencing_token(), token);
-
-  // The same session's nodes still exclude others, and release normally.
-  auto other = Client::connect(server.url());
-  EXPECT_FALSE(other.mutex(lock_name).try_lock());
-  EXPECT_NO_THROW(mutex.release());
-  EXPECT_NO_THROW(lease.release());
-  auto other_mutex = other.mutex(lock_name);
-  EXPECT_TRUE(other_mutex.try_lock_for(5s));
-  other_mutex.unlock();
+  // A session timeout long enough for the JVM to restart well within it.
+  expect_outage_suspends_then_resumes(
+      server.url(), 40s, [&] { ASSERT_EQ(server.stop(), 0); }, [&] { ASSERT_EQ(server.restart(), 0); });
 }
 
 TEST(ZookeeperSuspension, ConnectionDownPastTheSessionTimeoutLosesTheSuspendedHold) {

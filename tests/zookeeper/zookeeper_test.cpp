@@ -272,6 +272,67 @@ TEST(ZookeeperCurator, SemaphoreSharesItsLimitWithInterProcessSemaphoreV2) {
   EXPECT_EQ(curator.ask("acquire semaphore /" + name + " 2 300"), "timeout");
 }
 
+// Curator records no limit and checks none: a Curator contender with another maxLeases on the
+// same path. Each side keeps within its own limit counting everyone's leases, and turnstile,
+// seeing more leases held than its limit allows, knows someone disagrees: LimitMismatch.
+TEST(ZookeeperCurator, SemaphoreWithInterProcessSemaphoreV2OfAnotherLimit) {
+  REQUIRE_CURATOR();
+  auto client = Client::connect(server_url());
+  const auto name = unique_name("s");
+  const auto path = "/" + name;
+  auto two = client.semaphore(name, 2);
+  // Curator (limit 4) holds 2: turnstile (limit 2) is full.
+  ASSERT_EQ(curator.ask("acquire semaphore " + path + " 4 5000"), "acquired");
+  ASSERT_EQ(curator.ask("acquire semaphore " + path + " 4 5000"), "acquired");
+  EXPECT_FALSE(two.try_acquire().has_value()) << "three leases for a contender of limit two";
+  EXPECT_FALSE(two.try_acquire_for(300ms).has_value());
+  // Curator takes a third, within its limit: more than turnstile's limit is proof of a
+  // disagreement, reported rather than waited on.
+  ASSERT_EQ(curator.ask("acquire semaphore " + path + " 4 5000"), "acquired");
+  try {
+    (void)two.try_acquire_for(5s);
+    ADD_FAILURE() << "no LimitMismatch with 3 leases held and a limit of 2";
+  } catch (const turnstile::LimitMismatch& error) {
+    EXPECT_NE(std::string(error.what()).find("3 leases held"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("limit 2"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW((void)two.try_acquire(), turnstile::LimitMismatch);
+  EXPECT_TRUE(client.inspect(name).waiters.empty()) << "the refused contender stayed in line";
+  // Back within our limit, turnstile takes what is left of it, and Curator still counts it.
+  ASSERT_EQ(curator.ask("release"), "released");
+  ASSERT_EQ(curator.ask("release"), "released");
+  auto lease = two.try_acquire();
+  ASSERT_TRUE(lease.has_value()) << "one Curator lease and a limit of two";
+  EXPECT_FALSE(two.try_acquire().has_value());
+  ASSERT_EQ(curator.ask("acquire semaphore " + path + " 4 5000"), "acquired");
+  EXPECT_EQ(curator.ask("acquire semaphore " + path + " 4 300"), "acquired");
+  EXPECT_EQ(curator.ask("acquire semaphore " + path + " 4 300"), "timeout") << "five leases for a limit of four";
+  EXPECT_THROW((void)two.try_acquire(), turnstile::LimitMismatch);
+  ASSERT_EQ(curator.ask("release"), "released");
+  ASSERT_EQ(curator.ask("release"), "released");
+  ASSERT_EQ(curator.ask("release"), "released");
+  lease->release();
+
+  // turnstile (limit 3) holds 1: Curator (limit 1) must wait, and turnstile may go on to 3.
+  const auto other_name = unique_name("s");
+  auto three = client.semaphore(other_name, 3);
+  auto first = three.try_acquire();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(curator.ask("acquire semaphore /" + other_name + " 1 300"), "timeout");
+  auto more = three.try_acquire(2);
+  ASSERT_TRUE(more.has_value()) << "Curator's timed-out lease was left behind";
+  EXPECT_FALSE(three.try_acquire().has_value());
+  EXPECT_EQ(curator.ask("acquire semaphore /" + other_name + " 1 300"), "timeout");
+  more->release();
+  EXPECT_EQ(curator.ask("acquire semaphore /" + other_name + " 1 300"), "timeout") << "two leases for a limit of one";
+  first->release();
+  EXPECT_EQ(curator.ask("acquire semaphore /" + other_name + " 1 5000"), "acquired");
+  // Curator (limit 1) holds 1: turnstile (limit 3) may take 2 more, not 3.
+  EXPECT_FALSE(three.try_acquire(3).has_value());
+  EXPECT_TRUE(three.try_acquire(2).has_value());
+  EXPECT_EQ(curator.ask("release"), "released");
+}
+
 TEST(ZookeeperCurator, SemaphoreOfOneExcludesInterProcessSemaphoreMutex) {
   REQUIRE_CURATOR();
   auto client = Client::connect(server_url());
@@ -305,6 +366,76 @@ TEST(ZookeeperCurator, ReadersShareWithCuratorReadersAndExcludeItsWriters) {
   EXPECT_EQ(curator.ask("release"), "released");
   EXPECT_TRUE(shared.try_lock_shared_for(5s));
   shared.unlock_shared();
+}
+
+// Curator's downgrade (write, read, release write) leaves only its __READ__ node: turnstile's
+// readers share it, its writers wait for it.
+TEST(ZookeeperCurator, CuratorDowngradedReaderAdmitsReadersNotWriters) {
+  REQUIRE_CURATOR();
+  auto client = Client::connect(server_url());
+  auto other = Client::connect(server_url());
+  RawZk raw;
+  const auto name = unique_name("rw");
+  const auto path = "/" + name;
+  auto shared = client.shared_mutex(name);
+  ASSERT_EQ(curator.ask("acquire write " + path + " 5000"), "acquired");
+  ASSERT_EQ(curator.ask("acquire read " + path + " 5000"), "acquired") << "Curator's writer may also read";
+  EXPECT_FALSE(shared.try_lock_shared_for(300ms)) << "Curator still holds the write lock";
+  ASSERT_EQ(curator.ask("release write " + path), "released");
+  const auto children = raw.children(path);
+  ASSERT_EQ(children.size(), 1u);
+  EXPECT_TRUE(std::regex_match(children[0], std::regex("_c_[0-9a-f-]{36}-__READ__[0-9]{10}"))) << children[0];
+  EXPECT_TRUE(shared.try_lock_shared()) << "readers must share with Curator's downgraded reader";
+  shared.unlock_shared();
+  // A turnstile writer queues behind Curator's read lock and is admitted when it goes.
+  std::atomic<bool> writing{false};
+  auto writer = std::async(std::launch::async, [&] {
+    auto mine = other.shared_mutex(name);
+    if (!mine.try_lock_for(20s)) return false;
+    writing = true;
+    mine.unlock();
+    return true;
+  });
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }));
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(writing.load()) << "a writer got in beside Curator's downgraded reader";
+  ASSERT_EQ(curator.ask("release read " + path), "released");
+  ASSERT_EQ(writer.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(writer.get());
+  EXPECT_EQ(curator.ask("release read " + path), "not held");
+}
+
+// turnstile's downgrade keeps its entry in place (same node, same token): the node stays a
+// __WRIT__ node, so Curator's writers still wait, and so do Curator's readers, which wait for
+// any __WRIT__ node ahead of them whatever its data says; turnstile's readers get in.
+TEST(ZookeeperCurator, TurnstileDowngradeAgainstCuratorReadersAndWriters) {
+  REQUIRE_CURATOR();
+  auto client = Client::connect(server_url());
+  auto other = Client::connect(server_url());
+  const auto name = unique_name("rw");
+  const auto path = "/" + name;
+  auto shared = client.shared_mutex(name);
+  auto reader = other.shared_mutex(name);
+  shared.lock();
+  const auto token = shared.fencing_token();
+  EXPECT_EQ(curator.ask("acquire read " + path + " 300"), "timeout");
+  EXPECT_EQ(curator.ask("acquire write " + path + " 300"), "timeout");
+  shared.lock_shared();
+  shared.unlock();  // downgrade
+  EXPECT_FALSE(shared.owns_lock());
+  ASSERT_TRUE(shared.owns_shared());
+  EXPECT_EQ(shared.fencing_token(), token) << "the downgrade changed the fencing token";
+  EXPECT_TRUE(reader.try_lock_shared()) << "turnstile readers may join a downgraded writer";
+  reader.unlock_shared();
+  EXPECT_EQ(curator.ask("acquire write " + path + " 300"), "timeout");
+  // Unlike Curator's own downgrade (whose __WRIT__ node goes, see above), ours keeps the node:
+  // Curator's reader waits for it to go (over-exclusion, never two writers or writer+reader).
+  EXPECT_EQ(curator.ask("acquire read " + path + " 300"), "timeout");
+  shared.unlock_shared();
+  EXPECT_EQ(curator.ask("acquire read " + path + " 5000"), "acquired");
+  EXPECT_EQ(curator.ask("release read " + path), "released");
+  EXPECT_EQ(curator.ask("acquire write " + path + " 5000"), "acquired");
+  EXPECT_EQ(curator.ask("release write " + path), "released");
 }
 
 // ---- sessions ----

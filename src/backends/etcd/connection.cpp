@@ -188,6 +188,7 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
   probe.set_key("\x1fturnstile/probe");
   probe.set_count_only(true);
   range(probe, deadline);
+  connected_once_ = true;
 }
 
 Connection::Endpoint& Connection::current() {
@@ -199,6 +200,10 @@ pb::Watch::Stub& Connection::watch_stub() { return *current().watch; }
 
 void Connection::prepare(grpc::ClientContext& context, Deadline deadline) {
   if (deadline) context.set_deadline(system_deadline(*deadline));
+  // Once connected, calls wait (within their deadlines) for a lost connection to come back:
+  // calls failing fast while it is down were seen to keep gRPC from ever reconnecting after
+  // an etcd restart. The first calls fail fast, so an unreachable etcd is reported at once.
+  if (connected_once_.load(std::memory_order_relaxed)) context.set_wait_for_ready(true);
   std::lock_guard lock(mutex_);
   if (!token_.empty()) context.AddMetadata("token", token_);
 }

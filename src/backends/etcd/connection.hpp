@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -114,6 +115,7 @@ class Connection {
   std::mutex mutex_;
   std::size_t current_ = 0;
   std::string token_;
+  std::atomic<bool> connected_once_{false};
 };
 
 }  // namespace turnstile::detail::etcd

@@ -364,9 +364,10 @@ void EtcdBackend::lose_session(const std::shared_ptr<Session>& session, const st
   }
 }
 
-// Every TTL/3, one keep-alive round. The session is lost when etcd no longer knows the lease,
-// or when no round got through before the lease's end as last confirmed (a paused process,
-// an unreachable cluster): etcd may then have expired the keys and granted them to others.
+// Every TTL/3, one keep-alive round. While rounds fail, the session's holds are suspended;
+// they are held again once one gets through. The session is lost when etcd no longer knows
+// the lease, or when no round got through before the lease's end as last confirmed (a paused
+// process, an unreachable cluster): etcd may then have expired the keys and granted them.
 void EtcdBackend::keep_alive_loop(std::stop_token stop) {
   std::unique_lock lock(mutex_);
   auto retry_at = SteadyClock::time_point::min();
@@ -378,6 +379,8 @@ void EtcdBackend::keep_alive_loop(std::stop_token stop) {
     }
     const auto period = std::max(milliseconds(200), std::chrono::duration_cast<milliseconds>(current->ttl / 3));
     const auto margin = std::chrono::duration_cast<milliseconds>(current->ttl / 10);
+    // A keep-alive unanswered for this long suspends the holds, and is tried again soon.
+    const auto patience = std::min(period, milliseconds(1000));
     const auto renew_at = std::max(retry_at, current->valid_until - current->ttl + period);
     keeper_cv_.wait_until(lock, stop, renew_at, [&] { return session_ != current || current->lost; });
     if (stop.stop_requested() || session_ != current || current->lost) continue;
@@ -391,17 +394,26 @@ void EtcdBackend::keep_alive_loop(std::stop_token stop) {
     lock.unlock();
     std::optional<std::int64_t> ttl_left;
     try {
-      ttl_left = connection_.keep_alive(current->lease, std::min(current->valid_until - margin, now + period));
+      ttl_left = connection_.keep_alive(current->lease, std::min(current->valid_until - margin, now + patience));
     } catch (const Error&) {
     }
     if (ttl_left && *ttl_left <= 0) lose_session(current, "etcd expired the session's lease");
     lock.lock();
+    std::vector<std::shared_ptr<LossSignal>> signals;
+    for (auto* hold : current->holds) signals.push_back(hold->loss());
     if (ttl_left && *ttl_left > 0) {
       current->valid_until = now + seconds(*ttl_left);
       retry_at = SteadyClock::time_point::min();
     } else {
       retry_at = SteadyClock::now() + milliseconds(100);  // try again soon, until the lease ends
     }
+    // These run user callbacks, which may release holds: never with mutex_ held.
+    lock.unlock();
+    for (auto& signal : signals) {
+      if (!ttl_left) signal->suspend("the lease keep-alive did not reach etcd; the lease may still be alive");
+      else if (*ttl_left > 0) signal->resume();
+    }
+    lock.lock();
   }
 }
 

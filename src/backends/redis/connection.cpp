@@ -23,6 +23,7 @@ std::string reply_text(const redisReply* reply) {
 constexpr auto kFirstBackoff = std::chrono::milliseconds(50);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(2000);
 constexpr auto kConnectTimeout = std::chrono::milliseconds(2000);
+constexpr auto kReplyTimeout = std::chrono::milliseconds(5000);
 
 }  // namespace
 
@@ -87,7 +88,7 @@ Context open_context(const Settings& settings, std::chrono::milliseconds timeout
     throw BackendUnavailable("cannot connect to redis at " + settings.description + ": " + context->errstr);
   }
   // Bounded replies: a server that stops answering is treated as gone, never waited on forever.
-  redisSetTimeout(context.get(), to_timeval(std::chrono::milliseconds(5000)));
+  redisSetTimeout(context.get(), to_timeval(kReplyTimeout));
   redisEnableKeepAlive(context.get());
   std::vector<Command> hello;
   if (!settings.password.empty()) {
@@ -223,6 +224,19 @@ std::vector<Reply> Connection::eval_pipelined(
   std::lock_guard lock(mutex_);
   std::vector<Command> commands;
   for (const auto& [script, keys, args] : calls) commands.push_back(eval_command(*script, keys, args, true));
+  // The watchdog's renewals must give up by their deadline, not after the usual reply timeout:
+  // until they do, it cannot check how long its holds have gone unconfirmed.
+  ensure_connected(deadline);
+  if (deadline) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - SteadyClock::now());
+    redisSetTimeout(context_.get(), to_timeval(std::clamp(left, std::chrono::milliseconds(50), kReplyTimeout)));
+  }
+  struct RestoreTimeout {
+    Connection& connection;
+    ~RestoreTimeout() {
+      if (connection.context_) redisSetTimeout(connection.context_.get(), to_timeval(kReplyTimeout));
+    }
+  } restore{*this};
   auto replies = run(commands, deadline, true);
   for (std::size_t i = 0; i < replies.size(); ++i) {
     if (starts_with(replies[i].get(), "NOSCRIPT")) {

@@ -381,17 +381,24 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
   return std::make_unique<RedisHold>(*this, request.name, seq, std::move(loss), generation, sent_at);
 }
 
-// Renews every hold every TTL/3. A hold is reported lost when the server no longer has its
-// entry, when the server turned out to be another one (restarted without persistence), or
-// when no renewal got through for a whole TTL (a pause, or the server unreachable): the
-// server may have expired it and granted it to someone else.
+// Renews every hold every TTL/3. A hold is suspended while renewals fail (each given up after
+// a second at most and tried again soon) and held again once one gets through. It is reported lost when the
+// server no longer has its entry, when the server turned out to be another one (restarted
+// without persistence), or when no renewal got through for a whole TTL (a pause, or the
+// server unreachable): the server may have expired it and granted it to someone else.
 void RedisBackend::watchdog_loop(std::stop_token stop) {
   const auto period = std::max(milliseconds(100), settings_.ttl / 3);
+  const auto retry = std::min(period, milliseconds(250));
+  // A renewal unanswered for this long suspends the holds: redis normally answers in well under
+  // a millisecond, and the sooner a stalled round gives up, the sooner it is tried again.
+  const auto patience = std::min(period, milliseconds(1000));
   // Renewals confirmed before this much of the TTL is left are safe from clock-rate drift.
   const auto margin = settings_.ttl / 10;
   std::unique_lock lock(holds_mutex_);
+  auto wait = period;
   while (!stop.stop_requested()) {
-    watchdog_cv_.wait_for(lock, stop, period, [] { return false; });
+    watchdog_cv_.wait_for(lock, stop, wait, [] { return false; });
+    wait = period;
     if (stop.stop_requested()) break;
     std::map<std::string, std::vector<RedisHold*>> by_name;
     for (auto* hold : holds_) {
@@ -436,13 +443,22 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
     std::uint64_t generation_now = 0;
     try {
       // The generation of the server that answered: holds made on an older one are gone.
-      replies = connection_.eval_pipelined(calls, now + period, &generation_now);
+      replies = connection_.eval_pipelined(calls, now + patience, &generation_now);
     } catch (const Error&) {
+      // Not confirmed, but perhaps still alive: suspended until a renewal gets through, lost
+      // when none did for a whole TTL (the next rounds check).
       lock.lock();
-      continue;  // the next round checks how long it has been
+      std::vector<std::shared_ptr<LossSignal>> unconfirmed;
+      for (auto* hold : holds_) unconfirmed.push_back(hold->loss_signal());
+      lock.unlock();
+      for (auto& signal : unconfirmed) signal->suspend("the renewal did not reach redis; its entry may still be alive");
+      lock.lock();
+      wait = retry;
+      continue;
     }
     lock.lock();
     std::vector<std::pair<std::shared_ptr<LossSignal>, std::string>> gone;
+    std::vector<std::shared_ptr<LossSignal>> confirmed;
     for (std::size_t g = 0; g < snapshot.size(); ++g) {
       for (std::size_t i = 0; i < snapshot[g].size(); ++i) {
         RedisHold* hold = nullptr;
@@ -457,11 +473,13 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
           gone.emplace_back(hold->loss_signal(), "the redis server was replaced or restarted without its data");
         } else {
           hold->set_renewed_at(now);
+          confirmed.push_back(hold->loss_signal());
         }
       }
     }
     lock.unlock();
     for (auto& [signal, why] : gone) signal->lose(why);
+    for (auto& signal : confirmed) signal->resume();
     lock.lock();
   }
 }

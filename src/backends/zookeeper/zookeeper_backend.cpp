@@ -606,6 +606,19 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
       const auto held = list(session, leases, !try_once, deadline);
       const auto held_leases = sorted_entries(held).size();
       if (held_leases > 0 && limit && *limit != request.limit) check_queue_mode(request, "semaphore", *limit);
+      // More leases held than our limit allows: someone with a larger limit took them (Curator's
+      // InterProcessSemaphoreV2 records no limit and checks none). Contenders that agree with
+      // us cannot get here: only the head of the line adds leases, within its limit (turnstile:
+      // in the transaction that leaves the line; Curator: its lease node exists before its
+      // count check only while it heads the line), and we are the head now. Waiting would
+      // starve us silently behind a disagreement, so refuse it as a recorded one is refused.
+      // (One blind spot: a Curator contender that timed out during a connection loss retries
+      // the deletes of its lease and of its line node in the background, in either order.)
+      if (static_cast<std::int64_t>(held_leases) > request.limit) {
+        throw LimitMismatch("Semaphore '" + request.name + "' has " + std::to_string(held_leases) +
+                            " leases held, more than this contender's limit " + std::to_string(request.limit) +
+                            ": another contender (e.g. Curator's InterProcessSemaphoreV2) uses a larger limit");
+      }
       if (static_cast<std::int64_t>(held_leases) + request.permits <= request.limit) {
         // One transaction: record the limit (if it changes), add our leases, leave the line.
         // Nothing half-done can leak (CURATOR-315 and kin).
