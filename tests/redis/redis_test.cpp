@@ -74,6 +74,46 @@ TEST_F(Redis, RenewalsBlockedForLessThanTheTtlSuspendThenResumeTheHolds) {
       server.url(), 15s, [&] { redis_cli(server.url(), "CLIENT PAUSE 7250 ALL"); }, [] {});
 }
 
+// The state letter of a process in /proc/PID/stat ('T' when stopped), '?' when it is gone.
+char process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const auto end = line.rfind(')');
+  return end == std::string::npos || end + 2 >= line.size() ? '?' : line[end + 2];
+}
+
+// `turnstile run --pause-when-suspended` stops the command while its hold is suspended,
+// continues it once the hold is confirmed again, and says both on stderr.
+TEST_F(Redis, CliPausesTheCommandWhileItsHoldIsSuspended) {
+  OwnServer server(TURNSTILE_REDIS_SCRIPT);
+  const auto dir = std::filesystem::temp_directory_path() / ("turnstile-cli-suspend-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const auto pid_file = (dir / "pid").string(), release = (dir / "release").string(), err = (dir / "err").string();
+  const std::string url = server.url();
+  auto cli = conformance::Child::spawn([&]() -> int {
+    std::freopen(err.c_str(), "w", stderr);
+    const std::string script = "echo $$ > " + pid_file + "; while [ ! -e " + release + " ]; do sleep 0.05; done";
+    execl(TURNSTILE_CLI_PATH, TURNSTILE_CLI_PATH, "run", "--backend", url.c_str(), "--ttl", "15",
+          "--pause-when-suspended", "--lock", unique_name("cli").c_str(), "--", "sh", "-c", script.c_str(),
+          static_cast<char*>(nullptr));
+    return 127;
+  });
+  ASSERT_TRUE(eventually([&] { return !read_first_line(pid_file).empty(); }, 20s));
+  const pid_t command = std::stoi(read_first_line(pid_file));
+  EXPECT_NE(process_state(command), 'T');
+  // As in RenewalsBlockedForLessThanTheTtlSuspendThenResumeTheHolds.
+  redis_cli(url, "CLIENT PAUSE 7250 ALL");
+  EXPECT_TRUE(eventually([&] { return process_state(command) == 'T'; }, 20s)) << "the command was not stopped";
+  EXPECT_TRUE(eventually([&] { return process_state(command) != 'T'; }, 20s)) << "the command was not continued";
+  std::ofstream(release).put('\n');
+  EXPECT_EQ(cli.wait(20s), 0);
+  const auto said = shell("cat " + quoted(err));
+  EXPECT_NE(said.find("is suspended"), std::string::npos) << said;
+  EXPECT_NE(said.find("confirmed again"), std::string::npos) << said;
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(Redis, LostWakeUpMessageDoesNotStrandAWaiter) {
   const auto name = unique_name("lost-message");
   auto holder_client = Client::connect(url_);

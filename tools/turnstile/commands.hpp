@@ -13,6 +13,7 @@ struct RunOptions {
   std::optional<double> timeout_sec;  // unset: wait forever; 0: try once
   std::optional<double> ttl_sec;
   double grace_sec = 5;
+  bool pause_when_suspended = false;  // SIGSTOP the command while the hold is suspended
   std::optional<std::string> lock, read, write, semaphore;
   std::optional<std::int64_t> limit;
   std::vector<std::string> command;

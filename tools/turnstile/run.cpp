@@ -45,6 +45,44 @@ struct Hold {
 
 enum class Kind { lock, read, write, semaphore };
 
+// The hold's suspensions and recoveries (its loss comes through its stop token), from the
+// library's thread to the supervising loop: the latest state, and an eventfd that wakes it.
+// Made before the client, so it outlives every callback.
+class StateChanges {
+ public:
+  StateChanges() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (fd_ < 0) throw std::runtime_error("eventfd: " + std::string(std::strerror(errno)));
+  }
+  ~StateChanges() { close(fd_); }
+  StateChanges(const StateChanges&) = delete;
+  StateChanges& operator=(const StateChanges&) = delete;
+
+  void record(const HoldStateChange& change) {
+    if (change.state == HoldState::lost) return;
+    {
+      std::lock_guard lock(mutex_);
+      state_ = change.state;
+      reason_ = change.reason;
+    }
+    const std::uint64_t one = 1;
+    (void)!write(fd_, &one, sizeof one);
+  }
+  int fd() const { return fd_; }
+  // The latest state and why; clears the wake-up.
+  std::pair<HoldState, std::string> take() {
+    std::uint64_t count;
+    (void)!read(fd_, &count, sizeof count);
+    std::lock_guard lock(mutex_);
+    return {state_, reason_};
+  }
+
+ private:
+  int fd_;
+  std::mutex mutex_;
+  HoldState state_ = HoldState::held;
+  std::string reason_;
+};
+
 std::string describe_errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 // The signal watcher during acquisition: a signal makes turnstile exit (128 + signal) without
@@ -226,7 +264,7 @@ int status_of(int wait_status) {
 
 // Runs the child under the hold; returns turnstile's exit status. Releases the hold.
 int supervise(Hold& hold, const std::string& name, const RunOptions& options, int signal_fd,
-              const sigset_t& original_mask, const std::vector<int>& early_signals) {
+              const sigset_t& original_mask, const std::vector<int>& early_signals, StateChanges& changes) {
   int lost_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (lost_fd < 0) throw std::runtime_error(describe_errno("eventfd"));
   // Runs on the library's watcher thread (or right here if already lost): just wake the loop.
@@ -265,6 +303,7 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
   for (int sig : early_signals) kill(child, sig);
 
   bool lost = false;
+  bool suspended = false;
   std::optional<std::chrono::steady_clock::time_point> kill_at;
   int wait_status = 0;
   for (bool reaped = false; !reaped;) {
@@ -273,8 +312,23 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(*kill_at - std::chrono::steady_clock::now());
       timeout_ms = static_cast<int>(std::max<std::int64_t>(0, left.count()));
     }
-    pollfd fds[2] = {{signal_fd, POLLIN, 0}, {lost_fd, POLLIN, 0}};
-    if (poll(fds, 2, timeout_ms) < 0 && errno != EINTR) throw std::runtime_error(describe_errno("poll"));
+    pollfd fds[3] = {{signal_fd, POLLIN, 0}, {lost_fd, POLLIN, 0}, {changes.fd(), POLLIN, 0}};
+    if (poll(fds, 3, timeout_ms) < 0 && errno != EINTR) throw std::runtime_error(describe_errno("poll"));
+    if ((fds[2].revents & POLLIN) && !lost) {
+      const auto [state, reason] = changes.take();
+      if (state == HoldState::suspended && !suspended) {
+        suspended = true;
+        complain("the hold on '" + name + "' is suspended (" + reason + "); " +
+                 (options.pause_when_suspended ? "pausing the command until it is confirmed"
+                                               : "the command keeps running meanwhile"));
+        if (options.pause_when_suspended) kill(child, SIGSTOP);
+      } else if (state == HoldState::held && suspended) {
+        suspended = false;
+        complain("the hold on '" + name + "' is confirmed again" +
+                 (options.pause_when_suspended ? "; resuming the command" : ""));
+        if (options.pause_when_suspended) kill(child, SIGCONT);
+      }
+    }
     if (fds[0].revents & POLLIN) {
       signalfd_siginfo info{};
       if (read(signal_fd, &info, sizeof info) == sizeof info) {
@@ -293,6 +347,7 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
       complain("the hold on '" + name + "' (fencing token " + std::to_string(hold.token) +
                ") may have been lost; stopping the command");
       kill(child, SIGTERM);
+      if (suspended && options.pause_when_suspended) kill(child, SIGCONT);  // so it can act on SIGTERM
       kill_at = std::chrono::steady_clock::now() +
                 std::chrono::ceil<std::chrono::steady_clock::duration>(std::chrono::duration<double>(options.grace_sec));
     }
@@ -350,7 +405,9 @@ int run_command(const RunOptions& options) {
   }
 
   try {
+    StateChanges changes;
     ClientOptions client_options;
+    client_options.on_hold_state = [&changes](const HoldStateChange& change) { changes.record(change); };
     if (options.ttl_sec) {
       client_options.ttl = std::chrono::ceil<std::chrono::milliseconds>(std::chrono::duration<double>(*options.ttl_sec));
     }
@@ -384,7 +441,7 @@ int run_command(const RunOptions& options) {
       }
       return kExitTimeout;
     }
-    return supervise(*hold, name, options, signal_fd, original_mask, early_signals);
+    return supervise(*hold, name, options, signal_fd, original_mask, early_signals, changes);
   } catch (const Error& error) {
     complain(error.what());
     return exit_status_for(error);
