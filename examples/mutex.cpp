@@ -4,8 +4,8 @@
 //                                           or the embedded default directory)
 //
 // Shows std::lock_guard over a turnstile::Mutex, the fencing token that storage can use to
-// reject a stale holder, and lost_token() with a std::stop_callback to stop work when the hold
-// may have been lost.
+// reject a stale holder, lost_token() with a std::stop_callback to stop work when the hold
+// may have been lost, and hold_state() to hold back while a network backend cannot confirm it.
 #include <turnstile/turnstile.hpp>
 
 #include <atomic>
@@ -30,6 +30,12 @@ int main(int argc, char** argv) {
     // If the hold is lost (here: the state directory removed under us), stop the job.
     std::atomic<bool> lost{false};
     std::stop_callback on_loss(mutex.lost_token(), [&] { lost = true; });
+
+    // Suspended: a network backend cannot confirm the hold right now (connection down); work
+    // that needs it waits until it is held again (or lost). The embedded backend never suspends.
+    while (mutex.hold_state() == turnstile::HoldState::suspended) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
 
     const std::uint64_t token = mutex.fencing_token();  // strictly greater than any earlier
     if (token <= last_token.exchange(token)) std::puts("stale holder rejected (never happens)");
