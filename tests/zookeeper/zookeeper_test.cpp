@@ -37,10 +37,12 @@ std::string host_port() { return server_url().substr(std::strlen("zk://")); }
 // A raw C-client handle, to look at the nodes themselves.
 class RawZk {
  public:
-  RawZk() {
+  // `digest`: "user:password" to authenticate with, if any.
+  explicit RawZk(const std::string& digest = "") {
     zoo_set_debug_level(static_cast<ZooLogLevel>(0));
     handle_ = zookeeper_init(host_port().c_str(), nullptr, 10000, nullptr, nullptr, 0);
     for (int i = 0; i < 100 && zoo_state(handle_) != ZOO_CONNECTED_STATE; ++i) std::this_thread::sleep_for(20ms);
+    if (!digest.empty()) zoo_add_auth(handle_, "digest", digest.data(), static_cast<int>(digest.size()), nullptr, nullptr);
   }
   ~RawZk() { zookeeper_close(handle_); }
   std::vector<std::string> children(const std::string& path) {
@@ -49,6 +51,18 @@ class RawZk {
     if (zoo_get_children(handle_, path.c_str(), 0, &names) != ZOK) return result;
     for (int i = 0; i < names.count; ++i) result.emplace_back(names.data[i]);
     deallocate_String_vector(&names);
+    return result;
+  }
+  // The ACL of a node as "scheme:id/perms" lines.
+  std::vector<std::string> acl(const std::string& path) {
+    ACL_vector acl{};
+    Stat stat{};
+    std::vector<std::string> result;
+    if (zoo_get_acl(handle_, path.c_str(), &acl, &stat) != ZOK) return result;
+    for (int i = 0; i < acl.count; ++i) {
+      result.push_back(std::string(acl.data[i].id.scheme) + ":" + acl.data[i].id.id + "/" + std::to_string(acl.data[i].perms));
+    }
+    deallocate_ACL_vector(&acl);
     return result;
   }
   std::string data(const std::string& path) {
@@ -439,6 +453,48 @@ TEST(ZookeeperCurator, TurnstileDowngradeAgainstCuratorReadersAndWriters) {
 }
 
 // ---- sessions ----
+
+// ---- digest auth ----
+
+TEST(ZookeeperAuth, DigestCredentialsGuardTheNodesTheirClientCreates) {
+  // A top-level name of its own: the nodes it creates, parents included, are alice's only.
+  const auto top = "zkauth-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}());
+  const auto name = top + "/job";
+  const auto as = [](const std::string& credentials) { return "zk://" + credentials + "@" + host_port(); };
+  auto alice = Client::connect(as("alice:secret"));
+  auto mutex = alice.mutex(name);
+  mutex.lock();
+
+  RawZk raw("alice:secret");
+  const auto entries = raw.children("/" + name);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_TRUE(RawZk().children("/" + name).empty()) << "anybody else may not even list them";
+  for (const auto& path : {"/" + top, "/" + name, "/" + name + "/" + entries[0]}) {
+    const auto acl = raw.acl(path);
+    ASSERT_EQ(acl.size(), 1u) << path;
+    EXPECT_TRUE(acl[0].starts_with("digest:alice:")) << path << ": " << acl[0];
+    EXPECT_TRUE(acl[0].ends_with("/" + std::to_string(ZOO_PERM_ALL))) << path << ": " << acl[0];
+  }
+
+  // The same credentials: an ordinary contender.
+  auto alice_again = Client::connect(as("alice:secret"));
+  auto contender = alice_again.mutex(name);
+  EXPECT_FALSE(std::async(std::launch::async, [&] { return contender.try_lock(); }).get());
+  // No credentials, or a wrong password (another digest identity): refused, nothing changed.
+  auto anonymous = Client::connect(server_url());
+  EXPECT_THROW(anonymous.mutex(name).try_lock(), turnstile::AccessDenied);
+  auto mallory = Client::connect(as("alice:guess"));
+  EXPECT_THROW(mallory.mutex(name).try_lock(), turnstile::AccessDenied);
+  EXPECT_THROW(mallory.semaphore(top + "/other", 2).try_acquire(), turnstile::AccessDenied);
+  EXPECT_EQ(raw.children("/" + name).size(), 1u);
+
+  mutex.unlock();
+  EXPECT_TRUE(std::async(std::launch::async, [&] {
+                const bool got = contender.try_lock_for(10s);
+                if (got) contender.unlock();
+                return got;
+              }).get());
+}
 
 TEST(ZookeeperSession, KilledHolderIsFreedWithinItsSessionTimeout) {
   const auto url = server_url();
