@@ -188,7 +188,6 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
   probe.set_key("\x1fturnstile/probe");
   probe.set_count_only(true);
   range(probe, deadline);
-  connected_once_ = true;
 }
 
 Connection::Endpoint& Connection::current() {
@@ -198,12 +197,14 @@ Connection::Endpoint& Connection::current() {
 
 pb::Watch::Stub& Connection::watch_stub() { return *current().watch; }
 
-void Connection::prepare(grpc::ClientContext& context, Deadline deadline) {
+void Connection::prepare(grpc::ClientContext& context, Deadline deadline, bool may_wait_for_connection) {
   if (deadline) context.set_deadline(system_deadline(*deadline));
-  // Once connected, calls wait (within their deadlines) for a lost connection to come back:
-  // calls failing fast while it is down were seen to keep gRPC from ever reconnecting after
-  // an etcd restart. The first calls fail fast, so an unreachable etcd is reported at once.
-  if (connected_once_.load(std::memory_order_relaxed)) context.set_wait_for_ready(true);
+  // Calls wait (within their deadlines) for the connection to be up rather than failing fast:
+  // with only fail-fast calls, Debian's gRPC 1.51 was seen to shut down every new connection
+  // attempt ("tcp handshaker shutdown"), both after an etcd restart and, now and then, when
+  // several clients connected at once. Calls that must not be resent still fail fast: only a
+  // fast failure to connect tells them they were never sent.
+  if (may_wait_for_connection) context.set_wait_for_ready(true);
   std::lock_guard lock(mutex_);
   if (!token_.empty()) context.AddMetadata("token", token_);
 }
@@ -240,7 +241,7 @@ void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempot
     // Each attempt gets at most 2 s, so that a stuck endpoint gives way to the next one.
     const auto attempt_deadline = std::min(deadline, SteadyClock::now() + milliseconds(2000));
     grpc::ClientContext context;
-    prepare(context, attempt_deadline);
+    prepare(context, attempt_deadline, idempotent);
     grpc::Status status;
     {
       GrpcScope scope;

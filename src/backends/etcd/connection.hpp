@@ -5,7 +5,6 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -90,7 +89,9 @@ class Connection {
   std::int64_t keep_alive(std::int64_t lease, SteadyClock::time_point deadline);
 
   // For WatchStream: a context with the auth token and deadline, and the current endpoint.
-  void prepare(grpc::ClientContext& context, Deadline deadline);
+  // `may_wait_for_connection`: the call waits for the connection to be up (within its
+  // deadline) instead of failing fast.
+  void prepare(grpc::ClientContext& context, Deadline deadline, bool may_wait_for_connection = true);
   pb::Watch::Stub& watch_stub();
   // After a failed call: the status as an exception, or nothing when it is worth retrying
   // (the endpoint then moves on to the next one).
@@ -115,7 +116,6 @@ class Connection {
   std::mutex mutex_;
   std::size_t current_ = 0;
   std::string token_;
-  std::atomic<bool> connected_once_{false};
 };
 
 }  // namespace turnstile::detail::etcd

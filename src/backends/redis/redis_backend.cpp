@@ -382,10 +382,10 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
 }
 
 // Renews every hold every TTL/3. A hold is suspended while renewals fail (each given up after
-// a second at most and tried again soon) and held again once one gets through. It is reported lost when the
-// server no longer has its entry, when the server turned out to be another one (restarted
-// without persistence), or when no renewal got through for a whole TTL (a pause, or the
-// server unreachable): the server may have expired it and granted it to someone else.
+// a second at most and tried again soon) and held again once one gets through. It is reported
+// lost when the server no longer has its entry, when the server turned out to be another one
+// (restarted without persistence), or when no renewal got through for a whole TTL (a pause,
+// or the server unreachable): the server may have expired it and granted it to someone else.
 void RedisBackend::watchdog_loop(std::stop_token stop) {
   const auto period = std::max(milliseconds(100), settings_.ttl / 3);
   const auto retry = std::min(period, milliseconds(250));
