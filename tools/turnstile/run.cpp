@@ -314,15 +314,16 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
     }
     pollfd fds[3] = {{signal_fd, POLLIN, 0}, {lost_fd, POLLIN, 0}, {changes.fd(), POLLIN, 0}};
     if (poll(fds, 3, timeout_ms) < 0 && errno != EINTR) throw std::runtime_error(describe_errno("poll"));
-    if ((fds[2].revents & POLLIN) && !lost) {
+    if (fds[2].revents & POLLIN) {
+      // Always taken (else poll would spin); a lost hold is past suspending.
       const auto [state, reason] = changes.take();
-      if (state == HoldState::suspended && !suspended) {
+      if (!lost && state == HoldState::suspended && !suspended) {
         suspended = true;
         complain("the hold on '" + name + "' is suspended (" + reason + "); " +
                  (options.pause_when_suspended ? "pausing the command until it is confirmed"
                                                : "the command keeps running meanwhile"));
         if (options.pause_when_suspended) kill(child, SIGSTOP);
-      } else if (state == HoldState::held && suspended) {
+      } else if (!lost && state == HoldState::held && suspended) {
         suspended = false;
         complain("the hold on '" + name + "' is confirmed again" +
                  (options.pause_when_suspended ? "; resuming the command" : ""));
