@@ -22,6 +22,8 @@
 
 #include <turnstile/turnstile.hpp>
 
+#include "conformance/support.hpp"
+
 namespace server_tests {
 
 using namespace std::chrono_literals;
@@ -104,6 +106,31 @@ class HoldStateLog {
   mutable std::mutex mutex_;
   std::vector<turnstile::HoldStateChange> changes_;
 };
+
+// A holder whose client has TTL `ttl`, killed with SIGKILL: another client gets its Mutex
+// within `bound` of the kill (what the backend's session or lease expiry promises).
+inline void expect_killed_holder_freed_within(const std::string& url, std::chrono::milliseconds ttl,
+                                              std::chrono::milliseconds bound) {
+  const auto name = unique_name("killed");
+  conformance::Pipe ready;
+  auto child = conformance::Child::spawn([&]() -> int {
+    auto own = turnstile::Client::connect(url, with_ttl(ttl));
+    auto mutex = own.mutex(name);
+    mutex.lock();
+    ready.send();
+    conformance::linger_in_child();
+  });
+  ASSERT_TRUE(ready.receive());
+  auto client = turnstile::Client::connect(url);
+  auto mutex = client.mutex(name);
+  EXPECT_FALSE(mutex.try_lock());
+  child.kill(SIGKILL);
+  EXPECT_EQ(child.wait(), 128 + SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(mutex.try_lock_for(10s));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, bound);
+  mutex.unlock();
+}
 
 // Holds a Mutex and a Semaphore lease of a client with TTL `ttl` through an outage that
 // `begin` starts and `end` ends (the client's session or lease must outlive it), and checks

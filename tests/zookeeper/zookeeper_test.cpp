@@ -23,10 +23,7 @@
 namespace {
 
 using namespace std::chrono_literals;
-using conformance::Child;
 using conformance::Clock;
-using conformance::elapsed_ms;
-using conformance::Pipe;
 using turnstile::Client;
 using namespace server_tests;
 
@@ -497,30 +494,8 @@ TEST(ZookeeperAuth, DigestCredentialsGuardTheNodesTheirClientCreates) {
 }
 
 TEST(ZookeeperSession, KilledHolderIsFreedWithinItsSessionTimeout) {
-  const auto url = server_url();
-  const auto name = unique_name("m");
-  Pipe ready;
-  auto child = Child::spawn_gated([&]() -> int {
-    turnstile::ClientOptions options;
-    options.ttl = 1s;
-    auto own = Client::connect(url, options);
-    auto mutex = own.mutex(name);
-    mutex.lock();
-    ready.send();
-    conformance::linger_in_child();
-  });
-  child.start();
-  ASSERT_TRUE(ready.receive());
-  auto client = Client::connect(url);
-  auto mutex = client.mutex(name);
-  EXPECT_FALSE(mutex.try_lock());
-  child.kill(SIGKILL);
-  EXPECT_EQ(child.wait(), 128 + SIGKILL);
-  const auto start = Clock::now();
-  ASSERT_TRUE(mutex.try_lock_for(10s));
   // One session timeout (1 s), plus the server's tick (250 ms) and some slack.
-  EXPECT_LT(elapsed_ms(start), 2500);
-  mutex.unlock();
+  expect_killed_holder_freed_within(server_url(), 1s, 2500ms);
 }
 
 TEST(ZookeeperSession, SessionTimeoutComesFromTheUrl) {
