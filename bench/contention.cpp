@@ -73,16 +73,35 @@ void die(const char* what) {
   std::_Exit(2);
 }
 
-// One hold: returns false once the period is over or the record area is full.
-bool record_hold(std::int64_t start, std::uint64_t token) {
-  const auto i = shared->next.load(std::memory_order_relaxed);
-  shared->next.store(i + 1, std::memory_order_relaxed);
+// Fills record i for a hold that started at `start`: false once the period is over or the
+// record area is full.
+bool fill_record(std::uint64_t i, std::int64_t start, std::uint64_t token) {
   if (i >= kCapacity) return false;
   records[i].start = start;
   records[i].pid = getpid();
   records[i].token = static_cast<std::uint32_t>(token);
   records[i].end = now_ns();  // the last instant before unlock()
-  return records[i].start < shared->end_ns.load(std::memory_order_relaxed);
+  return start < shared->end_ns.load(std::memory_order_relaxed);
+}
+
+// One exclusive hold: the lock orders the bumps, so no atomic read-modify-write is needed.
+bool record_hold(std::int64_t start, std::uint64_t token) {
+  const auto i = shared->next.load(std::memory_order_relaxed);
+  shared->next.store(i + 1, std::memory_order_relaxed);
+  return fill_record(i, start, token);
+}
+
+// Runs a child's loop; an error is reported on stderr and in the shared block.
+template <class Body>
+int run_child(Body body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
+    shared->failed = 1;
+    return 1;
+  }
+  return 0;
 }
 
 void wait_for_go(int ready_fd, int go_fd) {
@@ -92,7 +111,7 @@ void wait_for_go(int ready_fd, int go_fd) {
 }
 
 int child_turnstile(const std::string& url, int ready_fd, int go_fd) {
-  try {
+  return run_child([&] {
     auto client = turnstile::Client::connect(url);
     auto mutex = client.mutex("bench/contended");
     wait_for_go(ready_fd, go_fd);
@@ -103,16 +122,11 @@ int child_turnstile(const std::string& url, int ready_fd, int go_fd) {
       mutex.unlock();
       if (!more) break;
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
-    shared->failed = 1;
-    return 1;
-  }
-  return 0;
+  });
 }
 
 int child_semaphore(const std::string& url, std::int64_t limit, int ready_fd, int go_fd) {
-  try {
+  return run_child([&] {
     auto client = turnstile::Client::connect(url);
     auto semaphore = client.semaphore("bench/contended-semaphore", limit);
     wait_for_go(ready_fd, go_fd);
@@ -122,25 +136,13 @@ int child_semaphore(const std::string& url, std::int64_t limit, int ready_fd, in
       const int holders = shared->holders.fetch_add(1) + 1;
       for (int seen = shared->max_holders.load(); holders > seen && !shared->max_holders.compare_exchange_weak(seen, holders);) {
       }
-      const auto i = shared->next.fetch_add(1);  // several holders at once: an atomic bump
-      bool more = false;
-      if (i < kCapacity) {
-        records[i].start = start;
-        records[i].pid = getpid();
-        records[i].token = static_cast<std::uint32_t>(lease.fencing_token());
-        records[i].end = now_ns();
-        more = start < shared->end_ns.load(std::memory_order_relaxed);
-      }
+      // Several holders at once: an atomic bump.
+      const bool more = fill_record(shared->next.fetch_add(1), start, lease.fencing_token());
       shared->holders.fetch_sub(1);
       lease.release();
       if (!more) break;
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
-    shared->failed = 1;
-    return 1;
-  }
-  return 0;
+  });
 }
 
 int child_flock(const std::string& dir, int ready_fd, int go_fd) {
