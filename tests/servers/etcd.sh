@@ -8,6 +8,7 @@
 set -eu
 action=$1
 dir=$2
+. "$(dirname "$0")/common.sh"
 
 if [ -f "$dir/tls/server.pem" ]; then
   client_scheme=https
@@ -69,13 +70,7 @@ start)
   exit 1
   ;;
 stop)
-  if [ -f "$dir/etcd.pid" ]; then
-    pid=$(cat "$dir/etcd.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/etcd.pid"
-  fi
+  stop_process "$dir/etcd.pid"
   ;;
 restart)
   read -r client peer < "$dir/ports"

@@ -7,6 +7,7 @@
 set -eu
 action=$1
 dir=$2
+. "$(dirname "$0")/common.sh"
 case "$action" in
 start)
   # A server left running by an interrupted run would be orphaned by a new pid file.
@@ -34,13 +35,7 @@ start)
   exit 1
   ;;
 stop)
-  if [ -f "$dir/redis.pid" ]; then
-    pid=$(cat "$dir/redis.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/redis.pid"
-  fi
+  stop_process "$dir/redis.pid"
   ;;
 restart)
   port=$(sed 's/.*://' "$dir/url")

@@ -13,6 +13,7 @@
 set -eu
 action=$1
 dir=$2
+. "$(dirname "$0")/common.sh"
 classpath=/usr/share/java/zookeeper.jar:/usr/share/java/zookeeper-jute.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-simple.jar:/usr/share/java/netty-handler.jar:/usr/share/java/netty-transport.jar:/usr/share/java/netty-common.jar:/usr/share/java/netty-buffer.jar:/usr/share/java/netty-resolver.jar:/usr/share/java/netty-codec.jar:/usr/share/java/netty-transport-native-epoll.jar:/usr/share/java/netty-transport-native-unix-common.jar:/usr/share/java/metrics-core.jar:/usr/share/java/commons-cli.jar:/usr/share/java/commons-io.jar
 
 # Starts the server of DIR/zoo.cfg in the background; its pid in DIR/zookeeper.pid.
@@ -72,13 +73,7 @@ CFG
   exit 1
   ;;
 stop)
-  if [ -f "$dir/zookeeper.pid" ]; then
-    pid=$(cat "$dir/zookeeper.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/zookeeper.pid"
-  fi
+  stop_process "$dir/zookeeper.pid"
   ;;
 restart)
   "$0" stop "$dir"
