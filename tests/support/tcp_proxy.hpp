@@ -1,0 +1,74 @@
+// A loopback TCP proxy for tests of network failures: it listens on 127.0.0.1:<free port> and
+// forwards every connection to one target, with modes switched at run time to simulate a cut
+// link (black hole), lost replies, and connection resets. One poll() thread serves all
+// connections; buffers are bounded (a full buffer stops reading, as TCP would).
+//
+// Mode changes are synchronous: when a setter returns, the proxy's thread has seen the new mode,
+// so no byte moves under the old one afterwards.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace turnstile_test {
+
+class TcpProxy {
+ public:
+  enum class Mode {
+    // Bytes flow both ways.
+    forward,
+    // A cut link: nothing is read or written in either direction, every socket stays open (no
+    // FIN, no RST), and new connections are accepted but not connected onwards. Bytes already
+    // buffered are delivered when forwarding resumes (as TCP retransmits after a link heals).
+    blackhole,
+    // Client-to-server bytes flow; server-to-client bytes are read and discarded ("the request
+    // was applied, its reply was lost").
+    drop_replies,
+  };
+
+  // Forwards to host:port (resolved once, now).
+  TcpProxy(const std::string& host, std::uint16_t port);
+  // Forwards to the first host:port of a backend URL (scheme://[userinfo@]host[:port][,...]/...;
+  // a missing port is the scheme's default).
+  explicit TcpProxy(const std::string& backend_url);
+  ~TcpProxy();  // shutdown()
+  TcpProxy(const TcpProxy&) = delete;
+  TcpProxy& operator=(const TcpProxy&) = delete;
+
+  // The port it listens on (127.0.0.1).
+  std::uint16_t port() const;
+  // `backend_url` with its host list replaced by 127.0.0.1:port() (user info, path and query
+  // kept): a client connected with it talks to the server through this proxy.
+  std::string url_through(const std::string& backend_url) const;
+
+  void set_mode(Mode mode);
+  Mode mode() const;
+  void forward() { set_mode(Mode::forward); }
+  void blackhole() { set_mode(Mode::blackhole); }
+  void drop_replies() { set_mode(Mode::drop_replies); }
+  // Forwards, except that the next chunk of server-to-client bytes read on any connection (one
+  // read(), up to 64 KiB: typically one reply) is discarded; then it forwards everything.
+  void drop_next_reply();
+  // Closes every current connection on both sides with a reset (RST); new connections are
+  // accepted and handled by the current mode.
+  void reset();
+  // Stops the thread and closes every socket (idempotent; joins).
+  void shutdown();
+
+  // Connections currently open (either side), and accepted since construction.
+  std::size_t open_connections() const;
+  std::uint64_t accepted() const;
+  // Server-to-client bytes discarded by drop_replies / drop_next_reply.
+  std::uint64_t dropped_bytes() const;
+
+  // The first host and port of a backend URL (the scheme's default port when none is given).
+  static std::pair<std::string, std::uint16_t> endpoint_of(const std::string& backend_url);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace turnstile_test

@@ -1,0 +1,232 @@
+// The test proxy itself, against a local echo server: each mode does what the failure tests
+// rely on it to do.
+#include "support/tcp_proxy.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using namespace std::chrono_literals;
+using turnstile_test::TcpProxy;
+
+// Echoes every byte back on every connection; counts what it received.
+class EchoServer {
+ public:
+  EchoServer() {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof address);
+    ::listen(listener_, 16);
+    socklen_t size = sizeof address;
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &size);
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~EchoServer() {
+    stop_ = true;
+    thread_.join();
+    for (int fd : clients_) ::close(fd);
+    ::close(listener_);
+  }
+  std::uint16_t port() const { return port_; }
+  std::size_t received() const { return received_.load(); }
+  std::size_t connections() const { return connections_.load(); }
+
+ private:
+  void run() {
+    while (!stop_) {
+      std::vector<pollfd> fds{{listener_, POLLIN, 0}};
+      for (int fd : clients_) fds.push_back({fd, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 20) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        clients_.push_back(::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC));
+        connections_.fetch_add(1);
+      }
+      for (std::size_t i = 1; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buffer[4096];
+        const auto n = ::read(fds[i].fd, buffer, sizeof buffer);
+        if (n <= 0) {
+          ::close(fds[i].fd);
+          std::erase(clients_, fds[i].fd);
+          continue;
+        }
+        received_.fetch_add(n);
+        (void)!::write(fds[i].fd, buffer, n);
+      }
+    }
+  }
+  int listener_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::size_t> received_{0};
+  std::atomic<std::size_t> connections_{0};
+  std::vector<int> clients_;
+  std::thread thread_;
+};
+
+int connect_to(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_text(int fd, const std::string& text) { ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size())); }
+
+// What arrives on fd within `wait` (stops early once `expected` bytes came); "<closed>" or
+// "<reset>" appended when the connection ended.
+std::string receive(int fd, std::size_t expected, std::chrono::milliseconds wait) {
+  std::string text;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (text.size() < expected) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left <= 0ms) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    char buffer[4096];
+    const auto n = ::read(fd, buffer, sizeof buffer);
+    if (n == 0) return text + "<closed>";
+    if (n < 0) return text + (errno == ECONNRESET ? "<reset>" : "<error>");
+    text.append(buffer, n);
+  }
+  return text;
+}
+
+bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 5s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!predicate()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// An echo server behind a proxy; open() connects through the proxy and checks one round trip.
+class TcpProxyTest : public ::testing::Test {
+ protected:
+  int open() {
+    const int fd = connect_to(proxy.port());
+    EXPECT_GE(fd, 0);
+    send_text(fd, "a");
+    EXPECT_EQ(receive(fd, 1, 5s), "a");
+    fds_.push_back(fd);
+    return fd;
+  }
+  void TearDown() override {
+    for (int fd : fds_) ::close(fd);
+  }
+  EchoServer echo;
+  TcpProxy proxy{"127.0.0.1", echo.port()};
+
+ private:
+  std::vector<int> fds_;
+};
+
+TEST_F(TcpProxyTest, ForwardsBothWays) {
+  const int fd = connect_to(proxy.port());
+  ASSERT_GE(fd, 0);
+  send_text(fd, "hello");
+  EXPECT_EQ(receive(fd, 5, 5s), "hello");
+  ::close(fd);
+  EXPECT_TRUE(eventually([&] { return proxy.open_connections() == 0; })) << "a closed connection is closed onwards";
+}
+
+TEST_F(TcpProxyTest, BlackholeKeepsSocketsOpenAndForwardsNothingUntilItHeals) {
+  const int fd = open();
+
+  proxy.blackhole();
+  send_text(fd, "b");
+  EXPECT_EQ(receive(fd, 1, 300ms), "") << "no answer, no FIN, no reset through a cut link";
+  EXPECT_EQ(echo.received(), 1u);
+  const int late = connect_to(proxy.port());
+  ASSERT_GE(late, 0) << "new connections are still accepted";
+  send_text(late, "c");
+  EXPECT_EQ(receive(late, 1, 300ms), "");
+  EXPECT_EQ(echo.connections(), 1u) << "and not connected onwards";
+  EXPECT_EQ(proxy.open_connections(), 2u);
+
+  proxy.forward();
+  EXPECT_EQ(receive(fd, 1, 5s), "b") << "what was sent during the cut arrives once it heals";
+  EXPECT_EQ(receive(late, 1, 5s), "c");
+  ::close(late);
+}
+
+TEST_F(TcpProxyTest, DropRepliesDeliversRequestsButNotReplies) {
+  const int fd = open();
+
+  proxy.drop_replies();
+  send_text(fd, "bb");
+  EXPECT_TRUE(eventually([&] { return echo.received() == 3; })) << "the request reaches the server";
+  EXPECT_TRUE(eventually([&] { return proxy.dropped_bytes() == 2; })) << "its reply is read and dropped";
+  EXPECT_EQ(receive(fd, 1, 200ms), "");
+
+  proxy.forward();
+  send_text(fd, "c");
+  EXPECT_EQ(receive(fd, 1, 5s), "c") << "the dropped reply never arrives, later ones do";
+}
+
+TEST_F(TcpProxyTest, DropNextReplyDropsOneChunkOnly) {
+  const int fd = open();
+  proxy.drop_next_reply();
+  send_text(fd, "a");
+  EXPECT_TRUE(eventually([&] { return proxy.dropped_bytes() == 1; }));
+  send_text(fd, "b");
+  EXPECT_EQ(receive(fd, 1, 5s), "b");
+  EXPECT_EQ(receive(fd, 1, 100ms), "") << "and the dropped one never arrives";
+}
+
+TEST_F(TcpProxyTest, ResetClosesCurrentConnectionsAndKeepsAccepting) {
+  const int fd = open();
+  proxy.reset();
+  EXPECT_EQ(receive(fd, 1, 5s), "<reset>");
+  const int again = connect_to(proxy.port());
+  send_text(again, "b");
+  EXPECT_EQ(receive(again, 1, 5s), "b");
+  ::close(again);
+}
+
+TEST(TcpProxy, ShutdownIsPromptEvenWhileBlackholed) {
+  EchoServer echo;
+  auto proxy = std::make_unique<TcpProxy>("127.0.0.1", echo.port());
+  const int fd = connect_to(proxy->port());
+  proxy->blackhole();
+  proxy.reset();  // joins its thread
+  EXPECT_EQ(receive(fd, 1, 5s), "<reset>");
+  ::close(fd);
+}
+
+TEST(TcpProxy, RewritesOnlyTheHostList) {
+  TcpProxy proxy("127.0.0.1", 1);
+  const auto at = "127.0.0.1:" + std::to_string(proxy.port());
+  EXPECT_EQ(proxy.url_through("redis://user:p%40ss@10.0.0.1:6380/2?ttl=3000"), "redis://user:p%40ss@" + at + "/2?ttl=3000");
+  EXPECT_EQ(proxy.url_through("zookeeper://a:1,b:2/chroot"), "zookeeper://" + at + "/chroot");
+  EXPECT_EQ(proxy.url_through("etcd://127.0.0.1:2379"), "etcd://" + at);
+  EXPECT_EQ(proxy.url_through("etcd://h?ttl=1"), "etcd://" + at + "?ttl=1");
+  EXPECT_EQ(TcpProxy::endpoint_of("redis://:pw@127.0.0.1:7000/1"), std::make_pair(std::string("127.0.0.1"), std::uint16_t{7000}));
+  EXPECT_EQ(TcpProxy::endpoint_of("zookeeper://h1,h2:3"), std::make_pair(std::string("h1"), std::uint16_t{2181}));
+}
+
+}  // namespace
