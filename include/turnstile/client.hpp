@@ -26,6 +26,12 @@ class ClientState;
 
 using ErrorHandler = std::function<void(const Error&)>;
 
+// The largest Semaphore limit, permit count per acquire, PermitCounter value and PermitCounter
+// change (add/try_set) any backend accepts: 10^12. Larger values throw InvalidArgument before
+// anything is written. Every backend carries numbers up to it exactly (Redis' Lua prints
+// integers below 10^14 exactly; sums of permits stay below 2^53).
+inline constexpr std::int64_t max_permits = 1'000'000'000'000;
+
 // What a holder may assume about its hold: Curator's connection states, told per hold.
 enum class HoldState : std::uint8_t {
   held,  // the backend confirmed it recently enough

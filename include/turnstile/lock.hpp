@@ -39,10 +39,10 @@ class LockHandle {
 
  protected:
   LockHandle(std::shared_ptr<LockCore> core, LockFlavor flavor);
-  bool acquire_exclusive(Deadline deadline);
+  bool acquire_exclusive(Deadline deadline, std::stop_token stop = {});
   void release_exclusive();
   void unlock_exclusive() noexcept;
-  bool acquire_shared(Deadline deadline);
+  bool acquire_shared(Deadline deadline, std::stop_token stop = {});
   void release_shared();
   void unlock_shared_noexcept() noexcept;
   bool owns_shared_lock() const;
@@ -69,6 +69,13 @@ class Mutex : public detail::LockHandle {
   bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
     return acquire_exclusive(detail::deadline_at(when));
   }
+  // Waits until held (true), or until `stop` is requested (false, after the waiter has left
+  // the queue: a signal handler or a shutting-down service can give up a wait cleanly).
+  bool lock(std::stop_token stop) { return acquire_exclusive(std::nullopt, std::move(stop)); }
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout, std::stop_token stop) {
+    return acquire_exclusive(detail::deadline_after(timeout), std::move(stop));
+  }
   // Never throws (guards call it from destructors): misuse and release failures go to the
   // client's error handler, and a failed release is retried in the background.
   void unlock() noexcept { unlock_exclusive(); }
@@ -94,6 +101,13 @@ class RecursiveMutex : public detail::LockHandle {
   bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
     return acquire_exclusive(detail::deadline_at(when));
   }
+  // Waits until held (true), or until `stop` is requested (false, after the waiter has left
+  // the queue: a signal handler or a shutting-down service can give up a wait cleanly).
+  bool lock(std::stop_token stop) { return acquire_exclusive(std::nullopt, std::move(stop)); }
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout, std::stop_token stop) {
+    return acquire_exclusive(detail::deadline_after(timeout), std::move(stop));
+  }
   // Releases the backend hold when the count drops to zero.
   void unlock() noexcept { unlock_exclusive(); }
   void release() { release_exclusive(); }
@@ -118,6 +132,13 @@ class SharedMutex : public detail::LockHandle {
   bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
     return acquire_exclusive(detail::deadline_at(when));
   }
+  // Waits until held (true), or until `stop` is requested (false, after the waiter has left
+  // the queue: a signal handler or a shutting-down service can give up a wait cleanly).
+  bool lock(std::stop_token stop) { return acquire_exclusive(std::nullopt, std::move(stop)); }
+  template <class Rep, class Period>
+  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout, std::stop_token stop) {
+    return acquire_exclusive(detail::deadline_after(timeout), std::move(stop));
+  }
   void unlock() noexcept { unlock_exclusive(); }
   void release() { release_exclusive(); }
 
@@ -130,6 +151,12 @@ class SharedMutex : public detail::LockHandle {
   template <class Clock, class Duration>
   bool try_lock_shared_until(const std::chrono::time_point<Clock, Duration>& when) {
     return acquire_shared(detail::deadline_at(when));
+  }
+  // As lock(std::stop_token), for the read lock.
+  bool lock_shared(std::stop_token stop) { return acquire_shared(std::nullopt, std::move(stop)); }
+  template <class Rep, class Period>
+  bool try_lock_shared_for(const std::chrono::duration<Rep, Period>& timeout, std::stop_token stop) {
+    return acquire_shared(detail::deadline_after(timeout), std::move(stop));
   }
   void unlock_shared() noexcept { unlock_shared_noexcept(); }
   void release_shared() { LockHandle::release_shared(); }

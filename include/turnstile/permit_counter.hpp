@@ -19,15 +19,17 @@ class ClientState;
 
 class PermitCounter {
  public:
-  // Sets the count to n only if it was never set. Throws InvalidArgument when n < 0.
+  // Sets the count to n only if it was never set. Throws InvalidArgument when n < 0 or n > max_permits.
   bool try_set_permits(std::int64_t n);
   // Adds n (which may be negative) to the count, unset counting as 0; returns the new count.
+  // Throws InvalidArgument, changing nothing, when |n| > max_permits or the count would leave
+  // [-max_permits, max_permits].
   std::int64_t add_permits(std::int64_t n);
   std::int64_t available_permits();
   // Sets the count to 0 and returns the count it had (0 when never set), as Redisson does.
   std::int64_t drain_permits();
 
-  // Takes n permits, waiting for them. Throws InvalidArgument when n <= 0.
+  // Takes n permits, waiting for them. Throws InvalidArgument when n <= 0 or n > max_permits.
   void acquire(std::int64_t n = 1) { acquire_until(std::nullopt, n); }
   bool try_acquire(std::int64_t n = 1) { return acquire_until(SteadyClock::now(), n); }
   template <class Rep, class Period>
@@ -38,7 +40,8 @@ class PermitCounter {
   bool try_acquire_until(const std::chrono::time_point<Clock, Duration>& when, std::int64_t n = 1) {
     return acquire_until(detail::deadline_at(when), n);
   }
-  // Returns n permits (no ownership check, as in Redisson). Throws InvalidArgument when n <= 0.
+  // Returns n permits (no ownership check, as in Redisson). Throws InvalidArgument when n <= 0, n > max_permits
+  // or the count would exceed max_permits.
   void release(std::int64_t n = 1);
 
   const std::string& name() const { return name_; }
@@ -59,14 +62,18 @@ class PermitCounter {
 
 class PermitCounter::Lockable {
  public:
-  void lock() { owner_.acquire(n_); held_ = true; }
-  bool try_lock() { return held_ = owner_.try_acquire(n_); }
+  // Each throws WouldDeadlock when this view already holds its permits (locking it again
+  // would take n more that one unlock() could never return), else as PermitCounter's.
+  void lock() { require_free(); owner_.acquire(n_); held_ = true; }
+  bool try_lock() { require_free(); return held_ = owner_.try_acquire(n_); }
   template <class Rep, class Period>
   bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
+    require_free();
     return held_ = owner_.try_acquire_for(timeout, n_);
   }
   template <class Clock, class Duration>
   bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
+    require_free();
     return held_ = owner_.try_acquire_until(when, n_);
   }
   void unlock() noexcept;
@@ -74,6 +81,7 @@ class PermitCounter::Lockable {
  private:
   friend class PermitCounter;
   Lockable(PermitCounter owner, std::int64_t n) : owner_(std::move(owner)), n_(n) {}
+  void require_free() const;
   PermitCounter owner_;
   std::int64_t n_;
   bool held_ = false;

@@ -67,6 +67,15 @@ class Semaphore {
                                          std::int64_t n = 1) {
     return acquire_until(detail::deadline_at(when), n);
   }
+  // Waits until admitted, or until `stop` is requested (nullopt, after leaving the queue).
+  std::optional<Lease> acquire(std::int64_t n, std::stop_token stop) {
+    return acquire_until(std::nullopt, n, std::move(stop));
+  }
+  template <class Rep, class Period>
+  std::optional<Lease> try_acquire_for(const std::chrono::duration<Rep, Period>& timeout, std::int64_t n,
+                                       std::stop_token stop) {
+    return acquire_until(detail::deadline_after(timeout), n, std::move(stop));
+  }
 
   const std::string& name() const { return name_; }
   std::int64_t limit() const { return limit_; }
@@ -79,7 +88,7 @@ class Semaphore {
   Semaphore(std::shared_ptr<detail::ClientState> client, std::string name, std::int64_t limit);
 
  private:
-  std::optional<Lease> acquire_until(Deadline deadline, std::int64_t n);
+  std::optional<Lease> acquire_until(Deadline deadline, std::int64_t n, std::stop_token stop = {});
 
   std::shared_ptr<detail::ClientState> client_;
   std::string name_;

@@ -32,6 +32,9 @@ struct QueueRequest {
   // Asked through a SharedMutex (a writer or a reader) rather than a Mutex: same queue, but
   // peers like Curator name a read/write lock's nodes differently.
   bool shared_mutex = false;
+  // Requested by the caller (a signal in the CLI, a shutting-down service): the waiter leaves
+  // the queue and acquire returns nullptr, as on a deadline. Backends wake on it while waiting.
+  std::stop_token stop;
 };
 
 // How a hold learns its state: lost (final; a stop_source the holder's stop_token watches) or
@@ -88,7 +91,7 @@ class BackendHold {
 
 // A parsed backend URL: scheme://[user[:password]@]host:port[,host:port...][/path][?k=v&...]
 struct BackendUrl {
-  std::string text;
+  std::string text;  // as written, but with credentials replaced by *** (safe for messages)
   std::string scheme;
   std::string user;
   std::string password;
@@ -97,8 +100,13 @@ struct BackendUrl {
   std::map<std::string, std::string> query;
 };
 
-// Throws InvalidUrl naming what is wrong.
+// Throws InvalidUrl naming what is wrong (with credentials redacted).
 BackendUrl parse_url(std::string_view text);
+
+// A URL as it may be shown: the password of user:password@, a userinfo that is a token alone
+// (consul://TOKEN@host), and the values of secret-looking query parameters become ***.
+// Works on malformed URLs too, so no message ever carries a credential.
+std::string redact_url(std::string_view text);
 
 // One "host[:port]" of a URL's host list, the port checked (1 to 65535); `default_port` when
 // none is written (0: a port is required). Throws InvalidUrl naming the URL.

@@ -179,6 +179,7 @@ std::shared_ptr<LockCore> ClientState::lock_core(const std::string& name) {
 }
 
 std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, Deadline deadline) {
+  if (request.stop.stop_requested()) return nullptr;  // never joins a queue it would leave at once
   auto loss = new_loss_signal(request.name);
   auto hold = backend_->acquire(request, deadline, loss);
   if (!hold) return nullptr;
@@ -348,7 +349,10 @@ SharedMutex Client::shared_mutex(std::string_view name) {
 
 Semaphore Client::semaphore(std::string_view name, std::int64_t limit) {
   detail::validate_name(name);
-  if (limit <= 0) throw InvalidArgument("Semaphore limit must be positive, got " + std::to_string(limit));
+  if (limit <= 0 || limit > max_permits) {
+    throw InvalidArgument("Semaphore limit must be between 1 and " + std::to_string(max_permits) + ", got " +
+                          std::to_string(limit));
+  }
   return Semaphore(state_, std::string(name), limit);
 }
 

@@ -32,6 +32,9 @@ class HoldRecord {
   std::stop_token lost_token() const { return loss_->token(); }
   HoldState hold_state() const { return loss_->state(); }
   bool released() const { return hold_ == nullptr; }
+  // Tells the holder its hold may be gone (final).
+  void lose(const std::string& reason) noexcept { loss_->lose(reason); }
+  std::string loss_reason() const { return loss_->reason(); }
   BackendHold& backend_hold() { return *hold_; }
   // Leaves the queue. Throws NotHeld when already released, BackendUnavailable (the release
   // then goes on in the background), HoldLost when the hold may have been lost while held.
@@ -52,9 +55,9 @@ class LockCore {
   LockCore(std::shared_ptr<ClientState> client, std::string name)
       : client_(std::move(client)), name_(std::move(name)) {}
 
-  bool acquire_exclusive(LockFlavor flavor, Deadline deadline);
+  bool acquire_exclusive(LockFlavor flavor, Deadline deadline, std::stop_token stop = {});
   void release_exclusive();
-  bool acquire_shared(Deadline deadline);
+  bool acquire_shared(Deadline deadline, std::stop_token stop = {});
   void release_shared();
   bool owns_exclusive() const;
   bool owns_shared() const;
@@ -99,7 +102,7 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
   std::shared_ptr<LockCore> lock_core(const std::string& name);
   // Takes over a hold whose release failed and retries it with backoff until it succeeds.
   void retry_release_later(std::string name, std::unique_ptr<BackendHold> hold);
-  // Acquires through the backend and wraps the result; nullptr on timeout.
+  // Acquires through the backend and wraps the result; nullptr on timeout or a requested stop.
   std::unique_ptr<HoldRecord> acquire(const QueueRequest& request, Deadline deadline);
 
  private:

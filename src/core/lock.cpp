@@ -25,7 +25,7 @@ void LockCore::erase(Holds::iterator it) {
   holds_.pop_back();
 }
 
-bool LockCore::acquire_exclusive(LockFlavor flavor, Deadline deadline) {
+bool LockCore::acquire_exclusive(LockFlavor flavor, Deadline deadline, std::stop_token stop) {
   {
     std::lock_guard lock(mutex_);
     if (auto it = find_mine(); it != holds_.end()) {
@@ -41,7 +41,7 @@ bool LockCore::acquire_exclusive(LockFlavor flavor, Deadline deadline) {
                           "'; asking for the write lock would deadlock (upgrades are not supported)");
     }
   }
-  auto record = client_->acquire({name_, EntryKind::exclusive, 1, 0, flavor == LockFlavor::read_write}, deadline);
+  auto record = client_->acquire({name_, EntryKind::exclusive, 1, 0, flavor == LockFlavor::read_write, std::move(stop)}, deadline);
   if (!record) return false;
   std::lock_guard lock(mutex_);
   holds_.emplace_back(std::this_thread::get_id(), ThreadHold{std::move(record), flavor, 1, 0});
@@ -59,8 +59,17 @@ void LockCore::release_exclusive() {
   if (held.shared_count > 0) {
     try {
       held.record->backend_hold().downgrade();  // the reads keep the entry, now shared
-    } catch (...) {
-      ++held.exclusive_count;
+    } catch (const Error& error) {
+      // Its outcome is unknown: the entry may still be a writer's. Rather than leave a write
+      // entry behind for the client's life, release it whole (retried in the background if need
+      // be) and tell the remaining reads that their hold is lost.
+      held.record->lose(std::string("its downgrade to a read lock failed (") + error.what() +
+                        "), so the hold was released whole");
+      try {
+        held.record->release();
+      } catch (const Error&) {
+        // HoldLost (just reported above) or BackendUnavailable (now retried in the background).
+      }
       throw;
     }
     return;
@@ -71,7 +80,7 @@ void LockCore::release_exclusive() {
   record->release();
 }
 
-bool LockCore::acquire_shared(Deadline deadline) {
+bool LockCore::acquire_shared(Deadline deadline, std::stop_token stop) {
   {
     std::lock_guard lock(mutex_);
     if (auto it = find_mine(); it != holds_.end()) {
@@ -79,7 +88,7 @@ bool LockCore::acquire_shared(Deadline deadline) {
       return true;
     }
   }
-  auto record = client_->acquire({name_, EntryKind::shared, 1, 0, true}, deadline);
+  auto record = client_->acquire({name_, EntryKind::shared, 1, 0, true, std::move(stop)}, deadline);
   if (!record) return false;
   std::lock_guard lock(mutex_);
   holds_.emplace_back(std::this_thread::get_id(), ThreadHold{std::move(record), LockFlavor::read_write, 0, 1});
@@ -97,6 +106,10 @@ void LockCore::release_shared() {
   auto record = std::move(held.record);
   erase(it);
   lock.unlock();
+  if (record->released()) {
+    // Released whole when its downgrade failed; the loss was told then.
+    throw HoldLost("the read lock of '" + name_ + "' was lost when its downgrade failed: " + record->loss_reason());
+  }
   record->release();
 }
 
@@ -133,9 +146,13 @@ bool LockHandle::owns_shared_lock() const { return core_->owns_shared(); }
 std::uint64_t LockHandle::fencing_token() const { return core_->fencing_token(); }
 std::stop_token LockHandle::lost_token() const { return core_->lost_token(); }
 HoldState LockHandle::hold_state() const { return core_->hold_state(); }
-bool LockHandle::acquire_exclusive(Deadline deadline) { return core_->acquire_exclusive(flavor_, deadline); }
+bool LockHandle::acquire_exclusive(Deadline deadline, std::stop_token stop) {
+  return core_->acquire_exclusive(flavor_, deadline, std::move(stop));
+}
 void LockHandle::release_exclusive() { core_->release_exclusive(); }
-bool LockHandle::acquire_shared(Deadline deadline) { return core_->acquire_shared(deadline); }
+bool LockHandle::acquire_shared(Deadline deadline, std::stop_token stop) {
+  return core_->acquire_shared(deadline, std::move(stop));
+}
 void LockHandle::release_shared() { core_->release_shared(); }
 
 void LockHandle::unlock_exclusive() noexcept {

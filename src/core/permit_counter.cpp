@@ -4,8 +4,9 @@
 namespace turnstile {
 namespace {
 void require_positive(const std::string& name, std::int64_t n) {
-  if (n <= 0) {
-    throw InvalidArgument("PermitCounter '" + name + "': the permit count must be positive, got " + std::to_string(n));
+  if (n <= 0 || n > max_permits) {
+    throw InvalidArgument("PermitCounter '" + name + "': the permit count must be between 1 and " +
+                          std::to_string(max_permits) + ", got " + std::to_string(n));
   }
 }
 }  // namespace
@@ -14,11 +15,20 @@ PermitCounter::PermitCounter(std::shared_ptr<detail::ClientState> client, std::s
     : client_(std::move(client)), name_(std::move(name)) {}
 
 bool PermitCounter::try_set_permits(std::int64_t n) {
-  if (n < 0) throw InvalidArgument("PermitCounter '" + name_ + "': cannot set a negative count " + std::to_string(n));
+  if (n < 0 || n > max_permits) {
+    throw InvalidArgument("PermitCounter '" + name_ + "': the count must be between 0 and " +
+                          std::to_string(max_permits) + ", got " + std::to_string(n));
+  }
   return client_->backend().counter_try_set(name_, n);
 }
 
-std::int64_t PermitCounter::add_permits(std::int64_t n) { return client_->backend().counter_add(name_, n); }
+std::int64_t PermitCounter::add_permits(std::int64_t n) {
+  if (n < -max_permits || n > max_permits) {
+    throw InvalidArgument("PermitCounter '" + name_ + "': a change must be between -" + std::to_string(max_permits) +
+                          " and " + std::to_string(max_permits) + ", got " + std::to_string(n));
+  }
+  return client_->backend().counter_add(name_, n);
+}
 
 std::int64_t PermitCounter::available_permits() { return client_->backend().counter_get(name_).value_or(0); }
 
@@ -37,6 +47,13 @@ void PermitCounter::release(std::int64_t n) {
 PermitCounter::Lockable PermitCounter::lockable(std::int64_t n) const {
   require_positive(name_, n);
   return Lockable(*this, n);
+}
+
+void PermitCounter::Lockable::require_free() const {
+  if (held_) {
+    throw WouldDeadlock("this Lockable view of PermitCounter '" + owner_.name_ + "' already holds its " +
+                        std::to_string(n_) + " permit(s)");
+  }
 }
 
 void PermitCounter::Lockable::unlock() noexcept {

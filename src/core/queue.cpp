@@ -1,4 +1,6 @@
 // The one queue algorithm behind every primitive: who holds, and whom a waiter waits for.
+#include <algorithm>
+
 #include "core/backend.hpp"
 
 namespace turnstile::detail {
@@ -28,10 +30,18 @@ Verdict evaluate_queue(const std::vector<QueueEntryView>& entries, std::size_t m
     case EntryKind::lease: {
       // Held when the permits of everyone ahead plus ours fit the limit. Since every waiter
       // ahead already failed that test, "fits" also means everyone ahead holds: FIFO.
-      std::int64_t ahead = 0;
-      for (std::size_t i = 0; i < mine; ++i) ahead += entries[i].permits;
-      if (ahead + me.permits <= limit) return {};
-      if (ahead > limit) return {WaitFor::admission, mine - 1};  // our predecessor waits too
+      // Overflow-free: counts written by peers may be anything, so each is taken as at least 1
+      // and the sum stops growing once it passes the limit.
+      const auto permits_of = [](const QueueEntryView& entry) { return std::max<std::int64_t>(entry.permits, 1); };
+      std::int64_t ahead = 0;  // never above limit: `over` records that the sum passed it
+      bool over = limit < 0;
+      for (std::size_t i = 0; i < mine && !over; ++i) {
+        const auto permits = permits_of(entries[i]);
+        if (permits > limit - ahead) over = true;
+        else ahead += permits;
+      }
+      if (!over && permits_of(me) <= limit - ahead) return {};
+      if (over && mine > 0) return {WaitFor::admission, mine - 1};  // our predecessor waits too
       return {WaitFor::any_holder_leave, 0};
     }
   }

@@ -38,12 +38,12 @@ void Lease::release() {
 Semaphore::Semaphore(std::shared_ptr<detail::ClientState> client, std::string name, std::int64_t limit)
     : client_(std::move(client)), name_(std::move(name)), limit_(limit) {}
 
-std::optional<Lease> Semaphore::acquire_until(Deadline deadline, std::int64_t n) {
+std::optional<Lease> Semaphore::acquire_until(Deadline deadline, std::int64_t n, std::stop_token stop) {
   if (n <= 0 || n > limit_) {
     throw InvalidArgument("Semaphore '" + name_ + "': cannot acquire " + std::to_string(n) +
                           " leases, the count must be between 1 and the limit " + std::to_string(limit_));
   }
-  auto record = client_->acquire({name_, detail::EntryKind::lease, n, limit_, false}, deadline);
+  auto record = client_->acquire({name_, detail::EntryKind::lease, n, limit_, false, std::move(stop)}, deadline);
   if (!record) return std::nullopt;
   return Lease(std::shared_ptr<detail::HoldRecord>(std::move(record)));
 }

@@ -30,11 +30,69 @@ std::string percent_decode(std::string_view text, std::string_view whole) {
   return out;
 }
 
+bool secret_parameter(std::string_view key) {
+  for (std::string_view secret : {"password", "pass", "token", "secret", "auth", "credentials"}) {
+    if (key == secret) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
-BackendUrl parse_url(std::string_view text) {
+std::string redact_url(std::string_view text) {
+  const auto scheme_end = text.find("://");
+  const auto authority_start = scheme_end == std::string_view::npos ? 0 : scheme_end + 3;
+  const auto scheme = text.substr(0, scheme_end == std::string_view::npos ? 0 : scheme_end);
+  auto authority_end = text.find_first_of("/?#", authority_start);
+  if (authority_end == std::string_view::npos) authority_end = text.size();
+  std::string out(text.substr(0, authority_start));
+  auto authority = text.substr(authority_start, authority_end - authority_start);
+  if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
+    const auto userinfo = authority.substr(0, at);
+    const auto colon = userinfo.find(':');
+    if (colon != std::string_view::npos) {
+      out.append(userinfo.substr(0, colon)).append(":***");
+    } else if (scheme.starts_with("consul")) {
+      out.append("***");  // Consul's userinfo is an ACL token
+    } else {
+      out.append(userinfo);
+    }
+    out.append(authority.substr(at));
+  } else {
+    out.append(authority);
+  }
+  auto rest = text.substr(authority_end);
+  const auto q = rest.find('?');
+  out.append(rest.substr(0, q));
+  if (q == std::string_view::npos) return out;
+  auto query = rest.substr(q + 1);
+  out += '?';
+  for (bool first = true; ; first = false) {
+    const auto amp = query.find_first_of("&#");
+    const auto pair = query.substr(0, amp);
+    if (!first) out += '&';
+    const auto eq = pair.find('=');
+    if (eq != std::string_view::npos && secret_parameter(pair.substr(0, eq))) {
+      out.append(pair.substr(0, eq + 1)).append("***");
+    } else {
+      out.append(pair);
+    }
+    if (amp == std::string_view::npos) break;
+    if (query[amp] == '#') {
+      out.append(query.substr(amp));
+      break;
+    }
+    query = query.substr(amp + 1);
+  }
+  return out;
+}
+
+BackendUrl parse_url(std::string_view raw) {
   BackendUrl url;
-  url.text = std::string(text);
+  url.text = redact_url(raw);
+  // Parsed from the raw text; every message names url.text, the redacted form.
+  const std::string_view text = raw;
+  const std::string_view shown = url.text;
   const auto fail = [&](const std::string& why) -> void {
     throw InvalidUrl("malformed backend URL '" + url.text + "': " + why);
   };
@@ -55,20 +113,20 @@ BackendUrl parse_url(std::string_view text) {
       const auto pair = query.substr(0, amp);
       const auto eq = pair.find('=');
       if (eq == std::string_view::npos || eq == 0) fail("query parameters must be key=value");
-      url.query[percent_decode(pair.substr(0, eq), text)] = percent_decode(pair.substr(eq + 1), text);
+      url.query[percent_decode(pair.substr(0, eq), shown)] = percent_decode(pair.substr(eq + 1), shown);
       if (amp == std::string_view::npos) break;
       query = query.substr(amp + 1);
     }
   }
   const auto slash = rest.find('/');
   auto authority = rest.substr(0, slash);
-  if (slash != std::string_view::npos) url.path = percent_decode(rest.substr(slash), text);
+  if (slash != std::string_view::npos) url.path = percent_decode(rest.substr(slash), shown);
   if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
     const auto userinfo = authority.substr(0, at);
     authority = authority.substr(at + 1);
     const auto colon = userinfo.find(':');
-    url.user = percent_decode(userinfo.substr(0, colon), text);
-    if (colon != std::string_view::npos) url.password = percent_decode(userinfo.substr(colon + 1), text);
+    url.user = percent_decode(userinfo.substr(0, colon), shown);
+    if (colon != std::string_view::npos) url.password = percent_decode(userinfo.substr(colon + 1), shown);
   }
   while (!authority.empty()) {
     const auto comma = authority.find(',');

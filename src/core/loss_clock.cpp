@@ -1,0 +1,175 @@
+// The one loss rule for holds on a server-side lease (see loss_clock.hpp).
+#include "core/loss_clock.hpp"
+
+#include <algorithm>
+
+namespace turnstile::detail {
+
+using std::chrono::milliseconds;
+
+milliseconds ServerLease::margin_for(milliseconds ttl) { return std::max(ttl / 10, milliseconds(50)); }
+
+ServerLease::ServerLease(LossClock& clock, milliseconds ttl, SteadyClock::time_point confirmed_sent_at)
+    : clock_(clock), ttl_(ttl), confirmed_sent_at_(confirmed_sent_at) {}
+
+void ServerLease::attach(std::shared_ptr<LossSignal> hold) {
+  bool lost = false;
+  bool suspended = false;
+  std::string reason;
+  {
+    std::lock_guard lock(mutex_);
+    lost = lost_;
+    suspended = suspended_;
+    reason = lost_reason_;
+    if (!lost) holds_.push_back(hold);
+  }
+  // A hold joining a lease that is lost or unconfirmed is no better off than the lease.
+  if (lost) hold->lose(reason);
+  else if (suspended) hold->suspend("renewals of its server lease are not getting through");
+}
+
+void ServerLease::detach(const LossSignal* hold) {
+  std::lock_guard lock(mutex_);
+  std::erase_if(holds_, [hold](const auto& held) { return held.get() == hold; });
+}
+
+void ServerLease::confirmed(SteadyClock::time_point sent_at) {
+  std::vector<std::shared_ptr<LossSignal>> resumed;
+  bool moved = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (lost_) return;
+    if (sent_at > confirmed_sent_at_) {
+      confirmed_sent_at_ = sent_at;
+      moved = true;
+    }
+    if (suspended_) {
+      suspended_ = false;
+      resumed = holds_;
+    }
+  }
+  for (auto& hold : resumed) hold->resume();
+  if (moved) clock_.deadline_changed();
+}
+
+void ServerLease::unconfirmed(const std::string& reason) {
+  std::vector<std::shared_ptr<LossSignal>> suspended;
+  {
+    std::lock_guard lock(mutex_);
+    if (lost_ || suspended_) return;
+    suspended_ = true;
+    suspended = holds_;
+  }
+  for (auto& hold : suspended) hold->suspend(reason);
+}
+
+void ServerLease::lose(const std::string& reason) {
+  std::vector<std::shared_ptr<LossSignal>> lost;
+  {
+    std::lock_guard lock(mutex_);
+    if (lost_) return;
+    lost_ = true;
+    lost_reason_ = reason;
+    lost.swap(holds_);
+  }
+  for (auto& hold : lost) hold->lose(reason);
+}
+
+void ServerLease::set_ttl(milliseconds ttl) {
+  {
+    std::lock_guard lock(mutex_);
+    if (ttl == ttl_) return;
+    ttl_ = ttl;
+  }
+  clock_.deadline_changed();
+}
+
+milliseconds ServerLease::ttl() const {
+  std::lock_guard lock(mutex_);
+  return ttl_;
+}
+
+milliseconds ServerLease::margin() const { return margin_for(ttl()); }
+
+SteadyClock::time_point ServerLease::loss_deadline() const {
+  std::lock_guard lock(mutex_);
+  return confirmed_sent_at_ + ttl_ - margin_for(ttl_);
+}
+
+bool ServerLease::lost() const {
+  std::lock_guard lock(mutex_);
+  return lost_;
+}
+
+bool ServerLease::expire_if_due(SteadyClock::time_point now) {
+  {
+    std::lock_guard lock(mutex_);
+    if (lost_ || confirmed_sent_at_ + ttl_ - margin_for(ttl_) > now) return lost_;
+  }
+  lose("no renewal was confirmed in time: the server may have expired it (TTL " + std::to_string(ttl().count()) +
+       " ms, reported " + std::to_string(margin().count()) + " ms early)");
+  return true;
+}
+
+LossClock::LossClock() {
+  thread_ = std::jthread([this](std::stop_token stop) { run(stop); });
+}
+
+LossClock::~LossClock() {
+  thread_.request_stop();
+  cv_.notify_all();
+}
+
+std::shared_ptr<ServerLease> LossClock::watch(milliseconds ttl, SteadyClock::time_point confirmed_sent_at) {
+  auto lease = std::make_shared<ServerLease>(*this, ttl, confirmed_sent_at);
+  {
+    std::lock_guard lock(mutex_);
+    std::erase_if(leases_, [](const auto& weak) { return weak.expired(); });
+    leases_.push_back(lease);
+    changed_ = true;
+  }
+  cv_.notify_all();
+  return lease;
+}
+
+void LossClock::deadline_changed() {
+  {
+    std::lock_guard lock(mutex_);
+    changed_ = true;
+  }
+  cv_.notify_all();
+}
+
+// Sleeps until the earliest deadline of a live lease, then reports every lease that is due.
+// Losses are told outside the clock's mutex: a hold's callbacks may release it, and a release
+// may make a new lease.
+void LossClock::run(std::stop_token stop) {
+  std::unique_lock lock(mutex_);
+  while (!stop.stop_requested()) {
+    std::vector<std::shared_ptr<ServerLease>> live;
+    live.reserve(leases_.size());
+    for (const auto& weak : leases_) {
+      if (auto lease = weak.lock()) live.push_back(std::move(lease));
+    }
+    changed_ = false;
+    lock.unlock();
+    const auto now = SteadyClock::now();
+    std::optional<SteadyClock::time_point> next;
+    for (auto& lease : live) {
+      if (lease->expire_if_due(now)) continue;
+      const auto deadline = lease->loss_deadline();
+      if (!next || deadline < *next) next = deadline;
+    }
+    live.clear();  // a lease dropped by its owner meanwhile is not kept alive by the clock
+    lock.lock();
+    std::erase_if(leases_, [](const auto& weak) { return weak.expired(); });
+    if (changed_) continue;
+    if (next) {
+      cv_.wait_until(lock, stop, *next, [this] { return changed_; });
+    } else {
+      cv_.wait(lock, stop, [this] { return changed_; });
+    }
+  }
+}
+
+}  // namespace turnstile::detail

@@ -1,0 +1,67 @@
+// Credentials never reach a message: parse errors, connect errors of every network scheme, and
+// Client::url() show *** where the URL had a password or a token.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <turnstile/turnstile.hpp>
+
+#include "core/backend.hpp"
+
+namespace {
+
+using turnstile::detail::parse_url;
+using turnstile::detail::redact_url;
+
+constexpr const char* kSecret = "s3cr3t-Pa55";
+
+TEST(UrlRedaction, PasswordsTokensAndSecretParametersBecomeStars) {
+  EXPECT_EQ(redact_url("redis://alice:s3cr3t@127.0.0.1:6379/2?ttl=5"), "redis://alice:***@127.0.0.1:6379/2?ttl=5");
+  EXPECT_EQ(redact_url("redis://:s3cr3t@h:1"), "redis://:***@h:1");
+  EXPECT_EQ(redact_url("zk://user:pw@h1:2181,h2:2181/root"), "zk://user:***@h1:2181,h2:2181/root");
+  EXPECT_EQ(redact_url("consul://tok-123@h:8500?ttl=10"), "consul://***@h:8500?ttl=10");
+  EXPECT_EQ(redact_url("etcd://h:2379?password=x&ttl=3&token=y"), "etcd://h:2379?password=***&ttl=3&token=***");
+  EXPECT_EQ(redact_url("redis://user@h:1"), "redis://user@h:1");  // a user name alone is no secret
+  EXPECT_EQ(redact_url("file:///tmp/x"), "file:///tmp/x");
+  // Malformed: no scheme, stray '@' in the path.
+  EXPECT_EQ(redact_url("u:pw@h:1"), "u:***@h:1");
+  EXPECT_EQ(redact_url("redis://h:1/a@b"), "redis://h:1/a@b");
+}
+
+TEST(UrlRedaction, ParsingKeepsTheCredentialsButShowsThemRedacted) {
+  const auto url = parse_url(std::string("redis://alice:") + kSecret + "@127.0.0.1:6379");
+  EXPECT_EQ(url.password, kSecret);
+  EXPECT_EQ(url.user, "alice");
+  EXPECT_EQ(url.text.find(kSecret), std::string::npos);
+}
+
+TEST(UrlRedaction, ParseErrorsNeverCarryThePassword) {
+  for (const std::string& bad : {std::string("redis://u:") + kSecret + "@h:1#frag",
+                                std::string("redis://u:") + kSecret + "@h:1?k",
+                                std::string("redis://u:") + kSecret + "@h:1/%zz",
+                                std::string("redis://u:") + kSecret + "@h:99999",
+                                std::string("nosuch://u:") + kSecret + "@h:1"}) {
+    try {
+      turnstile::Client::connect(bad);
+      ADD_FAILURE() << "connected to a bad URL";
+    } catch (const turnstile::Error& error) {
+      EXPECT_EQ(std::string(error.what()).find(kSecret), std::string::npos) << error.what();
+    }
+  }
+}
+
+// Every network scheme, pointed at a port where nothing listens (or whose backend is not built):
+// the error names the URL without the password.
+TEST(UrlRedaction, ConnectErrorsOfEveryNetworkSchemeHideThePassword) {
+  for (const std::string& scheme : {std::string("redis"), std::string("zk"), std::string("etcd"), std::string("consul")}) {
+    const auto url = scheme + "://user:" + kSecret + "@127.0.0.1:1" + (scheme == "redis" ? "?ttl=1" : "");
+    try {
+      turnstile::Client::connect(url);
+      ADD_FAILURE() << scheme << ": connected to a closed port";
+    } catch (const turnstile::Error& error) {
+      EXPECT_EQ(std::string(error.what()).find(kSecret), std::string::npos) << scheme << ": " << error.what();
+    }
+  }
+}
+
+}  // namespace
