@@ -82,6 +82,7 @@ struct TcpProxy::State {
   std::atomic<std::size_t> open{0};
   std::atomic<std::uint64_t> accepted{0};
   std::atomic<std::uint64_t> dropped{0};
+  std::atomic<std::chrono::steady_clock::rep> last_request{0};  // steady_clock ticks
   std::list<Connection> connections;  // the thread's own
   std::thread thread;
 
@@ -213,10 +214,12 @@ struct TcpProxy::State {
       server_revents = 0;  // write on the next round
     }
     if ((client_revents & (POLLIN | POLLHUP)) && !c.client_eof) {
+      const auto before = c.up.bytes.size();
       if (!read_into(c.client, c.up, c.client_eof)) {
         kill(c);
         return false;
       }
+      if (c.up.bytes.size() != before) last_request.store(std::chrono::steady_clock::now().time_since_epoch().count());
     }
     if (!c.connecting && (server_revents & (POLLIN | POLLHUP)) && !c.server_eof) {
       const bool dropping = current == Mode::drop_replies || drop_once;
@@ -442,6 +445,28 @@ void TcpProxy::drop_next_reply() {
   state_->drop_next = true;
   ++state_->drop_serial;
   state_->request(lock);
+}
+
+std::chrono::steady_clock::time_point TcpProxy::last_request_at() const {
+  return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(state_->last_request.load()));
+}
+
+std::chrono::steady_clock::time_point TcpProxy::blackhole_when_quiet(std::chrono::milliseconds quiet,
+                                                                     std::chrono::milliseconds timeout) {
+  const auto give_up = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < give_up) {
+    const auto since = std::chrono::steady_clock::now() - last_request_at();
+    if (since < quiet) {
+      std::this_thread::sleep_for(quiet - since);
+      continue;
+    }
+    const auto cut = std::chrono::steady_clock::now();
+    blackhole();
+    // Bytes read between the look above and the cut took effect: try again at the next lull.
+    if (last_request_at() <= cut - quiet) return cut;  // nothing is read once black-holed
+    forward();
+  }
+  throw std::runtime_error("TcpProxy: no quiet moment to cut the link");
 }
 
 void TcpProxy::reset() {

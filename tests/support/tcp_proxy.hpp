@@ -7,6 +7,7 @@
 // so no byte moves under the old one afterwards.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -51,6 +52,15 @@ class TcpProxy {
   // Forwards, except that the next chunk of server-to-client bytes read on any connection (one
   // read(), up to 64 KiB: typically one reply) is discarded; then it forwards everything.
   void drop_next_reply();
+  // Black-holes the link at a moment when no client-to-server bytes have passed for `quiet`
+  // (retrying for up to `timeout`) and returns that moment, the cut. Every request the server
+  // got before the cut, a renewal included, was then sent at least `quiet` before it: a test
+  // can assert a bound counted from the cut with `quiet` of room for scheduling. Throws
+  // std::runtime_error when no quiet moment came in time.
+  std::chrono::steady_clock::time_point blackhole_when_quiet(std::chrono::milliseconds quiet,
+                                                             std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // When client-to-server bytes were last read (forwarded or not).
+  std::chrono::steady_clock::time_point last_request_at() const;
   // Closes every current connection on both sides with a reset (RST); new connections are
   // accepted and handled by the current mode.
   void reset();

@@ -174,6 +174,16 @@ TEST_F(TcpProxyTest, BlackholeKeepsSocketsOpenAndForwardsNothingUntilItHeals) {
   ::close(late);
 }
 
+TEST_F(TcpProxyTest, BlackholeWhenQuietCutsAfterALull) {
+  const int fd = open();
+  const auto cut = proxy.blackhole_when_quiet(50ms);
+  EXPECT_EQ(proxy.mode(), TcpProxy::Mode::blackhole);
+  EXPECT_LE(proxy.last_request_at(), cut - 50ms);
+  EXPECT_GT(proxy.last_request_at().time_since_epoch().count(), 0) << "the round trip of open() was seen";
+  send_text(fd, "b");
+  EXPECT_EQ(receive(fd, 1, 100ms), "");
+}
+
 TEST_F(TcpProxyTest, DropRepliesDeliversRequestsButNotReplies) {
   const int fd = open();
 
