@@ -35,7 +35,8 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
 
 bool server_answered(int rc) {
   if (rc == ZOK) return true;
-  return rc <= ZAPIERROR && rc != ZSESSIONEXPIRED && rc != ZCLOSING && rc != ZINVALIDCALLBACK;
+  // ZSESSIONMOVED: another connection owns the session now; no word about ours.
+  return rc <= ZAPIERROR && rc != ZSESSIONEXPIRED && rc != ZCLOSING && rc != ZINVALIDCALLBACK && rc != ZSESSIONMOVED;
 }
 
 bool connection_trouble(int rc) {
@@ -51,6 +52,23 @@ void Session::confirm(SteadyClock::time_point sent_at) {
   auto current = confirmed_at_.load();
   while (current < sent_at && !confirmed_at_.compare_exchange_weak(current, sent_at)) {
   }
+  std::shared_ptr<ServerLease> lease;
+  {
+    std::lock_guard lock(lease_mutex_);
+    if (lease_->lost() && !expired_) {
+      // Reported lost (no answer in time), yet the session lives: the server answered on it.
+      // The holds told are lost for good; holds made from now on need a lease that is not.
+      lease_ = connection_.clock_.watch(lease_->ttl(), sent_at);
+      return;
+    }
+    lease = lease_;
+  }
+  lease->confirmed(sent_at);  // may resume holds: their callbacks run outside our mutex
+}
+
+std::shared_ptr<ServerLease> Session::lease() const {
+  std::lock_guard lock(lease_mutex_);
+  return lease_;
 }
 
 namespace {
@@ -80,13 +98,18 @@ int Session::remove(const std::string& path, int version) {
 
 int Session::get(const std::string& path, bool watch, std::string* data, Stat* stat) {
   // Our nodes carry a short line of text: a small buffer first (a waiter keeps nothing large
-  // alive), a second read when a peer stored more.
+  // alive), a second read when a peer stored more, up to kMaxNodeData: what a server or peer
+  // claims beyond that is never allocated here; such data reads as empty (a foreign node).
   std::string buffer(512, '\0');
   Stat local{};
   Stat& result = stat ? *stat : local;
   for (;;) {
     int length = static_cast<int>(buffer.size());
     const int rc = timed(*this, [&] { return zoo_get(handle_, path.c_str(), watch ? 1 : 0, buffer.data(), &length, &result); });
+    if (rc == ZOK && result.dataLength > static_cast<int>(kMaxNodeData)) {
+      if (data) data->clear();
+      return rc;
+    }
     if (rc == ZOK && result.dataLength > static_cast<int>(buffer.size())) {
       buffer.resize(static_cast<std::size_t>(result.dataLength));
       continue;
@@ -124,6 +147,34 @@ int Session::multi(int count, const zoo_op_t* ops, zoo_op_result_t* results) {
   return timed(*this, [&] { return zoo_multi(handle_, count, ops, results); });
 }
 
+namespace {
+struct SyncWait {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  int rc = ZOK;
+};
+void sync_done(int rc, const char*, const void* data) {
+  auto* wait = const_cast<SyncWait*>(static_cast<const SyncWait*>(data));
+  std::lock_guard lock(wait->mutex);
+  wait->rc = rc;
+  wait->done = true;
+  wait->cv.notify_all();  // under the mutex: the waiter's stack frame may go right after
+}
+}  // namespace
+
+int Session::sync(const std::string& path) {
+  return timed(*this, [&] {
+    // The C client completes every call it accepted (connection loss and close included).
+    SyncWait wait;
+    const int rc = zoo_async(handle_, path.c_str(), sync_done, &wait);
+    if (rc != ZOK) return rc;
+    std::unique_lock lock(wait.mutex);
+    wait.cv.wait(lock, [&] { return wait.done; });
+    return wait.rc;
+  });
+}
+
 Connection::Connection(Settings settings) : settings_(std::move(settings)) {
   // The C client logs connection trouble to stderr; a library stays quiet unless asked.
   zoo_set_debug_level(std::getenv("TURNSTILE_ZK_LOG") ? ZOO_LOG_LEVEL_INFO : static_cast<ZooLogLevel>(0));
@@ -139,13 +190,16 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
       throw BackendUnavailable("no ZooKeeper server answered at " + settings_.description);
     }
   }
+  janitor_ = std::jthread([this](std::stop_token stop) { janitor_loop(stop); });
   keeper_ = std::jthread([this](std::stop_token stop) { keeper_loop(stop); });
 }
 
 Connection::~Connection() {
   keeper_.request_stop();
+  janitor_.request_stop();
   cv_.notify_all();
   if (keeper_.joinable()) keeper_.join();
+  if (janitor_.joinable()) janitor_.join();
   std::shared_ptr<Session> last;
   {
     std::lock_guard lock(mutex_);
@@ -157,6 +211,9 @@ Connection::~Connection() {
 std::shared_ptr<Session> Connection::open_session() {
   // The chroot is not given to the C client: the backend prefixes its paths itself, so it can
   // create the chroot's nodes like any other parent.
+  // The lease starts before the session exists: conservative. No hold rides on it before a
+  // reply confirms it (or replaces it, if it ran out while connecting).
+  auto lease = clock_.watch(settings_.session_timeout, SteadyClock::now());
   zhandle_t* handle = zookeeper_init(settings_.hosts.c_str(), &Connection::on_event,
                                      static_cast<int>(settings_.session_timeout.count()), nullptr, this, 0);
   if (!handle) throw BackendUnavailable("cannot start a ZooKeeper client for " + settings_.description);
@@ -165,7 +222,7 @@ std::shared_ptr<Session> Connection::open_session() {
   // "never during normal operation", raced with the first resolution and could leave a new
   // handle with no address to connect to.)
   zoo_set_servers_resolution_delay(handle, 60'000);
-  auto session = std::make_shared<Session>(*this, handle);
+  auto session = std::make_shared<Session>(*this, handle, std::move(lease));
   if (!settings_.user.empty()) {
     const auto credentials = settings_.user + ":" + settings_.password;
     zoo_add_auth(handle, "digest", credentials.data(), static_cast<int>(credentials.size()), nullptr, nullptr);
@@ -184,8 +241,11 @@ void Connection::wake_all_locked() {
 
 void Connection::apply_state(Session& session, int state) {
   if (state == ZOO_CONNECTED_STATE) {
+    // The granted timeout is the one the server expires the session by (the C client has
+    // stored it before telling us). Not a confirmation: when the server heard us last is
+    // known only from the send time of a request it answered (the keeper pings at once).
+    session.lease()->set_ttl(session.timeout());
     session.connected_ = true;
-    session.confirm(SteadyClock::now());
   } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
     session.connected_ = false;
     session.expired_ = true;
@@ -249,26 +309,79 @@ void Connection::unwatch(const std::string& path, Waiter* waiter) {
   all_waiters_.erase(waiter);
 }
 
-bool Connection::sleep(Waiter& waiter, Deadline deadline) {
+bool Connection::sleep(Waiter& waiter, Deadline deadline, const std::stop_token& stop) {
+  // Registered before our mutex is taken: it runs at once if the stop was already requested.
+  std::stop_callback on_stop(stop, [&] {
+    std::lock_guard lock(mutex_);
+    waiter.woken = true;
+    cv_.notify_all();
+  });
   std::unique_lock lock(mutex_);
   if (deadline) {
     const bool woken = cv_.wait_until(lock, *deadline, [&] { return waiter.woken; });
     waiter.woken = false;
-    return woken || SteadyClock::now() < *deadline;
+    return (woken || SteadyClock::now() < *deadline) && !stop.stop_requested();
   }
   cv_.wait(lock, [&] { return waiter.woken; });
   waiter.woken = false;
+  return !stop.stop_requested();
+}
+
+void Connection::remove_later(Orphan orphan) {
+  {
+    std::lock_guard lock(mutex_);
+    orphans_.push_back(std::move(orphan));
+  }
+  cv_.notify_all();
+}
+
+std::size_t Connection::orphans() const {
+  std::lock_guard lock(mutex_);
+  return orphans_.size();
+}
+
+bool Connection::clean(const Orphan& orphan) {
+  const auto session = orphan.session.lock();
+  if (!session || session->expired()) return true;  // its ephemeral nodes went with it
+  if (!session->connected()) return false;
+  const auto done = [](int rc) { return !connection_trouble(rc); };  // removed, gone, or not ours to remove
+  if (!orphan.path.empty()) return done(session->remove(orphan.path));
+  // A create whose outcome is unknown: sync first, so a lagging server cannot hide it.
+  int rc = session->sync(orphan.parent);
+  if (!done(rc)) return false;
+  std::vector<std::string> children;
+  rc = session->children(orphan.parent, false, &children);
+  if (rc == ZNONODE) return true;
+  if (rc != ZOK) return done(rc);
+  for (const auto& child : children) {
+    if (child.find(orphan.uuid) == std::string::npos) continue;
+    const auto path = orphan.parent + "/" + child;
+    Stat stat{};
+    rc = session->exists(path, false, &stat);
+    if (rc == ZOK && stat.ephemeralOwner == session->id()) rc = session->remove(path);
+    if (!done(rc)) return false;
+  }
   return true;
 }
 
-void Connection::track(TrackedHold* hold) {
-  std::lock_guard lock(mutex_);
-  holds_.insert(hold);
-}
-
-void Connection::untrack(TrackedHold* hold) {
-  std::lock_guard lock(mutex_);
-  holds_.erase(hold);
+// The janitor: removes orphans whenever the session is connected, retrying every 200 ms.
+// Sync calls block this thread only: the keeper's pings and the loss clock never wait for it.
+void Connection::janitor_loop(std::stop_token stop) {
+  std::unique_lock lock(mutex_);
+  while (!stop.stop_requested()) {
+    cv_.wait(lock, stop, [&] { return !orphans_.empty() && session_ && (session_->connected() || session_->expired()); });
+    if (stop.stop_requested()) break;
+    auto work = orphans_;
+    lock.unlock();
+    std::vector<bool> finished(work.size());
+    for (std::size_t i = 0; i < work.size(); ++i) finished[i] = clean(work[i]);
+    lock.lock();
+    // Orphans added meanwhile sit after the ones we worked on.
+    for (std::size_t i = work.size(); i-- > 0;) {
+      if (finished[i]) orphans_.erase(orphans_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    if (!orphans_.empty()) cv_.wait_for(lock, stop, milliseconds(200), [] { return false; });
+  }
 }
 
 namespace {
@@ -288,52 +401,49 @@ bool Session::start_ping() {
 }
 
 void Session::ping_answered(int rc) {
-  if (server_answered(rc)) confirm(ping_sent_at_.load());
+  // On the C client's completion thread: holds' callbacks (which may call the C client
+  // synchronously) must not run here. The keeper confirms it.
+  if (server_answered(rc)) ping_confirmed_ = ping_sent_at_.load();
   ping_in_flight_ = false;
+  {
+    std::lock_guard lock(connection_.mutex_);
+    connection_.session_event_ = true;
+  }
+  connection_.cv_.notify_all();
 }
 
-// The keeper: replaces an expired session, pings the live one every third of its timeout,
-// and tells every hold what it may assume. Lost: its session expired, or was not heard from
-// for (nearly) a whole timeout, after which the server may have expired it and granted its
-// nodes' places. Suspended: the connection is down but the session may still be alive (Curator's
-// SUSPENDED); held again once the same session reconnects.
+// The keeper: replaces an expired session, pings the live one every third of its granted
+// timeout (at most every second, and at once after a reconnect), and tells the session's
+// lease what it learnt: unconfirmed while the connection is down (the C client's CONNECTING:
+// the session may still be alive, Curator's SUSPENDED), confirmed by each answered ping, lost
+// when the session expired. Loss for want of answers is the LossClock's: nothing here can
+// delay it.
 void Connection::keeper_loop(std::stop_token stop) {
   std::unique_lock lock(mutex_);
+  auto last_ping = SteadyClock::time_point{};
+  bool was_connected = true;
   while (!stop.stop_requested()) {
     auto session = session_;
-    const auto timeout = session->connected() ? session->timeout() : settings_.session_timeout;
-    const auto period = std::clamp(timeout / 3, milliseconds(50), milliseconds(1000));
-    cv_.wait_for(lock, stop, period, [&] { return session_event_; });
+    const auto period = std::clamp(session->timeout() / 3, milliseconds(50), milliseconds(1000));
+    const auto wake = session->connected() ? last_ping + period : SteadyClock::now() + period;
+    cv_.wait_until(lock, stop, wake, [&] { return session_event_; });
     session_event_ = false;
     if (stop.stop_requested()) break;
     session = session_;
-    // Signals, not holds: a hold may be released and destroyed while we report it.
-    struct Change {
-      std::shared_ptr<LossSignal> signal;
-      HoldState state;
-      const char* why;
-    };
-    std::vector<Change> changes;
-    const auto now = SteadyClock::now();
-    // Trust a hold only until a tenth of the timeout before the server could drop it.
-    const auto margin = timeout / 10;
-    for (auto* hold : holds_) {
-      if (hold->loss->lost()) continue;
-      if (hold->session != session.get() || session->expired()) {
-        changes.push_back({hold->loss, HoldState::lost, "its ZooKeeper session expired"});
-      } else if (now - session->confirmed_at() >= timeout - margin) {
-        changes.push_back({hold->loss, HoldState::lost,
-                           "ZooKeeper did not answer for a whole session timeout (the process was paused or the server unreachable)"});
-      } else if (!session->connected()) {
-        changes.push_back({hold->loss, HoldState::suspended,
-                           "the connection to ZooKeeper was lost; its session may still be alive"});
-      } else if (hold->loss->state() == HoldState::suspended) {
-        changes.push_back({hold->loss, HoldState::held, ""});
-      }
+    const bool expired = session->expired();
+    const bool connected = session->connected();
+    const auto pinged = session->ping_confirmed_.exchange(SteadyClock::time_point{});
+    lock.unlock();
+    // These run holds' callbacks, which may release holds: not under our lock.
+    if (expired) {
+      session->lease()->lose("its ZooKeeper session expired");
+    } else if (!connected) {
+      session->lease()->unconfirmed("the connection to ZooKeeper was lost; its session may still be alive");
+    } else if (pinged != SteadyClock::time_point{}) {
+      session->confirm(pinged);
     }
-    if (session->expired()) {
+    if (expired) {
       // A new session: its ephemeral nodes start afresh; waiters wake and join again.
-      lock.unlock();
       std::shared_ptr<Session> fresh;
       try {
         fresh = open_session();
@@ -342,16 +452,12 @@ void Connection::keeper_loop(std::stop_token stop) {
       lock.lock();
       if (fresh) adopt_locked(fresh);  // the old one closes when its last user lets go
       wake_all_locked();
-    } else if (session->connected()) {
-      session->start_ping();
+      lock.unlock();
+    } else if (connected && (!was_connected || SteadyClock::now() >= last_ping + period)) {
+      session->start_ping();  // none when the last is still unanswered: tried again a period later
+      last_ping = SteadyClock::now();
     }
-    // These run user callbacks, which may release holds (and untrack): not under our lock.
-    lock.unlock();
-    for (auto& change : changes) {
-      if (change.state == HoldState::lost) change.signal->lose(change.why);
-      else if (change.state == HoldState::suspended) change.signal->suspend(change.why);
-      else change.signal->resume();
-    }
+    was_connected = connected && !expired;
     // Closing a session joins the client's threads, whose watcher takes our lock: never
     // let go of the last reference under it.
     session.reset();

@@ -5,6 +5,12 @@
 // old one are reported lost. Calls are the C client's synchronous ones, made from the caller's
 // thread (the library pipelines concurrent calls on its one socket).
 //
+// Loss: every session has a ServerLease of the core's LossClock, with the timeout the server
+// GRANTED (zoo_recv_timeout) as its TTL. Every reply confirms the send time of its request
+// (the server's expiry counts from when it last heard from us, which is later); the keeper
+// suspends the holds while the C client is CONNECTING, loses them on SESSION_EXPIRED, and the
+// clock's thread reports them lost at the deadline whatever the network does.
+//
 // Watches all go to one watcher function, which wakes the Waiters registered on the event's
 // path (a waiter registers before the call that sets the watch, so no event is missed), and
 // every waiter on any session event: the one dispatcher never outlives the Connection.
@@ -26,6 +32,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/loss_clock.hpp"
 
 namespace turnstile::detail::zookeeper {
 
@@ -42,6 +49,10 @@ struct Settings {
 
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
 
+// The most node data we read: turnstile's entries carry a short line; larger data (a hostile
+// server or peer) reads as empty, i.e. a foreign node.
+inline constexpr std::size_t kMaxNodeData = 64 * 1024;
+
 // True when `rc` came from the server (so the server heard us), false for connection trouble.
 bool server_answered(int rc);
 // Connection trouble that a later attempt may not have: the outcome of the call is unknown.
@@ -53,7 +64,8 @@ class Connection;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(Connection& connection, zhandle_t* handle) : connection_(connection), handle_(handle) {}
+  Session(Connection& connection, zhandle_t* handle, std::shared_ptr<ServerLease> lease)
+      : connection_(connection), handle_(handle), lease_(std::move(lease)) {}
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -69,7 +81,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // session before that plus the timeout.
   SteadyClock::time_point confirmed_at() const { return confirmed_at_.load(); }
   void confirm(SteadyClock::time_point sent_at);
-  // The keeper's ping: at most one in flight.
+  // The lease the session's holds ride on (replaced by the keeper when it was reported lost
+  // while the session lived on: new holds need a lease that is not lost).
+  std::shared_ptr<ServerLease> lease() const;
+  // The keeper's ping: at most one in flight. Its answer is noted here (the C client's
+  // completion thread must not run holds' callbacks) and applied by the keeper.
   bool start_ping();
   void ping_answered(int rc);
 
@@ -81,11 +97,18 @@ class Session : public std::enable_shared_from_this<Session> {
   int set(const std::string& path, const std::string& data, int version, Stat* stat = nullptr);
   int children(const std::string& path, bool watch, std::vector<std::string>* names);
   int multi(int count, const zoo_op_t* ops, zoo_op_result_t* results);
+  // Brings the server we talk to up to date with the leader for `path` (zoo_async), so the
+  // read after it sees every write applied before: the read that decides "did my write
+  // happen?" after a lost reply must not come from a lagging ensemble member.
+  int sync(const std::string& path);
 
  private:
   friend class Connection;
   Connection& connection_;
   zhandle_t* handle_;
+  mutable std::mutex lease_mutex_;
+  std::shared_ptr<ServerLease> lease_;
+  std::atomic<SteadyClock::time_point> ping_confirmed_{SteadyClock::time_point{}};
   std::atomic<bool> connected_{false};
   std::atomic<bool> expired_{false};
   std::atomic<SteadyClock::time_point> confirmed_at_{SteadyClock::time_point{}};
@@ -98,11 +121,13 @@ struct Waiter {
   bool woken = false;
 };
 
-// A hold, as the keeper sees it: told (through its loss signal) when its connection is down
-// (suspended) and when its session may be gone (lost).
-struct TrackedHold {
-  const Session* session;
-  std::shared_ptr<LossSignal> loss;
+// Nodes of ours whose removal (or whose creation) could not be confirmed: the janitor thread
+// removes them once the connection is back, so no entry of ours stays in a queue (where
+// everyone, Curator peers included, would wait behind it) until the session ends.
+struct Orphan {
+  std::weak_ptr<Session> session;  // the nodes die with it
+  std::string path;                // a node to delete, or
+  std::string parent, uuid;        // every child of `parent` carrying `uuid` that this session owns
 };
 
 class Connection {
@@ -122,11 +147,14 @@ class Connection {
   // Registers `waiter` for events on `path` (and on every session event) until unwatch().
   void watch(const std::string& path, Waiter* waiter);
   void unwatch(const std::string& path, Waiter* waiter);
-  // Sleeps until the waiter is woken or the deadline passes. Returns false on the deadline.
-  bool sleep(Waiter& waiter, Deadline deadline);
+  // Sleeps until the waiter is woken, the deadline passes or `stop` is requested. Returns
+  // false on the deadline or the stop.
+  bool sleep(Waiter& waiter, Deadline deadline, const std::stop_token& stop = {});
 
-  void track(TrackedHold* hold);
-  void untrack(TrackedHold* hold);
+  // Hands nodes of ours to the janitor (see Orphan). Never blocks.
+  void remove_later(Orphan orphan);
+  // Orphans not yet removed (for tests and inspect of the client itself).
+  std::size_t orphans() const;
 
  private:
   friend class Session;
@@ -138,20 +166,26 @@ class Connection {
   void adopt_locked(std::shared_ptr<Session> session);
   static void apply_state(Session& session, int state);
   void keeper_loop(std::stop_token stop);
+  void janitor_loop(std::stop_token stop);
+  // One attempt at removing an orphan; true when done (removed, or died with its session).
+  bool clean(const Orphan& orphan);
   void wake_all_locked();
 
   Settings settings_;
+  LossClock clock_;  // outlives every session (their leases refer to it)
 
-  std::mutex mutex_;  // the session pointer, the waiters, the tracked holds
+  mutable std::mutex mutex_;  // the session pointer, the waiters, the tracked holds
   std::condition_variable_any cv_;
   std::shared_ptr<Session> session_;
   // The client may connect before open_session() returns: the event is kept until adopted.
   std::map<zhandle_t*, int> early_states_;
   std::map<std::string, std::set<Waiter*>> waiters_;
   std::set<Waiter*> all_waiters_;
-  std::set<TrackedHold*> holds_;
   bool session_event_ = false;  // wakes the keeper
+  std::vector<Orphan> orphans_;
+  std::condition_variable_any janitor_cv_;
 
+  std::jthread janitor_;
   std::jthread keeper_;  // last: stopped and joined first
 };
 

@@ -21,8 +21,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -69,28 +71,48 @@ struct Entry {
   std::string uuid;  // the protection id, "" for unprotected nodes
 };
 
-// A queue entry ends in a 10-digit sequence after one of the labels; anything else (the
-// semaphore's `locks`, a nested name's parent) is not an entry.
+bool is_uuid(std::string_view text) {
+  if (text.size() != kUuidLength) return false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash ? c != '-' : !std::isxdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+// A queue entry is exactly what Curator names one: [_c_<uuid>-]<label><10 digits>. Anything
+// else (the semaphore's `locks`, a nested name's node, a peer's stray node) is not an entry;
+// and encode_name never makes a name's node look like one (see there), so one name cannot
+// forge another's entries.
 std::optional<Entry> parse_entry(const std::string& node) {
-  if (node.size() < kSequenceDigits) return std::nullopt;
-  const auto digits = node.size() - kSequenceDigits;
-  std::uint64_t seq = 0;
-  const auto [end, error] = std::from_chars(node.data() + digits, node.data() + node.size(), seq);
-  if (error != std::errc() || end != node.data() + node.size()) return std::nullopt;
+  std::string_view rest(node);
   Entry entry;
-  entry.node = node;
-  entry.seq = seq;
-  const auto head = std::string_view(node).substr(0, digits);
-  if (head.ends_with(kReadLabel)) {
+  if (rest.starts_with("_c_")) {
+    if (rest.size() < 3 + kUuidLength + 1 || !is_uuid(rest.substr(3, kUuidLength)) || rest[3 + kUuidLength] != '-') {
+      return std::nullopt;
+    }
+    entry.uuid = std::string(rest.substr(3, kUuidLength));
+    rest.remove_prefix(3 + kUuidLength + 1);
+  }
+  if (rest.starts_with(kReadLabel)) {
     entry.kind = EntryKind::shared;
-  } else if (head.ends_with(kWriteLabel) || head.ends_with(kMutexLabel)) {
+    rest.remove_prefix(std::strlen(kReadLabel));
+  } else if (rest.starts_with(kWriteLabel) || rest.starts_with(kMutexLabel)) {
     entry.kind = EntryKind::exclusive;
-  } else if (head.ends_with(kLeaseLabel) || head.ends_with(kWaitLabel)) {
+    rest.remove_prefix(std::strlen(rest.starts_with(kWriteLabel) ? kWriteLabel : kMutexLabel));
+  } else if (rest.starts_with(kLeaseLabel) || rest.starts_with(kWaitLabel)) {
     entry.kind = EntryKind::lease;
+    rest.remove_prefix(std::strlen(rest.starts_with(kLeaseLabel) ? kLeaseLabel : kWaitLabel));
   } else {
     return std::nullopt;
   }
-  if (node.starts_with("_c_") && node.size() > 3 + kUuidLength) entry.uuid = node.substr(3, kUuidLength);
+  if (rest.size() != kSequenceDigits) return std::nullopt;
+  for (const char c : rest) {
+    if (c < '0' || c > '9') return std::nullopt;
+  }
+  std::from_chars(rest.data(), rest.data() + rest.size(), entry.seq);
+  entry.node = node;
   return entry;
 }
 
@@ -160,14 +182,34 @@ std::optional<std::int64_t> recorded_limit(const std::string& data) {
   return parse_number(data.substr(6));
 }
 
+// A name's segment after the first is a child of the node of the name before it (name "a/b"
+// lives under name "a"): it must not be mistaken for one of that name's nodes. Such segments
+// are the entry patterns of parse_entry and the fixed children of a name's node.
+bool looks_like_a_names_node(std::string_view segment) {
+  return parse_entry(std::string(segment)).has_value() || segment == "locks" || segment == "leases" ||
+         segment == "permits" || segment == "permit-waiters";
+}
+
 // ZooKeeper refuses in paths the code points Java's PathUtils refuses: U+007F-U+009F,
 // U+D800-U+F8FF, U+FFF0-U+FFFF and, as they need UTF-16 surrogates, everything above U+FFFF.
-// Their UTF-8 bytes (and '%', so the mapping stays one-to-one) are percent-encoded; every
-// other name is its path unchanged, as Curator users write it.
+// Their UTF-8 bytes (and '%', so the mapping stays one-to-one) are percent-encoded. So is the
+// first byte of a segment (after the first) that looks like a name's own node (see above):
+// "a/lock-0000000000" is ROOT/a/%6Cock-0000000000, never an entry of "a". Every other name is
+// its path unchanged, as Curator users write it.
 std::string encode_name(const std::string& name) {
   std::string path;
   path.reserve(name.size());
   for (std::size_t i = 0; i < name.size();) {
+    if (i > 0 && name[i - 1] == '/') {
+      const auto end = std::min(name.find('/', i), name.size());
+      if (looks_like_a_names_node(std::string_view(name).substr(i, end - i))) {
+        char escaped[4];
+        std::snprintf(escaped, sizeof escaped, "%%%02X", static_cast<unsigned char>(name[i]));
+        path += escaped;
+        ++i;
+        continue;
+      }
+    }
     const auto lead = static_cast<unsigned char>(name[i]);
     const std::size_t length = lead < 0x80 ? 1 : lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
     std::uint32_t code = length == 1 ? lead : lead & (0x7f >> length);
@@ -195,7 +237,6 @@ std::string describe(int rc) { return zerror(rc); }
   throw BackendUnavailable("ZooKeeper " + what + " failed: " + describe(rc));
 }
 
-// Thrown inside an acquire when its session went away: the acquire starts over on a new one.
 // What inspect shows of one node: its token, its creator (from its data) and its creation time.
 EntryInfo entry_info(const Entry& entry, const NodeInfo& node, const Stat& stat, std::string kind) {
   EntryInfo info;
@@ -208,7 +249,13 @@ EntryInfo entry_info(const Entry& entry, const NodeInfo& node, const Stat& stat,
   return info;
 }
 
+// Thrown inside the backend when its session went away: an acquire starts over on a new one;
+// at the backend's boundary everything else translates it (session_expired()), never lets it out.
 struct SessionGone {};
+
+[[noreturn]] void session_expired(const std::string& what) {
+  throw BackendUnavailable("the ZooKeeper session expired during " + what + "; a new one is being opened");
+}
 
 class ZookeeperBackend;
 
@@ -227,7 +274,8 @@ class ZookeeperHold final : public BackendHold {
   std::shared_ptr<Session> session_;
   std::vector<std::string> paths_;  // our nodes: one entry, or one lease node per permit
   std::uint64_t token_;
-  TrackedHold tracked_;
+  std::shared_ptr<LossSignal> loss_;
+  std::shared_ptr<ServerLease> lease_;  // the session's, when the hold was made
   bool released_ = false;
 };
 
@@ -249,7 +297,7 @@ class ZookeeperBackend final : public Backend {
  private:
   std::string path_of(const std::string& name) const { return connection_.settings().root + "/" + encode_name(name); }
   // Creates every missing node of `path` (and `path` itself) as a container.
-  void ensure_path(Session& session, const std::string& path);
+  void ensure_path(Session& session, const std::string& path, Deadline deadline);
   // Creates an ephemeral sequential child PARENT/PREFIX<seq> and returns its name (not path).
   // After a connection loss it looks for its own node by the protection prefix.
   std::string create_entry(Session& session, const std::string& parent, const std::string& prefix,
@@ -259,30 +307,50 @@ class ZookeeperBackend final : public Backend {
                                 bool missing_is_empty = true);
   std::optional<std::string> read(Session& session, const std::string& path, bool watch, Deadline deadline,
                                   Stat* stat = nullptr);
-  // Deletes our node, retrying while the connection is down (an entry we gave up on must
-  // never stay in line, CURATOR-678); best effort after that (it dies with the session).
+  // After a create whose reply was lost: our node, if the server made it, found by the
+  // protection id; nullopt when it was not made. When that stays unknown past the deadline,
+  // hands the look-up to the janitor (which removes the node) and throws BackendUnavailable.
+  std::optional<std::string> find_own(Session& session, const std::string& parent, const std::string& uuid,
+                                      Deadline deadline);
+  // Deletes our node; when the connection is down, the janitor does it once it is back (an
+  // entry we gave up on must never stay in line, CURATOR-678). Never blocks past one call.
   void remove_quietly(Session& session, const std::string& path) noexcept;
 
   std::unique_ptr<BackendHold> acquire_lock(Session& session, const QueueRequest& request, Deadline deadline,
                                             std::shared_ptr<LossSignal>& loss);
   std::unique_ptr<BackendHold> acquire_lease(Session& session, const QueueRequest& request, Deadline deadline,
                                              std::shared_ptr<LossSignal>& loss);
+  // Whether a node of ours is gone, after a write whose reply was lost: read after a sync, so a
+  // lagging ensemble member cannot answer from before the write. nullopt when the server did
+  // not answer by the deadline.
+  std::optional<bool> gone(Session& session, const std::string& path, Deadline deadline);
+  // Throws InvalidArgument when a lease request cannot be one ZooKeeper transaction.
+  void check_lease_request(const QueueRequest& request, const std::string& lease_prefix, const std::string& lease_data);
   // Throws KindMismatch when the semaphore children of a lock path have entries.
   void refuse_semaphore_users(Session& session, const std::string& path, const std::vector<std::string>& children,
                               const QueueRequest& request, Deadline deadline);
   // Waits on `path` (registered before the watch is set) until it changes; false on the
-  // deadline. Returns at once when the node is already gone.
-  bool wait_for_change(Session& session, const std::string& path, Deadline deadline);
+  // deadline or a stop. Returns true at once when the node is already gone, or when
+  // `still_blocks` says its data (read with the watch) no longer blocks us.
+  bool wait_for_change(Session& session, const std::string& path, Deadline deadline, const std::stop_token& stop = {},
+                       const std::function<bool(const std::string&)>& still_blocks = {});
   void inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
-                    Inspection& result);
-  void inspect_semaphore(Session& session, const std::string& path, Inspection& result);
+                    Inspection& result, Deadline deadline);
+  void inspect_semaphore(Session& session, const std::string& path, Inspection& result, Deadline deadline);
 
   std::shared_ptr<Session> session_for(Deadline deadline) { return connection_.session(deadline); }
+  // For calls that have no deadline of their own (counters, inspect): a session timeout,
+  // at least 5 s.
+  Deadline call_deadline() const {
+    return SteadyClock::now() + std::max(milliseconds(5000), connection_.settings().session_timeout);
+  }
 
   Connection connection_;
   std::atomic<bool> containers_supported_{true};
   friend class ZookeeperHold;
 };
+
+bool past(Deadline deadline) { return deadline && SteadyClock::now() >= *deadline; }
 
 void check_session(Session& session, int rc) {
   if (session_gone(rc) || session.expired()) throw SessionGone{};
@@ -290,13 +358,13 @@ void check_session(Session& session, int rc) {
 
 ZookeeperHold::ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session> session, std::vector<std::string> paths,
                              std::uint64_t token, std::shared_ptr<LossSignal> loss)
-    : backend_(backend), session_(std::move(session)), paths_(std::move(paths)), token_(token),
-      tracked_{session_.get(), std::move(loss)} {
-  backend_.connection().track(&tracked_);
+    : backend_(backend), session_(std::move(session)), paths_(std::move(paths)), token_(token), loss_(std::move(loss)),
+      lease_(session_->lease()) {
+  lease_->attach(loss_);  // lost at once if the lease is
 }
 
 ZookeeperHold::~ZookeeperHold() {
-  if (!released_) backend_.connection().untrack(&tracked_);  // the core releases first; this guards misuse
+  if (!released_) lease_->detach(loss_.get());  // the core releases first; this guards misuse
 }
 
 void ZookeeperHold::downgrade() {
@@ -305,9 +373,12 @@ void ZookeeperHold::downgrade() {
   const int rc = session_->set(paths_.front(), node_data("downgraded"), -1);
   if (rc == ZOK) return;
   if (rc == ZNONODE || session_gone(rc)) {
-    tracked_.loss->lose("its ZooKeeper session expired");
+    loss_->lose("its ZooKeeper session expired");
     return;
   }
+  // Connection trouble: the set may or may not have been applied. Either way the entry is
+  // consistent (a writer's or a downgraded one, same place, same token) and setting it again
+  // is idempotent: the core retries, or releases the hold whole.
   fail("downgrade of '" + paths_.front() + "'", rc);
 }
 
@@ -332,19 +403,19 @@ void ZookeeperHold::release() {
     throw BackendUnavailable("ZooKeeper release of '" + paths_.front() + "' failed: " + describe(rc));
   }
   released_ = true;
-  backend_.connection().untrack(&tracked_);
+  lease_->detach(loss_.get());
   if (rc == ZOK) {
-    if (session_->expired()) tracked_.loss->lose("its ZooKeeper session expired");
+    if (session_->expired()) loss_->lose("its ZooKeeper session expired");
     return;
   }
   if (rc == ZNONODE || session_gone(rc)) {
-    tracked_.loss->lose("its ZooKeeper session expired before the release");
+    loss_->lose("its ZooKeeper session expired before the release");
     return;
   }
   fail("release of '" + paths_.front() + "'", rc);
 }
 
-void ZookeeperBackend::ensure_path(Session& session, const std::string& path) {
+void ZookeeperBackend::ensure_path(Session& session, const std::string& path, Deadline deadline) {
   // Top down: each level exists or is created; a container left empty is reaped by the server.
   for (std::size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
     const auto prefix = slash == std::string::npos ? path : path.substr(0, slash);
@@ -357,7 +428,7 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path) {
         continue;
       }
       check_session(session, rc);
-      if (connection_trouble(rc)) {
+      if (connection_trouble(rc) && !past(deadline)) {
         std::this_thread::sleep_for(milliseconds(50));
         continue;
       }
@@ -370,34 +441,53 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path) {
 std::string ZookeeperBackend::create_entry(Session& session, const std::string& parent, const std::string& prefix,
                                            const std::string& uuid, const std::string& data, Deadline deadline) {
   const auto path = parent + "/" + prefix;
-  for (int attempt = 0;; ++attempt) {
+  for (;;) {
     std::string created;
     const int rc = session.create(path, data, ZOO_EPHEMERAL_SEQUENTIAL, &created);
     if (rc == ZOK) return created.substr(parent.size() + 1);
     if (rc == ZNONODE) {
-      ensure_path(session, parent);  // first use, or the server reaped the empty container
+      ensure_path(session, parent, deadline);  // first use, or the server reaped the empty container
       continue;
     }
     check_session(session, rc);
     if (!connection_trouble(rc)) fail("create under '" + parent + "'", rc);
-    // Unknown outcome: did the server make our node? Look for our protection id, owned by
-    // this very session (a node of an earlier session is not ours, CURATOR-604).
-    for (;;) {
-      std::vector<std::string> children;
-      const int listed = session.children(parent, false, &children);
-      check_session(session, listed);
-      if (connection_trouble(listed)) {
-        if (deadline && SteadyClock::now() > *deadline + milliseconds(5000)) fail("create under '" + parent + "'", listed);
-        std::this_thread::sleep_for(milliseconds(50));
-        continue;
-      }
+    if (auto mine = find_own(session, parent, uuid, deadline)) return *mine;
+    // Not made: create it again (same protection id, so a second loss is resolved alike).
+  }
+}
+
+std::optional<std::string> ZookeeperBackend::find_own(Session& session, const std::string& parent, const std::string& uuid,
+                                                      Deadline deadline) {
+  for (;;) {
+    // sync first: after a reconnect to a lagging ensemble member, a plain read could miss a
+    // node the leader made, and we would create a second one.
+    int rc = session.sync(parent);
+    std::vector<std::string> children;
+    if (rc == ZOK) rc = session.children(parent, false, &children);
+    if (rc == ZNONODE) return std::nullopt;
+    if (rc == ZOK) {
+      bool trouble = false;
       for (const auto& child : children) {
         if (child.find(uuid) == std::string::npos) continue;
+        // Ours only if this very session owns it (a node of an earlier session is not, CURATOR-604).
         Stat stat{};
-        if (session.exists(parent + "/" + child, false, &stat) == ZOK && stat.ephemeralOwner == session.id()) return child;
+        const int found = session.exists(parent + "/" + child, false, &stat);
+        if (found == ZOK && stat.ephemeralOwner == session.id()) return child;
+        check_session(session, found);
+        trouble = trouble || connection_trouble(found);
       }
-      break;
+      if (!trouble) return std::nullopt;
+    } else {
+      check_session(session, rc);
     }
+    if (past(deadline) || !connection_trouble(rc)) {
+      // Still unknown: the janitor finds and removes it once the connection is back, so it
+      // never waits in line (or holds) for nobody.
+      connection_.remove_later({session.weak_from_this(), "", parent, uuid});
+      throw BackendUnavailable("ZooKeeper did not confirm a create under '" + parent + "' (" + describe(rc) +
+                               "); its node, if it was made, is removed once the connection is back");
+    }
+    std::this_thread::sleep_for(milliseconds(50));
   }
 }
 
@@ -409,9 +499,7 @@ std::vector<std::string> ZookeeperBackend::list(Session& session, const std::str
     if (rc == ZOK) return children;
     if (rc == ZNONODE && missing_is_empty) return {};
     check_session(session, rc);
-    if (!connection_trouble(rc) || (deadline && SteadyClock::now() > *deadline + milliseconds(5000))) {
-      fail("listing of '" + path + "'", rc);
-    }
+    if (!connection_trouble(rc) || past(deadline)) fail("listing of '" + path + "'", rc);
     std::this_thread::sleep_for(milliseconds(50));
   }
 }
@@ -424,23 +512,24 @@ std::optional<std::string> ZookeeperBackend::read(Session& session, const std::s
     if (rc == ZOK) return data;
     if (rc == ZNONODE) return std::nullopt;
     check_session(session, rc);
-    if (!connection_trouble(rc) || (deadline && SteadyClock::now() > *deadline + milliseconds(5000))) {
-      fail("read of '" + path + "'", rc);
-    }
+    if (!connection_trouble(rc) || past(deadline)) fail("read of '" + path + "'", rc);
     std::this_thread::sleep_for(milliseconds(50));
   }
 }
 
 void ZookeeperBackend::remove_quietly(Session& session, const std::string& path) noexcept {
-  const auto until = SteadyClock::now() + std::max(milliseconds(2000), session.timeout());
-  for (;;) {
-    const int rc = session.remove(path);
-    if (!connection_trouble(rc) || SteadyClock::now() > until) return;
-    std::this_thread::sleep_for(milliseconds(50));
+  const int rc = session.remove(path);
+  if (!connection_trouble(rc)) return;  // removed, or gone with its session
+  try {
+    connection_.remove_later({session.weak_from_this(), path, "", ""});
+  } catch (...) {
+    // Out of memory: the node goes with the session.
   }
 }
 
-bool ZookeeperBackend::wait_for_change(Session& session, const std::string& path, Deadline deadline) {
+bool ZookeeperBackend::wait_for_change(Session& session, const std::string& path, Deadline deadline,
+                                       const std::stop_token& stop,
+                                       const std::function<bool(const std::string&)>& still_blocks) {
   Waiter waiter;
   connection_.watch(path, &waiter);
   struct Unwatch {
@@ -449,9 +538,11 @@ bool ZookeeperBackend::wait_for_change(Session& session, const std::string& path
     Waiter* waiter;
     ~Unwatch() { connection.unwatch(path, waiter); }
   } unwatch{connection_, path, &waiter};
-  // getData, not exists: a node already gone leaves no watch behind.
-  if (!read(session, path, true, deadline)) return true;
-  const bool in_time = connection_.sleep(waiter, deadline);
+  // getData, not exists: a node already gone leaves no watch behind. The read that sets the
+  // watch is the one that decides: a change between a first look and the watch is not missed.
+  const auto data = read(session, path, true, deadline);
+  if (!data || (still_blocks && !still_blocks(*data))) return true;
+  const bool in_time = connection_.sleep(waiter, deadline, stop);
   check_session(session, ZOK);
   return in_time;
 }
@@ -460,13 +551,52 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire(const QueueRequest& reque
                                                        std::shared_ptr<LossSignal> loss) {
   // A session that expires while we wait took our entry with it: join again on the new one.
   for (;;) {
+    if (request.stop.stop_requested()) return nullptr;
     auto session = session_for(deadline);
     try {
       return request.kind == EntryKind::lease ? acquire_lease(*session, request, deadline, loss)
                                               : acquire_lock(*session, request, deadline, loss);
     } catch (const SessionGone&) {
-      if (deadline && SteadyClock::now() >= *deadline) return nullptr;
+      if (past(deadline)) return nullptr;
     }
+  }
+}
+
+std::optional<bool> ZookeeperBackend::gone(Session& session, const std::string& path, Deadline deadline) {
+  for (;;) {
+    int rc = session.sync(path.substr(0, path.rfind('/')));
+    if (rc == ZOK) rc = session.exists(path, false);
+    if (rc == ZOK) return false;
+    if (rc == ZNONODE) return true;
+    check_session(session, rc);
+    if (!connection_trouble(rc) || past(deadline)) return std::nullopt;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+}
+
+// One lease node per permit, all made in one multi (Curator's layout): the request must fit
+// ZooKeeper's request limit (jute.maxbuffer, 1 MB by default) or the server refuses it every
+// time. We allow at most kMaxZookeeperPermits per acquire, and a transaction of at most half
+// that limit (long names and chroots make each node's path longer).
+constexpr std::int64_t kMaxZookeeperPermits = 1000;
+constexpr std::size_t kMaxTransactionBytes = 512 * 1024;
+
+void ZookeeperBackend::check_lease_request(const QueueRequest& request, const std::string& lease_prefix,
+                                           const std::string& lease_data) {
+  if (request.permits > kMaxZookeeperPermits) {
+    throw InvalidArgument("Semaphore '" + request.name + "': " + std::to_string(request.permits) +
+                          " permits in one acquire; ZooKeeper takes at most " + std::to_string(kMaxZookeeperPermits) +
+                          " (one node per permit, made in one transaction)");
+  }
+  // Per create: header and lengths (~40 bytes), the path with its sequence suffix, the data,
+  // the ACL (scheme, id and perms; the digest id is the user plus a 28-byte hash).
+  const std::size_t acl = 40 + connection_.settings().user.size() + 32;
+  const std::size_t per_lease = 40 + lease_prefix.size() + kSequenceDigits + lease_data.size() + acl;
+  const std::size_t bytes = per_lease * static_cast<std::size_t>(std::max<std::int64_t>(request.permits, 1)) + 1024;
+  if (bytes > kMaxTransactionBytes) {
+    throw InvalidArgument("Semaphore '" + request.name + "': " + std::to_string(request.permits) +
+                          " permits make a ZooKeeper transaction of about " + std::to_string(bytes / 1024) +
+                          " KiB with this name; at most " + std::to_string(kMaxTransactionBytes / 1024) + " KiB");
   }
 }
 
@@ -515,6 +645,7 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lock(Session& session, co
       // Whom we wait for: an exclusive entry waits for the one just ahead; a shared one for
       // the nearest exclusive entry ahead that was not downgraded.
       std::optional<std::string> blocker;
+      std::function<bool(const std::string&)> still_blocks;
       bool stale = false;  // an entry we looked at left meanwhile: list again
       if (request.kind == EntryKind::exclusive) {
         if (me > 0) blocker = path + "/" + entries[me - 1].node;
@@ -529,6 +660,9 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lock(Session& session, co
           }
           if (parse_node_data(*data).downgraded) continue;
           blocker = ahead;
+          // Decided again from the data read with the watch: a downgrade between this look
+          // and the watch must not leave us waiting for a change that already happened.
+          still_blocks = [](const std::string& now) { return !parse_node_data(now).downgraded; };
           break;
         }
       }
@@ -540,7 +674,7 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lock(Session& session, co
       // A long queue's listing is not kept while we sleep: memory per waiter stays constant.
       decltype(children)().swap(children);
       decltype(entries)().swap(entries);
-      if (try_once || !wait_for_change(session, *blocker, deadline)) {
+      if (try_once || !wait_for_change(session, *blocker, deadline, request.stop, still_blocks)) {
         remove_quietly(session, my_path);
         return nullptr;
       }
@@ -560,6 +694,9 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
   const auto line = path + "/locks";
   const auto leases = path + "/leases";
   const auto uuid = random_uuid();
+  const auto lease_prefix = leases + "/_c_" + uuid + "-" + kLeaseLabel;
+  const auto lease_data = node_data("lease", request.permits);
+  check_lease_request(request, lease_prefix, lease_data);
   // The line is InterProcessSemaphoreV2's `locks` mutex: its head alone may add leases.
   const auto mine = create_entry(session, line, "_c_" + uuid + "-" + kMutexLabel, uuid, node_data("lease", request.permits), deadline);
   const auto my_path = line + "/" + mine;
@@ -584,7 +721,7 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
             check_queue_mode(request, "semaphore", *limit);
           }
         }
-        if (try_once || !wait_for_change(session, line + "/" + entries[me - 1].node, deadline)) {
+        if (try_once || !wait_for_change(session, line + "/" + entries[me - 1].node, deadline, request.stop)) {
           remove_quietly(session, my_path);
           return nullptr;
         }
@@ -623,8 +760,6 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
         // One transaction: record the limit (if it changes), add our leases, leave the line.
         // Nothing half-done can leak (CURATOR-315 and kin).
         const auto limit_text = "limit=" + std::to_string(request.limit);
-        const auto lease_prefix = leases + "/_c_" + uuid + "-" + kLeaseLabel;
-        const auto lease_data = node_data("lease", request.permits);
         std::vector<zoo_op_t> ops;
         const auto count = static_cast<std::size_t>(request.permits) + 2;
         ops.reserve(count);
@@ -647,22 +782,35 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
         const int rc = session.multi(static_cast<int>(ops.size()), ops.data(), results.data());
         if (rc == ZBADVERSION) continue;  // someone else recorded a limit meanwhile: look again
         if (rc == ZNONODE) {
-          ensure_path(session, leases);
+          ensure_path(session, leases, deadline);
           continue;
         }
         check_session(session, rc);
         if (connection_trouble(rc)) {
-          // Unknown outcome: it happened iff our place in line is gone and our leases exist.
-          std::this_thread::sleep_for(milliseconds(50));
-          if (session.exists(my_path, false) == ZOK) continue;
+          // Unknown outcome: applied iff our place in line is gone (and our leases exist).
+          // "Gone" only on the server's word (ZNONODE after a sync), never on a failed look.
+          const auto applied = gone(session, my_path, deadline);
+          if (!applied) {
+            // Still unknown: whatever the multi left of ours is removed once the connection
+            // is back (the line node by the catch below), never left to hold for nobody.
+            connection_.remove_later({session.weak_from_this(), "", leases, uuid});
+            throw BackendUnavailable("ZooKeeper did not confirm the leases of '" + request.name +
+                                     "'; any it made are removed once the connection is back");
+          }
+          if (!*applied) continue;  // not applied: still heading the line
           std::vector<std::string> paths;
           std::uint64_t first_seq = ~0ULL;
-          for (const auto& entry : sorted_entries(list(session, leases, false, deadline))) {
-            if (entry.uuid != uuid) continue;
-            paths.push_back(leases + "/" + entry.node);
-            first_seq = std::min(first_seq, entry.seq);
+          try {
+            for (const auto& entry : sorted_entries(list(session, leases, false, deadline))) {
+              if (entry.uuid != uuid) continue;
+              paths.push_back(leases + "/" + entry.node);
+              first_seq = std::min(first_seq, entry.seq);
+            }
+          } catch (const BackendUnavailable&) {
+            connection_.remove_later({session.weak_from_this(), "", leases, uuid});
+            throw;
           }
-          if (paths.empty()) throw SessionGone{};
+          if (paths.empty()) throw SessionGone{};  // our line node was removed under us
           return std::make_unique<ZookeeperHold>(*this, session.shared_from_this(), std::move(paths), first_seq + 1,
                                                  std::move(loss));
         }
@@ -678,7 +826,7 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
         return std::make_unique<ZookeeperHold>(*this, session.shared_from_this(), std::move(paths), first_seq + 1,
                                                std::move(loss));
       }
-      if (try_once || !connection_.sleep(waiter, deadline)) {
+      if (try_once || !connection_.sleep(waiter, deadline, request.stop)) {
         remove_quietly(session, my_path);
         return nullptr;
       }
@@ -693,12 +841,12 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
 }
 
 void ZookeeperBackend::inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
-                                    Inspection& result) {
+                                    Inspection& result, Deadline deadline) {
   bool exclusive_ahead = false;
   bool first = true;
   for (const auto& entry : sorted_entries(children)) {
     Stat stat{};
-    const auto data = read(session, path + "/" + entry.node, false, std::nullopt, &stat);
+    const auto data = read(session, path + "/" + entry.node, false, deadline, &stat);
     if (!data) continue;  // left meanwhile
     const auto node = parse_node_data(*data);
     auto info = entry_info(entry, node, stat, entry.kind == EntryKind::shared || node.downgraded ? "shared" : "exclusive");
@@ -710,12 +858,12 @@ void ZookeeperBackend::inspect_lock(Session& session, const std::string& path, c
   }
 }
 
-void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& path, Inspection& result) {
-  const auto holders = sorted_entries(list(session, path + "/leases", false, std::nullopt));
-  const auto line = sorted_entries(list(session, path + "/locks", false, std::nullopt));
+void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& path, Inspection& result, Deadline deadline) {
+  const auto holders = sorted_entries(list(session, path + "/leases", false, deadline));
+  const auto line = sorted_entries(list(session, path + "/locks", false, deadline));
   if (holders.empty() && line.empty()) return;
   result.mode = "semaphore";
-  if (const auto data = read(session, path, false, std::nullopt)) result.limit = recorded_limit(*data).value_or(0);
+  if (const auto data = read(session, path, false, deadline)) result.limit = recorded_limit(*data).value_or(0);
   // One holder per protection id: a contender's leases share it.
   std::map<std::string, EntryInfo> by_uuid;
   std::vector<std::string> order;
@@ -726,7 +874,7 @@ void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& pa
     if (added) {
       order.push_back(key);
       Stat stat{};
-      const auto data = read(session, path + "/leases/" + entry.node, false, std::nullopt, &stat);
+      const auto data = read(session, path + "/leases/" + entry.node, false, deadline, &stat);
       info = entry_info(entry, parse_node_data(data.value_or("")), stat, "lease");
       info.permits = 0;  // counted below, one per lease node
       info.holding = true;
@@ -737,30 +885,31 @@ void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& pa
   for (const auto& entry : line) {
     if (by_uuid.count(entry.uuid)) continue;  // admitted, leaving the line right now
     Stat stat{};
-    const auto data = read(session, path + "/locks/" + entry.node, false, std::nullopt, &stat);
+    const auto data = read(session, path + "/locks/" + entry.node, false, deadline, &stat);
     if (!data) continue;
     result.waiters.push_back(entry_info(entry, parse_node_data(*data), stat, "lease"));
   }
 }
 
 Inspection ZookeeperBackend::inspect(const std::string& name) {
-  auto session = session_for(SteadyClock::now() + milliseconds(5000));
+  const auto deadline = call_deadline();
+  auto session = session_for(deadline);
   Inspection result;
   result.name = name;
   const auto path = path_of(name);
   try {
-    const auto children = list(*session, path, false, std::nullopt);
+    const auto children = list(*session, path, false, deadline);
     if (!sorted_entries(children).empty()) {
       result.mode = "lock";
-      inspect_lock(*session, path, children, result);
+      inspect_lock(*session, path, children, result, deadline);
     } else if (std::find(children.begin(), children.end(), "locks") != children.end() ||
                std::find(children.begin(), children.end(), "leases") != children.end()) {
-      inspect_semaphore(*session, path, result);
+      inspect_semaphore(*session, path, result, deadline);
     }
-    if (const auto value = read(*session, path + "/permits", false, std::nullopt)) result.permits = parse_number(*value);
-    for (const auto& entry : sorted_entries(list(*session, path + "/permit-waiters", false, std::nullopt))) {
+    if (const auto value = read(*session, path + "/permits", false, deadline)) result.permits = parse_number(*value);
+    for (const auto& entry : sorted_entries(list(*session, path + "/permit-waiters", false, deadline))) {
       Stat stat{};
-      const auto data = read(*session, path + "/permit-waiters/" + entry.node, false, std::nullopt, &stat);
+      const auto data = read(*session, path + "/permit-waiters/" + entry.node, false, deadline, &stat);
       if (!data) continue;
       result.waiters.push_back(entry_info(entry, parse_node_data(*data), stat, "permits"));
     }
@@ -773,63 +922,107 @@ Inspection ZookeeperBackend::inspect(const std::string& name) {
 // PermitCounter: the count is the text of ROOT/NAME/permits, changed only by a set that
 // names the version it read (compare-and-set). Waiters line up as ephemeral sequential
 // nodes; the head watches the count, the others their predecessor.
+//
+// A session that expires during a call is BackendUnavailable at this boundary (SessionGone
+// never leaves the backend); calls without a deadline of their own give up after
+// call_deadline().
+
+// The count a node holds; a node that does not hold one (a peer's, or data too large to
+// read) is refused rather than overwritten.
+std::int64_t count_of(const std::string& text, const std::string& name) {
+  const auto value = parse_number(text);
+  if (!value) throw BackendUnavailable("the PermitCounter node of '" + name + "' does not hold a number");
+  return *value;
+}
+
 bool ZookeeperBackend::counter_try_set(const std::string& name, std::int64_t permits) {
-  auto session = session_for(SteadyClock::now() + milliseconds(5000));
+  const auto deadline = call_deadline();
+  auto session = session_for(deadline);
   const auto path = path_of(name) + "/permits";
-  for (;;) {
-    const int rc = session->create(path, std::to_string(permits), ZOO_PERSISTENT);
-    if (rc == ZOK) return true;
-    if (rc == ZNODEEXISTS) return false;
-    if (rc == ZNONODE) {
-      ensure_path(*session, path_of(name));
-      continue;
+  try {
+    for (;;) {
+      const int rc = session->create(path, std::to_string(permits), ZOO_PERSISTENT);
+      if (rc == ZOK) return true;
+      if (rc == ZNODEEXISTS) return false;
+      if (rc == ZNONODE) {
+        ensure_path(*session, path_of(name), deadline);
+        continue;
+      }
+      check_session(*session, rc);
+      fail("create of '" + path + "'", rc);  // not retried: the outcome is unknown
     }
-    fail("create of '" + path + "'", rc);
+  } catch (const SessionGone&) {
+    session_expired("PermitCounter::try_set_permits");
   }
 }
 
 std::int64_t ZookeeperBackend::counter_add(const std::string& name, std::int64_t delta) {
-  auto session = session_for(SteadyClock::now() + milliseconds(5000));
+  const auto deadline = call_deadline();
+  auto session = session_for(deadline);
   const auto path = path_of(name) + "/permits";
-  for (;;) {
-    Stat stat{};
-    const auto text = read(*session, path, false, std::nullopt, &stat);
-    const std::int64_t value = text ? parse_number(*text).value_or(0) : 0;
-    std::int64_t sum = 0;
-    if (__builtin_add_overflow(value, delta, &sum)) {
-      throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would overflow");
+  try {
+    for (;;) {
+      Stat stat{};
+      const auto text = read(*session, path, false, deadline, &stat);
+      const std::int64_t value = text ? count_of(*text, name) : 0;
+      std::int64_t sum = 0;
+      if (__builtin_add_overflow(value, delta, &sum)) {
+        throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would overflow");
+      }
+      if (!text) {
+        const int rc = session->create(path, std::to_string(sum), ZOO_PERSISTENT);
+        if (rc == ZOK) return sum;
+        if (rc == ZNODEEXISTS) continue;
+        if (rc == ZNONODE) {
+          ensure_path(*session, path_of(name), deadline);
+          continue;
+        }
+        check_session(*session, rc);
+        fail("create of '" + path + "'", rc);
+      }
+      const int rc = session->set(path, std::to_string(sum), stat.version);
+      if (rc == ZOK) return sum;
+      if (rc == ZBADVERSION || rc == ZNONODE) continue;
+      check_session(*session, rc);
+      fail("update of '" + path + "'", rc);  // not retried: the outcome is unknown
     }
-    if (!text) {
-      if (counter_try_set(name, sum)) return sum;
-      continue;
-    }
-    const int rc = session->set(path, std::to_string(sum), stat.version);
-    if (rc == ZOK) return sum;
-    if (rc == ZBADVERSION || rc == ZNONODE) continue;
-    fail("update of '" + path + "'", rc);  // not retried: the outcome is unknown
+  } catch (const SessionGone&) {
+    session_expired("PermitCounter::add_permits (the change may or may not have been applied)");
   }
 }
 
 std::optional<std::int64_t> ZookeeperBackend::counter_get(const std::string& name) {
-  auto session = session_for(SteadyClock::now() + milliseconds(5000));
-  const auto text = read(*session, path_of(name) + "/permits", false, std::nullopt);
-  if (!text) return std::nullopt;
-  const auto value = parse_number(*text);
-  if (!value) throw BackendUnavailable("the PermitCounter node of '" + name + "' does not hold a number");
-  return value;
+  const auto deadline = call_deadline();
+  for (;;) {
+    auto session = session_for(deadline);
+    try {
+      const auto text = read(*session, path_of(name) + "/permits", false, deadline);
+      if (!text) return std::nullopt;
+      return count_of(*text, name);
+    } catch (const SessionGone&) {
+      if (past(deadline)) session_expired("PermitCounter::available_permits");
+    }
+  }
 }
 
 std::int64_t ZookeeperBackend::counter_drain(const std::string& name) {
-  auto session = session_for(SteadyClock::now() + milliseconds(5000));
+  const auto deadline = call_deadline();
+  auto session = session_for(deadline);
   const auto path = path_of(name) + "/permits";
-  for (;;) {
-    Stat stat{};
-    const auto text = read(*session, path, false, std::nullopt, &stat);
-    if (!text) return 0;
-    const int rc = session->set(path, "0", stat.version);
-    if (rc == ZOK) return parse_number(*text).value_or(0);
-    if (rc == ZBADVERSION) continue;
-    fail("update of '" + path + "'", rc);
+  try {
+    for (;;) {
+      Stat stat{};
+      const auto text = read(*session, path, false, deadline, &stat);
+      if (!text) return 0;
+      const auto value = count_of(*text, name);
+      const int rc = session->set(path, "0", stat.version);
+      if (rc == ZOK) return value;
+      if (rc == ZBADVERSION) continue;
+      check_session(*session, rc);
+      fail("update of '" + path + "'", rc);
+    }
+  } catch (const SessionGone&) {
+    session_expired("PermitCounter::drain_permits (the change may or may not have been applied)");
   }
 }
 
@@ -845,10 +1038,11 @@ bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t per
       if (list(*session, line, false, deadline).empty()) {
         Stat stat{};
         const auto text = read(*session, count_path, false, deadline, &stat);
-        const auto value = text ? parse_number(*text).value_or(0) : 0;
+        const auto value = text ? count_of(*text, name) : 0;
         if (text && value >= permits) {
           const int rc = session->set(count_path, std::to_string(value - permits), stat.version);
           if (rc == ZOK) return true;
+          check_session(*session, rc);
           if (rc != ZBADVERSION) fail("update of '" + count_path + "'", rc);
           continue;
         }
@@ -886,7 +1080,7 @@ bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t per
             check_session(*session, rc);
             if (rc == ZOK) continue;
           }
-          const auto value = text ? parse_number(*text).value_or(0) : 0;
+          const auto value = text ? count_of(*text, name) : 0;
           if (text && value >= permits) {
             // Take them and leave the line in one transaction.
             const auto left = std::to_string(value - permits);
@@ -898,9 +1092,16 @@ bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t per
             if (rc == ZOK) return true;
             check_session(*session, rc);
             if (rc == ZBADVERSION) continue;
-            if (connection_trouble(rc) && session->exists(my_path, false) == ZNONODE) return true;
-            if (connection_trouble(rc)) continue;
-            fail("update of '" + count_path + "'", rc);
+            if (!connection_trouble(rc)) fail("update of '" + count_path + "'", rc);
+            // Unknown outcome: applied iff our place in line is gone, on the server's word
+            // after a sync (never twice: a resend could take the permits again).
+            const auto applied = gone(*session, my_path, deadline);
+            if (!applied) {
+              throw BackendUnavailable("ZooKeeper did not confirm whether PermitCounter '" + name + "' gave " +
+                                       std::to_string(permits) + " permits: they may have been taken");
+            }
+            if (*applied) return true;
+            continue;
           }
           if (!connection_.sleep(waiter, deadline)) {
             remove_quietly(*session, my_path);
@@ -915,7 +1116,7 @@ bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t per
         throw;
       }
     } catch (const SessionGone&) {
-      if (deadline && SteadyClock::now() >= *deadline) return false;
+      if (past(deadline)) return false;
     }
   }
 }
