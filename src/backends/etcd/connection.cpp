@@ -209,7 +209,7 @@ void Connection::prepare(grpc::ClientContext& context, Deadline deadline, bool m
   if (!token_.empty()) context.AddMetadata("token", token_);
 }
 
-void Connection::check_retryable(const grpc::Status& status, const char* what) {
+void Connection::check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline) {
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
@@ -223,12 +223,18 @@ void Connection::check_retryable(const grpc::Status& status, const char* what) {
     case grpc::StatusCode::UNAUTHENTICATED:
       // An expired or revoked token: authenticate again, then retry.
       if (!settings_.user.empty()) {
-        authenticate(SteadyClock::now() + milliseconds(5000));
+        authenticate(std::max(deadline, SteadyClock::now() + milliseconds(100)));
         return;
       }
       throw AccessDenied(std::string("etcd refused ") + what + ": " + describe(status));
     case grpc::StatusCode::PERMISSION_DENIED:
-      throw AccessDenied(std::string("etcd refused ") + what + " (user '" + settings_.user + "'): " + describe(status));
+      // No user name: credentials never appear in messages.
+      throw AccessDenied(std::string("etcd refused ") + what + " to this client's user: " + describe(status));
+    case grpc::StatusCode::NOT_FOUND:
+      if (status.error_message().find("lease not found") != std::string::npos) {
+        throw LeaseGone(std::string("etcd no longer knows the lease of ") + what + ": " + describe(status));
+      }
+      throw BackendUnavailable(std::string("etcd failed ") + what + " at " + settings_.description + ": " + describe(status));
     default:
       throw BackendUnavailable(std::string("etcd failed ") + what + " at " + settings_.description + ": " + describe(status));
   }
@@ -248,7 +254,7 @@ void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempot
       status = call(context);
     }
     if (status.ok()) return;
-    check_retryable(status, what);
+    check_retryable(status, what, deadline);
     const bool unsent = status.error_code() == grpc::StatusCode::UNAVAILABLE && status.error_message().find("connect") != std::string::npos;
     if (!idempotent && !unsent) {
       throw BackendUnavailable(std::string("etcd did not confirm ") + what + " (its outcome is unknown): " + describe(status));
@@ -285,7 +291,7 @@ void Connection::authenticate(SteadyClock::time_point deadline) {
       case grpc::StatusCode::INVALID_ARGUMENT:
       case grpc::StatusCode::PERMISSION_DENIED:
       case grpc::StatusCode::UNAUTHENTICATED:
-        throw AccessDenied("etcd refused the credentials of user '" + settings_.user + "': " + describe(status));
+        throw AccessDenied("etcd refused the client's credentials: " + describe(status));
       default:
         break;
     }
@@ -328,10 +334,9 @@ void Connection::lease_revoke(std::int64_t lease, SteadyClock::time_point deadli
   pb::LeaseRevokeRequest request;
   request.set_id(lease);
   pb::LeaseRevokeResponse response;
-  grpc::ClientContext context;
-  prepare(context, deadline);
-  GrpcScope scope;
-  current().lease->LeaseRevoke(&context, request, &response);  // best effort: the lease expires anyway
+  // Resent safely: a second revoke finds the lease gone (LeaseGone), which is the goal.
+  unary([&](grpc::ClientContext& context) { return current().lease->LeaseRevoke(&context, request, &response); },
+        deadline, true, "a lease revoke");
 }
 
 std::int64_t Connection::keep_alive(std::int64_t lease, SteadyClock::time_point deadline) {
@@ -347,16 +352,18 @@ std::int64_t Connection::keep_alive(std::int64_t lease, SteadyClock::time_point 
   context.TryCancel();  // one round per stream: do not wait for the server to close it
   const auto status = stream->Finish();
   if (answered) return response.ttl();
-  check_retryable(status, "a lease keep-alive");
+  check_retryable(status, "a lease keep-alive", deadline);
   throw BackendUnavailable("no etcd answered a lease keep-alive at " + settings_.description + ": " + describe(status));
 }
 
 // --- WatchStream ---------------------------------------------------------------------------
 
-WatchStream::WatchStream(Connection& connection, const pb::WatchCreateRequest& request, Deadline deadline)
-    : scope_(&context_) {
+WatchStream::WatchStream(Connection& connection, Deadline deadline) : connection_(connection), scope_(&context_) {
   connection.prepare(context_, deadline);
-  stream_ = connection.watch_stub().Watch(&context_);
+}
+
+void WatchStream::start(const pb::WatchCreateRequest& request) {
+  stream_ = connection_.watch_stub().Watch(&context_);
   pb::WatchRequest create;
   *create.mutable_create_request() = request;
   pb::WatchResponse response;
@@ -368,10 +375,11 @@ WatchStream::WatchStream(Connection& connection, const pb::WatchCreateRequest& r
 
 WatchStream::~WatchStream() {
   context_.TryCancel();
-  stream_->Finish();
+  if (stream_) stream_->Finish();
 }
 
 bool WatchStream::next(pb::WatchResponse& response) {
+  if (!stream_) return false;
   while (stream_->Read(&response)) {
     if (response.canceled() || response.compact_revision() != 0) return false;
     if (response.events_size() > 0) return true;

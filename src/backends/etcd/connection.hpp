@@ -18,6 +18,13 @@ namespace turnstile::detail::etcd {
 
 namespace pb = etcdserverpb;
 
+// etcd answered that a lease is unknown (expired or revoked): every key written with it is
+// gone, and a request that writes with it was not applied.
+class LeaseGone : public BackendUnavailable {
+ public:
+  using BackendUnavailable::BackendUnavailable;
+};
+
 struct Settings {
   std::string description;             // the endpoints as written, for messages
   std::vector<std::string> endpoints;  // host:port
@@ -55,9 +62,12 @@ class Connection;
 // One Watch stream watching one key or prefix from a revision.
 class WatchStream {
  public:
-  // Opens the stream and waits for etcd to confirm the watch. Throws BackendUnavailable.
-  WatchStream(Connection& connection, const pb::WatchCreateRequest& request, Deadline deadline);
+  // Prepares the stream; start() opens it.
+  WatchStream(Connection& connection, Deadline deadline);
   ~WatchStream();
+  // Opens the stream and waits (until the deadline or cancel()) for etcd to confirm the watch.
+  // When it fails, next() reports the end.
+  void start(const pb::WatchCreateRequest& request);
   // The next response with events; false when the stream ended (deadline, cancel(), a
   // broken connection, a compacted start revision): the caller looks again.
   bool next(pb::WatchResponse& response);
@@ -65,6 +75,7 @@ class WatchStream {
   void cancel() { context_.TryCancel(); }
 
  private:
+  Connection& connection_;
   grpc::ClientContext context_;
   GrpcScope scope_;
   std::unique_ptr<grpc::ClientReaderWriter<pb::WatchRequest, pb::WatchResponse>> stream_;
@@ -83,6 +94,7 @@ class Connection {
   pb::RangeResponse range(const pb::RangeRequest& request, SteadyClock::time_point deadline);
   pb::TxnResponse txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent);
   pb::LeaseGrantResponse lease_grant(std::int64_t ttl_seconds, SteadyClock::time_point deadline);
+  // Throws LeaseGone when the lease is already gone, BackendUnavailable when etcd did not answer.
   void lease_revoke(std::int64_t lease, SteadyClock::time_point deadline);
   // One keep-alive round on a LeaseKeepAlive stream: the lease's remaining TTL in seconds,
   // <= 0 when etcd no longer knows the lease. Throws BackendUnavailable.
@@ -94,8 +106,9 @@ class Connection {
   void prepare(grpc::ClientContext& context, Deadline deadline, bool may_wait_for_connection = true);
   pb::Watch::Stub& watch_stub();
   // After a failed call: the status as an exception, or nothing when it is worth retrying
-  // (the endpoint then moves on to the next one).
-  void check_retryable(const grpc::Status& status, const char* what);
+  // (the endpoint then moves on to the next one). A re-authentication it needs ends by
+  // `deadline`. Throws LeaseGone when etcd said the call's lease does not exist.
+  void check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline);
 
  private:
   struct Endpoint {

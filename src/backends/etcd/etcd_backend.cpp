@@ -2,16 +2,27 @@
 // primitive. A client's session is one etcd lease, kept alive every TTL/3. A contender of
 // NAME puts the key NAME/<lease id in hex> (exclusive entries: exactly etcdctl lock's key) or
 // NAME/<lease id in hex>_<n> (shared and lease entries) in a Txn guarded by "create revision
-// == 0"; the queue is every key under NAME/ in create-revision order, the create revision is
-// the fencing token, and a waiter watches the one key it depends on (or, for Semaphore
-// leases, the deletions under the prefix). So `etcdctl lock NAME` and turnstile exclude each
-// other both ways; an entry written by anyone else (etcdctl's empty value) is an exclusive one.
+// == 0"; the queue is every key directly under NAME/ with exactly that syntax, in
+// create-revision order (keys of a name nested below, NAME/x/..., are never counted), the
+// create revision is the fencing token, and a waiter watches the one key it depends on (or,
+// for Semaphore leases, the deletions under the prefix). So `etcdctl lock NAME` and turnstile
+// exclude each other both ways; an entry written by anyone else (etcdctl's empty value) is an
+// exclusive one.
 //
 // Beyond etcd 3.4's Mutex: after every wait the own key is read again (a waiter whose lease
 // expired never takes the lock: etcd-io/etcd#11456); exclusive keys are one per (lease, name),
 // so threads of one client queue locally first (etcd-io/etcd#11360); a release deletes the key
 // only if its create revision is still ours (etcd-io/etcd#22082); a waiter whose session dies
 // stops at once with HoldLost (etcd-io/etcd#19597).
+//
+// Loss: each lease is a ServerLease of the core's LossClock (last confirmed keep-alive's send
+// time + granted TTL - TTL/10). Clean-up: a join whose reply was lost may still be applied
+// later, so each join Txn also requires that its request's "cancelled" marker does not exist;
+// removing an entry of unknown outcome writes that marker and deletes the key (if it holds
+// the join's value) in one Txn, so nothing of the join can survive it. Such removals, and
+// leaves that fail, are retried by a background thread until done or the lease is gone.
+// A release writes a receipt (a key on the lease) with its delete, so a retry whose first
+// reply was lost can tell "released by me" from "gone before".
 #include <unistd.h>
 
 #include <atomic>
@@ -19,11 +30,13 @@
 #include <condition_variable>
 #include <list>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
 
 #include "backends/etcd/connection.hpp"
+#include "core/loss_clock.hpp"
 
 namespace turnstile::detail::etcd {
 namespace {
@@ -31,11 +44,26 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-constexpr milliseconds kCallTimeout{5000};
+// Every network call ends within kCallCap and by the caller's deadline, except that a call
+// that must reach etcd once to mean anything (a try-once join) gets at least kOneShot, and
+// the look after a wait at least kLastLook.
+constexpr milliseconds kCallCap{5000};
+constexpr milliseconds kOneShot{1000};
+constexpr milliseconds kLastLook{250};
+// How long a leave or a clean-up is tried in the caller's thread before the background
+// thread takes it over.
+constexpr milliseconds kLeaveTry{500};
+// A release of a hold already reported lost: its caller is not kept waiting on a dead link
+// (the core retries it in the background).
+constexpr milliseconds kLostReleaseTry{250};
+constexpr milliseconds kReleaseTry{2000};
+constexpr std::size_t kMaxReceiptsPerTxn = 16;
 
-// PermitCounter keys live outside every queue prefix: names cannot contain control characters.
+// Keys of turnstile's own outside every queue prefix: names cannot contain control characters.
 const std::string kCounterPrefix = "\x1fturnstile/permits/";
 const std::string kCounterWaiterPrefix = "\x1fturnstile/permit-waiters/";
+const std::string kCancelPrefix = "\x1fturnstile/cancelled/";  // + <lease hex>_<request>
+const std::string kReceiptPrefix = "\x1fturnstile/released/";  // + <lease hex>_<create revision>
 
 std::string lease_hex(std::int64_t lease) {
   char buffer[24];
@@ -49,10 +77,53 @@ std::string host_name() {
   return buffer;
 }
 
-SteadyClock::time_point call_deadline() { return SteadyClock::now() + kCallTimeout; }
+SteadyClock::time_point call_deadline() { return SteadyClock::now() + kCallCap; }
 
-// One queue entry as stored: "turnstile <kind> <permits> <limit> <pid> <host> <since ms>".
-// Anything else — etcdctl lock's empty value — is an exclusive entry of a foreign contender.
+// A network call's deadline: the caller's, within [now + floor, now + kCallCap].
+SteadyClock::time_point bounded(Deadline deadline, milliseconds floor) {
+  const auto now = SteadyClock::now();
+  if (!deadline) return now + kCallCap;
+  return std::min(now + kCallCap, std::max(*deadline, now + floor));
+}
+
+bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
+
+// A name's entries are its keys NAME/<lease hex> (etcdctl lock's) and NAME/<lease hex>_<n>:
+// only direct children of NAME/ with exactly this syntax count, so the keys of another name
+// (NAME/x/..., or NAME/<hex>/... of a name that itself looks like an entry key) are never
+// taken for entries of NAME.
+bool is_entry_suffix(std::string_view suffix) {
+  const auto underscore = suffix.find('_');
+  const auto hex = suffix.substr(0, underscore);
+  if (hex.empty() || hex.size() > 16) return false;
+  for (char c : hex) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  if (underscore == std::string_view::npos) return true;
+  const auto number = suffix.substr(underscore + 1);
+  if (number.empty() || number.size() > 20) return false;
+  for (char c : number) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+// The entry keys of a range over `prefix`, in the range's order.
+std::vector<const mvccpb::KeyValue*> children(const pb::RangeResponse& range, const std::string& prefix) {
+  std::vector<const mvccpb::KeyValue*> result;
+  result.reserve(range.kvs_size());
+  for (const auto& kv : range.kvs()) {
+    if (kv.key().size() > prefix.size() && kv.key().compare(0, prefix.size(), prefix) == 0 &&
+        is_entry_suffix(std::string_view(kv.key()).substr(prefix.size()))) {
+      result.push_back(&kv);
+    }
+  }
+  return result;
+}
+
+// One queue entry as stored: "turnstile <kind> <permits> <limit> <pid> <host> <since ms>
+// <request>" (the request number makes each join's value unique). Anything else — etcdctl
+// lock's empty value — is an exclusive entry of a foreign contender.
 struct Entry {
   std::string key;
   std::int64_t create_revision = 0;
@@ -64,10 +135,14 @@ struct Entry {
   std::int64_t since_ms = 0;
 };
 
-std::string entry_value(EntryKind kind, std::int64_t permits, std::int64_t limit, const std::string& identity) {
-  const auto since = std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string entry_value(EntryKind kind, std::int64_t permits, std::int64_t limit, const std::string& identity,
+                        std::uint64_t request) {
   return "turnstile " + std::string(to_string(kind)) + " " + std::to_string(permits) + " " + std::to_string(limit) + " " +
-         identity + " " + std::to_string(since);
+         identity + " " + std::to_string(now_ms()) + " " + std::to_string(request);
 }
 
 Entry parse_entry(const mvccpb::KeyValue& kv) {
@@ -107,7 +182,7 @@ pb::RangeRequest key_range(const std::string& key) {
   return range;
 }
 
-void add_compare(pb::TxnRequest& txn, const std::string& key, pb::Compare::CompareTarget target, std::int64_t value) {
+pb::Compare* add_compare(pb::TxnRequest& txn, const std::string& key, pb::Compare::CompareTarget target, std::int64_t value) {
   auto* compare = txn.add_compare();
   compare->set_key(key);
   compare->set_result(pb::Compare::EQUAL);
@@ -115,6 +190,7 @@ void add_compare(pb::TxnRequest& txn, const std::string& key, pb::Compare::Compa
   if (target == pb::Compare::CREATE) compare->set_create_revision(value);
   else if (target == pb::Compare::MOD) compare->set_mod_revision(value);
   else compare->set_version(value);
+  return compare;
 }
 
 void add_put(google::protobuf::RepeatedPtrField<pb::RequestOp>* ops, const std::string& key, const std::string& value,
@@ -133,10 +209,18 @@ void add_range(google::protobuf::RepeatedPtrField<pb::RequestOp>* ops, const pb:
   *ops->Add()->mutable_request_range() = range;
 }
 
-std::vector<Entry> entries_of(const pb::RangeResponse& range) {
+// Deletes `key` only while it is the entry created at `revision`: a late or resent delete
+// never removes a newer entry that reuses the key (etcd-io/etcd#22082).
+pb::TxnRequest delete_entry_txn(const std::string& key, std::int64_t revision) {
+  pb::TxnRequest txn;
+  add_compare(txn, key, pb::Compare::CREATE, revision);
+  add_delete(txn.mutable_success(), key);
+  return txn;
+}
+
+std::vector<Entry> entries_of(const pb::RangeResponse& range, const std::string& prefix) {
   std::vector<Entry> entries;
-  entries.reserve(range.kvs_size());
-  for (const auto& kv : range.kvs()) entries.push_back(parse_entry(kv));
+  for (const auto* kv : children(range, prefix)) entries.push_back(parse_entry(*kv));
   return entries;
 }
 
@@ -148,20 +232,33 @@ std::vector<QueueEntryView> views_of(const std::vector<Entry>& entries, std::siz
 
 // --- sessions and holds --------------------------------------------------------------------
 
-class EtcdHold;
-
 // One etcd lease: the life of every key this client writes while it lasts.
 struct Session {
   std::int64_t lease = 0;
-  milliseconds ttl{0};  // as granted
+  std::string hex;  // the lease id as keys spell it
+  // The core's loss rule for this lease; every hold riding on it is attached.
+  std::shared_ptr<ServerLease> server_lease;
+  // Attached to server_lease like a hold: tells the backend at once when the clock reports the
+  // lease lost, so waiters stop and the lease is no longer used or kept alive.
+  std::shared_ptr<LossSignal> watcher;
   // Guarded by the backend's mutex:
-  SteadyClock::time_point valid_until;  // the lease lasts at least until then
-  bool lost = false;
-  std::set<EtcdHold*> holds;
+  milliseconds ttl{0};                 // as granted (and as keep-alive replies repeat it)
+  SteadyClock::time_point next_round;  // the keeper's next keep-alive
+  bool lost = false;                   // neither used for new entries nor kept alive any more
+  bool gone = false;                   // etcd no longer has the lease: its keys are gone
   std::set<WatchStream*> waits;
 };
 
 class EtcdBackend;
+
+// This client's turn for a name's exclusive key (one per lease and name), left on
+// destruction unless handed on (to the hold, or to a clean-up still removing the key).
+struct LocalTurn {
+  EtcdBackend* backend = nullptr;
+  std::string name;
+  bool held = false;
+  ~LocalTurn();
+};
 
 class EtcdHold final : public BackendHold {
  public:
@@ -174,8 +271,6 @@ class EtcdHold final : public BackendHold {
   std::uint64_t fencing_token() const override { return static_cast<std::uint64_t>(revision_); }
   void downgrade() override;
   void release() override;
-
-  const std::shared_ptr<LossSignal>& loss() const { return loss_; }
 
  private:
   void forget();
@@ -195,19 +290,32 @@ class EtcdBackend final : public Backend {
   explicit EtcdBackend(Settings settings)
       : connection_(std::move(settings)), identity_(std::to_string(getpid()) + " " + host_name()) {
     keeper_ = std::jthread([this](std::stop_token stop) { keep_alive_loop(stop); });
+    janitor_ = std::jthread([this](std::stop_token stop) { janitor_loop(stop); });
   }
 
   ~EtcdBackend() override {
     keeper_.request_stop();
     keeper_cv_.notify_all();
     keeper_.join();
+    janitor_.request_stop();
+    janitor_cv_.notify_all();
+    janitor_.join();
     // Every key this client wrote goes with its lease, at once rather than after the TTL.
-    if (session_ && !session_->lost) {
+    std::shared_ptr<Session> last;
+    {
+      std::lock_guard lock(mutex_);
+      last = std::move(session_);
+      if (last && last->lost) last.reset();
+    }
+    if (last) {
       try {
-        connection_.lease_revoke(session_->lease, SteadyClock::now() + milliseconds(1000));
+        connection_.lease_revoke(last->lease, SteadyClock::now() + milliseconds(1000));
       } catch (...) {
       }
     }
+    // Sessions refer to clock_, which goes before them otherwise.
+    last.reset();
+    cleanups_.clear();
   }
 
   std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
@@ -221,22 +329,58 @@ class EtcdBackend final : public Backend {
 
   Connection& connection() { return connection_; }
   const std::string& identity() const { return identity_; }
-  std::mutex& mutex() { return mutex_; }
   void leave_local_turn(const std::string& name);
-  // Deletes the key if it is still the one created at `revision`; false when it was gone.
-  bool delete_own_key(const std::string& key, std::int64_t revision, SteadyClock::time_point deadline);
+  bool lease_gone(const Session& session) {
+    std::lock_guard lock(mutex_);
+    return session.gone;
+  }
+  // The session's lease is gone or must be given up: its holds are told (`reason`), its
+  // waiters stop, the keeper stops renewing it and, unless etcd said it is gone, it is revoked
+  // in the background.
+  void lose_session(const std::shared_ptr<Session>& session, const std::string& reason, bool gone);
+
+  // Release receipts whose release has its answer: deleted by later releases.
+  std::vector<std::string> receipts_to_delete();
+  void receipts_deleted(const std::vector<std::string>& keys);
+  void receipt_done(std::string key);
+
+  // Runs a clean-up Txn (a leave, or the removal of an entry whose join's outcome is unknown):
+  // once here, within kLeaveTry, then in the background until it succeeds or the session's
+  // lease is gone. A `turn` still held is kept until then (the key may still exist).
+  void remove(const std::shared_ptr<Session>& session, pb::TxnRequest txn, LocalTurn* turn);
+  // The removal of an entry whose join may or may not have been applied: the join's marker
+  // written (so a join still in flight fails) and the key deleted if it holds the join's value.
+  void remove_unknown_entry(const std::shared_ptr<Session>& session, const std::string& key, const std::string& marker,
+                            const std::string& value, LocalTurn* turn);
 
  private:
+  struct Cleanup {
+    std::shared_ptr<Session> session;
+    std::function<void(SteadyClock::time_point)> attempt;  // throws until done
+    std::string turn;                                     // a name's local turn kept until done, or ""
+    milliseconds backoff{100};
+    SteadyClock::time_point next_try;
+  };
+
   // A place in this client's local line for a name (one exclusive key per lease and name).
-  bool enter_local_turn(const std::string& name, Deadline deadline);
+  bool enter_local_turn(const std::string& name, Deadline deadline, const std::stop_token& stop);
   std::shared_ptr<Session> session(SteadyClock::time_point deadline);
-  void lose_session(const std::shared_ptr<Session>& session, const std::string& reason);
+  void abandon(const std::shared_ptr<Session>& session);
   void keep_alive_loop(std::stop_token stop);
-  // Waits for one event of the watch (or its end); false when the session died meanwhile.
-  // Waits for an event of the watch. `changed_already`, when given, is asked once the watch
-  // exists: true means what we wait for happened before the watch began, so no wait.
+  void schedule(Cleanup cleanup);
+  // One try of a clean-up; true when it is done (or moot: the lease is gone).
+  bool try_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline) noexcept;
+  void janitor_loop(std::stop_token stop);
+  // Waits for an event of the watch (or its end, the deadline, or `stop`); false when the
+  // session died meanwhile. `changed_already`, when given, is asked once the watch exists:
+  // true means what we wait for happened before the watch began, so no wait.
   bool wait_for_change(const std::shared_ptr<Session>& session, const pb::WatchCreateRequest& watch, Deadline deadline,
-                       const std::function<bool()>& changed_already = {});
+                       const std::stop_token& stop, const std::function<bool()>& changed_already = {});
+  // Joins a line: puts `key` (created at most once, guarded by the request's marker) and reads
+  // `prefix`'s entries in the same round trip. Returns the create revision and the range.
+  std::pair<std::int64_t, pb::RangeResponse> join(const std::shared_ptr<Session>& live, const std::string& key,
+                                                  std::uint64_t request, const std::string& value,
+                                                  const std::string& prefix, Deadline deadline, LocalTurn* turn);
 
   Connection connection_;
   std::string identity_;  // "<pid> <host>", for inspect
@@ -244,25 +388,34 @@ class EtcdBackend final : public Backend {
 
   std::mutex mutex_;
   std::shared_ptr<Session> session_;
-  std::mutex grant_mutex_;  // one lease grant at a time
+  std::timed_mutex grant_mutex_;  // one lease grant at a time
+  std::set<std::string> receipt_garbage_;
 
-  std::condition_variable turns_cv_;
+  std::condition_variable_any turns_cv_;
   std::map<std::string, std::list<std::uint64_t>> turns_;  // name -> tickets, the front holds
   std::uint64_t next_ticket_ = 0;
 
   std::condition_variable_any keeper_cv_;
+
+  std::mutex janitor_mutex_;
+  std::condition_variable_any janitor_cv_;
+  std::list<Cleanup> cleanups_;
+
+  LossClock clock_;  // after what its thread's callbacks touch, so it stops first
   std::jthread keeper_;
+  std::jthread janitor_;
 };
+
+LocalTurn::~LocalTurn() {
+  if (held) backend->leave_local_turn(name);
+}
 
 EtcdHold::~EtcdHold() {
   if (!released_) forget();  // the core releases first; this only guards misuse
 }
 
 void EtcdHold::forget() {
-  {
-    std::lock_guard lock(backend_.mutex());
-    session_->holds.erase(this);
-  }
+  session_->server_lease->detach(loss_.get());
   if (gated_) backend_.leave_local_turn(name_);
   gated_ = false;
 }
@@ -270,45 +423,77 @@ void EtcdHold::forget() {
 void EtcdHold::downgrade() {
   pb::TxnRequest txn;
   add_compare(txn, key_, pb::Compare::CREATE, revision_);
-  add_put(txn.mutable_success(), key_, entry_value(EntryKind::shared, 1, 0, backend_.identity()), session_->lease);
-  if (!backend_.connection().txn(txn, call_deadline(), true).succeeded()) {
-    loss_->lose("its etcd key was gone (the lease expired or the key was deleted)");
+  add_put(txn.mutable_success(), key_, entry_value(EntryKind::shared, 1, 0, backend_.identity(), 0), session_->lease);
+  bool present = false;
+  try {
+    present = backend_.connection().txn(txn, call_deadline(), true).succeeded();
+  } catch (const LeaseGone&) {
   }
+  if (!present) loss_->lose("its etcd key was gone (the lease expired or the key was deleted)");
 }
 
+// The delete carries a receipt (a key on our lease): when a resent release finds the key gone,
+// the receipt tells whether an earlier attempt of this release deleted it (released) or it
+// was gone before (lost).
 void EtcdHold::release() {
   if (released_) return;
-  const bool existed = backend_.delete_own_key(key_, revision_, SteadyClock::now() + milliseconds(2000));
+  bool existed = false;
+  if (!backend_.lease_gone(*session_)) {
+    const auto receipt = kReceiptPrefix + session_->hex + "_" + std::to_string(revision_);
+    const auto garbage = backend_.receipts_to_delete();
+    pb::TxnRequest txn;
+    add_compare(txn, key_, pb::Compare::CREATE, revision_);
+    add_delete(txn.mutable_success(), key_);
+    add_put(txn.mutable_success(), receipt, "", session_->lease);
+    for (const auto& old : garbage) add_delete(txn.mutable_success(), old);
+    add_range(txn.mutable_failure(), key_range(receipt));
+    try {
+      const auto answer = backend_.connection().txn(
+          txn, SteadyClock::now() + (loss_->lost() ? kLostReleaseTry : kReleaseTry), true);
+      existed = answer.succeeded() || answer.responses(0).response_range().kvs_size() > 0;
+      if (answer.succeeded()) backend_.receipts_deleted(garbage);
+      if (existed) backend_.receipt_done(receipt);
+    } catch (const LeaseGone&) {
+      // Not applied, and the key went with the lease.
+      backend_.lose_session(session_, "etcd no longer knows the session's lease", true);
+    }
+  }
   released_ = true;
   forget();
   if (!existed) loss_->lose("its etcd key was gone before the release (the lease expired or the key was deleted)");
 }
 
-bool EtcdBackend::delete_own_key(const std::string& key, std::int64_t revision, SteadyClock::time_point deadline) {
-  // Guarded by the create revision: a retried or late release never deletes a newer entry
-  // that reuses the key (etcd-io/etcd#22082).
-  pb::TxnRequest txn;
-  add_compare(txn, key, pb::Compare::CREATE, revision);
-  add_delete(txn.mutable_success(), key);
-  return connection_.txn(txn, deadline, true).succeeded();
+std::vector<std::string> EtcdBackend::receipts_to_delete() {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> keys;
+  for (auto it = receipt_garbage_.begin(); it != receipt_garbage_.end() && keys.size() < kMaxReceiptsPerTxn; ++it) {
+    keys.push_back(*it);
+  }
+  return keys;
 }
 
-bool EtcdBackend::enter_local_turn(const std::string& name, Deadline deadline) {
+void EtcdBackend::receipts_deleted(const std::vector<std::string>& keys) {
+  std::lock_guard lock(mutex_);
+  for (const auto& key : keys) receipt_garbage_.erase(key);
+}
+
+void EtcdBackend::receipt_done(std::string key) {
+  std::lock_guard lock(mutex_);
+  receipt_garbage_.insert(std::move(key));
+}
+
+bool EtcdBackend::enter_local_turn(const std::string& name, Deadline deadline, const std::stop_token& stop) {
   std::unique_lock lock(mutex_);
   const auto ticket = next_ticket_++;
-  auto& line = turns_[name];
-  line.push_back(ticket);
+  turns_[name].push_back(ticket);
   const auto mine = [&] { return turns_[name].front() == ticket; };
-  if (deadline) {
-    if (turns_cv_.wait_until(lock, *deadline, mine)) return true;
-    auto& waiting = turns_[name];
-    waiting.remove(ticket);
-    if (waiting.empty()) turns_.erase(name);
-    turns_cv_.notify_all();
-    return false;
-  }
-  turns_cv_.wait(lock, mine);
-  return true;
+  const bool got = deadline ? turns_cv_.wait_until(lock, stop, *deadline, mine) : turns_cv_.wait(lock, stop, mine);
+  if (got) return true;
+  auto& waiting = turns_[name];
+  waiting.remove(ticket);
+  if (waiting.empty()) turns_.erase(name);
+  turns_cv_.notify_all();
+  return false;
 }
 
 void EtcdBackend::leave_local_turn(const std::string& name) {
@@ -325,7 +510,8 @@ std::shared_ptr<Session> EtcdBackend::session(SteadyClock::time_point deadline) 
     std::lock_guard lock(mutex_);
     if (session_ && !session_->lost) return session_;
   }
-  std::lock_guard grant(grant_mutex_);
+  std::unique_lock grant(grant_mutex_, std::defer_lock);
+  if (!grant.try_lock_until(deadline)) throw BackendUnavailable("no etcd lease was granted before the deadline");
   {
     std::lock_guard lock(mutex_);
     if (session_ && !session_->lost) return session_;
@@ -335,8 +521,17 @@ std::shared_ptr<Session> EtcdBackend::session(SteadyClock::time_point deadline) 
   const auto granted = connection_.lease_grant(ttl_seconds, deadline);
   auto fresh = std::make_shared<Session>();
   fresh->lease = granted.id();
-  fresh->ttl = seconds(granted.ttl());
-  fresh->valid_until = sent_at + fresh->ttl;
+  fresh->hex = lease_hex(granted.id());
+  // The TTL etcd granted (it raises requests below its minimum), counted from the request.
+  fresh->ttl = seconds(std::max<std::int64_t>(1, granted.ttl()));
+  fresh->next_round = sent_at + std::max(milliseconds(200), std::chrono::duration_cast<milliseconds>(fresh->ttl / 3));
+  fresh->server_lease = clock_.watch(fresh->ttl, sent_at);
+  std::weak_ptr<Session> weak = fresh;
+  auto tell_backend = std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{[this, weak](const Error&) {
+    if (auto lost = weak.lock()) abandon(lost);
+  }, {}});
+  fresh->watcher = std::make_shared<LossSignal>("etcd lease " + fresh->hex, std::move(tell_backend));
+  fresh->server_lease->attach(fresh->watcher);
   {
     std::lock_guard lock(mutex_);
     session_ = fresh;
@@ -345,32 +540,43 @@ std::shared_ptr<Session> EtcdBackend::session(SteadyClock::time_point deadline) 
   return fresh;
 }
 
-void EtcdBackend::lose_session(const std::shared_ptr<Session>& session, const std::string& reason) {
-  std::vector<std::shared_ptr<LossSignal>> signals;
+void EtcdBackend::lose_session(const std::shared_ptr<Session>& session, const std::string& reason, bool gone) {
+  if (gone) {
+    std::lock_guard lock(mutex_);
+    session->gone = true;
+  }
+  session->server_lease->lose(reason);  // tells every hold (user callbacks: no lock held)
+  abandon(session);
+}
+
+void EtcdBackend::abandon(const std::shared_ptr<Session>& session) {
+  bool revoke = false;
   {
     std::lock_guard lock(mutex_);
     if (session->lost) return;
     session->lost = true;
-    for (auto* hold : session->holds) signals.push_back(hold->loss());
+    revoke = !session->gone;
     // Waiters stop at once (etcd-io/etcd#19597).
     for (auto* wait : session->waits) wait->cancel();
   }
-  // lose() runs user callbacks, which may release holds: never with mutex_ held.
-  for (auto& signal : signals) signal->lose(reason);
-  // Keys that etcd might still keep (it revives leases after a restart) go now.
-  try {
-    connection_.lease_revoke(session->lease, SteadyClock::now() + milliseconds(1000));
-  } catch (...) {
+  keeper_cv_.notify_all();
+  // Keys that etcd might still keep (its answers were lost; it revives leases after a
+  // restart) go now, or as soon as etcd answers.
+  if (revoke) {
+    const auto lease = session->lease;
+    Cleanup cleanup;
+    cleanup.session = session;
+    cleanup.attempt = [this, lease](SteadyClock::time_point deadline) { connection_.lease_revoke(lease, deadline); };
+    schedule(std::move(cleanup));
   }
 }
 
-// Every TTL/3, one keep-alive round. While rounds fail, the session's holds are suspended;
-// they are held again once one gets through. The session is lost when etcd no longer knows
-// the lease, or when no round got through before the lease's end as last confirmed (a paused
-// process, an unreachable cluster): etcd may then have expired the keys and granted them.
+// Every TTL/3, one keep-alive round on a stream of its own (no lock is held during it, and no
+// other call waits for it or it for them). Each round etcd answers moves the loss deadline
+// (ServerLease, from the round's send time); one that gets no answer within min(TTL/3, 1 s)
+// suspends the holds and is tried again 100 ms later. The LossClock reports the loss itself.
 void EtcdBackend::keep_alive_loop(std::stop_token stop) {
   std::unique_lock lock(mutex_);
-  auto retry_at = SteadyClock::time_point::min();
   while (!stop.stop_requested()) {
     const auto current = session_;
     if (!current || current->lost) {
@@ -378,60 +584,147 @@ void EtcdBackend::keep_alive_loop(std::stop_token stop) {
       continue;
     }
     const auto period = std::max(milliseconds(200), std::chrono::duration_cast<milliseconds>(current->ttl / 3));
-    const auto margin = std::chrono::duration_cast<milliseconds>(current->ttl / 10);
-    // A keep-alive unanswered for this long suspends the holds, and is tried again soon.
     const auto patience = std::min(period, milliseconds(1000));
-    const auto renew_at = std::max(retry_at, current->valid_until - current->ttl + period);
-    keeper_cv_.wait_until(lock, stop, renew_at, [&] { return session_ != current || current->lost; });
+    keeper_cv_.wait_until(lock, stop, current->next_round, [&] { return session_ != current || current->lost; });
     if (stop.stop_requested() || session_ != current || current->lost) continue;
-    const auto now = SteadyClock::now();
-    if (now >= current->valid_until - margin) {
-      lock.unlock();
-      lose_session(current, "no lease keep-alive reached etcd within the TTL (the process was paused or etcd unreachable)");
-      lock.lock();
-      continue;
-    }
     lock.unlock();
+    const auto sent_at = SteadyClock::now();
     std::optional<std::int64_t> ttl_left;
     try {
-      ttl_left = connection_.keep_alive(current->lease, std::min(current->valid_until - margin, now + patience));
+      ttl_left = connection_.keep_alive(current->lease, sent_at + patience);
+    } catch (const LeaseGone&) {
+      ttl_left = 0;
     } catch (const Error&) {
     }
-    if (ttl_left && *ttl_left <= 0) lose_session(current, "etcd expired the session's lease");
-    lock.lock();
-    std::vector<std::shared_ptr<LossSignal>> signals;
-    for (auto* hold : current->holds) signals.push_back(hold->loss());
     if (ttl_left && *ttl_left > 0) {
-      current->valid_until = now + seconds(*ttl_left);
-      retry_at = SteadyClock::time_point::min();
+      current->server_lease->set_ttl(seconds(*ttl_left));
+      current->server_lease->confirmed(sent_at);
+    } else if (ttl_left) {
+      lose_session(current, "etcd no longer knows the session's lease (it expired)", true);
     } else {
-      retry_at = SteadyClock::now() + milliseconds(100);  // try again soon, until the lease ends
-    }
-    // These run user callbacks, which may release holds: never with mutex_ held.
-    lock.unlock();
-    for (auto& signal : signals) {
-      if (!ttl_left) signal->suspend("the lease keep-alive did not reach etcd; the lease may still be alive");
-      else if (*ttl_left > 0) signal->resume();
+      current->server_lease->unconfirmed("the lease keep-alive got no answer from etcd; the lease may still be alive");
     }
     lock.lock();
+    if (ttl_left && *ttl_left > 0) {
+      current->ttl = seconds(*ttl_left);
+      current->next_round = sent_at + std::max(milliseconds(200), std::chrono::duration_cast<milliseconds>(current->ttl / 3));
+    } else {
+      current->next_round = SteadyClock::now() + milliseconds(100);
+    }
+  }
+}
+
+void EtcdBackend::schedule(Cleanup cleanup) {
+  cleanup.next_try = SteadyClock::now();
+  {
+    std::lock_guard lock(janitor_mutex_);
+    cleanups_.push_back(std::move(cleanup));
+  }
+  janitor_cv_.notify_all();
+}
+
+bool EtcdBackend::try_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline) noexcept {
+  bool done = lease_gone(*cleanup.session);  // its keys went with the lease
+  if (!done) {
+    try {
+      cleanup.attempt(deadline);
+      done = true;
+    } catch (const LeaseGone&) {
+      lose_session(cleanup.session, "etcd no longer knows the session's lease", true);
+      done = true;
+    } catch (...) {
+      // Not answered (or refused): tried again later.
+    }
+  }
+  if (done && !cleanup.turn.empty()) leave_local_turn(cleanup.turn);
+  return done;
+}
+
+void EtcdBackend::remove(const std::shared_ptr<Session>& session, pb::TxnRequest txn, LocalTurn* turn) {
+  Cleanup cleanup;
+  cleanup.session = session;
+  cleanup.attempt = [this, txn = std::move(txn)](SteadyClock::time_point deadline) { connection_.txn(txn, deadline, true); };
+  if (try_cleanup(cleanup, SteadyClock::now() + kLeaveTry)) return;
+  if (turn && turn->held) {
+    cleanup.turn = turn->name;
+    turn->held = false;
+  }
+  schedule(std::move(cleanup));
+}
+
+void EtcdBackend::remove_unknown_entry(const std::shared_ptr<Session>& session, const std::string& key,
+                                       const std::string& marker, const std::string& value, LocalTurn* turn) {
+  pb::TxnRequest txn;
+  auto* ours = txn.add_compare();
+  ours->set_key(key);
+  ours->set_result(pb::Compare::EQUAL);
+  ours->set_target(pb::Compare::VALUE);
+  ours->set_value(value);
+  add_delete(txn.mutable_success(), key);
+  add_put(txn.mutable_success(), marker, "", session->lease);
+  add_put(txn.mutable_failure(), marker, "", session->lease);
+  remove(session, std::move(txn), turn);
+}
+
+void EtcdBackend::janitor_loop(std::stop_token stop) {
+  std::unique_lock lock(janitor_mutex_);
+  while (!stop.stop_requested()) {
+    if (cleanups_.empty()) {
+      janitor_cv_.wait(lock, stop, [&] { return !cleanups_.empty(); });
+      continue;
+    }
+    auto due = cleanups_.front().next_try;
+    for (const auto& cleanup : cleanups_) due = std::min(due, cleanup.next_try);
+    if (janitor_cv_.wait_until(lock, stop, due, [&] { return false; }); stop.stop_requested()) break;
+    std::list<Cleanup> now_due;
+    const auto now = SteadyClock::now();
+    for (auto it = cleanups_.begin(); it != cleanups_.end();) {
+      auto next = std::next(it);
+      if (it->next_try <= now) now_due.splice(now_due.end(), cleanups_, it);
+      it = next;
+    }
+    lock.unlock();
+    for (auto it = now_due.begin(); it != now_due.end();) {
+      if (try_cleanup(*it, SteadyClock::now() + milliseconds(2000))) {
+        it = now_due.erase(it);
+      } else {
+        it->backoff = std::min(it->backoff * 2, milliseconds(2000));
+        it->next_try = SteadyClock::now() + it->backoff;
+        ++it;
+      }
+    }
+    lock.lock();
+    cleanups_.splice(cleanups_.end(), now_due);
   }
 }
 
 bool EtcdBackend::wait_for_change(const std::shared_ptr<Session>& session, const pb::WatchCreateRequest& request,
-                                  Deadline deadline, const std::function<bool()>& changed_already) {
+                                  Deadline deadline, const std::stop_token& stop,
+                                  const std::function<bool()>& changed_already) {
   const auto started = SteadyClock::now();
   // A bounded watch: a healthy stream is renewed now and then, so no wait depends on one
   // connection forever.
   auto until = started + seconds(30);
   if (deadline) until = std::min(until, *deadline);
-  WatchStream watch(connection_, request, until);
+  WatchStream watch(connection_, until);
   {
     std::lock_guard lock(mutex_);
     if (session->lost) return false;
     session->waits.insert(&watch);
   }
+  struct Registered {
+    EtcdBackend& backend;
+    Session& session;
+    WatchStream& watch;
+    ~Registered() {
+      std::lock_guard lock(backend.mutex_);
+      session.waits.erase(&watch);
+    }
+  } registered{*this, *session, watch};
+  std::stop_callback on_stop(stop, [&watch] { watch.cancel(); });
+  watch.start(request);
   bool already = false;
-  if (changed_already) {
+  if (changed_already && !stop.stop_requested()) {
     try {
       already = changed_already();
     } catch (const BackendUnavailable&) {
@@ -442,14 +735,46 @@ bool EtcdBackend::wait_for_change(const std::shared_ptr<Session>& session, const
   const bool changed = already || watch.next(response);
   {
     std::lock_guard lock(mutex_);
-    session->waits.erase(&watch);
     if (session->lost) return false;
   }
   // A stream that ended at once (etcd restarting, a fork): do not spin.
-  if (!changed && SteadyClock::now() - started < milliseconds(50) && (!deadline || *deadline > SteadyClock::now())) {
+  if (!changed && SteadyClock::now() - started < milliseconds(50) && !passed(deadline) && !stop.stop_requested()) {
     std::this_thread::sleep_for(milliseconds(100));
   }
   return true;
+}
+
+std::pair<std::int64_t, pb::RangeResponse> EtcdBackend::join(const std::shared_ptr<Session>& live, const std::string& key,
+                                                             std::uint64_t request, const std::string& value,
+                                                             const std::string& prefix, Deadline deadline, LocalTurn* turn) {
+  // The marker of this request: written only by a clean-up of it, after which this join
+  // can no longer apply (a resend, or the lost original delivered late).
+  const auto marker = kCancelPrefix + live->hex + "_" + std::to_string(request);
+  pb::TxnRequest txn;
+  add_compare(txn, key, pb::Compare::CREATE, 0);
+  add_compare(txn, marker, pb::Compare::CREATE, 0);
+  add_put(txn.mutable_success(), key, value, live->lease);
+  add_range(txn.mutable_success(), queue_range(prefix));
+  add_range(txn.mutable_failure(), key_range(key));
+  add_range(txn.mutable_failure(), queue_range(prefix));
+  pb::TxnResponse joined;
+  try {
+    joined = connection_.txn(txn, bounded(deadline, kOneShot), true);
+  } catch (const LeaseGone&) {
+    throw;  // not applied
+  } catch (const BackendUnavailable&) {
+    // Applied or not, the entry is removed (in the background if need be) before we report.
+    remove_unknown_entry(live, key, marker, value, turn);
+    throw;
+  }
+  // Both branches read the queue second (success: put, range; failure: own key, range).
+  if (joined.succeeded()) return {joined.header().revision(), joined.responses(1).response_range()};
+  // Our own key from an attempt whose answer was lost (the same value), or somebody else's.
+  const auto& own = joined.responses(0).response_range();
+  if (own.kvs_size() == 0 || own.kvs(0).value() != value) {
+    throw BackendUnavailable("the etcd key '" + key + "' exists but is not this client's entry");
+  }
+  return {own.kvs(0).create_revision(), joined.responses(1).response_range()};
 }
 
 std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, Deadline deadline,
@@ -457,44 +782,40 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
   const bool try_once = deadline && *deadline <= SteadyClock::now();
   // One exclusive key per (lease, name): this client's threads take turns for it.
   const bool gated = request.kind == EntryKind::exclusive;
-  if (gated && !enter_local_turn(request.name, deadline)) return nullptr;
-  struct Turn {
-    EtcdBackend& backend;
-    const std::string& name;
-    bool held;
-    ~Turn() {
-      if (held) backend.leave_local_turn(name);
-    }
-  } turn{*this, request.name, gated};
+  if (gated && !enter_local_turn(request.name, deadline, request.stop)) return nullptr;
+  LocalTurn turn{this, request.name, gated};
 
-  const auto live = session(deadline ? std::max(*deadline, call_deadline()) : call_deadline());
   const auto prefix = request.name + "/";
-  const auto key = prefix + lease_hex(live->lease) + (gated ? "" : "_" + std::to_string(++unique_));
-
-  // Join: put the key unless it exists, and read the queue, in one round trip.
-  pb::TxnRequest join;
-  add_compare(join, key, pb::Compare::CREATE, 0);
-  add_put(join.mutable_success(), key, entry_value(request.kind, request.permits, request.limit, identity_), live->lease);
-  add_range(join.mutable_success(), queue_range(prefix));
-  add_range(join.mutable_failure(), key_range(key));
-  add_range(join.mutable_failure(), queue_range(prefix));
-  const auto joined = connection_.txn(join, call_deadline(), true);
+  std::shared_ptr<Session> live;
+  std::string key;
   std::int64_t revision = 0;
-  if (joined.succeeded()) {
-    revision = joined.header().revision();
-  } else {
-    // Our own key from an attempt whose answer was lost: it is our entry.
-    const auto& own = joined.responses(0).response_range();
-    if (own.kvs_size() == 0) throw BackendUnavailable("etcd lost the key of '" + request.name + "' while joining");
-    revision = own.kvs(0).create_revision();
-  }
-  auto entries = entries_of(joined.responses(1).response_range());
-
-  const auto leave = [&]() noexcept {
+  std::vector<Entry> entries;
+  for (int attempt = 0;; ++attempt) {
+    live = session(bounded(deadline, kOneShot));
+    const auto number = ++unique_;
+    key = prefix + live->hex + (gated ? "" : "_" + std::to_string(number));
+    const auto value = entry_value(request.kind, request.permits, request.limit, identity_, number);
     try {
-      delete_own_key(key, revision, SteadyClock::now() + milliseconds(2000));
-    } catch (...) {
+      const auto [created, range] = join(live, key, number, value, prefix, deadline, &turn);
+      revision = created;
+      entries = entries_of(range, prefix);
+      break;
+    } catch (const LeaseGone&) {
+      // The lease ended unnoticed; the join was not applied. Once more on a new lease.
+      lose_session(live, "etcd no longer knows the session's lease", true);
+      if (attempt > 0) throw;
     }
+  }
+
+  bool left = false;
+  const auto leave = [&]() noexcept {
+    if (left) return;
+    left = true;
+    remove(live, delete_entry_txn(key, revision), &turn);
+  };
+  const auto session_lost = [&] {
+    std::lock_guard lock(mutex_);
+    return live->lost;
   };
   try {
     for (;;) {
@@ -504,13 +825,13 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
         if (entries[i].create_revision == revision && entries[i].key == key) mine = i;
       }
       if (mine == entries.size()) {
-        lose_session(live, "the session's lease expired while waiting");
+        lose_session(live, "a queue entry of the session vanished (its lease expired, or the key was deleted)", false);
         throw HoldLost("the queue entry of '" + request.name + "' vanished while waiting (its etcd lease expired)");
       }
       if (mine > 0) check_queue_mode(request, queue_mode(entries[0]), entries[0].limit);
       const auto verdict = evaluate_queue(views_of(entries, mine), mine, request.limit);
       if (verdict.admitted()) break;
-      if (try_once || (deadline && *deadline <= SteadyClock::now())) {
+      if (try_once || passed(deadline) || request.stop.stop_requested()) {
         leave();
         return nullptr;
       }
@@ -521,7 +842,8 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
       pb::WatchCreateRequest watch;
       const auto ahead = std::vector<Entry>(entries.begin(), entries.begin() + static_cast<std::ptrdiff_t>(mine));
       const auto changed_meanwhile = [&] {
-        const auto now = entries_of(connection_.range(queue_range(prefix, revision - 1), call_deadline()));
+        const auto now =
+            entries_of(connection_.range(queue_range(prefix, revision - 1), bounded(deadline, kLastLook)), prefix);
         if (now.size() != ahead.size()) return true;
         for (std::size_t i = 0; i < now.size(); ++i) {
           if (now[i].key != ahead[i].key || now[i].create_revision != ahead[i].create_revision || now[i].kind != ahead[i].kind) {
@@ -540,25 +862,32 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
         watch.set_range_end(prefix_end(prefix));
         watch.add_filters(pb::WatchCreateRequest::NOPUT);
       }
-      if (!wait_for_change(live, watch, deadline, changed_meanwhile)) {
-        leave();
+      if (!wait_for_change(live, watch, deadline, request.stop, changed_meanwhile)) {
         throw HoldLost("the etcd session of this client ended while waiting for '" + request.name + "'");
       }
-      // Look again after every wait: the own key first of all.
+      // Look again after every wait, the own key first of all; within the caller's deadline.
       for (;;) {
+        if (request.stop.stop_requested()) {
+          leave();
+          return nullptr;
+        }
         try {
-          const auto range = connection_.range(queue_range(prefix, revision), call_deadline());
-          entries = entries_of(range);
+          entries = entries_of(connection_.range(queue_range(prefix, revision), bounded(deadline, kLastLook)), prefix);
           break;
         } catch (const BackendUnavailable&) {
-          // etcd unreachable: keep trying while the session may still live; its end stops us.
-          std::lock_guard lock(mutex_);
-          if (live->lost) throw HoldLost("the etcd session of this client ended while waiting for '" + request.name + "'");
+          if (session_lost()) {
+            throw HoldLost("the etcd session of this client ended while waiting for '" + request.name + "'");
+          }
+          if (passed(deadline)) {
+            leave();
+            throw BackendUnavailable("no etcd answered while '" + request.name +
+                                     "' waited, until the deadline; its queue entry is removed in the background");
+          }
         }
       }
     }
   } catch (const HoldLost&) {
-    throw;
+    throw;  // the session's lease goes (revoked, or expired), and the entry with it
   } catch (...) {
     leave();
     throw;
@@ -566,13 +895,7 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
 
   auto hold = std::make_unique<EtcdHold>(*this, live, request.name, key, revision, gated, loss);
   turn.held = false;  // the hold keeps the local turn until it is released
-  bool lost_already = false;
-  {
-    std::lock_guard lock(mutex_);
-    live->holds.insert(hold.get());
-    lost_already = live->lost;
-  }
-  if (lost_already) loss->lose("the etcd session of this client ended as the hold was granted");
+  live->server_lease->attach(loss);  // a lease lost meanwhile loses the hold at once
   return hold;
 }
 
@@ -602,7 +925,7 @@ Inspection EtcdBackend::inspect(const std::string& name) {
   const auto answer = connection_.txn(read, call_deadline(), true);
   Inspection result;
   result.name = name;
-  const auto entries = entries_of(answer.responses(0).response_range());
+  const auto entries = entries_of(answer.responses(0).response_range(), prefix);
   if (!entries.empty()) {
     result.mode = queue_mode(entries[0]);
     if (result.mode == "semaphore") result.limit = entries[0].limit;
@@ -619,11 +942,11 @@ Inspection EtcdBackend::inspect(const std::string& name) {
     (info.holding ? result.holders : result.waiters).push_back(info);
   }
   result.permits = counter_value(answer.responses(1).response_range()).value;
-  for (const auto& kv : answer.responses(2).response_range().kvs()) {
+  for (const auto* kv : children(answer.responses(2).response_range(), kCounterWaiterPrefix + name + "/")) {
     EntryInfo info;
     info.kind = "permits";
-    info.fencing_token = static_cast<std::uint64_t>(kv.create_revision());
-    std::istringstream text(kv.value());
+    info.fencing_token = static_cast<std::uint64_t>(kv->create_revision());
+    std::istringstream text(kv->value());
     long long since_ms = 0;
     text >> info.permits >> info.pid >> info.host >> since_ms;
     info.since = std::chrono::system_clock::time_point(milliseconds(since_ms));
@@ -682,28 +1005,28 @@ bool EtcdBackend::counter_acquire(const std::string& name, std::int64_t permits,
   std::shared_ptr<Session> live;
   std::string place;  // our waiter key, once in line
   std::int64_t place_revision = 0;
+  bool left = false;
   const auto leave_line = [&]() noexcept {
-    if (place.empty()) return;
-    try {
-      delete_own_key(place, place_revision, SteadyClock::now() + milliseconds(2000));
-    } catch (...) {
-    }
+    if (place.empty() || left) return;
+    left = true;
+    remove(live, delete_entry_txn(place, place_revision), nullptr);
   };
+  const std::stop_token no_stop;
   try {
     for (;;) {
       pb::TxnRequest read;  // the counter and the line ahead of us, at one revision
       add_range(read.mutable_success(), key_range(key));
       add_range(read.mutable_success(), queue_range(line_prefix, place_revision));
-      const auto state = connection_.txn(read, call_deadline(), true);
+      const auto state = connection_.txn(read, bounded(deadline, kOneShot), true);
       const auto current = counter_value(state.responses(0).response_range());
-      const auto& line = state.responses(1).response_range();
+      const auto line = children(state.responses(1).response_range(), line_prefix);
       const bool in_line = !place.empty();
       if (in_line) {
         bool present = false;
-        for (const auto& kv : line.kvs()) present = present || kv.key() == place;
+        for (const auto* kv : line) present = present || kv->key() == place;
         if (!present) throw HoldLost("the PermitCounter waiter of '" + name + "' vanished while waiting (its etcd lease expired)");
       }
-      const bool first = in_line ? line.kvs(0).key() == place : line.kvs_size() == 0;
+      const bool first = in_line ? line.front()->key() == place : line.empty();
       if (first && current.value.value_or(0) >= permits) {
         pb::TxnRequest take;
         add_compare(take, key, pb::Compare::MOD, current.mod_revision);
@@ -723,22 +1046,18 @@ bool EtcdBackend::counter_acquire(const std::string& name, std::int64_t permits,
         if (connection_.txn(take, call_deadline(), false).succeeded()) return true;
         continue;  // someone changed the counter meanwhile
       }
-      if (deadline && *deadline <= SteadyClock::now()) {
+      if (passed(deadline)) {
         leave_line();
         return false;
       }
       if (!in_line) {
-        live = session(call_deadline());
-        place = line_prefix + lease_hex(live->lease) + "_" + std::to_string(++unique_);
-        pb::TxnRequest join;
-        add_compare(join, place, pb::Compare::CREATE, 0);
-        add_put(join.mutable_success(), place, std::to_string(permits) + " " + identity_ + " " +
-                    std::to_string(std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count()),
-                live->lease);
-        add_range(join.mutable_failure(), key_range(place));
-        const auto joined = connection_.txn(join, call_deadline(), true);
-        place_revision = joined.succeeded() ? joined.header().revision()
-                                            : joined.responses(0).response_range().kvs(0).create_revision();
+        live = session(bounded(deadline, kOneShot));
+        const auto number = ++unique_;
+        const auto candidate = line_prefix + live->hex + "_" + std::to_string(number);
+        const auto value = std::to_string(permits) + " " + identity_ + " " + std::to_string(now_ms()) + " " +
+                           std::to_string(number);
+        place_revision = join(live, candidate, number, value, line_prefix, deadline, nullptr).first;
+        place = candidate;
         continue;  // look again from our place
       }
       pb::WatchCreateRequest watch;
@@ -747,16 +1066,17 @@ bool EtcdBackend::counter_acquire(const std::string& name, std::int64_t permits,
         watch.set_key(key);  // the counter changing
       } else {
         // The waiter just ahead leaving.
-        watch.set_key(line.kvs(line.kvs_size() - 2).key());
+        for (std::size_t i = 1; i < line.size(); ++i) {
+          if (line[i]->key() == place) watch.set_key(line[i - 1]->key());
+        }
         watch.add_filters(pb::WatchCreateRequest::NOPUT);
       }
-      if (!wait_for_change(live, watch, deadline)) {
-        leave_line();
+      if (!wait_for_change(live, watch, deadline, no_stop)) {
         throw HoldLost("the etcd session of this client ended while waiting for PermitCounter '" + name + "'");
       }
     }
   } catch (const HoldLost&) {
-    throw;
+    throw;  // the session's lease goes, and our place with it
   } catch (...) {
     leave_line();
     throw;
