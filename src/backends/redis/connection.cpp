@@ -1,33 +1,211 @@
 #include "backends/redis/connection.hpp"
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
-#include <thread>
+#include <climits>
+#include <cstring>
 
 namespace turnstile::detail::redis {
 namespace {
 
-timeval to_timeval(std::chrono::milliseconds ms) {
-  const auto clamped = std::max(ms, std::chrono::milliseconds(1));
-  return timeval{static_cast<time_t>(clamped.count() / 1000), static_cast<suseconds_t>((clamped.count() % 1000) * 1000)};
+using std::chrono::milliseconds;
+
+constexpr auto kFirstBackoff = milliseconds(50);
+constexpr auto kMaxBackoff = milliseconds(2000);
+
+// Probes of the permissions the backend needs, run at connect. The empty hash tag `{}` is no
+// name's (names are never empty), so nothing real is touched or woken.
+constexpr std::string_view kProbeKey = "turnstile:{}:access-check";
+constexpr std::string_view kProbeQueueChannel = "turnstile:{}:access-check";
+constexpr std::string_view kProbeCounterChannel = "redisson_sc:{}:access-check";
+// Reads and writes (a DEL of a key that never exists) one key of turnstile's key space.
+constexpr std::string_view kProbeScript = "redis.call('EXISTS', KEYS[1]) redis.call('DEL', KEYS[1]) return 1";
+
+std::string_view reply_view(const redisReply* reply) {
+  return reply && reply->str ? std::string_view(reply->str, reply->len) : std::string_view();
 }
 
-bool starts_with(const redisReply* reply, std::string_view prefix) {
-  return reply && reply->type == REDIS_REPLY_ERROR && std::string_view(reply->str, reply->len).substr(0, prefix.size()) == prefix;
+bool is_error(const redisReply* reply, std::string_view code) {
+  if (!reply || reply->type != REDIS_REPLY_ERROR) return false;
+  const auto text = reply_view(reply);
+  return text.substr(0, code.size()) == code && (text.size() == code.size() || text[code.size()] == ' ');
 }
 
-std::string reply_text(const redisReply* reply) {
-  return reply && reply->str ? std::string(reply->str, reply->len) : std::string();
+// hiredis 0.14 builds replies of any size the server announces (an array header allocates its
+// element table at once). These wrap its default builders and refuse a reply that would take
+// more than kMaxReplyBytes; the reader then fails and the connection is dropped.
+struct ReplyBudget {
+  std::size_t used = 0;
+  bool exceeded = false;
+};
+
+const redisReplyObjectFunctions* default_functions() {
+  static const redisReplyObjectFunctions* const functions = [] {
+    redisReader* reader = redisReaderCreate();
+    const auto* found = reader ? reader->fn : nullptr;  // hiredis' static default table
+    if (reader) redisReaderFree(reader);
+    return found;
+  }();
+  return functions;
 }
 
-constexpr auto kFirstBackoff = std::chrono::milliseconds(50);
-constexpr auto kMaxBackoff = std::chrono::milliseconds(2000);
-constexpr auto kConnectTimeout = std::chrono::milliseconds(2000);
-constexpr auto kReplyTimeout = std::chrono::milliseconds(5000);
+bool charge(const redisReadTask* task, std::size_t bytes) {
+  auto* budget = static_cast<ReplyBudget*>(task->privdata);
+  if (!budget) return true;
+  if (bytes > kMaxReplyBytes || budget->used > kMaxReplyBytes - bytes) {
+    budget->exceeded = true;
+    return false;
+  }
+  budget->used += bytes;
+  return true;
+}
+
+void* bounded_string(const redisReadTask* task, char* text, size_t length) {
+  if (!charge(task, sizeof(redisReply) + length)) return nullptr;
+  return default_functions()->createString(task, text, length);
+}
+void* bounded_array(const redisReadTask* task, int elements) {
+  if (elements < 0 || !charge(task, sizeof(redisReply) + static_cast<std::size_t>(elements) * sizeof(redisReply*))) {
+    return nullptr;
+  }
+  return default_functions()->createArray(task, elements);
+}
+void* bounded_integer(const redisReadTask* task, long long value) {
+  if (!charge(task, sizeof(redisReply))) return nullptr;
+  return default_functions()->createInteger(task, value);
+}
+void* bounded_nil(const redisReadTask* task) {
+  if (!charge(task, sizeof(redisReply))) return nullptr;
+  return default_functions()->createNil(task);
+}
+
+redisReplyObjectFunctions bounded_functions{bounded_string, bounded_array, bounded_integer, bounded_nil, freeReplyObject};
+
+void bound_replies(redisContext* context) {
+  if (!default_functions()) return;  // cannot happen with hiredis 0.14; unbounded rather than broken
+  context->reader->fn = &bounded_functions;
+  context->reader->privdata = new ReplyBudget;
+}
+
+ReplyBudget* budget_of(redisContext* context) {
+  return context->reader && context->reader->fn == &bounded_functions ? static_cast<ReplyBudget*>(context->reader->privdata)
+                                                                        : nullptr;
+}
+
+void set_error(redisContext* context, int code, const std::string& text) {
+  context->err = code;
+  std::snprintf(context->errstr, sizeof context->errstr, "%s", text.c_str());
+}
+
+std::string too_large() {
+  return "a reply larger than " + std::to_string(kMaxReplyBytes >> 20) + " MiB (refused)";
+}
+
+int poll_timeout(SteadyClock::time_point until) {
+  if (until == SteadyClock::time_point::max()) return -1;
+  const auto left = std::chrono::ceil<milliseconds>(until - SteadyClock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
+}
+
+// Waits until `fd` has one of `events` (or an error/hangup), by `until`. False, with `why`, on
+// timeout or when `cancel_fd` became readable.
+bool wait_for(int fd, short events, SteadyClock::time_point until, int cancel_fd, std::string& why) {
+  for (;;) {
+    pollfd fds[2] = {{fd, events, 0}, {cancel_fd, POLLIN, 0}};
+    const int timeout = poll_timeout(until);
+    const int ready = poll(fds, cancel_fd >= 0 ? 2 : 1, timeout);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      why = std::string("poll failed: ") + std::strerror(errno);
+      return false;
+    }
+    if (cancel_fd >= 0 && fds[1].revents) {
+      why = "cancelled";
+      return false;
+    }
+    if (fds[0].revents) return true;
+    if (timeout == 0 || SteadyClock::now() >= until) {
+      why = "no answer in time";
+      return false;
+    }
+  }
+}
+
+// A non-blocking, close-on-exec TCP connection to host:port, made by `until`.
+int connect_socket(const Settings& settings, SteadyClock::time_point until, int cancel_fd) {
+  const auto fail = [&](const std::string& why) -> BackendUnavailable {
+    return BackendUnavailable("cannot connect to redis at " + settings.description + ": " + why);
+  };
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const auto port = std::to_string(settings.port);
+  if (const int error = getaddrinfo(settings.host.c_str(), port.c_str(), &hints, &found); error != 0) {
+    throw fail(gai_strerror(error));
+  }
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> addresses(found, freeaddrinfo);
+  std::string why = "no address";
+  for (const auto* address = found; address; address = address->ai_next) {
+    // Close-on-exec from the start: no window in which a fork+exec elsewhere inherits it.
+    const int fd = socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, address->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    int error = 0;
+    if (connect(fd, address->ai_addr, address->ai_addrlen) != 0) {
+      error = errno;
+      if (error == EINPROGRESS) {
+        if (!wait_for(fd, POLLOUT, until, cancel_fd, why)) {
+          close(fd);
+          if (why == "cancelled") throw fail(why);
+          why = "no answer within the connect timeout";
+          continue;
+        }
+        socklen_t length = sizeof error;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) error = errno;
+      }
+    }
+    if (error != 0) {
+      why = std::strerror(error);
+      close(fd);
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+  }
+  throw fail(why);
+}
 
 }  // namespace
 
+void ContextDeleter::operator()(redisContext* context) const {
+  auto* budget = budget_of(context);
+  redisFree(context);
+  delete budget;
+}
+
+Wait::Wait(Deadline deadline)
+    : start(SteadyClock::now()),
+      try_once(deadline && *deadline <= start),
+      until(!deadline ? SteadyClock::time_point::max() : try_once ? start + kReplyTimeout : *deadline) {}
+
+SteadyClock::time_point Wait::connect_until() const { return std::min(until, SteadyClock::now() + kConnectTimeout); }
+SteadyClock::time_point Wait::reply_until() const { return std::min(until, SteadyClock::now() + kReplyTimeout); }
+
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
+  // url.text is already redacted (no password); messages name only it.
   Settings settings;
   if (url.scheme == "rediss") throw BackendNotBuilt("rediss:// (TLS) needs a hiredis with TLS, which Debian 12's 0.14 lacks");
   if (url.hosts.size() != 1) {
@@ -56,13 +234,85 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     settings.ttl = parse_seconds("ttl", value, 0.3, 86400);
   }
   if (options.ttl.count() > 0) {
-    if (options.ttl < std::chrono::milliseconds(300)) throw InvalidArgument("ttl must be at least 300 ms");
+    if (options.ttl < milliseconds(300)) throw InvalidArgument("ttl must be at least 300 ms");
     settings.ttl = options.ttl;
   }
   return settings;
 }
 
-bool exchange(redisContext* context, const std::vector<Command>& commands, std::vector<Reply>& replies) {
+std::string redacted(const Settings& settings, std::string_view text) {
+  constexpr std::size_t kMaxShown = 300;
+  std::string out(text.substr(0, kMaxShown));
+  if (!settings.password.empty()) {
+    for (auto at = out.find(settings.password); at != std::string::npos; at = out.find(settings.password, at + 3)) {
+      out.replace(at, settings.password.size(), "***");
+    }
+  }
+  for (auto& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7F) c = '?';
+  }
+  if (text.size() > kMaxShown) out += "...";
+  return out;
+}
+
+namespace {
+std::string user_of(const Settings& settings) {
+  return settings.user.empty() ? std::string("the default user") : "user '" + redacted(settings, settings.user) + "'";
+}
+}  // namespace
+
+std::exception_ptr reply_error(const Settings& settings, const std::string& call, const redisReply* reply) {
+  if (!reply) return nullptr;
+  if (reply->type == REDIS_REPLY_ARRAY) {
+    for (std::size_t i = 0; i < reply->elements; ++i) {
+      if (auto error = reply_error(settings, call, reply->element[i])) return error;
+    }
+    return nullptr;
+  }
+  if (reply->type != REDIS_REPLY_ERROR) return nullptr;
+  const auto text = reply_view(reply);
+  const auto message = "redis at " + settings.description + " refused " + call + ": " + redacted(settings, text);
+  // Redis 7.0 reports an ACL refusal inside a script as "ERR The user executing the script can't ...".
+  if (is_error(reply, "NOPERM") || is_error(reply, "NOAUTH") || is_error(reply, "WRONGPASS") ||
+      text.find("The user executing the script can't") != std::string_view::npos) {
+    const auto who = user_of(settings);
+    return std::make_exception_ptr(AccessDenied(message + " (as " + who + ")"));
+  }
+  // OOM, READONLY, MASTERDOWN, CLUSTERDOWN, MOVED, ASK, BUSY, MISCONF, LOADING, script errors:
+  // the server cannot do it now; the caller's retry or keep-alive policy decides.
+  return std::make_exception_ptr(BackendUnavailable(message));
+}
+
+Reply Result::take() {
+  if (error) std::rethrow_exception(error);
+  return std::move(reply);
+}
+
+bool read_available(redisContext* context) {
+  const auto* reader = context->reader;
+  if (reader->len - reader->pos > kMaxReplyBytes) {
+    set_error(context, REDIS_ERR_OTHER, too_large());
+    return false;
+  }
+  return redisBufferRead(context) == REDIS_OK;
+}
+
+bool next_reply(redisContext* context, Reply& reply) {
+  void* raw = nullptr;
+  if (redisGetReplyFromReader(context, &raw) != REDIS_OK) {
+    if (auto* budget = budget_of(context); budget && budget->exceeded) set_error(context, REDIS_ERR_OTHER, too_large());
+    return false;
+  }
+  reply.reset(static_cast<redisReply*>(raw));
+  if (raw) {
+    if (auto* budget = budget_of(context)) budget->used = 0;  // the next reply starts afresh
+  }
+  return true;
+}
+
+std::string exchange(redisContext* context, const std::vector<Command>& commands, std::vector<Reply>& replies,
+                     SteadyClock::time_point until, int cancel_fd, bool* sent) {
+  if (sent) *sent = false;
   for (const auto& command : commands) {
     std::vector<const char*> argv;
     std::vector<size_t> lengths;
@@ -70,107 +320,316 @@ bool exchange(redisContext* context, const std::vector<Command>& commands, std::
       argv.push_back(arg.data());
       lengths.push_back(arg.size());
     }
-    if (redisAppendCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data()) != REDIS_OK) return false;
+    if (redisAppendCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data()) != REDIS_OK) {
+      return context->errstr;
+    }
+  }
+  const auto total = sdslen(context->obuf);
+  std::string why;
+  for (int done = 0; !done;) {
+    if (!wait_for(context->fd, POLLOUT, until, cancel_fd, why)) return why;
+    const bool ok = redisBufferWrite(context, &done) == REDIS_OK;
+    if (sent && sdslen(context->obuf) < total) *sent = true;
+    if (!ok) return context->errstr;
   }
   replies.clear();
-  for (std::size_t i = 0; i < commands.size(); ++i) {
-    void* raw = nullptr;
-    if (redisGetReply(context, &raw) != REDIS_OK || raw == nullptr) return false;
-    replies.emplace_back(static_cast<redisReply*>(raw));
+  while (replies.size() < commands.size()) {
+    Reply reply;
+    if (!next_reply(context, reply)) return context->errstr;
+    if (reply) {
+      replies.push_back(std::move(reply));
+      continue;
+    }
+    if (!wait_for(context->fd, POLLIN, until, cancel_fd, why)) return why;
+    if (!read_available(context)) return context->errstr;
   }
-  return true;
+  return "";
 }
 
-Context open_context(const Settings& settings, std::chrono::milliseconds timeout, std::string* run_id) {
-  Context context(redisConnectWithTimeout(settings.host.c_str(), settings.port, to_timeval(timeout)));
-  if (!context) throw BackendUnavailable("cannot connect to redis at " + settings.description + ": out of memory");
-  if (context->err) {
-    throw BackendUnavailable("cannot connect to redis at " + settings.description + ": " + context->errstr);
+Opened open_context(const Settings& settings, const Wait& wait, const std::vector<const Script*>* scripts, int cancel_fd) {
+  Opened opened;
+  const int fd = connect_socket(settings, wait.connect_until(), cancel_fd);
+  opened.context.reset(redisConnectFd(fd));
+  if (!opened.context) {
+    close(fd);
+    throw BackendUnavailable("cannot connect to redis at " + settings.description + ": out of memory");
   }
-  // Bounded replies: a server that stops answering is treated as gone, never waited on forever.
-  redisSetTimeout(context.get(), to_timeval(kReplyTimeout));
-  redisEnableKeepAlive(context.get());
+  auto* context = opened.context.get();
+  context->flags &= ~REDIS_BLOCK;  // we wait in poll(), with deadlines, never in read()/write()
+  bound_replies(context);
+  redisEnableKeepAlive(context);
+
   std::vector<Command> hello;
   if (!settings.password.empty()) {
     hello.push_back(settings.user.empty() ? Command{"AUTH", settings.password}
                                           : Command{"AUTH", settings.user, settings.password});
   }
   if (settings.db != 0) hello.push_back({"SELECT", std::to_string(settings.db)});
+  const auto info_at = hello.size();
   hello.push_back({"INFO", "server"});
-  std::vector<Reply> replies;
-  if (!exchange(context.get(), hello, replies)) {
-    const bool protocol = context->err == REDIS_ERR_PROTOCOL;
-    throw BackendUnavailable(protocol ? "the server at " + settings.description + " does not speak the Redis protocol"
-                                      : "redis at " + settings.description + " did not answer: " + context->errstr);
-  }
-  for (const auto& reply : replies) {
-    if (reply->type != REDIS_REPLY_ERROR) continue;
-    const auto text = reply_text(reply.get());
-    if (starts_with(reply.get(), "WRONGPASS") || starts_with(reply.get(), "NOAUTH") || starts_with(reply.get(), "NOPERM") ||
-        text.find("password") != std::string::npos || text.find("AUTH") != std::string::npos) {
-      throw AccessDenied("redis at " + settings.description + " refused us: " + text);
+  const auto scripts_at = hello.size();
+  if (scripts) {
+    for (const auto* script : *scripts) hello.push_back({"SCRIPT", "LOAD", script->body});
+    // What the scripts do besides running: publish wake-ups, read and write turnstile's keys;
+    // and the subscriber connection's SUBSCRIBE. A user lacking any of them is refused here,
+    // before anything is written, rather than by a script halfway through.
+    hello.push_back({"PUBLISH", std::string(kProbeQueueChannel), ""});
+    hello.push_back({"PUBLISH", std::string(kProbeCounterChannel), ""});
+    hello.push_back({"EVAL", std::string(kProbeScript), "1", std::string(kProbeKey)});
+    // One reply each. Channels of this connection's own (nobody else knows them, so no
+    // message can arrive in between and add a reply), under the same two patterns.
+    const auto own = ":" + std::to_string(reinterpret_cast<std::uintptr_t>(context)) + "-" +
+                     std::to_string(SteadyClock::now().time_since_epoch().count());
+    for (const auto channel : {kProbeQueueChannel, kProbeCounterChannel}) {
+      hello.push_back({"SUBSCRIBE", std::string(channel) + own});
     }
-    throw BackendUnavailable("redis at " + settings.description + " answered: " + text);
+    for (const auto channel : {kProbeQueueChannel, kProbeCounterChannel}) {
+      hello.push_back({"UNSUBSCRIBE", std::string(channel) + own});
+    }
   }
-  const auto info = reply_text(replies.back().get());
-  const auto at = info.find("run_id:");
-  if (replies.back()->type != REDIS_REPLY_STRING || at == std::string::npos) {
-    throw BackendUnavailable("the server at " + settings.description + " does not look like Redis (no run_id)");
+  std::vector<Reply> replies;
+  if (const auto why = exchange(context, hello, replies, wait.reply_until(), cancel_fd); !why.empty()) {
+    if (context->err == REDIS_ERR_PROTOCOL) {
+      throw BackendUnavailable("the server at " + settings.description + " does not speak the Redis protocol");
+    }
+    throw BackendUnavailable("redis at " + settings.description + " did not answer: " + why);
   }
-  if (run_id) *run_id = info.substr(at + 7, info.find_first_of("\r\n", at) - at - 7);
-  return context;
+  const auto who = user_of(settings);
+  const auto check = [&](std::size_t index, const std::string& needs) {
+    const auto* reply = replies[index].get();
+    if (auto error = reply_error(settings, hello[index].front(), reply)) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const AccessDenied&) {
+        throw AccessDenied("redis at " + settings.description + " does not let " + who + " " + needs + ": " +
+                           redacted(settings, reply_view(reply)));
+      }
+    }
+  };
+  for (std::size_t i = 0; i < info_at; ++i) {
+    if (hello[i].front() == "AUTH" && replies[i]->type == REDIS_REPLY_ERROR) {
+      // WRONGPASS, or a password given to a server that has none: our credentials are wrong.
+      throw AccessDenied("redis at " + settings.description + " refused " + who + ": " +
+                         redacted(settings, reply_view(replies[i].get())));
+    }
+    check(i, "select database " + std::to_string(settings.db));
+  }
+  // INFO may be refused to a restricted user: the run_id is then unknown, which is no error.
+  if (!is_error(replies[info_at].get(), "NOPERM")) {
+    check(info_at, "run INFO");
+    const auto info = reply_view(replies[info_at].get());
+    const auto at = info.find("run_id:");
+    if (replies[info_at]->type != REDIS_REPLY_STRING || at == std::string::npos) {
+      throw BackendUnavailable("the server at " + settings.description + " does not look like Redis (no run_id)");
+    }
+    opened.run_id = std::string(info.substr(at + 7, info.find_first_of("\r\n", at) - at - 7));
+  }
+  if (!scripts) return opened;
+  for (std::size_t i = scripts_at; i < scripts_at + scripts->size(); ++i) {
+    check(i, "run scripts");
+    if (replies[i]->type != REDIS_REPLY_STRING) {
+      throw BackendUnavailable("the server at " + settings.description + " answered SCRIPT LOAD oddly");
+    }
+    opened.shas.emplace_back(reply_view(replies[i].get()));
+  }
+  const auto probes = scripts_at + scripts->size();
+  check(probes, "publish on turnstile's channels (turnstile:*)");
+  check(probes + 1, "publish on PermitCounter's channels (redisson_sc:*)");
+  check(probes + 2, "read and write turnstile's keys (turnstile:*) from scripts");
+  for (std::size_t i = probes + 3; i < probes + 7; ++i) {
+    check(i, "subscribe to turnstile's channels (turnstile:*, redisson_sc:*)");
+    const auto* reply = replies[i].get();
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 || reply->element[0]->type != REDIS_REPLY_STRING) {
+      throw BackendUnavailable("the server at " + settings.description + " answered (UN)SUBSCRIBE oddly");
+    }
+  }
+  return opened;
 }
+
+struct Connection::Link {
+  Context context;
+  std::uint64_t generation = 0;
+  SteadyClock::time_point last_reply{};
+  bool used = false;  // completed a call
+};
+
+namespace {
+
+// True when an idle link's socket shows nothing: anything readable on a request/response
+// connection between calls is an EOF (Redis' `timeout`, a restart), a reset, or garbage.
+bool looks_alive(const redisContext* context) {
+  pollfd pfd{context->fd, POLLIN | POLLRDHUP, 0};
+  int ready;
+  do {
+    ready = poll(&pfd, 1, 0);
+  } while (ready < 0 && errno == EINTR);
+  return ready == 0;
+}
+
+template <class Lock>
+bool wait_until(std::condition_variable& cv, Lock& lock, SteadyClock::time_point until) {
+  if (until == SteadyClock::time_point::max()) {
+    cv.wait(lock);
+    return true;
+  }
+  return cv.wait_until(lock, until) == std::cv_status::no_timeout;
+}
+
+}  // namespace
 
 Connection::Connection(Settings settings, std::vector<const Script*> scripts, std::function<void()> on_server_changed)
     : settings_(std::move(settings)), scripts_(std::move(scripts)), on_server_changed_(std::move(on_server_changed)) {
-  std::lock_guard lock(mutex_);
-  ensure_connected(SteadyClock::now());  // one attempt: connect() reports a bad URL or password at once
+  // One attempt: Client::connect reports a bad URL, password or ACL at once.
+  const Wait wait(SteadyClock::now());
+  ++links_;
+  std::unique_ptr<Link> link;
+  try {
+    link = open_link(wait);
+  } catch (...) {
+    --links_;
+    throw;
+  }
+  checkin(std::move(link));
 }
 
-void Connection::ensure_connected(Deadline deadline) {
-  while (!context_) {
-    const auto now = SteadyClock::now();
-    if (now < next_attempt_) {
-      if (deadline && *deadline < next_attempt_) {
-        throw BackendUnavailable("redis at " + settings_.description + " is unreachable (reconnecting)");
-      }
-      std::this_thread::sleep_until(next_attempt_);
+Connection::~Connection() = default;
+
+std::unique_ptr<Connection::Link> Connection::open_link(const Wait& wait) {
+  auto opened = open_context(settings_, wait, &scripts_);
+  auto link = std::make_unique<Link>();
+  link->context = std::move(opened.context);
+  link->last_reply = SteadyClock::now();
+  bool changed = false;
+  std::vector<std::unique_ptr<Link>> stale;
+  {
+    std::lock_guard lock(mutex_);
+    if (shas_.empty()) shas_ = std::move(opened.shas);  // the constructor's; SHA1s never change
+    changed = !opened.run_id.empty() && !run_id_.empty() && opened.run_id != run_id_;
+    if (!opened.run_id.empty()) run_id_ = opened.run_id;
+    if (changed) {
+      ++generation_;
+      // Idle links lead to the server we knew: gone.
+      links_ -= static_cast<int>(idle_.size());
+      stale.swap(idle_);
     }
-    try {
-      std::string run_id;
-      auto context = open_context(settings_, kConnectTimeout, &run_id);
-      // Load every script at once: one round trip, and an ACL that forbids scripting is
-      // refused here, at connect time, rather than at the first lock.
-      std::vector<Command> loads;
-      for (const auto* script : scripts_) loads.push_back({"SCRIPT", "LOAD", script->body});
-      std::vector<Reply> replies;
-      if (!exchange(context.get(), loads, replies)) {
-        throw BackendUnavailable("redis at " + settings_.description + " failed while loading scripts: " + context->errstr);
-      }
-      std::vector<std::string> shas;
-      for (const auto& reply : replies) {
-        if (reply->type == REDIS_REPLY_ERROR) {
-          if (starts_with(reply.get(), "NOPERM")) {
-            throw AccessDenied("redis at " + settings_.description + " does not let this user run scripts: " + reply_text(reply.get()));
-          }
-          throw BackendUnavailable("redis at " + settings_.description + " refused a script: " + reply_text(reply.get()));
+    link->generation = generation_;
+  }
+  stale.clear();
+  if (changed && on_server_changed_) on_server_changed_();
+  return link;
+}
+
+std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (!idle_.empty()) {
+      auto link = std::move(idle_.back());  // the most recently used: the least likely to be stale
+      idle_.pop_back();
+      lock.unlock();
+      if (looks_alive(link->context.get())) return link;
+      link.reset();
+      lock.lock();
+      --links_;
+      continue;
+    }
+    if (links_ < kMaxLinks) {
+      if (SteadyClock::now() < next_attempt_) {
+        if (wait.try_once || wait.until < next_attempt_) {
+          throw BackendUnavailable("redis at " + settings_.description + " is unreachable (reconnecting)");
         }
-        shas.push_back(reply_text(reply.get()));
+        wait_until(returned_, lock, next_attempt_);
+        continue;
       }
-      const bool changed = !run_id_.empty() && run_id != run_id_;
-      context_ = std::move(context);
-      shas_ = std::move(shas);
-      run_id_ = run_id;
-      if (changed) ++generation_;
-      backoff_ = std::chrono::milliseconds(0);
-      if (changed && on_server_changed_) on_server_changed_();
-    } catch (const AccessDenied&) {
-      throw;
-    } catch (const BackendUnavailable&) {
-      backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
-      next_attempt_ = SteadyClock::now() + backoff_;
-      if (!deadline || *deadline <= SteadyClock::now() || *deadline < next_attempt_) throw;
+      ++links_;
+      lock.unlock();
+      try {
+        return open_link(wait);
+      } catch (const AccessDenied&) {
+        lock.lock();
+        --links_;
+        returned_.notify_all();
+        throw;
+      } catch (const BackendUnavailable&) {
+        lock.lock();
+        --links_;
+        backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
+        next_attempt_ = SteadyClock::now() + backoff_;
+        returned_.notify_all();
+        if (wait.try_once || wait.until < next_attempt_) throw;
+        continue;
+      } catch (...) {
+        lock.lock();
+        --links_;
+        returned_.notify_all();
+        throw;
+      }
     }
+    // Every link is busy with another call: wait for one, within our own deadline.
+    if (!wait_until(returned_, lock, wait.until) && idle_.empty() && links_ >= kMaxLinks) {
+      throw BackendUnavailable("every connection to redis at " + settings_.description + " stayed busy until the deadline");
+    }
+  }
+}
+
+void Connection::checkin(std::unique_ptr<Link> link) {
+  std::lock_guard lock(mutex_);
+  if (link->used) backoff_ = milliseconds(0);
+  if (link->generation != generation_) {
+    --links_;
+  } else {
+    idle_.push_back(std::move(link));
+  }
+  returned_.notify_all();
+}
+
+void Connection::discard(std::unique_ptr<Link> link, bool fresh) {
+  link.reset();
+  std::lock_guard lock(mutex_);
+  --links_;
+  if (fresh) {
+    // A connection that fails before completing a call counts as a failed attempt: no
+    // reconnect storm against a server that accepts and then drops us.
+    backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
+    next_attempt_ = SteadyClock::now() + backoff_;
+  }
+  returned_.notify_all();
+}
+
+std::vector<Reply> Connection::run(const std::vector<Command>& commands, const Wait& wait, bool retry,
+                                   std::uint64_t* server_generation) {
+  for (;;) {
+    auto link = checkout(wait);
+    if (!retry && SteadyClock::now() - link->last_reply >= kIdleProbe) {
+      // What must not be resent is written only to a connection just shown alive: one the
+      // server closed (`timeout`) or a NAT dropped while idle fails this PING instead, and the
+      // call goes out on a new connection rather than reporting an unknown outcome.
+      std::vector<Reply> pong;
+      if (const auto why = exchange(link->context.get(), std::vector<Command>{Command{"PING"}}, pong, wait.reply_until()); !why.empty()) {
+        discard(std::move(link), false);
+        if (wait.expired()) {
+          throw BackendUnavailable("redis at " + settings_.description + " did not answer (" + why + "); nothing was sent");
+        }
+        continue;
+      }
+      link->last_reply = SteadyClock::now();
+    }
+    bool sent = false;
+    std::vector<Reply> replies;
+    const auto why = exchange(link->context.get(), commands, replies, wait.reply_until(), -1, &sent);
+    if (why.empty()) {
+      link->last_reply = SteadyClock::now();
+      link->used = true;
+      if (server_generation) *server_generation = link->generation;
+      checkin(std::move(link));
+      return replies;
+    }
+    const bool fresh = !link->used;
+    discard(std::move(link), fresh);
+    if (sent && !retry) {
+      throw BackendUnavailable("redis at " + settings_.description + " failed mid-request (" + why +
+                               "); the outcome is unknown");
+    }
+    if (wait.expired()) throw BackendUnavailable("redis at " + settings_.description + " failed: " + why);
   }
 }
 
@@ -183,77 +642,54 @@ Command Connection::eval_command(const Script& script, const std::vector<std::st
   return command;
 }
 
-std::vector<Reply> Connection::run(const std::vector<Command>& commands, Deadline deadline, bool retry) {
-  // Called with mutex_ held.
-  for (;;) {
-    ensure_connected(deadline);
-    std::vector<Reply> replies;
-    if (exchange(context_.get(), commands, replies)) return replies;
-    const std::string why = context_->errstr;
-    context_.reset();
-    if (!retry) {
-      throw BackendUnavailable("redis at " + settings_.description + " failed mid-request (" + why +
-                               "); the outcome is unknown");
-    }
-    if (deadline && *deadline <= SteadyClock::now()) {
-      throw BackendUnavailable("redis at " + settings_.description + " failed: " + why);
-    }
+std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, bool retry,
+                                            std::uint64_t* server_generation) {
+  std::vector<Command> commands;
+  for (const auto& [script, keys, args] : calls) commands.push_back(eval_command(*script, keys, args, true));
+  auto replies = run(commands, wait, retry, server_generation);
+  // The server lost its script cache (restart, SCRIPT FLUSH): those scripts did not run; EVAL
+  // sends and caches them, in one more round trip.
+  std::vector<std::size_t> missing;
+  commands.clear();
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    if (!is_error(replies[i].get(), "NOSCRIPT")) continue;
+    const auto& [script, keys, args] = calls[i];
+    missing.push_back(i);
+    commands.push_back(eval_command(*script, keys, args, false));
   }
+  if (!missing.empty()) {
+    auto again = run(commands, wait, retry, nullptr);
+    for (std::size_t k = 0; k < missing.size(); ++k) replies[missing[k]] = std::move(again[k]);
+  }
+  std::vector<Result> results(calls.size());
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    results[i].error = reply_error(settings_, "script " + std::get<0>(calls[i])->name, replies[i].get());
+    if (results[i].ok()) results[i].reply = std::move(replies[i]);
+  }
+  return results;
 }
 
 Reply Connection::eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
                        Deadline deadline, bool retry, std::uint64_t* server_generation) {
-  std::lock_guard lock(mutex_);
-  auto replies = run({eval_command(script, keys, args, true)}, deadline, retry);
-  if (starts_with(replies.front().get(), "NOSCRIPT")) {
-    // The server lost its script cache (restart, SCRIPT FLUSH): EVAL sends and caches it.
-    replies = run({eval_command(script, keys, args, false)}, deadline, retry);
-  }
-  if (replies.front()->type == REDIS_REPLY_ERROR) {
-    const auto text = reply_text(replies.front().get());
-    if (starts_with(replies.front().get(), "NOPERM")) throw AccessDenied("redis refused: " + text);
-    throw BackendUnavailable("redis script " + script.name + " failed: " + text);
-  }
-  if (server_generation) *server_generation = generation_;
-  return std::move(replies.front());
+  return run_scripts({ScriptCall{&script, keys, args}}, Wait(deadline), retry, server_generation).front().take();
 }
 
-std::vector<Reply> Connection::eval_pipelined(
-    const std::vector<std::tuple<const Script*, std::vector<std::string>, std::vector<std::string>>>& calls, Deadline deadline,
-    std::uint64_t* server_generation) {
-  std::lock_guard lock(mutex_);
-  std::vector<Command> commands;
-  for (const auto& [script, keys, args] : calls) commands.push_back(eval_command(*script, keys, args, true));
-  // The watchdog's renewals must give up by their deadline, not after the usual reply timeout:
-  // until they do, it cannot check how long its holds have gone unconfirmed.
-  ensure_connected(deadline);
-  if (deadline) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - SteadyClock::now());
-    redisSetTimeout(context_.get(), to_timeval(std::clamp(left, std::chrono::milliseconds(50), kReplyTimeout)));
-  }
-  struct RestoreTimeout {
-    Connection& connection;
-    ~RestoreTimeout() {
-      if (connection.context_) redisSetTimeout(connection.context_.get(), to_timeval(kReplyTimeout));
-    }
-  } restore{*this};
-  auto replies = run(commands, deadline, true);
-  for (std::size_t i = 0; i < replies.size(); ++i) {
-    if (starts_with(replies[i].get(), "NOSCRIPT")) {
-      const auto& [script, keys, args] = calls[i];
-      replies[i] = std::move(run({eval_command(*script, keys, args, false)}, deadline, true).front());
-    }
-  }
-  if (server_generation) *server_generation = generation_;
+std::vector<Result> Connection::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline,
+                                          std::uint64_t* server_generation) {
+  return run_scripts(calls, Wait(deadline), true, server_generation);
+}
+
+std::vector<Reply> Connection::eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline,
+                                              std::uint64_t* server_generation) {
+  auto results = eval_each(calls, deadline, server_generation);
+  std::vector<Reply> replies;
+  for (auto& result : results) replies.push_back(result.take());
   return replies;
 }
 
 Reply Connection::command(const Command& command, Deadline deadline) {
-  std::lock_guard lock(mutex_);
-  auto replies = run({command}, deadline, true);
-  if (replies.front()->type == REDIS_REPLY_ERROR) {
-    throw BackendUnavailable("redis " + command.front() + " failed: " + reply_text(replies.front().get()));
-  }
+  auto replies = run({command}, Wait(deadline), true, nullptr);
+  if (auto error = reply_error(settings_, command.front(), replies.front().get())) std::rethrow_exception(error);
   return std::move(replies.front());
 }
 

@@ -1,15 +1,24 @@
-// A Redis connection over hiredis that survives the server going away: it reconnects with
-// capped exponential backoff, re-authenticates, and tells its owner when the server it finds
-// is not the one it knew (a restart without persistence forgets every hold).
+// Redis connections over hiredis 0.14, hardened: every socket is close-on-exec from its
+// creation, every network wait ends by the caller's deadline (capped), replies are bounded in
+// size, every error reply becomes a typed error, and a connection the server or a NAT may have
+// dropped while idle is checked before anything that must not be resent is written to it.
+//
+// A Connection is a small pool of such connections shared by a client's threads: a call takes
+// an idle one or opens its own, so no call ever waits for another's round trip or reconnect
+// beyond its own deadline, and a release never queues behind a long acquire.
 #pragma once
 
 #include <hiredis/hiredis.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -17,7 +26,7 @@
 namespace turnstile::detail::redis {
 
 struct Settings {
-  std::string description;  // host:port, for messages
+  std::string description;  // host:port, for messages (never the password)
   std::string host;
   int port = 6379;
   std::string user;
@@ -29,13 +38,25 @@ struct Settings {
 // redis://[user:password@]host:port[/db][?ttl=SECONDS]; ClientOptions::ttl wins when set.
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
 
+// Caps on each network wait; each is also bounded by the caller's deadline.
+inline constexpr std::chrono::milliseconds kConnectTimeout{2000};
+inline constexpr std::chrono::milliseconds kReplyTimeout{5000};
+// The most one reply may make us buffer or allocate (a hostile server cannot make us allocate
+// without bound; hiredis 0.14 has no limit of its own).
+inline constexpr std::size_t kMaxReplyBytes = std::size_t{64} << 20;
+// A connection idle for this long is PINGed before a call that must not be resent: Redis'
+// `timeout` (1 s at least) cannot have closed it since, and a NAT that dropped it shows.
+inline constexpr std::chrono::milliseconds kIdleProbe{500};
+// At most this many connections per Connection; more callers wait (within their deadlines).
+inline constexpr int kMaxLinks = 8;
+
 struct ReplyDeleter {
   void operator()(redisReply* reply) const { freeReplyObject(reply); }
 };
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
 struct ContextDeleter {
-  void operator()(redisContext* context) const { redisFree(context); }
+  void operator()(redisContext* context) const;
 };
 using Context = std::unique_ptr<redisContext, ContextDeleter>;
 
@@ -47,51 +68,127 @@ struct Script {
   std::string body;
 };
 
-// Opens, authenticates and selects the database. Throws AccessDenied (bad password, ACL),
-// BackendUnavailable (unreachable, not Redis). Returns the server's run_id through `run_id`.
-Context open_context(const Settings& settings, std::chrono::milliseconds timeout, std::string* run_id);
+// The network waits of one call: they end by `until`, the caller's deadline. A call whose
+// deadline had already passed when it began ("try once") gets one attempt bounded by the caps.
+struct Wait {
+  explicit Wait(Deadline deadline);
+  SteadyClock::time_point start;
+  bool try_once;
+  SteadyClock::time_point until;  // time_point::max() for "no deadline"
+  SteadyClock::time_point connect_until() const;
+  SteadyClock::time_point reply_until() const;
+  bool expired() const { return SteadyClock::now() >= until; }
+};
 
-// Appends every command, then reads every reply. Returns false on an I/O or protocol error
-// (the context is then unusable).
-bool exchange(redisContext* context, const std::vector<Command>& commands, std::vector<Reply>& replies);
+// A connected, authenticated context on the selected database.
+struct Opened {
+  Context context;
+  std::string run_id;               // "" when the user may not run INFO
+  std::vector<std::string> shas;    // of `scripts`, in order
+};
+
+// Connects (close-on-exec socket), authenticates, selects the database and reads the server's
+// run_id. With `scripts` (command connections), also loads them and checks every permission the
+// backend needs: scripts, turnstile's keys, publishing and subscribing on its channels.
+// Every wait ends by `wait`'s limits, and at once when `cancel_fd` (if >= 0) becomes readable.
+// Throws AccessDenied (password, ACL) or BackendUnavailable (unreachable, not Redis, replica).
+Opened open_context(const Settings& settings, const Wait& wait, const std::vector<const Script*>* scripts,
+                    int cancel_fd = -1);
+
+// Sends every command and reads every reply by `until` (each reply at most kMaxReplyBytes).
+// Returns "" on success, else what failed (the context is then unusable). `sent` (optional) is
+// set when any byte of the commands may have reached the server.
+std::string exchange(redisContext* context, const std::vector<Command>& commands, std::vector<Reply>& replies,
+                     SteadyClock::time_point until, int cancel_fd = -1, bool* sent = nullptr);
+
+// Reads what the socket has (non-blocking), refusing to buffer more than kMaxReplyBytes of one
+// reply. False when the connection failed or the reply is too large (context->errstr says).
+bool read_available(redisContext* context);
+// The next complete reply already read (null when none yet). False on a protocol error or a
+// reply over kMaxReplyBytes.
+bool next_reply(redisContext* context, Reply& reply);
+
+// The typed error an error reply (or an array holding one) stands for; null when it is none.
+// `call` names what was asked, for the message. NOPERM/NOAUTH/WRONGPASS and ACL refusals inside
+// scripts are AccessDenied; everything else (OOM, READONLY, BUSY, MOVED, script errors...) is
+// BackendUnavailable with the server's message, redacted.
+std::exception_ptr reply_error(const Settings& settings, const std::string& call, const redisReply* reply);
+// A server's text made safe to show: bounded, printable, the password masked.
+std::string redacted(const Settings& settings, std::string_view text);
+
+// One script call's outcome in a pipeline: the reply, or the typed error the server answered.
+struct Result {
+  Reply reply;
+  std::exception_ptr error;
+  bool ok() const { return error == nullptr; }
+  // The reply; rethrows the error.
+  Reply take();
+};
+
+using ScriptCall = std::tuple<const Script*, std::vector<std::string>, std::vector<std::string>>;
 
 class Connection {
  public:
-  // on_server_changed runs with the connection locked: it must not call back into it.
+  // Opens the first connection now (one attempt), so a bad URL, password or ACL fails at once.
+  // on_server_changed runs (with nothing locked) when a new connection finds a different server
+  // (run_id) than the last one did.
   Connection(Settings settings, std::vector<const Script*> scripts, std::function<void()> on_server_changed);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
 
-  // Runs the script (EVALSHA, or EVAL after NOSCRIPT). `retry` says whether the script may
-  // run again after a failure that left its outcome unknown (it must be idempotent); the
-  // call then keeps reconnecting until `deadline`. Error replies throw BackendUnavailable
-  // with the server's message. Throws BackendUnavailable when the deadline passes.
+  // Runs the script (EVALSHA, or EVAL after NOSCRIPT). `retry` says whether the script may run
+  // again after a failure that left its outcome unknown (it must be idempotent); the call then
+  // keeps reconnecting until `deadline`. Otherwise it is only written to a connection known to
+  // be alive, and a failure after writing throws BackendUnavailable saying the outcome is
+  // unknown. Error replies throw their typed error (see reply_error). Throws
+  // BackendUnavailable when the deadline passes.
   // `server_generation`, when given, receives the generation of the server the script ran on:
-  // it grows each time a reconnect finds a different server (run_id).
+  // it grows each time a new connection finds a different server (run_id).
   Reply eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
              Deadline deadline, bool retry, std::uint64_t* server_generation = nullptr);
-  // Several idempotent script calls in one round trip (the watchdog's renewals).
-  std::vector<Reply> eval_pipelined(const std::vector<std::tuple<const Script*, std::vector<std::string>, std::vector<std::string>>>& calls,
-                                    Deadline deadline, std::uint64_t* server_generation = nullptr);
-  // A plain command, retried like an idempotent script.
+  // Several idempotent script calls in one round trip, each with its own outcome: an error
+  // reply to one (OOM, READONLY, BUSY...) is that call's typed error, never thrown. Throws
+  // BackendUnavailable only when no reply came by the deadline.
+  std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, Deadline deadline,
+                                std::uint64_t* server_generation = nullptr);
+  // The same, throwing the first call's error reply as its typed error.
+  std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline,
+                                    std::uint64_t* server_generation = nullptr);
+  // A plain command, retried like an idempotent script; error replies throw typed errors.
   Reply command(const Command& command, Deadline deadline);
 
   const Settings& settings() const { return settings_; }
 
  private:
-  std::vector<Reply> run(const std::vector<Command>& commands, Deadline deadline, bool retry);
-  void ensure_connected(Deadline deadline);  // with mutex_ held
+  struct Link;
+  // An idle live connection, or a new one; waits (by `wait.until`) when kMaxLinks are busy.
+  std::unique_ptr<Link> checkout(const Wait& wait);
+  void checkin(std::unique_ptr<Link> link);
+  // Closes a broken link; `fresh` (it never completed a call) counts as a failed attempt.
+  void discard(std::unique_ptr<Link> link, bool fresh);
+  std::unique_ptr<Link> open_link(const Wait& wait);
+  // One round trip of `commands` on some link; error replies are returned, not thrown.
+  std::vector<Reply> run(const std::vector<Command>& commands, const Wait& wait, bool retry,
+                         std::uint64_t* server_generation);
+  std::vector<Result> run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, bool retry,
+                                  std::uint64_t* server_generation);
   Command eval_command(const Script& script, const std::vector<std::string>& keys,
                        const std::vector<std::string>& args, bool by_sha) const;
 
-  Settings settings_;
-  std::vector<const Script*> scripts_;
-  std::function<void()> on_server_changed_;
-  std::mutex mutex_;
-  Context context_;
+  const Settings settings_;
+  const std::vector<const Script*> scripts_;
+  const std::function<void()> on_server_changed_;
+  std::vector<std::string> shas_;  // by index in scripts_; set by the constructor (SHA1s never change)
+
+  std::mutex mutex_;  // guards what follows; never held across network I/O
+  std::condition_variable returned_;  // a link came back, or a slot or a reconnect became possible
+  std::vector<std::unique_ptr<Link>> idle_;
+  int links_ = 0;  // idle, in use and being opened
   std::string run_id_;
   std::uint64_t generation_ = 0;
-  std::vector<std::string> shas_;  // by index in scripts_
   std::chrono::milliseconds backoff_{0};
-  std::chrono::steady_clock::time_point next_attempt_{};
+  SteadyClock::time_point next_attempt_{};
 };
 
 }  // namespace turnstile::detail::redis

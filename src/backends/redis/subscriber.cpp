@@ -5,26 +5,45 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 
 namespace turnstile::detail::redis {
 
 namespace {
 constexpr auto kIdleLinger = std::chrono::seconds(30);
+constexpr auto kFirstBackoff = std::chrono::milliseconds(50);
+constexpr auto kMaxBackoff = std::chrono::milliseconds(2000);
+
+void drain(int fd) {
+  std::uint64_t count;
+  [[maybe_unused]] auto got = read(fd, &count, sizeof count);
 }
+
+bool is_string(const redisReply* reply) {
+  return reply && (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS) && reply->str;
+}
+}  // namespace
 
 Subscriber::Subscriber(Settings settings, std::function<void(const std::string&, const std::string&)> on_message,
                        std::function<void()> on_reset)
     : settings_(std::move(settings)), on_message_(std::move(on_message)), on_reset_(std::move(on_reset)) {
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (event_fd_ < 0) throw BackendUnavailable("eventfd failed");
+  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (event_fd_ < 0 || stop_fd_ < 0) {
+    if (event_fd_ >= 0) close(event_fd_);
+    if (stop_fd_ >= 0) close(stop_fd_);
+    throw BackendUnavailable("eventfd failed");
+  }
   thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
 }
 
 Subscriber::~Subscriber() {
   thread_.request_stop();
-  poke();
+  const std::uint64_t one = 1;
+  [[maybe_unused]] auto written = write(stop_fd_, &one, sizeof one);
   if (thread_.joinable()) thread_.join();
   close(event_fd_);
+  close(stop_fd_);
 }
 
 void Subscriber::poke() {
@@ -52,98 +71,120 @@ bool Subscriber::listening(const std::string& channel) {
   return confirmed_.count(channel) > 0;
 }
 
+void Subscriber::pause(std::chrono::milliseconds how_long) {
+  pollfd pfd{stop_fd_, POLLIN, 0};
+  poll(&pfd, 1, static_cast<int>(how_long.count()));
+}
+
+bool Subscriber::reconnect(Context& context, std::set<std::string>& sent, std::chrono::milliseconds& backoff) {
+  try {
+    // Bounded like any call, and ended at once by the destructor (stop_fd_).
+    context = open_context(settings_, Wait(SteadyClock::now() + kReplyTimeout), nullptr, stop_fd_).context;
+  } catch (const Error&) {
+    pause(backoff);
+    backoff = std::min(backoff * 2, kMaxBackoff);
+    return false;
+  }
+  sent.clear();
+  try {
+    if (on_reset_) on_reset_();  // messages may have been missed while we were away
+  } catch (...) {
+  }
+  return true;
+}
+
+void Subscriber::serve(Context& context, std::set<std::string>& sent) {
+  // Bring the subscriptions in line with what the waiters want; channels idle for a while
+  // are dropped.
+  int housekeeping_ms = -1;
+  {
+    std::lock_guard lock(mutex_);
+    const auto now = SteadyClock::now();
+    for (auto it = wanted_.begin(); it != wanted_.end();) {
+      if (it->second.users == 0 && now - it->second.idle_since >= kIdleLinger) {
+        it = wanted_.erase(it);
+      } else {
+        if (it->second.users == 0) housekeeping_ms = static_cast<int>(std::chrono::milliseconds(kIdleLinger).count());
+        ++it;
+      }
+    }
+    for (const auto& [channel, want] : wanted_) {
+      if (sent.insert(channel).second) {
+        const char* argv[] = {"SUBSCRIBE", channel.data()};
+        const size_t lengths[] = {9, channel.size()};
+        redisAppendCommandArgv(context.get(), 2, argv, lengths);
+      }
+    }
+    for (auto it = sent.begin(); it != sent.end();) {
+      if (wanted_.count(*it)) {
+        ++it;
+        continue;
+      }
+      const char* argv[] = {"UNSUBSCRIBE", it->data()};
+      const size_t lengths[] = {11, it->size()};
+      redisAppendCommandArgv(context.get(), 2, argv, lengths);
+      confirmed_.erase(*it);
+      it = sent.erase(it);
+    }
+  }
+  // The socket is non-blocking: write what it takes now, the rest when poll() says it may.
+  int done = 0;
+  if (redisBufferWrite(context.get(), &done) != REDIS_OK) throw BackendUnavailable(context->errstr);
+  pollfd fds[3] = {{context->fd, static_cast<short>(POLLIN | (done ? 0 : POLLOUT)), 0},
+                   {event_fd_, POLLIN, 0},
+                   {stop_fd_, POLLIN, 0}};
+  if (poll(fds, 3, housekeeping_ms) < 0) return;  // EINTR: look again
+  if (fds[1].revents & POLLIN) drain(event_fd_);
+  if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) return;
+  if (!read_available(context.get())) throw BackendUnavailable(context->errstr);
+  for (;;) {
+    Reply reply;
+    if (!next_reply(context.get(), reply)) throw BackendUnavailable(context->errstr);
+    if (!reply) break;
+    // Anything not shaped like a pub/sub message is ignored: a hostile or broken server must
+    // not crash us. An error reply (a SUBSCRIBE refused) leaves the waiters to their looks.
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3 || !is_string(reply->element[0])) continue;
+    const std::string kind(reply->element[0]->str, reply->element[0]->len);
+    const std::string channel = is_string(reply->element[1]) ? std::string(reply->element[1]->str, reply->element[1]->len) : "";
+    if (kind == "message" && is_string(reply->element[2])) {
+      try {
+        on_message_(channel, std::string(reply->element[2]->str, reply->element[2]->len));
+      } catch (...) {
+      }
+    } else if (kind == "subscribe") {
+      std::lock_guard lock(mutex_);
+      confirmed_.insert(channel);
+      confirmed_cv_.notify_all();
+    }
+  }
+}
+
 void Subscriber::loop(std::stop_token stop) {
   Context context;
   std::set<std::string> sent;  // SUBSCRIBE sent on the current connection
-  auto backoff = std::chrono::milliseconds(50);
+  auto backoff = kFirstBackoff;
+  auto connected_at = SteadyClock::now();
   while (!stop.stop_requested()) {
-    if (!context) {
-      try {
-        context = open_context(settings_, std::chrono::milliseconds(2000), nullptr);
-        backoff = std::chrono::milliseconds(50);
-        sent.clear();
-        if (on_reset_) on_reset_();  // messages may have been missed while we were away
-      } catch (const Error&) {
-        pollfd pfd{event_fd_, POLLIN, 0};
-        poll(&pfd, 1, static_cast<int>(backoff.count()));
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
-        continue;
+    try {
+      if (!context) {
+        if (!reconnect(context, sent, backoff)) continue;
+        connected_at = SteadyClock::now();
       }
-    }
-    // Bring the subscriptions in line with what the waiters want; channels idle for a while
-    // are dropped.
-    int housekeeping_ms = -1;
-    {
-      std::lock_guard lock(mutex_);
-      const auto now = SteadyClock::now();
-      for (auto it = wanted_.begin(); it != wanted_.end();) {
-        if (it->second.users == 0 && now - it->second.idle_since >= kIdleLinger) {
-          it = wanted_.erase(it);
-        } else {
-          if (it->second.users == 0) housekeeping_ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(kIdleLinger).count());
-          ++it;
-        }
-      }
-      for (const auto& [channel, want] : wanted_) {
-        if (sent.insert(channel).second) {
-          const char* argv[] = {"SUBSCRIBE", channel.data()};
-          const size_t lengths[] = {9, channel.size()};
-          redisAppendCommandArgv(context.get(), 2, argv, lengths);
-        }
-      }
-      for (auto it = sent.begin(); it != sent.end();) {
-        if (wanted_.count(*it)) {
-          ++it;
-          continue;
-        }
-        const char* argv[] = {"UNSUBSCRIBE", it->data()};
-        const size_t lengths[] = {11, it->size()};
-        redisAppendCommandArgv(context.get(), 2, argv, lengths);
-        confirmed_.erase(*it);
-        it = sent.erase(it);
-      }
-    }
-    int done = 0;
-    while (!done) {
-      if (redisBufferWrite(context.get(), &done) != REDIS_OK) break;
-    }
-    if (context->err) {
+      serve(context, sent);
+    } catch (...) {
+      // Nothing leaves this thread. The connection is dropped and made again: at once when it
+      // had served a while (Redis' `timeout`, a restart), after a growing pause otherwise.
       context.reset();
-      std::lock_guard lock(mutex_);
-      confirmed_.clear();
-      continue;
-    }
-    pollfd fds[2] = {{context->fd, POLLIN, 0}, {event_fd_, POLLIN, 0}};
-    if (poll(fds, 2, housekeeping_ms) < 0) continue;
-    if (fds[1].revents & POLLIN) {
-      std::uint64_t count;
-      [[maybe_unused]] auto got = read(event_fd_, &count, sizeof count);
-    }
-    if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-    bool broken = redisBufferRead(context.get()) != REDIS_OK;
-    while (!broken) {
-      void* raw = nullptr;
-      if (redisGetReplyFromReader(context.get(), &raw) != REDIS_OK) {
-        broken = true;
-        break;
-      }
-      if (!raw) break;
-      Reply reply(static_cast<redisReply*>(raw));
-      if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3) continue;
-      const std::string kind(reply->element[0]->str, reply->element[0]->len);
-      const std::string channel(reply->element[1]->str ? std::string(reply->element[1]->str, reply->element[1]->len) : "");
-      if (kind == "message" && reply->element[2]->str) {
-        on_message_(channel, std::string(reply->element[2]->str, reply->element[2]->len));
-      } else if (kind == "subscribe") {
+      {
         std::lock_guard lock(mutex_);
-        confirmed_.insert(channel);
-        confirmed_cv_.notify_all();
+        confirmed_.clear();
       }
-    }
-    if (broken) {
-      context.reset();
-      std::lock_guard lock(mutex_);
-      confirmed_.clear();
+      if (SteadyClock::now() - connected_at >= kMaxBackoff) {
+        backoff = kFirstBackoff;
+      } else {
+        pause(backoff);
+        backoff = std::min(backoff * 2, kMaxBackoff);
+      }
     }
   }
 }

@@ -1,6 +1,7 @@
 // One subscriber connection per client, multiplexing every channel the client waits on. A
 // thread owns the hiredis context: it sleeps in poll() on the socket and on an eventfd that
-// asks it to change subscriptions, so nothing polls on a timer.
+// asks it to change subscriptions, so nothing polls on a timer. Nothing throws out of the
+// thread: a failure drops the connection, which is made again (and waiters are poked).
 #pragma once
 
 #include <condition_variable>
@@ -18,7 +19,8 @@ namespace turnstile::detail::redis {
 class Subscriber {
  public:
   // on_message(channel, payload); on_reset() after a reconnect, when messages may have been
-  // missed: every waiter should look again. Both run on the subscriber thread.
+  // missed: every waiter should look again. Both run on the subscriber thread; what they
+  // throw is dropped (a waiter's periodic look covers a lost wake-up).
   Subscriber(Settings settings, std::function<void(const std::string&, const std::string&)> on_message,
              std::function<void()> on_reset);
   ~Subscriber();
@@ -35,11 +37,17 @@ class Subscriber {
  private:
   void loop(std::stop_token stop);
   void poke();
+  // Connects and subscribes anew; false (after a pause) when it could not.
+  bool reconnect(Context& context, std::set<std::string>& sent, std::chrono::milliseconds& backoff);
+  // Sends what the waiters want changed; reads and dispatches what arrived.
+  void serve(Context& context, std::set<std::string>& sent);
+  void pause(std::chrono::milliseconds how_long);
 
   Settings settings_;
   std::function<void(const std::string&, const std::string&)> on_message_;
   std::function<void()> on_reset_;
-  int event_fd_ = -1;
+  int event_fd_ = -1;  // subscriptions to change
+  int stop_fd_ = -1;   // the destructor: ends a connect or a pause at once
   std::mutex mutex_;
   std::condition_variable confirmed_cv_;
   struct Want {
