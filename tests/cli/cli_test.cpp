@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -47,6 +49,17 @@ bool wait_until(const std::function<bool()>& done, std::chrono::seconds deadline
   return done();
 }
 
+// Whether a process no longer exists (reaped here if it became our child: we are the subreaper).
+bool gone(pid_t pid) {
+  waitpid(pid, nullptr, WNOHANG);
+  return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+std::uint64_t read_number(const std::string& path) {
+  const auto text = read_file(path);
+  return text.empty() ? 0 : std::stoull(text);
+}
+
 // Exit status as a shell reports it: the code, or 128 + the signal.
 int shell_status(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
 
@@ -55,6 +68,14 @@ struct Process {
   std::string out_path, err_path;
   std::string out() const { return read_file(out_path); }
   std::string err() const { return read_file(err_path); }
+};
+
+// How to start turnstile, beyond its arguments.
+struct Launch {
+  std::vector<std::pair<std::string, std::optional<std::string>>> env;  // set, or unset (nullopt)
+  std::optional<uid_t> uid;         // run as this user (the test must be root)
+  bool own_group = false;           // in a process group of its own, as a shell job
+  std::vector<std::string> prefix;  // run turnstile through this command
 };
 
 class CliTest : public ::testing::Test {
@@ -81,18 +102,28 @@ class CliTest : public ::testing::Test {
   std::string path(const std::string& file) const { return dir_ + "/" + file; }
 
   // Starts `turnstile ARGS...` with stdin from /dev/null and stdout/stderr to files.
-  Process start(const std::vector<std::string>& args) {
+  Process start(const std::vector<std::string>& args, const Launch& launch = {}) {
     Process process;
     const int n = counter_++;
     process.out_path = path("out." + std::to_string(n));
     process.err_path = path("err." + std::to_string(n));
-    std::vector<std::string> argv_strings{TURNSTILE_CLI_PATH};
+    std::vector<std::string> argv_strings = launch.prefix;
+    argv_strings.push_back(TURNSTILE_CLI_PATH);
     argv_strings.insert(argv_strings.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& arg : argv_strings) argv.push_back(arg.data());
     argv.push_back(nullptr);
     const pid_t pid = fork();
     if (pid == 0) {
+      if (launch.own_group) setpgid(0, 0);
+      for (const auto& [name, value] : launch.env) {
+        if (value) {
+          setenv(name.c_str(), value->c_str(), 1);
+        } else {
+          unsetenv(name.c_str());
+        }
+      }
+      if (launch.uid && (setgid(*launch.uid) != 0 || setuid(*launch.uid) != 0)) _exit(97);
       const int in = open("/dev/null", O_RDONLY);
       const int out = open(process.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       const int err = open(process.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -129,8 +160,8 @@ class CliTest : public ::testing::Test {
     int status;
     std::string out, err;
   };
-  Result run(const std::vector<std::string>& args) {
-    auto process = start(args);
+  Result run(const std::vector<std::string>& args, const Launch& launch = {}) {
+    auto process = start(args, launch);
     const int status = wait_exit(process);
     return {status, process.out(), process.err()};
   }
@@ -250,14 +281,38 @@ TEST_F(CliTest, UnusableBackendGives69) {
   EXPECT_EQ(under_file.status, 69) << under_file.err;
   const auto inspect_under_file = run({"inspect", "--backend", "file://" + path("plain-file") + "/sub", "job"});
   EXPECT_EQ(inspect_under_file.status, 69) << inspect_under_file.err;
-  // Owned by another user: refused (only root can make such a directory for the test).
-  if (geteuid() == 0) {
-    const auto foreign = path("foreign");
-    ASSERT_EQ(mkdir(foreign.c_str(), 0700), 0);
-    ASSERT_EQ(chown(foreign.c_str(), 65534, 65534), 0);
-    const auto result = run({"run", "--backend", "file://" + foreign, "--lock", "job", "--", "true"});
-    EXPECT_EQ(result.status, 69) << result.err;
-  }
+}
+
+// Permission problems with the state directory are EX_NOPERM (77), not "unavailable" (69).
+// Only root can make another user's directories for the test.
+TEST_F(CliTest, PermissionProblemsGive77) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to make directories of another user";
+  const uid_t nobody = 65534;
+  // A state directory owned by another user.
+  const auto foreign = path("foreign");
+  ASSERT_EQ(mkdir(foreign.c_str(), 0700), 0);
+  ASSERT_EQ(chown(foreign.c_str(), nobody, nobody), 0);
+  const auto marker = path("ran");
+  const auto result = run({"run", "--backend", "file://" + foreign, "--lock", "job", "--", "touch", marker});
+  EXPECT_EQ(result.status, 77) << result.err;
+  EXPECT_EQ(run({"inspect", "--backend", "file://" + foreign, "job"}).status, 77);
+  // sudo -E: root with a user's XDG_RUNTIME_DIR and the default backend creates nothing there.
+  const auto runtime = path("runtime");
+  ASSERT_EQ(mkdir(runtime.c_str(), 0700), 0);
+  ASSERT_EQ(chown(runtime.c_str(), nobody, nobody), 0);
+  Launch sudo_e;
+  sudo_e.env = {{"XDG_RUNTIME_DIR", runtime}, {"TURNSTILE_BACKEND", std::nullopt}};
+  const auto as_root = run({"run", "--lock", "job", "--", "touch", marker}, sudo_e);
+  EXPECT_EQ(as_root.status, 77) << as_root.err;
+  EXPECT_FALSE(fs::exists(runtime + "/turnstile"));
+  // The user, in front of a root-owned state directory (made by an older sudo -E): 77 too.
+  ASSERT_EQ(mkdir((runtime + "/turnstile").c_str(), 0700), 0);
+  Launch user = sudo_e;
+  user.uid = nobody;
+  ASSERT_EQ(chmod(dir_.c_str(), 01777), 0);  // where the user's run writes its output
+  const auto as_user = run({"run", "--lock", "job", "--", "touch", marker}, user);
+  EXPECT_EQ(as_user.status, 77) << as_user.err;
+  EXPECT_FALSE(fs::exists(marker));
 }
 
 TEST_F(CliTest, CommandNotFoundGives127AndNotExecutableGives126) {
@@ -297,6 +352,21 @@ TEST_F(CliTest, ChildSeesFencingTokenAndNameAndTokensIncrease) {
     args.insert(args.end(), {"--", "sh", "-c", "test -n \"$TURNSTILE_FENCING_TOKEN\" && test \"$TURNSTILE_NAME\" = " + form[1]});
     EXPECT_EQ(run(args).status, 0) << form[0];
   }
+}
+
+// The command gets exactly the descriptors turnstile was given (0, 1, 2 here): nothing the
+// library or turnstile opened.
+TEST_F(CliTest, ChildInheritsOnlyTheStandardDescriptors) {
+  const auto listing = path("fds");
+  const auto result = run({"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH, "fds",
+                           listing});
+  ASSERT_EQ(result.status, 0) << result.err;
+  std::istringstream lines(read_file(listing));
+  std::vector<int> fds;
+  std::string line;
+  while (std::getline(lines, line)) fds.push_back(std::stoi(line));
+  std::sort(fds.begin(), fds.end());
+  EXPECT_EQ(fds, (std::vector<int>{0, 1, 2})) << read_file(listing);
 }
 
 TEST_F(CliTest, ChildInheritsNoLockDescriptors) {
@@ -383,6 +453,7 @@ TEST_P(CliSignalTest, BeforeAcquisitionExitsWithoutRunning) {
   ASSERT_TRUE(wait_until([&] { return waiter_count_is("job", 1); })) << waiter.err();
   kill(waiter.pid, sig);
   EXPECT_EQ(wait_exit(waiter), 128 + sig) << waiter.err();
+  EXPECT_TRUE(waiter_count_is("job", 0)) << "the waiter left its entry behind";
   write_file(release, "");
   EXPECT_EQ(wait_exit(holder), 0);
   EXPECT_FALSE(fs::exists(marker));
@@ -431,7 +502,98 @@ TEST_F(CliTest, ChildDiesWhenTurnstileIsKilled) {
   EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "10"})).status, 0);
 }
 
+// --- the command's process group --------------------------------------------------------------
+
+// `sh -c 'sleep 600 & ...; wait'`: the sleep is the command's own subprocess. Returns its pid.
+pid_t started_subprocess(const std::string& pid_file) {
+  EXPECT_TRUE(wait_until([&] { return read_number(pid_file) != 0; })) << "the command never started its subprocess";
+  return static_cast<pid_t>(read_number(pid_file));
+}
+
+constexpr auto kDies = 10s;  // a killed process is gone well within this
+
+TEST_F(CliTest, TheCommandsSubprocessesDieWhenTurnstileIsKilled) {
+  const auto pid_file = path("sleep-pid");
+  auto process = start(lock_sh("job", "sleep 600 & echo $! > " + pid_file + "; wait"));
+  const pid_t sleeper = started_subprocess(pid_file);
+  ASSERT_GT(sleeper, 0);
+  kill(process.pid, SIGKILL);
+  EXPECT_EQ(wait_exit(process), 128 + SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return gone(sleeper); }, kDies)) << "the command's subprocess outlived turnstile";
+  EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "10"})).status, 0);
+}
+
+TEST_F(CliTest, LostHoldStopsTheWholeGroup) {
+  const auto pid_file = path("sleep-pid");
+  auto process = start(lock_sh("job", "sleep 600 & echo $! > " + pid_file + "; wait"));
+  const pid_t sleeper = started_subprocess(pid_file);
+  fs::remove_all(backend_dir_);
+  EXPECT_EQ(wait_exit(process), 70) << process.err();
+  EXPECT_TRUE(wait_until([&] { return gone(sleeper); }, kDies)) << "the command's subprocess outlived the hold";
+}
+
+TEST_F(CliTest, ForwardedSignalReachesTheWholeGroup) {
+  const auto pid_file = path("sleep-pid");
+  auto process = start(lock_sh("job", "sleep 600 & echo $! > " + pid_file + "; wait"));
+  const pid_t sleeper = started_subprocess(pid_file);
+  kill(process.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(process), 128 + SIGTERM) << process.err();
+  EXPECT_TRUE(wait_until([&] { return gone(sleeper); }, kDies)) << "the signal did not reach the subprocess";
+}
+
+TEST_F(CliTest, LeftoversOfTheCommandAreStoppedBeforeTheRelease) {
+  const auto pid_file = path("sleep-pid");
+  const auto result = run(lock_sh("job", "sleep 600 & echo $! > " + pid_file));
+  EXPECT_EQ(result.status, 0) << result.err;
+  EXPECT_NE(result.err.find("left processes"), std::string::npos) << result.err;
+  const pid_t sleeper = static_cast<pid_t>(read_number(pid_file));
+  ASSERT_GT(sleeper, 0);
+  EXPECT_TRUE(gone(sleeper)) << "a subprocess of the command ran on after the release";
+}
+
+// `kill -INT -PGID`, `timeout 1 turnstile run ...`, systemd: a signal sent to turnstile's whole
+// process group reaches the command once (through turnstile), not twice.
+TEST_F(CliTest, GroupSignalReachesTheCommandOnce) {
+  const auto ready = path("ready"), log = path("log");
+  Launch job;
+  job.own_group = true;
+  auto process = start({"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH,
+                        "count-signals", ready, log},
+                       job);
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << process.err();
+  kill(-process.pid, SIGINT);
+  ASSERT_TRUE(wait_until([&] { return !read_file(log).empty(); })) << process.err();
+  std::this_thread::sleep_for(300ms);  // room for a second delivery to show
+  kill(-process.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(process), 0) << process.err();
+  EXPECT_EQ(read_file(log), "INT\nTERM\n");
+}
+
 // --- inspect ------------------------------------------------------------------------------------
+
+// Peer data (here the host name, as the embedded backend reports it) may hold terminal escapes
+// and bytes that are not UTF-8: the table shows them escaped, JSON stays valid.
+TEST_F(CliTest, InspectEscapesHostileHostNames) {
+  const auto ready = path("ready"), release = path("release");
+  auto holder = hold_until("job", ready, release);
+  Launch hostile;
+  hostile.prefix = {TURNSTILE_PROBE_CHILD_PATH, "hostname", "a\\e[2Jb\\xffc\\xc2\\x9bd"};
+  const auto table = run({"inspect", "--backend", backend_, "job"}, hostile);
+  if (table.status == 77) GTEST_SKIP() << "no UTS namespace here: " << table.err;
+  EXPECT_EQ(table.status, 0) << table.err;
+  EXPECT_EQ(table.out.find('\x1b'), std::string::npos) << table.out;
+  EXPECT_EQ(table.out.find('\xff'), std::string::npos) << table.out;
+  EXPECT_EQ(table.out.find("\xc2\x9b"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("a\\u{1b}[2Jb\\xffc\\u{9b}d"), std::string::npos) << table.out;
+  const auto json = run({"inspect", "--backend", backend_, "--json", "job"}, hostile);
+  ASSERT_EQ(json.status, 0) << json.err;
+  const auto parsed = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_FALSE(parsed.is_discarded()) << json.out;
+  EXPECT_EQ(parsed["holders"][0]["host"].get<std::string>(), "a\x1b[2Jb\xef\xbf\xbd" "c\xc2\x9b" "d");
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
 
 TEST_F(CliTest, InspectShowsHolderAndWaitersInOrder) {
   const auto ready = path("ready"), release = path("release");

@@ -5,6 +5,7 @@
 // The parent never builds a Client before forking (a Client must not cross fork(), and a
 // process with threads should not fork children that go on running C++): each car connects
 // on its own, and the URL is checked up front in a short-lived probe process.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -118,15 +119,31 @@ int wait_status(pid_t pid) {
 
 int run_demo(const ParkingOptions& options, const std::string& url, const std::string& history) {
   // Bad URL or unusable backend: report it once, with the usual status, instead of per car.
+  // The probe also hands back the URL as the library shows it (credentials redacted).
+  int url_pipe[2];
+  if (pipe2(url_pipe, O_CLOEXEC) != 0) {
+    complain(std::string("pipe: ") + std::strerror(errno));
+    return kExitOsError;
+  }
   const pid_t probe = spawn([&] {
+    close(url_pipe[0]);
     try {
-      Client::connect(url);
+      const auto client = Client::connect(url);
+      (void)!write(url_pipe[1], client.url().data(), client.url().size());
       return 0;
     } catch (const Error& error) {
       complain(error.what());
       return exit_status_for(error);
     }
   });
+  close(url_pipe[1]);
+  std::string shown_url;
+  char buffer[512];
+  for (ssize_t n; (n = read(url_pipe[0], buffer, sizeof buffer)) != 0;) {
+    if (n > 0) shown_url.append(buffer, static_cast<std::size_t>(n));
+    else if (errno != EINTR) break;
+  }
+  close(url_pipe[0]);
   if (probe < 0) {
     complain(std::string("fork: ") + std::strerror(errno));
     return kExitOsError;
@@ -141,7 +158,7 @@ int run_demo(const ParkingOptions& options, const std::string& url, const std::s
   auto* lot = new (memory) Lot;
   const Timeline timeline{testing::monotonic_ns()};
   std::printf("%lld cars, %lld spaces (Semaphore '%s' on %s)\n", static_cast<long long>(options.cars),
-              static_cast<long long>(options.spaces), kLotName, url.c_str());
+              static_cast<long long>(options.spaces), kLotName, shown_url.c_str());
 
   std::vector<pid_t> cars;
   int failed = 0;

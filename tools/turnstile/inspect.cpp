@@ -2,6 +2,7 @@
 #include <ctime>
 #include <cstdio>
 #include <iostream>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +25,69 @@ std::string iso8601(std::chrono::system_clock::time_point when) {
   return buf;
 }
 
+// The length of the well-formed UTF-8 sequence at text[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0.
+std::size_t utf8_length(std::string_view text, std::size_t i, char32_t& code_point) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  std::size_t length;
+  unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + length > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
+  code_point = lead & (0x7F >> length);
+  for (std::size_t k = 1; k < length; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+    code_point = (code_point << 6) | (byte(i + k) & 0x3F);
+  }
+  return length;
+}
+
+// Characters a terminal acts on or that reorder or hide text: C0 and C1 controls, DEL, and
+// Unicode's invisible formatting marks (zero-width, bidirectional overrides, line separators).
+bool invisible(char32_t c) {
+  return c < 0x20 || (c >= 0x7F && c <= 0x9F) || (c >= 0x200B && c <= 0x200F) || (c >= 0x2028 && c <= 0x202E) ||
+         (c >= 0x2060 && c <= 0x2069) || c == 0xFEFF;
+}
+
+// Text from the backend — written by any peer — as shown on a terminal: each control or
+// formatting character becomes \u{...}, each byte that is not UTF-8 \xNN, and a backslash \\,
+// so no peer can move the cursor, recolour or hide a row, and the escapes are unambiguous.
+std::string printable(std::string_view text) {
+  std::string out;
+  char escape[16];
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    char32_t code_point = c;
+    const std::size_t length = c < 0x80 ? 1 : utf8_length(text, i, code_point);
+    if (length == 0) {
+      std::snprintf(escape, sizeof escape, "\\x%02x", c);
+      out += escape;
+      ++i;
+    } else if (invisible(code_point)) {
+      std::snprintf(escape, sizeof escape, "\\u{%x}", static_cast<unsigned>(code_point));
+      out += escape;
+      i += length;
+    } else {
+      if (c == '\\') out += '\\';
+      out.append(text.substr(i, length));
+      i += length;
+    }
+  }
+  return out;
+}
+
 nlohmann::ordered_json entries_json(const std::vector<EntryInfo>& entries) {
   auto out = nlohmann::ordered_json::array();
   for (const auto& e : entries) {
@@ -44,17 +108,19 @@ void print_json(const Inspection& q) {
                         {"permits", q.permits ? nlohmann::ordered_json(*q.permits) : nlohmann::ordered_json(nullptr)},
                         {"holders", entries_json(q.holders)},
                         {"waiters", entries_json(q.waiters)}};
-  std::cout << out.dump() << '\n';
+  // Bytes that are not UTF-8 (a peer may write anything) become U+FFFD instead of an exception;
+  // control characters are escaped by JSON itself.
+  std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
 }
 
 void print_table(const Inspection& q) {
-  std::printf("name     %s\n", q.name.c_str());
+  std::printf("name     %s\n", printable(q.name).c_str());
   if (q.mode.empty()) {
     std::printf("mode     (nobody queued)\n");
   } else if (q.mode == "semaphore") {
     std::printf("mode     semaphore, limit %lld\n", static_cast<long long>(q.limit));
   } else {
-    std::printf("mode     %s\n", q.mode.c_str());
+    std::printf("mode     %s\n", printable(q.mode).c_str());
   }
   if (q.permits) std::printf("permits  %lld\n", static_cast<long long>(*q.permits));
   if (q.holders.empty() && q.waiters.empty()) return;
@@ -62,8 +128,8 @@ void print_table(const Inspection& q) {
   const auto rows = [](const char* role, const std::vector<EntryInfo>& entries) {
     for (const auto& e : entries) {
       std::printf("%-8s %-10llu %-10s %-8lld %-25s %-8lld %s\n", role, static_cast<unsigned long long>(e.fencing_token),
-                  e.kind.c_str(), static_cast<long long>(e.permits), iso8601(e.since).c_str(),
-                  static_cast<long long>(e.pid), e.host.c_str());
+                  printable(e.kind).c_str(), static_cast<long long>(e.permits), iso8601(e.since).c_str(),
+                  static_cast<long long>(e.pid), printable(e.host).c_str());
     }
   };
   rows("holder", q.holders);
