@@ -43,11 +43,17 @@ std::vector<BackendParam> backend_params();
 std::string param_label(const ::testing::TestParamInfo<BackendParam>& info);
 
 class Conformance : public ::testing::TestWithParam<BackendParam> {
+ public:
+  // Polls until `predicate` holds or `timeout` passes; returns the predicate's last value.
+  static bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s);
+
  protected:
   void SetUp() override;
   void TearDown() override;
 
   const std::string& url() const { return url_; }
+  // True on the network backends (a server with leases), false on the embedded file:// one.
+  bool has_server() const { return url_.rfind("file:", 0) != 0; }
   // Made on first use, so a test that forks its children first forks a process with no
   // backend threads yet (gRPC in particular is fragile across fork).
   turnstile::Client& client();
@@ -58,8 +64,6 @@ class Conformance : public ::testing::TestWithParam<BackendParam> {
   // A path in this test's scratch directory (history files and the like).
   std::string scratch_path(std::string_view leaf) const { return scratch_ + "/" + std::string(leaf); }
 
-  // Polls until `predicate` holds or `timeout` passes; returns the predicate's last value.
-  static bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s);
   // Until inspect(name) shows exactly `count` waiters (bounded).
   bool wait_for_waiters(const std::string& name, std::size_t count, std::chrono::milliseconds timeout = 10s);
   std::size_t waiter_count(const std::string& name);
