@@ -327,6 +327,16 @@ bool Connection::sleep(Waiter& waiter, Deadline deadline, const std::stop_token&
   return !stop.stop_requested();
 }
 
+bool Connection::wait_connected(const Session& session, Deadline deadline) {
+  std::unique_lock lock(mutex_);
+  const auto ready = [&] { return session.connected() || session.expired(); };
+  if (!deadline) {
+    cv_.wait(lock, ready);
+    return true;
+  }
+  return cv_.wait_until(lock, *deadline, ready);
+}
+
 void Connection::remove_later(Orphan orphan) {
   {
     std::lock_guard lock(mutex_);
@@ -346,22 +356,33 @@ bool Connection::clean(const Orphan& orphan) {
   if (!session->connected()) return false;
   const auto done = [](int rc) { return !connection_trouble(rc); };  // removed, gone, or not ours to remove
   if (!orphan.path.empty()) return done(session->remove(orphan.path));
-  // A create whose outcome is unknown: sync first, so a lagging server cannot hide it.
-  int rc = session->sync(orphan.parent);
-  if (!done(rc)) return false;
-  std::vector<std::string> children;
-  rc = session->children(orphan.parent, false, &children);
-  if (rc == ZNONODE) return true;
+  std::vector<std::string> mine;
+  const int rc = own_children(*session, orphan.parent, orphan.uuid, &mine);
   if (rc != ZOK) return done(rc);
-  for (const auto& child : children) {
-    if (child.find(orphan.uuid) == std::string::npos) continue;
-    const auto path = orphan.parent + "/" + child;
-    Stat stat{};
-    rc = session->exists(path, false, &stat);
-    if (rc == ZOK && stat.ephemeralOwner == session->id()) rc = session->remove(path);
-    if (!done(rc)) return false;
+  for (const auto& child : mine) {
+    if (!done(session->remove(orphan.parent + "/" + child))) return false;
   }
   return true;
+}
+
+int own_children(Session& session, const std::string& parent, const std::string& uuid, std::vector<std::string>* names) {
+  names->clear();
+  // sync first: after a reconnect to a lagging ensemble member, a plain read could miss a node
+  // the leader made (and the caller would make a second one, or leave it behind).
+  int rc = session.sync(parent);
+  std::vector<std::string> children;
+  if (rc == ZOK) rc = session.children(parent, false, &children);
+  if (rc == ZNONODE) return ZOK;
+  if (rc != ZOK) return rc;
+  for (const auto& child : children) {
+    if (child.find(uuid) == std::string::npos) continue;
+    // Ours only if this very session owns it (a node of an earlier session is not, CURATOR-604).
+    Stat stat{};
+    rc = session.exists(parent + "/" + child, false, &stat);
+    if (rc == ZOK && stat.ephemeralOwner == session.id()) names->push_back(child);
+    else if (rc != ZNONODE) return rc;
+  }
+  return ZOK;
 }
 
 // The janitor: removes orphans whenever the session is connected, retrying every 200 ms.

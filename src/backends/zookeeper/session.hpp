@@ -75,7 +75,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::int64_t id() const { return zoo_client_id(handle_)->client_id; }
   // The timeout the server granted (known once connected).
   milliseconds timeout() const { return milliseconds(zoo_recv_timeout(handle_)); }
-  bool connected() const { return connected_.load(); }
+  // The C client's own state too: it fails pending calls before our watcher hears of it.
+  bool connected() const { return connected_.load() && zoo_state(handle_) == ZOO_CONNECTED_STATE; }
   bool expired() const { return expired_.load(); }
   // The send time of the latest request the server answered: the server cannot expire the
   // session before that plus the timeout.
@@ -116,6 +117,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<SteadyClock::time_point> ping_sent_at_{SteadyClock::time_point{}};
 };
 
+// The children of `parent` whose name carries `uuid` (a Curator protection id) and that
+// `session` owns, read after a sync. ZOK (none when `parent` is gone) or the failing code.
+int own_children(Session& session, const std::string& parent, const std::string& uuid, std::vector<std::string>* names);
+
 // A thread sleeping until a watched path changes or the session's state does.
 struct Waiter {
   bool woken = false;
@@ -150,6 +155,11 @@ class Connection {
   // Sleeps until the waiter is woken, the deadline passes or `stop` is requested. Returns
   // false on the deadline or the stop.
   bool sleep(Waiter& waiter, Deadline deadline, const std::stop_token& stop = {});
+
+  // Waits (until the deadline) while `session`'s connection is down: calls made meanwhile
+  // would wait in the C client, past any deadline, for the next connection. False when the
+  // deadline passed first.
+  bool wait_connected(const Session& session, Deadline deadline);
 
   // Hands nodes of ours to the janitor (see Orphan). Never blocks.
   void remove_later(Orphan orphan);

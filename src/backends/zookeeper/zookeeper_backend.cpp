@@ -232,6 +232,8 @@ std::string encode_name(const std::string& name) {
 
 std::string describe(int rc) { return zerror(rc); }
 
+bool past(Deadline deadline) { return deadline && SteadyClock::now() >= *deadline; }
+
 [[noreturn]] void fail(const std::string& what, int rc) {
   if (rc == ZNOAUTH || rc == ZAUTHFAILED) throw AccessDenied("ZooKeeper refused " + what + ": " + describe(rc));
   throw BackendUnavailable("ZooKeeper " + what + " failed: " + describe(rc));
@@ -339,6 +341,13 @@ class ZookeeperBackend final : public Backend {
   void inspect_semaphore(Session& session, const std::string& path, Inspection& result, Deadline deadline);
 
   std::shared_ptr<Session> session_for(Deadline deadline) { return connection_.session(deadline); }
+  // Before a retry after connection trouble: a short pause, then no call until the connection
+  // is back (a call made while it is down waits inside the C client, past any deadline). False
+  // when the deadline passed first.
+  bool retry_pause(Session& session, Deadline deadline) {
+    std::this_thread::sleep_for(milliseconds(50));
+    return connection_.wait_connected(session, deadline) && !past(deadline);
+  }
   // For calls that have no deadline of their own (counters, inspect): a session timeout,
   // at least 5 s.
   Deadline call_deadline() const {
@@ -349,8 +358,6 @@ class ZookeeperBackend final : public Backend {
   std::atomic<bool> containers_supported_{true};
   friend class ZookeeperHold;
 };
-
-bool past(Deadline deadline) { return deadline && SteadyClock::now() >= *deadline; }
 
 void check_session(Session& session, int rc) {
   if (session_gone(rc) || session.expired()) throw SessionGone{};
@@ -428,10 +435,7 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path, De
         continue;
       }
       check_session(session, rc);
-      if (connection_trouble(rc) && !past(deadline)) {
-        std::this_thread::sleep_for(milliseconds(50));
-        continue;
-      }
+      if (connection_trouble(rc) && retry_pause(session, deadline)) continue;
       fail("create of '" + prefix + "'", rc);
     }
     if (slash == std::string::npos) break;
@@ -459,28 +463,11 @@ std::string ZookeeperBackend::create_entry(Session& session, const std::string& 
 std::optional<std::string> ZookeeperBackend::find_own(Session& session, const std::string& parent, const std::string& uuid,
                                                       Deadline deadline) {
   for (;;) {
-    // sync first: after a reconnect to a lagging ensemble member, a plain read could miss a
-    // node the leader made, and we would create a second one.
-    int rc = session.sync(parent);
-    std::vector<std::string> children;
-    if (rc == ZOK) rc = session.children(parent, false, &children);
-    if (rc == ZNONODE) return std::nullopt;
-    if (rc == ZOK) {
-      bool trouble = false;
-      for (const auto& child : children) {
-        if (child.find(uuid) == std::string::npos) continue;
-        // Ours only if this very session owns it (a node of an earlier session is not, CURATOR-604).
-        Stat stat{};
-        const int found = session.exists(parent + "/" + child, false, &stat);
-        if (found == ZOK && stat.ephemeralOwner == session.id()) return child;
-        check_session(session, found);
-        trouble = trouble || connection_trouble(found);
-      }
-      if (!trouble) return std::nullopt;
-    } else {
-      check_session(session, rc);
-    }
-    if (past(deadline) || !connection_trouble(rc)) {
+    std::vector<std::string> mine;
+    const int rc = session.connected() ? own_children(session, parent, uuid, &mine) : ZCONNECTIONLOSS;
+    if (rc == ZOK) return mine.empty() ? std::nullopt : std::optional(mine.front());
+    check_session(session, rc);
+    if (!connection_trouble(rc) || !retry_pause(session, deadline)) {
       // Still unknown: the janitor finds and removes it once the connection is back, so it
       // never waits in line (or holds) for nobody.
       connection_.remove_later({session.weak_from_this(), "", parent, uuid});
@@ -499,8 +486,7 @@ std::vector<std::string> ZookeeperBackend::list(Session& session, const std::str
     if (rc == ZOK) return children;
     if (rc == ZNONODE && missing_is_empty) return {};
     check_session(session, rc);
-    if (!connection_trouble(rc) || past(deadline)) fail("listing of '" + path + "'", rc);
-    std::this_thread::sleep_for(milliseconds(50));
+    if (!connection_trouble(rc) || !retry_pause(session, deadline)) fail("listing of '" + path + "'", rc);
   }
 }
 
@@ -512,8 +498,7 @@ std::optional<std::string> ZookeeperBackend::read(Session& session, const std::s
     if (rc == ZOK) return data;
     if (rc == ZNONODE) return std::nullopt;
     check_session(session, rc);
-    if (!connection_trouble(rc) || past(deadline)) fail("read of '" + path + "'", rc);
-    std::this_thread::sleep_for(milliseconds(50));
+    if (!connection_trouble(rc) || !retry_pause(session, deadline)) fail("read of '" + path + "'", rc);
   }
 }
 
@@ -569,8 +554,7 @@ std::optional<bool> ZookeeperBackend::gone(Session& session, const std::string& 
     if (rc == ZOK) return false;
     if (rc == ZNONODE) return true;
     check_session(session, rc);
-    if (!connection_trouble(rc) || past(deadline)) return std::nullopt;
-    std::this_thread::sleep_for(milliseconds(50));
+    if (!connection_trouble(rc) || !retry_pause(session, deadline)) return std::nullopt;
   }
 }
 
