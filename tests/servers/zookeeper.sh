@@ -7,7 +7,8 @@
 #                             sessions survive (tests of a connection lost and regained)
 # tickTime is short (250 ms) so that sessions may be as short as 500 ms (2 x tickTime): the
 # conformance suite kills children that asked for a 2 s TTL and expects their holds to go
-# within one short session timeout. maxSessionTimeout stays generous (60 s) for the others.
+# within one short session timeout. maxSessionTimeout stays generous (60 s) for the others
+# (TURNSTILE_ZK_MAX_SESSION_TIMEOUT=ms overrides it: tests of a granted timeout shorter than asked).
 # TURNSTILE_ZK_FORCESYNC=no sets forceSync=no (no fsync of the transaction log per write), for
 # benchmarks; unset, the server's default (forceSync=yes) stays.
 set -eu
@@ -44,7 +45,7 @@ start)
     cat > "$dir/zoo.cfg" <<CFG
 tickTime=250
 minSessionTimeout=500
-maxSessionTimeout=60000
+maxSessionTimeout=${TURNSTILE_ZK_MAX_SESSION_TIMEOUT:-60000}
 dataDir=$dir/data
 clientPort=$port
 clientPortAddress=127.0.0.1
