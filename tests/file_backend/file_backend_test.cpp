@@ -143,7 +143,7 @@ TEST_F(FileBackend, RefusesADirectoryOwnedByAnotherUser) {
     Client::connect(url_of(root));
     FAIL() << "connected to a directory owned by uid 65534";
   } catch (const turnstile::Error& error) {
-    EXPECT_EQ(error.code(), turnstile::ErrorCode::backend_unavailable) << error.what();
+    EXPECT_EQ(error.code(), turnstile::ErrorCode::access_denied) << error.what();
   }
   EXPECT_TRUE(fs::is_empty(root));
 }

@@ -1,20 +1,28 @@
 // The embedded backend: processes and threads of one host, no server.
 //
 // Each name has a small state file under the root directory, mapped into every process that
-// uses it. Its header holds a process-shared robust mutex, the fencing counter and the queue
-// (an array of entries in arrival order). Liveness never comes from clocks: every entry owns
-// open-file-description (OFD) locks on bytes of the state file far beyond its end, at an
-// offset derived from its unique sequence number, and the kernel drops them when the process
-// dies. A waiter blocks on exactly the byte whose release can change its verdict:
-//   life byte       held while the entry exists       (mutex and writer waits)
+// uses it (layout in state.hpp). Its header holds a process-shared robust mutex, the fencing
+// counter and the queue (an array of entries in arrival order). Liveness never comes from
+// clocks or process ids: every entry owns open-file-description (OFD) locks on bytes of the
+// state file far beyond its end, at an offset derived from its unique sequence number, and the
+// kernel drops them when the process dies. A waiter blocks on exactly the bytes whose release
+// can change its verdict:
+//   life byte       held while the entry exists       (mutex and writer waits; the head lease
+//                                                      waiter watches those of every holder ahead)
 //   exclusive byte  held while the entry is a writer  (reader waits; dropped on downgrade)
 //   waiting byte    held while a lease waits          (the next lease in line waits on it)
-// The one wait that no single byte expresses, "any of the lease holders ahead leaves", sleeps
-// in poll() on a per-name FIFO that releasers write to, plus a pidfd per holder process, so a
-// holder that dies wakes it too. Nothing polls on a timer.
+// PermitCounter's head waiter sleeps on a futex word of the mapping that adders bump. Nothing
+// polls on a timer.
+//
+// fork(): a child never uses or releases what its parent opened. The atfork child handler
+// closes every descriptor this backend opened (so a child neither keeps its parent's holds
+// alive nor shares an open file description with it), and the objects made before the fork
+// see a new fork generation: their holds throw HoldLost instead of touching the queue, and a
+// Client used in the child opens everything afresh.
 #include <fcntl.h>
-#include <poll.h>
+#include <linux/futex.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -25,75 +33,159 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <random>
 #include <set>
+#include <stop_token>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
+#include "backends/file/state.hpp"
 #include "core/backend.hpp"
 
 namespace turnstile::detail {
 namespace {
 
-constexpr std::uint32_t kMagic = 0x54534C31;  // "TSL1"
-constexpr std::uint32_t kVersion = 1;
-constexpr std::size_t kCapacity = 1024;
-constexpr std::size_t kMaxName = 256;
-constexpr off_t kByteBase = off_t{1} << 40;
-constexpr std::uint8_t kCounterWaiter = 9;  // an entry of the PermitCounter's own queue
+using namespace file_state;
 
-enum class Byte : off_t { life = 0, exclusive = 1, waiting = 2 };
-
-off_t byte_offset(std::uint64_t seq, Byte which) {
-  return kByteBase + static_cast<off_t>(seq) * 4 + static_cast<off_t>(which);
-}
-
-enum class Mode : std::uint32_t { none = 0, lock = 1, semaphore = 2 };
-
-struct Entry {
-  std::uint64_t seq;
-  std::int64_t permits;
-  std::int64_t since_ns;  // CLOCK_REALTIME, for inspect
-  std::int32_t pid;
-  std::uint8_t kind;      // EntryKind or kCounterWaiter
-  std::uint8_t reserved[3];
-};
-
-struct Header {
-  std::uint32_t magic;
-  std::uint32_t version;
-  char boot_id[40];  // a file from an earlier boot may hold a mutex owned by a dead thread
-  pthread_mutex_t mutex;
-  std::uint64_t next_seq;  // the last fencing token handed out
-  std::int64_t limit;
-  Mode mode;
-  std::uint32_t lease_sleepers;    // head lease waiters sleeping on the lease FIFO
-  std::uint32_t counter_sleepers;  // head counter waiters sleeping on the counter FIFO
-  std::uint32_t counter_set;
-  std::int64_t counter;
-  std::uint32_t name_length;
-  char name[kMaxName];
-  std::uint32_t count;
-  Entry entries[kCapacity];
-};
+// A client keeps at most this many names open while nothing of theirs is held or waited for,
+// and at most this many spare descriptions per name: what it keeps is bounded, whatever the
+// number of names it ever used.
+constexpr std::size_t kIdleNames = 64;
+constexpr std::size_t kSpareDescriptors = 4;
 
 [[noreturn]] void fail_io(const std::string& what, int error = errno) {
+  if (error == EACCES || error == EPERM) throw AccessDenied(what + ": " + std::strerror(error));
   throw BackendUnavailable(what + ": " + std::strerror(error));
 }
 
-// getpid() is a real system call (glibc no longer caches it) and every join records the pid:
-// cache it, and forget it in a forked child, which must record its own.
+class FileBackend;
+
+// ---- fork ----------------------------------------------------------------------------------
+
+// Bumped in every forked child: objects remember the generation they were made in, and an
+// object from an earlier one belongs to the parent.
+std::atomic<std::uint32_t> fork_generation{0};
+
+std::uint32_t current_generation() { return fork_generation.load(std::memory_order_relaxed); }
+
+// Every descriptor this backend opened, so a forked child can close them all, and every live
+// backend, whose mutexes the fork handlers take so the child finds them consistent.
+struct ForkRegistry {
+  std::mutex backends_mutex;  // before any backend's mutexes, before fds_mutex
+  std::vector<FileBackend*> backends;
+  std::mutex fds_mutex;
+  std::unordered_set<int> fds;
+};
+
+ForkRegistry& registry();
+
+int tracked(int fd) {
+  if (fd >= 0) {
+    auto& r = registry();
+    std::lock_guard lock(r.fds_mutex);
+    r.fds.insert(fd);
+  }
+  return fd;
+}
+
+// Closes a descriptor opened in this process's generation (a parent's, already closed by the
+// child handler, is left alone: its number may belong to something else by now).
+void close_tracked(int fd, std::uint32_t generation) {
+  if (fd < 0 || generation != current_generation()) return;
+  auto& r = registry();
+  std::lock_guard lock(r.fds_mutex);  // not untracked-then-closed apart: a fork between the two
+  r.fds.erase(fd);                    // would leave the child a description we close here
+  close(fd);
+}
+
+// ---- SIGBUS-safe access to the mapping -------------------------------------------------------
+
+// A state file truncated under us (by hand, a cleaner) turns every access to its mapping into
+// SIGBUS. While a thread accesses a mapping it names it here; a SIGBUS inside it replaces the
+// mapping with zeroed private memory (so the access completes, harmlessly) and marks the file
+// broken, which the caller reports: holds lost, calls failing. Other SIGBUSes go to the handler
+// that was installed before ours.
+struct MappedRange {
+  char* base;
+  std::size_t size;
+  std::atomic<bool>* broken;
+  MappedRange* previous;
+};
+
+__attribute__((tls_model("initial-exec"))) thread_local MappedRange* current_range = nullptr;
+struct sigaction previous_sigbus {};
+
+void on_sigbus(int signal, siginfo_t* info, void* context) {
+  for (auto* range = current_range; range; range = range->previous) {
+    auto* address = static_cast<char*>(info->si_addr);
+    if (info->si_code > 0 && address >= range->base && address < range->base + range->size) {
+      if (mmap(range->base, range->size, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) !=
+          MAP_FAILED) {
+        range->broken->store(true, std::memory_order_relaxed);
+        return;  // the faulting access runs again, on the zeroed memory
+      }
+      break;
+    }
+  }
+  if (previous_sigbus.sa_flags & SA_SIGINFO) {
+    if (previous_sigbus.sa_sigaction) previous_sigbus.sa_sigaction(signal, info, context);
+    return;
+  }
+  if (previous_sigbus.sa_handler == SIG_DFL || previous_sigbus.sa_handler == SIG_IGN) {
+    // Die as we would have without us: a fault recurs when we return, a sent signal is re-raised.
+    struct sigaction fallback {};
+    fallback.sa_handler = SIG_DFL;
+    sigaction(SIGBUS, &fallback, nullptr);
+    if (info->si_code <= 0) raise(SIGBUS);
+    return;
+  }
+  previous_sigbus.sa_handler(signal);
+}
+
+void install_sigbus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGBUS, &action, &previous_sigbus);
+  });
+}
+
+class MappingAccess {
+ public:
+  MappingAccess(void* base, std::size_t size, std::atomic<bool>& broken)
+      : range_{static_cast<char*>(base), size, &broken, current_range} {
+    current_range = &range_;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+  ~MappingAccess() {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    current_range = range_.previous;
+  }
+  MappingAccess(const MappingAccess&) = delete;
+  MappingAccess& operator=(const MappingAccess&) = delete;
+
+ private:
+  MappedRange range_;
+};
+
+// ---- small helpers -------------------------------------------------------------------------
+
+// getpid() is a real system call (glibc no longer caches it) and every join records the pid
+// (for inspect): cache it, and forget it in a forked child, which must record its own.
 std::atomic<pid_t> cached_pid{0};
 
 pid_t my_pid() {
   pid_t pid = cached_pid.load(std::memory_order_relaxed);
   if (pid == 0) {
-    [[maybe_unused]] static const int registered =
-        pthread_atfork(nullptr, nullptr, [] { cached_pid.store(0, std::memory_order_relaxed); });
     pid = getpid();
     cached_pid.store(pid, std::memory_order_relaxed);
   }
@@ -125,25 +217,33 @@ const std::string& host_name() {
   return host;
 }
 
-// File names: safe bytes kept, everything else (including '/') percent-encoded, so no name
-// can traverse or collide; long names fall back to a hash checked against the stored name.
+// File names: ASCII letters, digits and "-_." kept, every other byte (including '/' and every
+// byte >= 0x80) percent-encoded, so no name can traverse or collide. A pure function of the
+// bytes: never std::isalnum, which follows the C locale (a Latin-1 locale would keep 0xE9).
+// Long names fall back to a hash checked against the stored name.
+bool kept_as_is(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+         c == '.';
+}
+
 std::string encode_name(const std::string& name) {
+  static constexpr char hex[] = "0123456789ABCDEF";
   std::string out;
   for (unsigned char c : name) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.') {
+    if (kept_as_is(c)) {
       out += static_cast<char>(c);
     } else {
-      char buffer[4];
-      std::snprintf(buffer, sizeof buffer, "%%%02X", c);
-      out += buffer;
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
     }
   }
   if (out.size() <= 200) return "n." + out;
   std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a
   for (unsigned char c : name) hash = (hash ^ c) * 1099511628211ULL;
-  char prefix[24];
-  std::snprintf(prefix, sizeof prefix, "h.%016llx.", static_cast<unsigned long long>(hash));
-  return prefix + out.substr(0, 180);
+  std::string prefix = "h.";
+  for (int shift = 60; shift >= 0; shift -= 4) prefix += hex[(hash >> shift) & 15];
+  return prefix + "." + out.substr(0, 180);
 }
 
 bool set_lock(int fd, short type, off_t start, off_t length, bool wait) {
@@ -160,26 +260,104 @@ bool set_lock(int fd, short type, off_t start, off_t length, bool wait) {
   return true;
 }
 
-// Whether someone holds the byte: tested from a descriptor that never holds locks itself.
-bool is_locked(int probe_fd, std::uint64_t seq, Byte which) {
+// Whether someone holds a byte of [start, start + length) (length 0: to infinity): tested from
+// a descriptor that never holds locks itself.
+bool is_locked(int probe_fd, off_t start, off_t length) {
   struct flock fl {};
   fl.l_type = F_WRLCK;
   fl.l_whence = SEEK_SET;
-  fl.l_start = byte_offset(seq, which);
-  fl.l_len = 1;
+  fl.l_start = start;
+  fl.l_len = length;
   if (fcntl(probe_fd, F_OFD_GETLK, &fl) != 0) fail_io("file lock test");
   return fl.l_type != F_UNLCK;
 }
 
-class FileBackend;
+bool is_locked(int probe_fd, std::uint64_t seq, Byte which) { return is_locked(probe_fd, byte_offset(seq, which), 1); }
 
-// One name's state file, open in this process.
+// The PermitCounter doorbell: a futex word in the shared mapping (cross-process, so no
+// FUTEX_PRIVATE_FLAG). A truncated mapping makes these fail with EFAULT; the caller then finds
+// the file broken under the mutex.
+void futex_wait(std::uint32_t* word, std::uint32_t seen, Deadline deadline) {
+  timespec at{};
+  if (deadline) {
+    // steady_clock is CLOCK_MONOTONIC, FUTEX_WAIT_BITSET's clock for an absolute timeout.
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline->time_since_epoch()).count();
+    at.tv_sec = static_cast<time_t>(std::max<long long>(ns, 0) / 1'000'000'000);
+    at.tv_nsec = static_cast<long>(std::max<long long>(ns, 0) % 1'000'000'000);
+  }
+  syscall(SYS_futex, word, FUTEX_WAIT_BITSET, seen, deadline ? &at : nullptr, nullptr, FUTEX_BITSET_MATCH_ANY);
+}
+
+void futex_wake_all(std::uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+// Wakes one waiting thread: byte watchers, a stop request.
+class Waker {
+ public:
+  void wake() {
+    {
+      std::lock_guard lock(mutex_);
+      woken_ = true;
+    }
+    cv_.notify_all();
+  }
+  void sleep(Deadline deadline) {
+    std::unique_lock lock(mutex_);
+    if (deadline) {
+      cv_.wait_until(lock, *deadline, [&] { return woken_; });
+    } else {
+      cv_.wait(lock, [&] { return woken_; });
+    }
+    woken_ = false;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool woken_ = false;
+};
+
+// A thread blocked in F_OFD_SETLKW on one byte; it ends by itself when the byte is released
+// (by leaving, or by its owner's death) and wakes everyone listening.
+struct ByteWatch {
+  std::mutex mutex;
+  bool released = false;
+  std::vector<std::weak_ptr<Waker>> listeners;
+
+  void listen(const std::shared_ptr<Waker>& waker) {
+    {
+      std::lock_guard lock(mutex);
+      if (!released) {
+        listeners.push_back(waker);
+        return;
+      }
+    }
+    waker->wake();
+  }
+  void release() {
+    std::vector<std::weak_ptr<Waker>> told;
+    {
+      std::lock_guard lock(mutex);
+      released = true;
+      told.swap(listeners);
+    }
+    for (auto& listener : told) {
+      if (auto waker = listener.lock()) waker->wake();
+    }
+  }
+};
+
+// ---- one name's state file -----------------------------------------------------------------
+
 class NameFile {
  public:
   NameFile(int root_fd, std::string name);
   ~NameFile();
+  NameFile(const NameFile&) = delete;
+  NameFile& operator=(const NameFile&) = delete;
 
-  // Holds the robust mutex; repairs the state when its last owner died inside.
+  // Holds the robust mutex; repairs the state when its last owner died inside. Accesses to the
+  // mapping under it survive a truncation (see MappingAccess): check broken() before trusting
+  // what was read, and check_intact() before handing out a result.
   class Guard {
    public:
     explicit Guard(NameFile& file);
@@ -189,47 +367,52 @@ class NameFile {
 
    private:
     NameFile& file_;
+    MappingAccess access_;
   };
 
   Header& header() { return *header_; }
   const std::string& name() const { return name_; }
   int probe_fd() const { return fd_; }
+  std::uint32_t generation() const { return generation_; }
   // A fresh open file description for one contender: OFD locks of one description never
   // conflict with each other, so contenders in one process must not share one.
   int checkout_descriptor();
+  // Returns a description that holds no locks (kept as a spare, or closed).
   void return_descriptor(int fd);
-  int fifo(bool counter);
-  void wake(bool counter);   // under the guard
-  void drain(bool counter);  // under the guard
-
-  struct ByteWatch {
-    std::mutex mutex;
-    std::condition_variable released_cv;
-    bool released = false;
-  };
-  std::shared_ptr<ByteWatch> watch_byte(off_t offset);
+  // Sleeps until one of the bytes is released (by leaving or by death), the deadline passes or
+  // a stop is requested.
+  void wait_for_any_release(const std::vector<off_t>& offsets, Deadline deadline, const std::stop_token& stop);
+  // Under the guard: wakes PermitCounter waiters after permits appeared.
+  void ring_counter();
 
   // Under the guard:
   std::ptrdiff_t find(std::uint64_t seq) const;
+  void append(const Entry& entry);
   void remove_at(std::size_t index);
   bool remove_if_dead(std::uint64_t seq);
   void sweep_dead();
   void recompute_mode();
-  // Whether the state file is still the one at its path: a removed or replaced file means
-  // the holds it records no longer exclude anyone.
-  bool still_linked() const;
+  // The state was truncated or overwritten under us: nothing read from it can be trusted.
+  bool broken() const { return broken_.load(std::memory_order_relaxed); }
+  void check_intact() const;
+  // Whether the state file is still the one at its path, whole: a removed, replaced or
+  // truncated file means the holds it records no longer exclude anyone.
+  bool still_valid();
 
  private:
   void open_or_create(int root_fd);
   void create(int root_fd);
+  void replace(int root_fd, ino_t ino, std::uint64_t carried_seq);
   void repair();
+  std::shared_ptr<ByteWatch> watch_byte(off_t offset);
 
   std::string name_;
   std::string base_;
   int root_fd_ = -1;
   int fd_ = -1;
   Header* header_ = nullptr;
-  int fifo_fds_[2] = {-1, -1};
+  std::atomic<bool> broken_{false};
+  std::uint32_t generation_ = current_generation();
   std::mutex pool_mutex_;
   std::vector<int> pool_;
   dev_t dev_ = 0;
@@ -238,7 +421,7 @@ class NameFile {
   std::unordered_map<off_t, std::weak_ptr<ByteWatch>> watches_;
 };
 
-NameFile::Guard::Guard(NameFile& file) : file_(file) {
+NameFile::Guard::Guard(NameFile& file) : file_(file), access_(file.header_, sizeof(Header), file.broken_) {
   int rc = pthread_mutex_lock(&file_.header_->mutex);
   if (rc == EOWNERDEAD) {
     file_.repair();
@@ -246,25 +429,31 @@ NameFile::Guard::Guard(NameFile& file) : file_(file) {
   } else if (rc != 0) {
     fail_io("state mutex of '" + file_.name_ + "'", rc);
   }
+  if (file_.header_->magic != kMagic) file_.broken_.store(true, std::memory_order_relaxed);  // zeroed
+}
+
+void NameFile::check_intact() const {
+  if (broken()) {
+    throw BackendUnavailable("the state file of '" + name_ + "' was truncated or overwritten while in use");
+  }
 }
 
 NameFile::NameFile(int root_fd, std::string name) : name_(std::move(name)), base_(encode_name(name_)), root_fd_(root_fd) {
+  install_sigbus_handler();
   open_or_create(root_fd);
 }
 
 NameFile::~NameFile() {
-  for (int fd : pool_) close(fd);
-  for (int fd : fifo_fds_) {
-    if (fd >= 0) close(fd);
-  }
+  // A parent's NameFile in a forked child: its descriptors were closed at the fork.
+  for (int fd : pool_) close_tracked(fd, generation_);
   if (header_) munmap(header_, sizeof(Header));
-  if (fd_ >= 0) close(fd_);
+  close_tracked(fd_, generation_);
 }
 
 void NameFile::open_or_create(int root_fd) {
   const std::string state = base_ + ".s";
   for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd = openat(root_fd, state.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    int fd = tracked(openat(root_fd, state.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
     if (fd < 0) {
       if (errno == ENOENT) {
         create(root_fd);
@@ -272,62 +461,81 @@ void NameFile::open_or_create(int root_fd) {
       }
       fail_io("cannot open the state of '" + name_ + "'");
     }
+    const auto drop = [&](void* map) {
+      if (map) munmap(map, sizeof(Header));
+      close_tracked(fd, generation_);
+    };
     struct stat st {};
-    if (fstat(fd, &st) != 0) fail_io("stat");
+    if (fstat(fd, &st) != 0) {
+      const int error = errno;
+      drop(nullptr);
+      fail_io("stat", error);
+    }
     if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
-      close(fd);
-      throw BackendUnavailable("refusing the state file of '" + name_ + "': not a regular file owned by this user");
+      drop(nullptr);
+      throw AccessDenied("refusing the state file of '" + name_ + "': not a regular file owned by this user");
     }
     if (static_cast<std::size_t>(st.st_size) != sizeof(Header)) {
-      close(fd);
-      throw BackendUnavailable("the state file of '" + name_ + "' has an unexpected size (another turnstile version?)");
+      std::uint32_t magic = 0;
+      const bool ours = st.st_size < static_cast<off_t>(sizeof magic) ||
+                        (pread(fd, &magic, sizeof magic, 0) == sizeof magic && magic == kMagic);
+      if (!ours || st.st_size > static_cast<off_t>(sizeof(Header))) {
+        drop(nullptr);
+        throw BackendUnavailable("the state file of '" + name_ + "' has an unexpected size (another turnstile version?)");
+      }
+      // Truncated: its queue is gone. Every entry still alive holds its bytes, and its holder
+      // is told by its own check; replace the file only once none is left.
+      if (is_locked(fd, kByteBase, 0)) {
+        drop(nullptr);
+        throw BackendUnavailable("the state file of '" + name_ + "' was truncated and is still used by a live "
+                                 "process (which is told its hold is lost); try again once it has let go");
+      }
+      drop(nullptr);
+      replace(root_fd, st.st_ino, 0);
+      continue;
     }
     void* map = mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
-      int error = errno;
-      close(fd);
+      const int error = errno;
+      drop(nullptr);
       fail_io("mmap", error);
     }
     auto* header = static_cast<Header*>(map);
-    if (header->magic != kMagic || header->version != kVersion) {
-      munmap(map, sizeof(Header));
-      close(fd);
-      throw BackendUnavailable("the state file of '" + name_ + "' is not a turnstile v1 state file");
-    }
-    if (std::strncmp(header->boot_id, boot_id().c_str(), sizeof header->boot_id) != 0) {
-      // Written before a reboot: its mutex may belong to a thread that no longer exists.
-      // Replace it, once, under a lock on the root directory, keeping the fencing counter.
-      if (flock(root_fd, LOCK_EX) == 0) {
-        struct stat now {};
-        if (fstatat(root_fd, state.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == st.st_ino) {
-          const auto carried = header->next_seq;
-          munmap(map, sizeof(Header));
-          close(fd);
-          unlinkat(root_fd, state.c_str(), 0);
-          create(root_fd);
-          int fresh = openat(root_fd, state.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-          if (fresh >= 0) {
-            if (void* m = mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fresh, 0); m != MAP_FAILED) {
-              static_cast<Header*>(m)->next_seq = carried;
-              munmap(m, sizeof(Header));
-            }
-            close(fresh);
-          }
-        } else {
-          munmap(map, sizeof(Header));
-          close(fd);
-        }
-        flock(root_fd, LOCK_UN);
-        continue;
+    std::atomic<bool> torn{false};
+    enum class Verdict { ok, foreign, earlier_boot, other_name } verdict;
+    std::uint64_t carried = 0;
+    {
+      MappingAccess access(map, sizeof(Header), torn);
+      if (header->magic != kMagic || header->version != kVersion) {
+        verdict = Verdict::foreign;
+      } else if (std::strncmp(header->boot_id, boot_id().c_str(), sizeof header->boot_id) != 0) {
+        verdict = Verdict::earlier_boot;
+        carried = header->next_seq;
+      } else if (header->name_length != name_.size() || std::memcmp(header->name, name_.data(), name_.size()) != 0) {
+        verdict = Verdict::other_name;
+      } else {
+        verdict = Verdict::ok;
       }
-      munmap(map, sizeof(Header));
-      close(fd);
-      fail_io("lock of the backend directory");
     }
-    if (header->name_length != name_.size() || std::memcmp(header->name, name_.data(), name_.size()) != 0) {
-      munmap(map, sizeof(Header));
-      close(fd);
-      throw BackendUnavailable("the state file for '" + name_ + "' belongs to another name (hash collision)");
+    if (torn.load()) {  // truncated while we looked: look again
+      drop(map);
+      continue;
+    }
+    switch (verdict) {
+      case Verdict::foreign:
+        drop(map);
+        throw BackendUnavailable("the state file of '" + name_ + "' is not a turnstile v" + std::to_string(kVersion) +
+                                 " state file (another turnstile version?)");
+      case Verdict::earlier_boot:
+        // Written before a reboot: its mutex may belong to a thread that no longer exists.
+        drop(map);
+        replace(root_fd, st.st_ino, carried);
+        continue;
+      case Verdict::other_name:
+        drop(map);
+        throw BackendUnavailable("the state file for '" + name_ + "' belongs to another name (hash collision)");
+      case Verdict::ok:
+        break;
     }
     fd_ = fd;
     header_ = header;
@@ -338,19 +546,43 @@ void NameFile::open_or_create(int root_fd) {
   throw BackendUnavailable("cannot open the state of '" + name_ + "': it keeps changing");
 }
 
+// Replaces the state file whose inode is `ino` by a fresh one carrying the fencing counter, once
+// (other processes may be doing the same), under a lock on the root directory.
+void NameFile::replace(int root_fd, ino_t ino, std::uint64_t carried_seq) {
+  const std::string state = base_ + ".s";
+  if (flock(root_fd, LOCK_EX) != 0) fail_io("lock of the backend directory");
+  try {
+    struct stat now {};
+    if (fstatat(root_fd, state.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == ino) {
+      unlinkat(root_fd, state.c_str(), 0);
+      create(root_fd);
+      const int fresh = tracked(openat(root_fd, state.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+      if (fresh >= 0) {
+        if (void* m = mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fresh, 0); m != MAP_FAILED) {
+          static_cast<Header*>(m)->next_seq = carried_seq;
+          munmap(m, sizeof(Header));
+        }
+        close_tracked(fresh, generation_);
+      }
+    }
+  } catch (...) {
+    flock(root_fd, LOCK_UN);
+    throw;
+  }
+  flock(root_fd, LOCK_UN);
+}
+
 // Builds the file aside and links it into place, so nobody ever sees it half-initialised.
 void NameFile::create(int root_fd) {
-  for (const char* suffix : {".wl", ".wc"}) {
-    if (mkfifoat(root_fd, (base_ + suffix).c_str(), 0600) != 0 && errno != EEXIST) fail_io("mkfifo");
-  }
   std::random_device random;
   const std::string temp = base_ + ".tmp." + std::to_string(getpid()) + "." + std::to_string(random());
-  int fd = openat(root_fd, temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = tracked(openat(root_fd, temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (fd < 0) fail_io("cannot create the state of '" + name_ + "'");
   const auto cleanup = [&] {
-    close(fd);
+    close_tracked(fd, generation_);
     unlinkat(root_fd, temp.c_str(), 0);
   };
+  // ftruncate fills with zeros without writing them: only the pages we touch below use space.
   if (ftruncate(fd, sizeof(Header)) != 0) {
     int error = errno;
     cleanup();
@@ -363,7 +595,6 @@ void NameFile::create(int root_fd) {
     fail_io("mmap", error);
   }
   auto* header = static_cast<Header*>(map);
-  std::memset(header, 0, sizeof(Header));
   header->magic = kMagic;
   header->version = kVersion;
   std::strncpy(header->boot_id, boot_id().c_str(), sizeof header->boot_id - 1);
@@ -383,15 +614,15 @@ void NameFile::create(int root_fd) {
 }
 
 void NameFile::repair() {
-  // The previous owner died while changing the queue: drop duplicates and dead entries.
+  // The previous owner died while changing the queue. An entry is complete when its seq is not
+  // 0 (remove_at writes seq last); a seq seen twice is an entry caught mid-move, whose later
+  // copy is the one never overwritten (moves go towards the front). Then drop dead entries.
   auto& h = *header_;
   if (h.count > kCapacity) h.count = kCapacity;
   std::set<std::uint64_t> seen;
-  for (std::size_t i = 0; i < h.count;) {
-    if (!seen.insert(h.entries[i].seq).second) {
+  for (std::size_t i = h.count; i-- > 0;) {
+    if (h.entries[i].seq == 0 || h.entries[i].seq > h.next_seq || !seen.insert(h.entries[i].seq).second) {
       remove_at(i);
-    } else {
-      ++i;
     }
   }
   sweep_dead();
@@ -408,62 +639,58 @@ int NameFile::checkout_descriptor() {
   }
   // Reopen through /proc so the new description is of this very file, even if the path changed.
   const std::string self = "/proc/self/fd/" + std::to_string(fd_);
-  int fd = open(self.c_str(), O_RDWR | O_CLOEXEC);
+  int fd = tracked(open(self.c_str(), O_RDWR | O_CLOEXEC));
   if (fd < 0) fail_io("cannot reopen the state of '" + name_ + "'");
   return fd;
 }
 
-std::shared_ptr<NameFile::ByteWatch> NameFile::watch_byte(off_t offset) {
+void NameFile::return_descriptor(int fd) {
+  {
+    std::lock_guard lock(pool_mutex_);
+    if (pool_.size() < kSpareDescriptors) {
+      pool_.push_back(fd);
+      return;
+    }
+  }
+  close_tracked(fd, generation_);
+}
+
+std::shared_ptr<ByteWatch> NameFile::watch_byte(off_t offset) {
   std::lock_guard lock(watches_mutex_);
   std::erase_if(watches_, [](const auto& item) { return item.second.expired(); });
   if (auto existing = watches_[offset].lock()) return existing;
   auto watch = std::make_shared<ByteWatch>();
   const int fd = checkout_descriptor();
-  std::thread([watch, fd, offset] {
+  const auto generation = generation_;
+  std::thread([watch, fd, offset, generation] {
     try {
       set_lock(fd, F_RDLCK, offset, 1, true);
       set_lock(fd, F_UNLCK, offset, 1, false);
     } catch (...) {
       // Reported as "released": the waiter looks at the queue again and decides.
     }
-    close(fd);  // its own description: the NameFile may be gone by now
-    std::lock_guard lock(watch->mutex);
-    watch->released = true;
-    watch->released_cv.notify_all();
+    close_tracked(fd, generation);  // its own description: the NameFile may be gone by now
+    watch->release();
   }).detach();
   watches_[offset] = watch;
   return watch;
 }
 
-void NameFile::return_descriptor(int fd) {
-  std::lock_guard lock(pool_mutex_);
-  pool_.push_back(fd);
-}
-
-int NameFile::fifo(bool counter) {
-  std::lock_guard lock(pool_mutex_);
-  int& fd = fifo_fds_[counter ? 1 : 0];
-  if (fd < 0) {
-    // Read-write, so the pipe exists (and keeps written bytes) while any process has it open.
-    fd = openat(root_fd_, (base_ + (counter ? ".wc" : ".wl")).c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) fail_io("cannot open the wake-up FIFO of '" + name_ + "'");
+void NameFile::wait_for_any_release(const std::vector<off_t>& offsets, Deadline deadline, const std::stop_token& stop) {
+  auto waker = std::make_shared<Waker>();
+  std::vector<std::shared_ptr<ByteWatch>> watches;
+  watches.reserve(offsets.size());
+  for (off_t offset : offsets) {
+    watches.push_back(watch_byte(offset));
+    watches.back()->listen(waker);
   }
-  return fd;
+  std::stop_callback on_stop(stop, [&] { waker->wake(); });
+  waker->sleep(deadline);
 }
 
-void NameFile::wake(bool counter) {
-  const auto sleepers = counter ? header_->counter_sleepers : header_->lease_sleepers;
-  if (sleepers == 0) return;
-  const char byte = 1;
-  // A full pipe already holds a pending wake-up: EAGAIN is fine.
-  [[maybe_unused]] auto written = write(fifo(counter), &byte, 1);
-}
-
-void NameFile::drain(bool counter) {
-  char buffer[64];
-  const int fd = fifo(counter);
-  while (read(fd, buffer, sizeof buffer) > 0) {
-  }
+void NameFile::ring_counter() {
+  ++header_->counter_epoch;
+  if (header_->counter_sleepers != 0) futex_wake_all(&header_->counter_epoch);
 }
 
 std::ptrdiff_t NameFile::find(std::uint64_t seq) const {
@@ -473,9 +700,34 @@ std::ptrdiff_t NameFile::find(std::uint64_t seq) const {
   return -1;
 }
 
-void NameFile::remove_at(std::size_t index) {
+// Writes whose order matters to a process that finds our state after we were killed between
+// two of them: the compiler must not reorder them (the CPU commits a dead thread's stores too).
+void NameFile::append(const Entry& entry) {
   auto& h = *header_;
-  std::memmove(&h.entries[index], &h.entries[index + 1], (h.count - index - 1) * sizeof(Entry));
+  h.entries[h.count] = entry;
+  h.next_seq = entry.seq;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  ++h.count;  // only after the entry is written: a crash leaves no half entry
+}
+
+void NameFile::remove_at(std::size_t index) {
+  // Entry by entry towards the front, each slot's seq cleared first and written last: killed at
+  // any point, we leave complete entries (one possibly twice, identical) and at most one slot
+  // with seq 0, which repair() drops. A memmove could leave a torn entry with a valid seq.
+  auto& h = *header_;
+  for (std::size_t i = index; i + 1 < h.count; ++i) {
+    Entry& to = h.entries[i];
+    const Entry& from = h.entries[i + 1];
+    std::atomic_ref<std::uint64_t>(to.seq).store(0, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    to.permits = from.permits;
+    to.since_ns = from.since_ns;
+    to.pid = from.pid;
+    to.kind = from.kind;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    std::atomic_ref<std::uint64_t>(to.seq).store(from.seq, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
   --h.count;
 }
 
@@ -484,7 +736,6 @@ bool NameFile::remove_if_dead(std::uint64_t seq) {
   if (index < 0 || is_locked(fd_, seq, Byte::life)) return false;
   remove_at(static_cast<std::size_t>(index));
   recompute_mode();
-  wake(false);  // a dead lease holder frees its permits
   return true;
 }
 
@@ -510,73 +761,80 @@ void NameFile::recompute_mode() {
   }
 }
 
-bool NameFile::still_linked() const {
+bool NameFile::still_valid() {
+  if (broken()) return false;
   struct stat mine {}, now {};
-  if (fstat(fd_, &mine) != 0 || mine.st_nlink == 0) return false;
+  if (fstat(fd_, &mine) != 0 || mine.st_nlink == 0 || mine.st_size != static_cast<off_t>(sizeof(Header))) return false;
   if (fstatat(root_fd_, (base_ + ".s").c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) return false;
-  return now.st_dev == dev_ && now.st_ino == ino_;
+  if (now.st_dev != dev_ || now.st_ino != ino_) return false;
+  MappingAccess access(header_, sizeof(Header), broken_);
+  return header_->magic == kMagic && !broken();
 }
 
-// Waits until nobody holds the byte (it was released or its owner died), or the deadline.
-// F_OFD_SETLKW has no timeout, so a timed wait sleeps on a condition variable fed by a
-// watcher thread blocked in F_OFD_SETLKW; the watcher outlives a timed-out waiter and ends
-// by itself when the byte is released, and later waiters for the same byte share it.
-bool wait_for_byte_release(NameFile& file, int fd, std::uint64_t seq, Byte which, Deadline deadline) {
-  const off_t offset = byte_offset(seq, which);
-  if (!deadline) {
-    set_lock(fd, F_RDLCK, offset, 1, true);
-    set_lock(fd, F_UNLCK, offset, 1, false);
-    return true;
-  }
-  if (set_lock(fd, F_RDLCK, offset, 1, false)) {
-    set_lock(fd, F_UNLCK, offset, 1, false);
-    return true;
-  }
-  auto watch = file.watch_byte(offset);
-  std::unique_lock lock(watch->mutex);
-  watch->released_cv.wait_until(lock, *deadline, [&] { return watch->released; });
-  return watch->released;
+// ---- the backend directory -----------------------------------------------------------------
+
+std::string parent_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
 }
 
-int timeout_ms(Deadline deadline) {
-  if (!deadline) return -1;
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - SteadyClock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, 24 * 3600 * 1000));
-}
-
-int open_pidfd(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
-
-// Opens the backend directory, creating missing parts private to this user; refuses a
-// symbolic link, a non-directory, or a directory owned by someone else.
+// Opens the backend directory, creating missing parts private to this user, but only inside a
+// directory owned by this user or by root: root with a user's XDG_RUNTIME_DIR (sudo -E) must not
+// plant a root-owned directory that locks the user out. Refuses a symbolic link, a
+// non-directory, a directory owned by someone else, or one its group or others may write to
+// (they could remove or replace the state files). Refusals are AccessDenied.
 int open_root(const std::string& root) {
   for (std::size_t slash = 1; slash != std::string::npos;) {
     slash = root.find('/', slash + 1);
     const std::string prefix = root.substr(0, slash);
+    struct stat st {};
+    if (lstat(prefix.c_str(), &st) == 0) continue;
+    if (errno != ENOENT) fail_io("cannot look at " + prefix);
+    const std::string parent = parent_of(prefix);
+    struct stat up {};
+    if (stat(parent.c_str(), &up) != 0) fail_io("cannot look at " + parent);
+    if (up.st_uid != geteuid() && up.st_uid != 0) {
+      throw AccessDenied("refusing to create " + prefix + " inside " + parent + ", which belongs to uid " +
+                         std::to_string(up.st_uid) + " (this is uid " + std::to_string(geteuid()) + ")");
+    }
     if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) fail_io("cannot create " + prefix);
   }
-  int fd = open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = tracked(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (fd < 0) {
     if (errno == ELOOP || errno == ENOTDIR) {
-      throw BackendUnavailable("refusing " + root + ": it is a symbolic link or not a directory");
+      throw AccessDenied("refusing " + root + ": it is a symbolic link or not a directory");
     }
     fail_io("cannot open " + root);
   }
+  const auto generation = current_generation();
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     int error = errno;
-    close(fd);
+    close_tracked(fd, generation);
     fail_io("stat " + root, error);
   }
   if (st.st_uid != geteuid()) {
-    close(fd);
-    throw BackendUnavailable("refusing " + root + ": it is owned by uid " + std::to_string(st.st_uid) +
-                             ", not by this user (uid " + std::to_string(geteuid()) + ")");
+    close_tracked(fd, generation);
+    throw AccessDenied("refusing " + root + ": it is owned by uid " + std::to_string(st.st_uid) +
+                       ", not by this user (uid " + std::to_string(geteuid()) + ")");
+  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    close_tracked(fd, generation);
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw AccessDenied("refusing " + root + ": its group or others may write to it (mode " + mode +
+                       "); make it private (chmod go-w) or use another directory");
   }
   return fd;
 }
 
-// Whether a file or directory we hold open was removed from the tree.
-bool unlinked(int fd) {
+// Whether a state file we hold open was removed from the tree, or is no longer whole.
+bool stale(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) != 0 || st.st_nlink == 0 || st.st_size != static_cast<off_t>(sizeof(Header));
+}
+
+bool unlinked_dir(int fd) {
   struct stat st {};
   return fstat(fd, &st) != 0 || st.st_nlink == 0;
 }
@@ -585,8 +843,17 @@ class FileHold;
 
 class FileBackend final : public Backend {
  public:
-  FileBackend(std::string root, int root_fd) : root_(std::move(root)), root_fd_(root_fd) {}
+  FileBackend(std::string root, int root_fd) : root_(std::move(root)), root_fd_(root_fd) {
+    auto& r = registry();
+    std::lock_guard lock(r.backends_mutex);
+    r.backends.push_back(this);
+  }
   ~FileBackend() override {
+    {
+      auto& r = registry();
+      std::lock_guard lock(r.backends_mutex);
+      std::erase(r.backends, this);
+    }
     {
       // No join: waiting for the watcher to be scheduled just to see the stop costs a short
       // process (turnstile run) milliseconds on a busy machine. It exits on its own when it
@@ -595,12 +862,15 @@ class FileBackend final : public Backend {
       std::unique_lock lock(watch_->mutex);
       watch_->stop = true;
       watch_->cv.notify_all();
-      // (Unless we are that check: a loss callback that dropped the last Client.)
-      if (watch_->thread != std::this_thread::get_id()) watch_->cv.wait(lock, [&] { return !watch_->checking; });
+      // (Unless we are that check: a loss callback that dropped the last Client; or the
+      // watcher is a parent's thread, which a forked child does not have.)
+      if (watch_->thread != std::this_thread::get_id() && watch_->generation == current_generation()) {
+        watch_->cv.wait(lock, [&] { return !watch_->checking; });
+      }
     }
     files_.clear();
-    close(root_fd_);
-    for (int fd : removed_root_fds_) close(fd);
+    close_tracked(root_fd_, generation_);
+    for (int fd : removed_root_fds_) close_tracked(fd, generation_);
   }
 
   std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
@@ -615,6 +885,16 @@ class FileBackend final : public Backend {
   void watch(FileHold* hold);
   void unwatch(FileHold* hold);
 
+  // The fork handlers: the child must find these mutexes unlocked and the state they guard whole.
+  void lock_for_fork() {
+    files_mutex_.lock();
+    watch_->mutex.lock();
+  }
+  void unlock_after_fork() {
+    watch_->mutex.unlock();
+    files_mutex_.unlock();
+  }
+
  private:
   std::shared_ptr<NameFile> file(const std::string& name);
   struct WatchState;
@@ -622,6 +902,7 @@ class FileBackend final : public Backend {
 
   std::string root_;
   int root_fd_;
+  std::uint32_t generation_ = current_generation();
   std::vector<int> removed_root_fds_;  // still named by NameFiles that outlive their directory
   std::mutex files_mutex_;
   std::unordered_map<std::string, std::shared_ptr<NameFile>> files_;
@@ -636,9 +917,44 @@ class FileBackend final : public Backend {
     bool stop = false;
     bool checking = false;  // the thread is checking files, outside the mutex
     std::thread::id thread;
+    std::uint32_t generation = current_generation();  // of the thread (a child has none)
   };
   std::shared_ptr<WatchState> watch_ = std::make_shared<WatchState>();
 };
+
+ForkRegistry& registry() {
+  static ForkRegistry* const instance = [] {
+    auto* r = new ForkRegistry;  // never destroyed: fork handlers and exit-time destructors use it
+    pthread_atfork(
+        [] {
+          auto& reg = registry();
+          reg.backends_mutex.lock();
+          for (auto* backend : reg.backends) backend->lock_for_fork();
+          reg.fds_mutex.lock();
+        },
+        [] {
+          auto& reg = registry();
+          reg.fds_mutex.unlock();
+          for (auto it = reg.backends.rbegin(); it != reg.backends.rend(); ++it) (*it)->unlock_after_fork();
+          reg.backends_mutex.unlock();
+        },
+        [] {
+          auto& reg = registry();
+          // The parent's descriptions stay the parent's: a child that shared one could convert
+          // or drop the parent's locks with its own, and one that kept them would keep the
+          // parent's holds alive after the parent died.
+          for (int fd : reg.fds) close(fd);
+          reg.fds.clear();
+          fork_generation.fetch_add(1, std::memory_order_relaxed);
+          cached_pid.store(0, std::memory_order_relaxed);
+          reg.fds_mutex.unlock();
+          for (auto it = reg.backends.rbegin(); it != reg.backends.rend(); ++it) (*it)->unlock_after_fork();
+          reg.backends_mutex.unlock();
+        });
+    return r;
+  }();
+  return *instance;
+}
 
 class FileHold final : public BackendHold {
  public:
@@ -658,6 +974,7 @@ class FileHold final : public BackendHold {
 
   void downgrade() override {
     if (fd_ < 0 || kind_ != EntryKind::exclusive) return;
+    refuse_if_inherited();
     NameFile::Guard guard(*file_);
     if (auto index = file_->find(seq_); index >= 0) {
       file_->header().entries[index].kind = static_cast<std::uint8_t>(EntryKind::shared);
@@ -668,23 +985,31 @@ class FileHold final : public BackendHold {
 
   void release() override {
     if (fd_ < 0) return;
+    refuse_if_inherited();
     backend_.unwatch(this);
-    bool found;
+    bool found = false;
+    bool broken;
     {
       NameFile::Guard guard(*file_);
-      const auto index = file_->find(seq_);
-      found = index >= 0;
-      if (found) file_->remove_at(static_cast<std::size_t>(index));
-      file_->recompute_mode();
+      broken = file_->broken();
+      if (!broken) {
+        const auto index = file_->find(seq_);
+        found = index >= 0;
+        if (found) file_->remove_at(static_cast<std::size_t>(index));
+        file_->recompute_mode();
+      }
       // This description holds only this entry's bytes: unlocking the whole file drops the
       // same locks, and the kernel skips allocating the two lock records that splitting a
       // range may need (a ranged unlock allocates them on every call).
       set_lock(fd_, F_UNLCK, 0, 0, false);
-      if (kind_ == EntryKind::lease) file_->wake(false);
     }
     file_->return_descriptor(fd_);
     fd_ = -1;
-    if (!found) loss_->lose("its entry vanished from the state file");
+    if (broken) {
+      loss_->lose("the state file of '" + file_->name() + "' was truncated or overwritten");
+    } else if (!found) {
+      loss_->lose("its entry vanished from the state file");
+    }
   }
 
   const std::shared_ptr<NameFile>& file() const { return file_; }
@@ -692,6 +1017,16 @@ class FileHold final : public BackendHold {
 
  private:
   friend class FileBackend;
+
+  // A hold inherited through fork() is the parent's: the child never touches its entry or its
+  // description (closed in the child at the fork).
+  void refuse_if_inherited() {
+    if (file_->generation() == current_generation()) return;
+    fd_ = -1;
+    throw HoldLost("the hold on '" + file_->name() + "' (fencing token " + std::to_string(seq_) +
+                   ") belongs to the process that forked this one: a child neither holds nor releases it");
+  }
+
   FileHold* watch_prev_ = nullptr;  // FileBackend::WatchState::holds, under its mutex
   FileHold* watch_next_ = nullptr;
   FileBackend& backend_;
@@ -704,24 +1039,50 @@ class FileHold final : public BackendHold {
 
 std::shared_ptr<NameFile> FileBackend::file(const std::string& name) {
   std::lock_guard lock(files_mutex_);
+  if (generation_ != current_generation()) {
+    // In a forked child: the parent's files and descriptors are not ours (see the fork handlers).
+    files_.clear();
+    removed_root_fds_.clear();
+    root_fd_ = -1;
+    root_fd_ = open_root(root_);
+    generation_ = current_generation();
+  }
   auto& slot = files_[name];
-  // A state file removed under us (rm -rf, a tmp cleaner) no longer excludes anyone: use the
-  // one now at the path, never the orphan. Holds on the orphan keep it alive and are told by
-  // the watcher that they may be lost.
-  if (slot && unlinked(slot->probe_fd())) {
+  // A state file removed, replaced or truncated under us (rm -rf, a tmp cleaner) no longer
+  // excludes anyone: use the one now at the path, never the orphan. Holds on the orphan keep it
+  // alive and are told by the watcher that they may be lost.
+  if (slot && (slot->broken() || stale(slot->probe_fd()))) {
     slot.reset();
-    if (unlinked(root_fd_)) {
+    if (unlinked_dir(root_fd_)) {
       const int fresh = open_root(root_);
       removed_root_fds_.push_back(root_fd_);
       root_fd_ = fresh;
     }
   }
-  if (!slot) slot = std::make_shared<NameFile>(root_fd_, name);
-  return slot;
+  if (slot) return slot;
+  try {
+    slot = std::make_shared<NameFile>(root_fd_, name);
+  } catch (...) {
+    files_.erase(name);
+    throw;
+  }
+  auto result = slot;
+  if (files_.size() > kIdleNames) {
+    // Close the names nobody holds or waits for (only this map refers to them).
+    std::erase_if(files_, [&](const auto& item) { return item.second.use_count() == 1 && item.first != name; });
+  }
+  return result;
 }
 
 void FileBackend::watch(FileHold* hold) {
   std::lock_guard lock(watch_->mutex);
+  if (watch_->generation != current_generation()) {
+    // A forked child: the parent's holds are not ours to watch, and its thread is not here.
+    watch_->holds = nullptr;
+    watch_->started = false;
+    watch_->checking = false;
+    watch_->generation = current_generation();
+  }
   hold->watch_prev_ = nullptr;
   hold->watch_next_ = watch_->holds;
   if (watch_->holds) watch_->holds->watch_prev_ = hold;
@@ -748,7 +1109,8 @@ void FileBackend::unwatch(FileHold* hold) {
 }
 
 // The embedded backend's keep-alive: the kernel keeps our locks for as long as we live, but a
-// state file removed or replaced under us (rm -rf, a tmp cleaner) no longer excludes anyone.
+// state file removed, replaced or truncated under us (rm -rf, a tmp cleaner) no longer
+// excludes anyone.
 void FileBackend::watch_loop(const std::shared_ptr<WatchState>& state) {
   std::unique_lock lock(state->mutex);
   for (;;) {
@@ -759,8 +1121,8 @@ void FileBackend::watch_loop(const std::shared_ptr<WatchState>& state) {
     state->checking = true;
     lock.unlock();  // lose() runs the user's callback, which may release holds
     for (const auto& [file, loss] : holds) {
-      if (!loss->lost() && !file->still_linked()) {
-        loss->lose("the state file of '" + file->name() + "' was removed or replaced");
+      if (!loss->lost() && !file->still_valid()) {
+        loss->lose("the state file of '" + file->name() + "' was removed, replaced or truncated");
       }
     }
     holds.clear();
@@ -776,9 +1138,18 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
   NameFile& nf = *name_file;
   const int fd = nf.checkout_descriptor();
   std::uint64_t seq = 0;
+  // A passed deadline and a requested stop both end the wait: the entry leaves, nullptr.
+  const auto give_up = [&] { return request.stop.stop_requested() || (deadline && *deadline <= SteadyClock::now()); };
+  const auto leave = [&] {
+    const auto index = nf.find(seq);
+    if (index >= 0) nf.remove_at(static_cast<std::size_t>(index));
+    nf.recompute_mode();
+    set_lock(fd, F_UNLCK, byte_offset(seq, Byte::life), 4, false);
+  };
   try {
     {
       NameFile::Guard guard(nf);
+      nf.check_intact();
       auto& h = nf.header();
       const auto mode_text = [&] {
         return h.mode == Mode::lock ? std::string("lock") : h.mode == Mode::semaphore ? std::string("semaphore") : std::string();
@@ -793,8 +1164,7 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
       if (h.count == kCapacity) {
         throw QueueFull("'" + request.name + "' already has " + std::to_string(kCapacity) + " contenders");
       }
-      seq = h.next_seq + 1;
-      Entry entry{seq, request.permits, realtime_ns(), my_pid(), static_cast<std::uint8_t>(request.kind), {}};
+      const std::uint64_t next = h.next_seq + 1;
       const auto admitted_at_tail = [&] {
         // Reused per thread: no allocation on the uncontended path.
         thread_local std::vector<QueueEntryView> views;
@@ -808,11 +1178,12 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
         return evaluate_queue(views, views.size() - 1, request.limit).admitted();
       };
       bool admitted = admitted_at_tail();
-      if (!admitted && deadline && *deadline <= SteadyClock::now()) {
+      if (!admitted && give_up()) {
         // Try-once: nobody will wake us, so check that those ahead are alive before failing.
         nf.sweep_dead();
         admitted = admitted_at_tail();
         if (!admitted) {
+          nf.check_intact();
           nf.return_descriptor(fd);
           return nullptr;  // nothing joined, nothing to undo
         }
@@ -820,27 +1191,27 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
       // life, then exclusive for writers, then waiting for leases still in line
       const off_t length = request.kind == EntryKind::lease ? (admitted ? 1 : 3) : request.kind == EntryKind::exclusive ? 2 : 1;
       if (request.kind == EntryKind::lease && !admitted) {
-        set_lock(fd, F_WRLCK, byte_offset(seq, Byte::life), 1, false);
-        set_lock(fd, F_WRLCK, byte_offset(seq, Byte::waiting), 1, false);
+        set_lock(fd, F_WRLCK, byte_offset(next, Byte::life), 1, false);
+        set_lock(fd, F_WRLCK, byte_offset(next, Byte::waiting), 1, false);
       } else {
-        set_lock(fd, F_WRLCK, byte_offset(seq, Byte::life), length, false);
+        set_lock(fd, F_WRLCK, byte_offset(next, Byte::life), length, false);
       }
-      h.entries[h.count] = entry;
-      h.next_seq = seq;  // only after the entry is written: a crash leaves no half entry
-      ++h.count;
+      seq = next;
+      nf.append(Entry{seq, request.permits, realtime_ns(), my_pid(), static_cast<std::uint8_t>(request.kind), {}});
       if (h.mode == Mode::none) {
         h.mode = request.kind == EntryKind::lease ? Mode::semaphore : Mode::lock;
         h.limit = request.kind == EntryKind::lease ? request.limit : 0;
       }
+      nf.check_intact();
       if (admitted) return std::make_unique<FileHold>(*this, name_file, fd, seq, request.kind, loss);
     }
     // Wait in line: sleep on whatever can change our verdict, then look again.
     for (;;) {
-      Verdict verdict;
+      std::vector<off_t> bytes;
       std::uint64_t target = 0;
-      std::vector<pid_t> holder_pids;
       {
         NameFile::Guard guard(nf);
+        nf.check_intact();
         auto& h = nf.header();
         std::vector<QueueEntryView> views;
         std::vector<std::uint64_t> seqs;
@@ -858,75 +1229,40 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
           if (found) break;
         }
         if (!found) throw HoldLost("the queue entry of '" + request.name + "' vanished while waiting");
-        verdict = evaluate_queue(views, mine, request.limit);
+        const Verdict verdict = evaluate_queue(views, mine, request.limit);
         if (verdict.admitted()) {
           if (request.kind == EntryKind::lease) set_lock(fd, F_UNLCK, byte_offset(seq, Byte::waiting), 1, false);
           return std::make_unique<FileHold>(*this, name_file, fd, seq, request.kind, loss);
         }
-        if (deadline && *deadline <= SteadyClock::now()) {
-          const auto index = nf.find(seq);
-          if (index >= 0) nf.remove_at(static_cast<std::size_t>(index));
-          nf.recompute_mode();
-          set_lock(fd, F_UNLCK, byte_offset(seq, Byte::life), 4, false);
+        if (give_up()) {
+          leave();
           nf.return_descriptor(fd);
           return nullptr;
         }
         if (verdict.wait == WaitFor::any_holder_leave) {
-          // Dead holders ahead would never write to the FIFO: sweep them, then look again.
+          // Every entry ahead holds and none is enough alone: any of them leaving or dying can
+          // admit us, so watch all their life bytes (the kernel's word, never a process id).
+          // Dead ones first: their bytes are free already.
           bool swept = false;
           for (std::size_t i = 0; i < mine; ++i) swept |= nf.remove_if_dead(seqs[i]);
           if (swept) continue;
-          // A lease ahead that the queue now admits may not know it yet: it sleeps on the FIFO
-          // for the byte that admitted it, and draining the FIFO here would steal that wake-up.
-          // Wait for it to notice (it drops its waiting byte) first, so that at most one
-          // contender ever sleeps on the FIFO.
-          for (std::size_t i = mine; i-- > 0;) {
-            if (is_locked(nf.probe_fd(), seqs[i], Byte::waiting)) {
-              verdict = {WaitFor::admission, i};
-              break;
-            }
-          }
-        }
-        if (verdict.wait == WaitFor::any_holder_leave) {
-          nf.drain(false);
-          ++h.lease_sleepers;
-          // Our own process cannot die without us; other holders wake us by dying, via pidfd.
-          for (std::size_t i = 0; i < h.count && h.entries[i].seq != seq; ++i) {
-            const auto& e = h.entries[i];
-            if (e.kind != kCounterWaiter && e.pid != my_pid()) holder_pids.push_back(e.pid);
-          }
-          std::sort(holder_pids.begin(), holder_pids.end());
-          holder_pids.erase(std::unique(holder_pids.begin(), holder_pids.end()), holder_pids.end());
+          for (std::size_t i = 0; i < mine; ++i) bytes.push_back(byte_offset(seqs[i], Byte::life));
         } else {
           target = seqs[verdict.index];
+          const Byte which = verdict.wait == WaitFor::leave ? Byte::life
+                             : verdict.wait == WaitFor::exclusive_end ? Byte::exclusive
+                                                                      : Byte::waiting;
+          bytes.push_back(byte_offset(target, which));
         }
       }
-      if (verdict.wait == WaitFor::any_holder_leave) {
-        std::vector<pollfd> fds{{nf.fifo(false), POLLIN, 0}};
-        bool gone = false;
-        for (pid_t pid : holder_pids) {
-          const int pidfd = open_pidfd(pid);
-          if (pidfd >= 0) {
-            fds.push_back({pidfd, POLLIN, 0});
-          } else {
-            gone |= errno == ESRCH;  // it died since we looked: look again at once
-          }
-        }
-        if (!gone) {
-          while (poll(fds.data(), fds.size(), timeout_ms(deadline)) < 0 && errno == EINTR) {
-          }
-        }
-        for (std::size_t i = 1; i < fds.size(); ++i) {
-          if (fds[i].fd >= 0) close(fds[i].fd);
-        }
-        NameFile::Guard guard(nf);
-        --nf.header().lease_sleepers;
-        continue;
+      if (bytes.size() == 1 && !deadline && !request.stop.stop_possible()) {
+        // Nothing else can end this wait: block in the kernel on our own description.
+        set_lock(fd, F_RDLCK, bytes.front(), 1, true);
+        set_lock(fd, F_UNLCK, bytes.front(), 1, false);
+      } else {
+        nf.wait_for_any_release(bytes, deadline, request.stop);
       }
-      const Byte which = verdict.wait == WaitFor::leave ? Byte::life
-                         : verdict.wait == WaitFor::exclusive_end ? Byte::exclusive
-                                                                  : Byte::waiting;
-      if (wait_for_byte_release(nf, fd, target, which, deadline)) {
+      if (target != 0) {
         NameFile::Guard guard(nf);
         nf.remove_if_dead(target);  // released by death rather than by leaving
       }
@@ -935,10 +1271,7 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
     if (seq != 0) {
       try {
         NameFile::Guard guard(nf);
-        const auto index = nf.find(seq);
-        if (index >= 0) nf.remove_at(static_cast<std::size_t>(index));
-        nf.recompute_mode();
-        set_lock(fd, F_UNLCK, byte_offset(seq, Byte::life), 4, false);
+        leave();
       } catch (...) {
       }
     }
@@ -977,6 +1310,7 @@ Inspection FileBackend::inspect(const std::string& name) {
     info.holding = evaluate_queue(views, views.size() - 1, h.limit).admitted();
     (info.holding ? result.holders : result.waiters).push_back(info);
   }
+  nf->check_intact();
   return result;
 }
 
@@ -984,10 +1318,14 @@ bool FileBackend::counter_try_set(const std::string& name, std::int64_t permits)
   auto nf = file(name);
   NameFile::Guard guard(*nf);
   auto& h = nf->header();
-  if (h.counter_set) return false;
+  if (h.counter_set) {
+    nf->check_intact();
+    return false;
+  }
   h.counter = permits;
   h.counter_set = 1;
-  nf->wake(true);
+  nf->ring_counter();
+  nf->check_intact();
   return true;
 }
 
@@ -997,12 +1335,15 @@ std::int64_t FileBackend::counter_add(const std::string& name, std::int64_t delt
   auto& h = nf->header();
   const std::int64_t current = h.counter_set ? h.counter : 0;
   std::int64_t updated;
-  if (__builtin_add_overflow(current, delta, &updated)) {
-    throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would overflow");
+  if (__builtin_add_overflow(current, delta, &updated) || updated > max_permits || updated < -max_permits) {
+    throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
+                          std::to_string(current) + " would leave the count outside -" + std::to_string(max_permits) +
+                          ".." + std::to_string(max_permits) + "; nothing changed");
   }
   h.counter = updated;
   h.counter_set = 1;
-  if (delta > 0) nf->wake(true);
+  if (delta > 0) nf->ring_counter();
+  nf->check_intact();
   return updated;
 }
 
@@ -1010,8 +1351,10 @@ std::optional<std::int64_t> FileBackend::counter_get(const std::string& name) {
   auto nf = file(name);
   NameFile::Guard guard(*nf);
   auto& h = nf->header();
-  if (!h.counter_set) return std::nullopt;
-  return h.counter;
+  std::optional<std::int64_t> value;
+  if (h.counter_set) value = h.counter;
+  nf->check_intact();
+  return value;
 }
 
 std::int64_t FileBackend::counter_drain(const std::string& name) {
@@ -1021,11 +1364,12 @@ std::int64_t FileBackend::counter_drain(const std::string& name) {
   if (!h.counter_set) return 0;
   const auto drained = h.counter;
   h.counter = 0;
+  nf->check_intact();
   return drained;
 }
 
-// Counter waiters queue in arrival order: the first sleeps on the counter FIFO until permits
-// are added, the others on their predecessor's life byte.
+// Counter waiters queue in arrival order: the first sleeps on the futex word that adders bump,
+// the others on their predecessor's life byte.
 bool FileBackend::counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) {
   auto name_file = file(name);
   NameFile& nf = *name_file;
@@ -1041,8 +1385,10 @@ bool FileBackend::counter_acquire(const std::string& name, std::int64_t permits,
   try {
     for (;;) {
       std::uint64_t predecessor = 0;
+      std::uint32_t epoch = 0;
       {
         NameFile::Guard guard(nf);
+        nf.check_intact();
         auto& h = nf.header();
         bool first = true;
         for (std::size_t i = 0; i < h.count && h.entries[i].seq != seq; ++i) {
@@ -1055,6 +1401,7 @@ bool FileBackend::counter_acquire(const std::string& name, std::int64_t permits,
         if (first && h.counter_set && h.counter >= permits) {
           h.counter -= permits;
           if (seq != 0) leave();
+          nf.check_intact();
           return true;
         }
         if (deadline && *deadline <= SteadyClock::now()) {
@@ -1063,6 +1410,7 @@ bool FileBackend::counter_acquire(const std::string& name, std::int64_t permits,
             if (nf.header().counter_set && nf.header().counter >= permits &&
                 std::none_of(h.entries, h.entries + h.count, [](const Entry& e) { return e.kind == kCounterWaiter; })) {
               h.counter -= permits;
+              nf.check_intact();
               return true;
             }
           }
@@ -1073,25 +1421,29 @@ bool FileBackend::counter_acquire(const std::string& name, std::int64_t permits,
           if (h.count == kCapacity) nf.sweep_dead();
           if (h.count == kCapacity) throw QueueFull("'" + name + "' already has " + std::to_string(kCapacity) + " waiters");
           fd = nf.checkout_descriptor();
-          seq = h.next_seq + 1;
-          set_lock(fd, F_WRLCK, byte_offset(seq, Byte::life), 1, false);
-          h.entries[h.count] = Entry{seq, permits, realtime_ns(), my_pid(), kCounterWaiter, {}};
-          h.next_seq = seq;
-          ++h.count;
+          const std::uint64_t next = h.next_seq + 1;
+          set_lock(fd, F_WRLCK, byte_offset(next, Byte::life), 1, false);
+          seq = next;
+          nf.append(Entry{seq, permits, realtime_ns(), my_pid(), kCounterWaiter, {}});
           continue;  // look again as a member of the queue
         }
         if (first) {
-          nf.drain(true);
           ++h.counter_sleepers;
+          epoch = h.counter_epoch;
         }
       }
       if (predecessor == 0) {
-        pollfd pfd{nf.fifo(true), POLLIN, 0};
-        while (poll(&pfd, 1, timeout_ms(deadline)) < 0 && errno == EINTR) {
-        }
+        futex_wait(&nf.header().counter_epoch, epoch, deadline);
         NameFile::Guard guard(nf);
         --nf.header().counter_sleepers;
-      } else if (wait_for_byte_release(nf, fd, predecessor, Byte::life, deadline)) {
+      } else {
+        const off_t byte = byte_offset(predecessor, Byte::life);
+        if (deadline) {
+          nf.wait_for_any_release({byte}, deadline, {});
+        } else {
+          set_lock(fd, F_RDLCK, byte, 1, true);
+          set_lock(fd, F_UNLCK, byte, 1, false);
+        }
         NameFile::Guard guard(nf);
         nf.remove_if_dead(predecessor);
       }

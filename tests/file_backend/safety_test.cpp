@@ -1,0 +1,679 @@
+// The file:// backend's safety promises beyond the conformance suite: liveness from kernel
+// locks only (never a recorded pid), the fork contract, a locale-free name encoding, bounded
+// descriptors per name, truncated and torn state files, close-on-exec, and the directory rules.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <clocale>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <turnstile/turnstile.hpp>
+
+#include "../../src/backends/file/state.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace layout = turnstile::detail::file_state;
+using namespace std::chrono_literals;
+using turnstile::Client;
+using Clock = std::chrono::steady_clock;
+
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
+bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!predicate()) {
+    if (Clock::now() >= deadline) return predicate();
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// A byte channel between processes, made before fork.
+class Pipe {
+ public:
+  Pipe() { EXPECT_EQ(pipe2(fds_, O_CLOEXEC), 0); }
+  ~Pipe() {
+    for (int fd : fds_) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  void send(char byte = '!') { EXPECT_EQ(write(fds_[1], &byte, 1), 1); }
+  std::optional<char> receive(std::chrono::milliseconds timeout = 10s) {
+    pollfd pfd{fds_[0], POLLIN, 0};
+    if (poll(&pfd, 1, static_cast<int>(timeout.count())) != 1) return std::nullopt;
+    char byte = 0;
+    if (read(fds_[0], &byte, 1) != 1) return std::nullopt;
+    return byte;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
+
+// A forked child running `body` (its return value is the exit status); killed and reaped when
+// still running at destruction. Fork before the test makes threads where you can.
+class Child {
+ public:
+  explicit Child(const std::function<int()>& body) {
+    std::fflush(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      int status = 98;
+      try {
+        status = body();
+      } catch (const std::exception& error) {
+        std::fprintf(stderr, "child %d: %s\n", static_cast<int>(getpid()), error.what());
+        status = 99;
+      }
+      std::fflush(nullptr);
+      _exit(status);
+    }
+    EXPECT_GT(pid_, 0) << std::strerror(errno);
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  void kill_now() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  bool running() const { return pid_ > 0 && ::kill(pid_, 0) == 0 && !reaped(); }
+  // Exit status, 128+signal, or -1 when it did not end in time.
+  int wait(std::chrono::milliseconds timeout = 15s) {
+    const auto deadline = Clock::now() + timeout;
+    while (pid_ > 0) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      if (Clock::now() >= deadline) return -1;
+      std::this_thread::sleep_for(5ms);
+    }
+    return -1;
+  }
+  // CPU time (user + system) the child used so far, in clock ticks.
+  long cpu_ticks() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto close_paren = text.rfind(')');
+    if (close_paren == std::string::npos) return -1;
+    std::istringstream fields(text.substr(close_paren + 2));
+    std::string field;
+    long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i) {
+      if (i == 14) utime = std::stol(field);
+      if (i == 15) stime = std::stol(field);
+    }
+    return utime + stime;
+  }
+
+ private:
+  bool reaped() const {
+    siginfo_t info{};
+    return waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_;
+  }
+  pid_t pid_ = -1;
+};
+
+// Maps a name's state file, as a test's hand may.
+class StateFile {
+ public:
+  explicit StateFile(const std::string& path) {
+    fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    EXPECT_GE(fd_, 0) << path << ": " << std::strerror(errno);
+    if (fd_ < 0) return;
+    void* map = mmap(nullptr, sizeof(layout::Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    EXPECT_NE(map, MAP_FAILED);
+    if (map != MAP_FAILED) header_ = static_cast<layout::Header*>(map);
+  }
+  ~StateFile() {
+    if (header_) munmap(header_, sizeof(layout::Header));
+    if (fd_ >= 0) close(fd_);
+  }
+  layout::Header* operator->() { return header_; }
+  explicit operator bool() const { return header_ != nullptr; }
+
+ private:
+  int fd_ = -1;
+  layout::Header* header_ = nullptr;
+};
+
+class FileSafety : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/turnstile-file-safety-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    scratch_ = dir;
+    root_ = scratch_ + "/root";
+    url_ = "file://" + root_;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(scratch_, ignored);
+  }
+  // The state file of a name made only of letters, digits and "-_." (kept as is).
+  std::string state_of(const std::string& plain_name) const { return root_ + "/n." + plain_name + ".s"; }
+
+  std::string scratch_;
+  std::string root_;
+  std::string url_;
+};
+
+// ---- liveness from the kernel only (issues 10.7, 15.9) --------------------------------------
+
+// Two lease holders in child processes; their recorded pids are then rewritten to `fake_pid`.
+// A third process waits as the head lease waiter; one holder is killed.
+void head_lease_waiter_with_fake_pids(const std::string& url, const std::string& state, pid_t fake_pid,
+                                      bool measure_cpu) {
+  Pipe ready, waiter_done;
+  const auto holder = [&] {
+    auto client = Client::connect(url);
+    auto lease = client.semaphore("sem", 2).acquire(1);
+    ready.send();
+    std::this_thread::sleep_for(60s);
+    return 0;
+  };
+  Child first(holder);
+  ASSERT_TRUE(ready.receive()) << "first holder never held";
+  Child second(holder);
+  ASSERT_TRUE(ready.receive()) << "second holder never held";
+  {
+    StateFile file(state);
+    ASSERT_TRUE(file);
+    ASSERT_EQ(file->count, 2u);
+    for (std::uint32_t i = 0; i < file->count; ++i) file->entries[i].pid = fake_pid;
+  }
+  Child waiter([&] {
+    auto client = Client::connect(url);
+    auto lease = client.semaphore("sem", 2).try_acquire_for(20s, 1);
+    return lease ? 0 : 1;
+  });
+  auto observer = Client::connect(url);
+  ASSERT_TRUE(eventually([&] { return observer.inspect("sem").waiters.size() == 1; }, 10s))
+      << "the third contender never waited";
+  if (measure_cpu) {
+    const long before = waiter.cpu_ticks();
+    std::this_thread::sleep_for(1s);
+    const long used = waiter.cpu_ticks() - before;
+    const long per_second = sysconf(_SC_CLK_TCK);
+    EXPECT_LT(used, per_second / 4) << "the waiting process burned " << used << " of " << per_second
+                                    << " ticks in one second: it spins instead of sleeping";
+  }
+  EXPECT_TRUE(waiter.running()) << "admitted while both leases were held";
+  first.kill_now();
+  EXPECT_EQ(waiter.wait(10s), 0) << "the head lease waiter was not admitted when a holder died";
+}
+
+TEST_F(FileSafety, HeadLeaseWaiterWakesWhenAHolderRecordedAsPid1Dies) {
+  // A holder in another PID namespace records pid 1 (init): only its kernel locks tell that it died.
+  head_lease_waiter_with_fake_pids(url_, state_of("sem"), 1, false);
+}
+
+TEST_F(FileSafety, HeadLeaseWaiterSleepsWhenRecordedPidsDoNotExist) {
+  head_lease_waiter_with_fake_pids(url_, state_of("sem"), 0x3ffffff0, true);
+}
+
+// A holder forked a child and exited; the child must not keep its hold alive, and the head
+// lease waiter must neither spin nor wait for the child.
+TEST_F(FileSafety, AHolderWhoseForkedChildOutlivesItReleasesWhenItExits) {
+  Pipe forked, ready;
+  const auto pid_file = scratch_ + "/grandchild";
+  Child holder([&] {
+    auto client = Client::connect(url_);
+    auto lease = client.semaphore("sem", 1).acquire(1);
+    const pid_t child = fork();
+    if (child == 0) {
+      std::this_thread::sleep_for(30s);
+      _exit(0);
+    }
+    std::ofstream(pid_file) << child << std::endl;
+    forked.send();
+    ready.receive(30s);  // until the waiter waits
+    _exit(0);            // dies holding: its entry stays, its locks go with its descriptions
+    return 0;
+  });
+  ASSERT_TRUE(forked.receive()) << "the holder never forked";
+  pid_t grandchild = 0;
+  std::ifstream(pid_file) >> grandchild;
+  ASSERT_GT(grandchild, 0);
+  Child waiter([&] {
+    auto client = Client::connect(url_);
+    auto lease = client.semaphore("sem", 1).try_acquire_for(20s, 1);
+    return lease ? 0 : 1;
+  });
+  auto observer = Client::connect(url_);
+  ASSERT_TRUE(eventually([&] { return observer.inspect("sem").waiters.size() == 1; }, 10s));
+  ready.send();
+  EXPECT_EQ(holder.wait(10s), 0);
+  EXPECT_EQ(waiter.wait(10s), 0) << "not admitted after the holder exited: its forked child kept the hold alive";
+  EXPECT_EQ(kill(grandchild, 0), 0) << "the forked child was expected to be still alive";
+  kill(grandchild, SIGKILL);
+}
+
+// ---- fork (issue 15.2) -----------------------------------------------------------------------
+
+// (a) A child must never use a description of its parent's: sharing one, its waiter's read lock
+// would convert and then drop the parent's write lock on the same bytes.
+TEST_F(FileSafety, AForkedChildNeverSharesItsParentsDescriptions) {
+  if (kThreadSanitizer) GTEST_SKIP() << "ThreadSanitizer does not support threads in a child of a threaded process";
+  auto client = Client::connect(url_);
+  auto writer = client.shared_mutex("x");
+  writer.lock();
+  writer.unlock();  // leaves a spare description in the client's pool
+  Pipe go;
+  Child child([&] {
+    if (!go.receive()) return 3;
+    auto mine = client.shared_mutex("x");  // the Client inherited from the parent
+    return mine.try_lock_shared_for(1500ms) ? 1 : 0;
+  });
+  writer.lock();  // the parent takes the spare description
+  const auto token = writer.fencing_token();
+  go.send();
+  auto observer = Client::connect(url_);
+  EXPECT_TRUE(eventually([&] { return observer.inspect("x").waiters.size() == 1 || !child.running(); }, 5s));
+  const int status = child.wait(15s);
+  EXPECT_EQ(status, 0) << (status == 1 ? "the child got the read lock while its parent held the write lock"
+                                       : "the child failed");
+  EXPECT_FALSE(writer.lost_token().stop_requested());
+  auto other = observer.shared_mutex("x");
+  EXPECT_FALSE(other.try_lock_shared()) << "the parent's write lock no longer excludes";
+  const auto inspection = observer.inspect("x");
+  ASSERT_EQ(inspection.holders.size(), 1u);
+  EXPECT_EQ(inspection.holders.front().fencing_token, token);
+  EXPECT_NO_THROW(writer.release());
+}
+
+// (b) A child that exit()s with the Client in static storage runs its destructors: they must
+// leave the parent's hold alone.
+TEST_F(FileSafety, AForkedChildExitingDoesNotReleaseItsParentsHold) {
+  static std::optional<Client> client;
+  static std::optional<turnstile::Mutex> mutex;
+  client.emplace(Client::connect(url_));
+  mutex.emplace(client->mutex("x"));
+  mutex->lock();
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Quietly: the child's report that it does not hold the parent's lock is expected.
+    client->set_error_handler([](const turnstile::Error&) {});
+    std::exit(0);  // static destructors run
+  }
+  ASSERT_GT(pid, 0);
+  int status = -1;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  auto other = Client::connect(url_).mutex("x");
+  EXPECT_FALSE(other.try_lock()) << "the child's exit released the parent's hold";
+  EXPECT_FALSE(mutex->lost_token().stop_requested());
+  EXPECT_NO_THROW(mutex->release());
+  mutex.reset();
+  client.reset();
+}
+
+// A Client inherited by a child keeps working there, with holds of the child's own.
+TEST_F(FileSafety, AForkedChildCanUseAnInheritedClient) {
+  if (kThreadSanitizer) GTEST_SKIP() << "ThreadSanitizer does not support threads in a child of a threaded process";
+  auto client = Client::connect(url_);
+  auto held = client.mutex("parent");
+  held.lock();
+  Child child([&] {
+    auto mine = client.mutex("child");
+    if (!mine.try_lock()) return 1;
+    if (Client::connect(url_).mutex("parent").try_lock()) return 2;  // the parent's hold excludes the child
+    mine.unlock();
+    return 0;
+  });
+  EXPECT_EQ(child.wait(), 0);
+  EXPECT_NO_THROW(held.release());
+}
+
+// ---- locale-free names (issue 15.3) ----------------------------------------------------------
+
+// A Latin-1 locale (where isalnum(0xC3) is true) built for this test, or "" when impossible.
+std::string latin1_locale(const std::string& dir) {
+  const std::string name = "en_US.ISO-8859-1";
+  const std::string command = "localedef -i en_US -f ISO-8859-1 '" + dir + "/" + name + "' >/dev/null 2>&1";
+  if (std::system(command.c_str()) != 0 && !fs::exists(dir + "/" + name)) return "";
+  setenv("LOCPATH", dir.c_str(), 1);
+  return name;
+}
+
+TEST_F(FileSafety, NamesMapToTheSameFileWhateverTheLocale) {
+  const std::string cafe = "caf\xc3\xa9";
+  auto holder = Client::connect(url_).mutex(cafe);
+  ASSERT_TRUE(holder.try_lock());
+  const auto locale = latin1_locale(scratch_);
+  if (locale.empty() || !std::setlocale(LC_ALL, locale.c_str())) {
+    unsetenv("LOCPATH");
+    GTEST_SKIP() << "no Latin-1 locale could be built (localedef and /usr/share/i18n needed)";
+  }
+  const bool differs = std::isalnum(0xC3) != 0;
+  auto contender = Client::connect(url_).mutex(cafe);
+  const bool also_held = contender.try_lock();
+  std::setlocale(LC_ALL, "C");
+  unsetenv("LOCPATH");
+  ASSERT_TRUE(differs) << "the test locale does not classify 0xC3 as alphanumeric";
+  EXPECT_FALSE(also_held) << "under a Latin-1 locale, '" << cafe << "' mapped to another file: two holders";
+  if (also_held) contender.unlock();
+  holder.unlock();
+  // And every byte outside [A-Za-z0-9._-] is percent-encoded in the file name.
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    for (unsigned char c : entry.path().filename().string()) {
+      EXPECT_TRUE(c < 0x80 && (std::isalnum(c) || c == '.' || c == '_' || c == '-' || c == '%'))
+          << entry.path() << " has byte " << static_cast<int>(c);
+    }
+  }
+}
+
+// ---- bounded descriptors (issue 15.7) --------------------------------------------------------
+
+int open_descriptors() {
+  int count = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator("/proc/self/fd")) ++count;
+  return count;
+}
+
+TEST_F(FileSafety, TenThousandNamesFitUnderADescriptorLimitOf1024) {
+  // In memory where possible: this is about descriptors, and 10,000 file creations on a busy
+  // disk take seconds.
+  char shm[] = "/dev/shm/turnstile-file-safety-XXXXXX";
+  const bool in_memory = mkdtemp(shm) != nullptr;
+  const std::string root = in_memory ? std::string(shm) + "/root" : root_;
+  Child child([&] {
+    rlimit limit{1024, 1024};
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) return 3;
+    auto client = Client::connect("file://" + root);
+    for (int i = 0; i < 10000; ++i) {
+      const auto name = "name-" + std::to_string(i);
+      if (i % 10 == 0) {
+        auto lease = client.semaphore(name, 2).acquire(1);
+      } else {
+        auto mutex = client.mutex(name);
+        mutex.lock();
+        mutex.unlock();
+      }
+    }
+    const int open = open_descriptors();
+    if (open > 400) {
+      std::fprintf(stderr, "%d descriptors open after 10000 names\n", open);
+      return 2;
+    }
+    return 0;
+  });
+  EXPECT_EQ(child.wait(60s), 0) << "10,000 names did not fit under 1024 descriptors";
+  // One file per name on disk (no FIFOs).
+  int files = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(root)) ++files;
+  EXPECT_EQ(files, 10000);
+  std::error_code ignored;
+  if (in_memory) fs::remove_all(shm, ignored);
+}
+
+// ---- truncated state file (issue 15.10) ------------------------------------------------------
+
+TEST_F(FileSafety, ATruncatedStateFileIsReportedLostWithoutACrash) {
+  Child child([&] {
+    std::atomic<int> lost{0};
+    std::atomic<int> reported_lost{0};
+    turnstile::ClientOptions options;
+    options.on_hold_lost = [&](const turnstile::Error&) { ++lost; };
+    options.error_handler = [&](const turnstile::Error& error) {
+      if (error.code() == turnstile::ErrorCode::hold_lost) ++reported_lost;
+    };
+    auto client = Client::connect(url_, options);
+    auto watched = client.mutex("watched");
+    auto unlocked = client.mutex("unlocked");
+    watched.lock();
+    unlocked.lock();
+    if (truncate(state_of("unlocked").c_str(), 0) != 0) return 3;
+    unlocked.unlock();  // SIGBUS here before the fix
+    if (reported_lost.load() != 1) return 4;
+    if (truncate(state_of("watched").c_str(), 0) != 0) return 3;
+    if (!eventually([&] { return watched.lost_token().stop_requested(); }, 5s)) return 5;
+    try {
+      watched.release();
+      return 6;
+    } catch (const turnstile::HoldLost&) {
+    }
+    // Nobody uses the truncated files any more: the names work again.
+    auto again = Client::connect(url_).mutex("unlocked");
+    if (!again.try_lock()) return 7;
+    again.unlock();
+    return lost.load() == 2 ? 0 : 8;
+  });
+  const int status = child.wait(20s);
+  EXPECT_EQ(status, 0) << (status == 128 + SIGBUS ? "died of SIGBUS" : "see the status code in the test");
+}
+
+// ---- torn entries (issue 15.13) --------------------------------------------------------------
+
+// The first of two entries of `name` belongs to a child process killed while it changed the
+// queue: `hold` takes its hold, `tamper` writes what the crash left, under the state mutex,
+// which the child dies holding (the next locker gets EOWNERDEAD and repairs). The second entry
+// is `waiter`'s, which this returns once admitted. `hold` returns what keeps its hold.
+template <class Holder>
+void crash_in_front_of(const std::string& url, const std::string& state, const std::string& name,
+                       const std::function<std::shared_ptr<void>(Client&)>& hold,
+                       const std::function<void(layout::Header&)>& tamper,
+                       Holder& waiter) {
+  Pipe held, crash;
+  Child crasher([&] {
+    auto client = Client::connect(url);
+    const auto kept = hold(client);
+    held.send();
+    if (!crash.receive(30s)) return 3;
+    StateFile file(state);
+    if (!file || file->count != 2) return 4;
+    pthread_mutex_lock(&file->mutex);
+    tamper(*file.operator->());
+    _exit(0);
+    return 0;
+  });
+  ASSERT_TRUE(held.receive());
+  auto observer = Client::connect(url);
+  auto waiting = std::async(std::launch::async, [&] { return waiter.try_lock_for(20s); });
+  ASSERT_TRUE(eventually([&] { return observer.inspect(name).waiters.size() == 1; }, 10s));
+  crash.send();
+  ASSERT_EQ(waiting.wait_for(15s), std::future_status::ready);
+  ASSERT_TRUE(waiting.get()) << "the waiter was never admitted";
+  EXPECT_EQ(crasher.wait(), 0);
+}
+
+// A reader killed while removing its entry, half-way through moving the writer's entry forward
+// (the moved seq written, the rest still the reader's): repair must keep the writer a writer.
+TEST_F(FileSafety, RepairNeverKeepsATornCopyOfAnEntry) {
+  auto client = Client::connect(url_);
+  auto writer = client.shared_mutex("rw");
+  crash_in_front_of(
+      url_, state_of("rw"), "rw", 
+      [](Client& c) {
+        auto reader = std::make_shared<turnstile::SharedMutex>(c.shared_mutex("rw"));
+        reader->lock_shared();
+        return std::shared_ptr<void>(reader);
+      },
+      [](layout::Header& h) { h.entries[0].seq = h.entries[1].seq; }, writer);
+  if (HasFatalFailure()) return;
+  auto other = Client::connect(url_).shared_mutex("rw");
+  EXPECT_FALSE(other.try_lock_shared()) << "a reader was admitted beside the writer (repair kept the torn entry)";
+  const auto inspection = client.inspect("rw");
+  ASSERT_EQ(inspection.holders.size(), 1u);
+  EXPECT_EQ(inspection.holders.front().kind, "exclusive");
+  writer.unlock();
+}
+
+// The removal's own crash window: a slot being rewritten has seq 0 and is dropped.
+TEST_F(FileSafety, RepairDropsASlotCaughtMidRewrite) {
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex("m");
+  crash_in_front_of(
+      url_, state_of("m"), "m", 
+      [](Client& c) {
+        auto holder = std::make_shared<turnstile::Mutex>(c.mutex("m"));
+        holder->lock();
+        return std::shared_ptr<void>(holder);
+      },
+      [](layout::Header& h) {
+        h.entries[0].seq = 0;
+        h.entries[0].kind = h.entries[1].kind;
+      },
+      mutex);
+  if (HasFatalFailure()) return;
+  EXPECT_FALSE(Client::connect(url_).mutex("m").try_lock());
+  const auto inspection = client.inspect("m");
+  EXPECT_EQ(inspection.holders.size(), 1u);
+  EXPECT_TRUE(inspection.waiters.empty());
+  mutex.unlock();
+}
+
+// ---- close-on-exec (issue 16.8) --------------------------------------------------------------
+
+std::set<int> descriptors() {
+  std::set<int> out;
+  for (const auto& entry : fs::directory_iterator("/proc/self/fd")) out.insert(std::stoi(entry.path().filename()));
+  return out;
+}
+
+TEST_F(FileSafety, EveryDescriptorIsCloseOnExec) {
+  const auto before = descriptors();
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex("m");
+  mutex.lock();
+  auto lease = client.semaphore("s", 1).acquire();
+  auto rw = client.shared_mutex("rw");
+  rw.lock_shared();
+  auto counter = client.permit_counter("c");
+  counter.add_permits(1);
+  // Waiters in progress too: a timed one (a watcher thread's description), a lease and a counter one.
+  auto other = Client::connect(url_);
+  auto waiting_mutex = other.mutex("m");
+  auto waiting_lease = other.semaphore("s", 1);
+  auto waiting_counter = other.permit_counter("c");
+  auto w1 = std::async(std::launch::async, [&] { return waiting_mutex.try_lock_for(20s); });
+  auto w2 = std::async(std::launch::async, [&] { return waiting_lease.try_acquire_for(20s).has_value(); });
+  auto w3 = std::async(std::launch::async, [&] { return waiting_counter.try_acquire_for(20s, 2); });
+  ASSERT_TRUE(eventually(
+      [&] {
+        return client.inspect("m").waiters.size() == 1 && client.inspect("s").waiters.size() == 1 &&
+               client.inspect("c").waiters.size() == 1;
+      },
+      10s));
+  for (int fd : descriptors()) {
+    if (before.count(fd)) continue;
+    const int flags = fcntl(fd, F_GETFD);
+    if (flags < 0) continue;  // closed since we listed it
+    char target[512] = {};
+    readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), target, sizeof target - 1);
+    EXPECT_TRUE(flags & FD_CLOEXEC) << "descriptor " << fd << " (" << target << ") is not close-on-exec";
+  }
+  // A program exec'd now sees none of them.
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    execl("/bin/ls", "ls", "-l", "/proc/self/fd/", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  std::string listing;
+  char buffer[4096];
+  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) listing.append(buffer, static_cast<std::size_t>(n));
+  close(out[0]);
+  waitpid(pid, nullptr, 0);
+  EXPECT_EQ(listing.find(root_), std::string::npos) << listing;
+  mutex.unlock();
+  lease.release();
+  counter.add_permits(1);
+  EXPECT_TRUE(w1.get());
+  EXPECT_TRUE(w2.get());
+  EXPECT_TRUE(w3.get());
+  waiting_mutex.unlock();
+  rw.unlock_shared();
+}
+
+// ---- the directory (issues 10.14, 16.10) -----------------------------------------------------
+
+TEST_F(FileSafety, RefusesAGroupOrWorldWritableDirectory) {
+  for (const mode_t mode : {0777, 0770, 0702, 01777}) {
+    const auto dir = scratch_ + "/shared-" + std::to_string(mode);
+    ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+    ASSERT_EQ(chmod(dir.c_str(), mode), 0);
+    try {
+      Client::connect("file://" + dir);
+      ADD_FAILURE() << "accepted a directory of mode " << std::oct << mode;
+    } catch (const turnstile::AccessDenied& error) {
+      EXPECT_NE(std::string(error.what()).find(dir), std::string::npos) << error.what();
+    }
+    EXPECT_TRUE(fs::is_empty(dir));
+  }
+  const auto readable = scratch_ + "/readable";
+  ASSERT_EQ(mkdir(readable.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(readable.c_str(), 0755), 0);
+  EXPECT_NO_THROW(Client::connect("file://" + readable));
+}
+
+TEST_F(FileSafety, RootNeverCreatesItsDirectoryInsideAnotherUsersDirectory) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (sudo -E with a user's XDG_RUNTIME_DIR)";
+  const auto runtime = scratch_ + "/run-user";
+  ASSERT_EQ(mkdir(runtime.c_str(), 0700), 0);
+  ASSERT_EQ(chown(runtime.c_str(), 65534, 65534), 0);
+  const char* saved = std::getenv("XDG_RUNTIME_DIR");
+  const std::optional<std::string> old = saved ? std::optional<std::string>(saved) : std::nullopt;
+  const char* backend = std::getenv("TURNSTILE_BACKEND");
+  const std::optional<std::string> old_backend = backend ? std::optional<std::string>(backend) : std::nullopt;
+  setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1);
+  unsetenv("TURNSTILE_BACKEND");
+  EXPECT_THROW(Client::connect(), turnstile::AccessDenied);
+  EXPECT_FALSE(fs::exists(runtime + "/turnstile")) << "root created a directory inside the user's runtime dir";
+  if (old) {
+    setenv("XDG_RUNTIME_DIR", old->c_str(), 1);
+  } else {
+    unsetenv("XDG_RUNTIME_DIR");
+  }
+  if (old_backend) setenv("TURNSTILE_BACKEND", old_backend->c_str(), 1);
+}
+
+}  // namespace
