@@ -72,6 +72,7 @@ struct TcpProxy::State {
   Mode mode = Mode::forward;
   bool drop_next = false;
   std::uint64_t drop_serial = 0;  // bumped by every drop_next_reply()
+  bool pass_one = false;          // hold_replies: let one chunk of replies through
   bool stop = false;
   std::uint64_t requested = 0;  // bumped by every request to the thread
   std::uint64_t observed = 0;   // the last request the thread has acted on
@@ -168,17 +169,17 @@ struct TcpProxy::State {
     if (!c.down.empty()) events |= POLLOUT;
     return events;
   }
-  static short server_events(const Connection& c, bool forwarding) {
+  static short server_events(const Connection& c, bool forwarding, bool reading) {
     if (!forwarding || c.server < 0) return 0;
     if (c.connecting) return POLLOUT;
     short events = 0;
-    if (!c.server_eof && c.down.space() > 0) events |= POLLIN;
+    if (reading && !c.server_eof && c.down.space() > 0) events |= POLLIN;
     if (!c.up.empty()) events |= POLLOUT;
     return events;
   }
 
   // Handles one connection's poll results; false when it is finished.
-  bool serve(Connection& c, short client_revents, short server_revents, Mode current, bool& drop_once) {
+  bool serve(Connection& c, short client_revents, short server_revents, Mode current, bool& drop_once, bool& pass) {
     const bool forwarding = current != Mode::blackhole;
     if (!forwarding) {
       // A cut link: a side that closed or failed is closed on our side only; the other side
@@ -221,7 +222,11 @@ struct TcpProxy::State {
       }
       if (c.up.bytes.size() != before) last_request.store(std::chrono::steady_clock::now().time_since_epoch().count());
     }
-    if (!c.connecting && (server_revents & (POLLIN | POLLHUP)) && !c.server_eof) {
+    // Held replies stay in the kernel's buffers until passed (or dropped); a closed server
+    // side is still read, so its hang-up cannot spin the loop.
+    const bool holding = current == Mode::hold_replies && !pass && !(server_revents & (POLLHUP | POLLERR));
+    if (!c.connecting && !holding && (server_revents & (POLLIN | POLLHUP)) && !c.server_eof) {
+      const auto before = c.down.bytes.size();
       const bool dropping = current == Mode::drop_replies || drop_once;
       Buffer scratch;
       Buffer& into = dropping ? scratch : c.down;
@@ -233,6 +238,7 @@ struct TcpProxy::State {
         dropped.fetch_add(scratch.bytes.size());
         drop_once = false;
       }
+      if (current == Mode::hold_replies && c.down.bytes.size() != before) pass = false;
     }
     if (!c.connecting && c.server >= 0 && !c.up.empty() && !write_from(c.server, c.up)) {
       kill(c);
@@ -265,6 +271,7 @@ struct TcpProxy::State {
     for (;;) {
       Mode current;
       bool drop_once;
+      bool pass;
       std::uint64_t serial;
       std::uint64_t resets;
       {
@@ -272,6 +279,7 @@ struct TcpProxy::State {
         if (stop) break;
         current = mode;
         drop_once = drop_next;
+        pass = pass_one;
         serial = drop_serial;
         resets = reset_requested;
       }
@@ -300,7 +308,7 @@ struct TcpProxy::State {
       fds.push_back({listener, POLLIN, 0});
       for (const auto& c : connections) {
         fds.push_back({c.client, client_events(c, forwarding), 0});
-        fds.push_back({c.server, server_events(c, forwarding), 0});
+        fds.push_back({c.server, server_events(c, forwarding, current != Mode::hold_replies || pass), 0});
       }
       if (::poll(fds.data(), fds.size(), -1) < 0) {
         if (errno == EINTR) continue;
@@ -310,15 +318,23 @@ struct TcpProxy::State {
         std::uint64_t count;
         (void)!::read(wake, &count, sizeof count);
       }
+      const bool pass_requested = pass;
       std::size_t index = 2;
       for (auto it = connections.begin(); it != connections.end(); index += 2) {
-        const bool keep = serve(*it, fds[index].revents, fds[index + 1].revents, current, drop_once);
+        const bool keep = serve(*it, fds[index].revents, fds[index + 1].revents, current, drop_once, pass);
         it = keep ? std::next(it) : connections.erase(it);
       }
       if (!drop_once) {
         // Consumed; unless a newer drop_next_reply() came meanwhile.
         std::lock_guard lock(mutex);
         if (drop_serial == serial) drop_next = false;
+      }
+      if (pass_requested && !pass) {
+        {
+          std::lock_guard lock(mutex);
+          pass_one = false;
+        }
+        seen.notify_all();
       }
       if (fds[1].revents & POLLIN) accept_all();
     }
@@ -431,12 +447,23 @@ void TcpProxy::set_mode(Mode mode) {
   std::unique_lock lock(state_->mutex);
   state_->mode = mode;
   state_->drop_next = false;
+  state_->pass_one = false;
   state_->request(lock);
 }
 
 TcpProxy::Mode TcpProxy::mode() const {
   std::lock_guard lock(state_->mutex);
   return state_->mode;
+}
+
+bool TcpProxy::pass_one_reply(std::chrono::milliseconds wait) {
+  std::unique_lock lock(state_->mutex);
+  if (state_->mode != Mode::hold_replies) return false;
+  state_->pass_one = true;
+  state_->request(lock);
+  if (state_->seen.wait_for(lock, wait, [&] { return !state_->pass_one || state_->stopped; })) return !state_->stopped;
+  state_->pass_one = false;
+  return false;
 }
 
 void TcpProxy::drop_next_reply() {

@@ -27,6 +27,11 @@ class TcpProxy {
     // Client-to-server bytes flow; server-to-client bytes are read and discarded ("the request
     // was applied, its reply was lost").
     drop_replies,
+    // Client-to-server bytes flow; server-to-client bytes wait (in the kernel's buffers) until
+    // pass_one_reply() lets one chunk through, or another mode drops (drop_replies) or delivers
+    // (forward) them. To lose exactly the reply of a request that comes after other round trips:
+    // pass replies one by one until the server shows the request applied, then drop_replies().
+    hold_replies,
   };
 
   // Forwards to host:port (resolved once, now).
@@ -49,6 +54,10 @@ class TcpProxy {
   void forward() { set_mode(Mode::forward); }
   void blackhole() { set_mode(Mode::blackhole); }
   void drop_replies() { set_mode(Mode::drop_replies); }
+  void hold_replies() { set_mode(Mode::hold_replies); }
+  // In hold_replies: delivers the next chunk of replies read on any connection (one read(), up
+  // to 64 KiB); false when none came within `wait` (or not in hold_replies).
+  bool pass_one_reply(std::chrono::milliseconds wait);
   // Forwards, except that the next chunk of server-to-client bytes read on any connection (one
   // read(), up to 64 KiB: typically one reply) is discarded; then it forwards everything.
   void drop_next_reply();

@@ -198,6 +198,24 @@ TEST_F(TcpProxyTest, DropRepliesDeliversRequestsButNotReplies) {
   EXPECT_EQ(receive(fd, 1, 5s), "c") << "the dropped reply never arrives, later ones do";
 }
 
+TEST_F(TcpProxyTest, HoldRepliesPassesThemOneByOneThenDropsTheRest) {
+  const int fd = open();
+  proxy.hold_replies();
+  send_text(fd, "b");
+  EXPECT_TRUE(eventually([&] { return echo.received() == 2; })) << "requests still flow";
+  EXPECT_EQ(receive(fd, 1, 100ms), "") << "replies wait";
+  EXPECT_TRUE(proxy.pass_one_reply(2s));
+  EXPECT_EQ(receive(fd, 1, 2s), "b");
+  EXPECT_FALSE(proxy.pass_one_reply(100ms)) << "no reply waiting";
+  send_text(fd, "c");
+  EXPECT_TRUE(eventually([&] { return echo.received() == 3; }));
+  proxy.drop_replies();
+  EXPECT_TRUE(eventually([&] { return proxy.dropped_bytes() == 1; })) << "the held reply is dropped";
+  proxy.forward();
+  send_text(fd, "d");
+  EXPECT_EQ(receive(fd, 1, 2s), "d");
+}
+
 TEST_F(TcpProxyTest, DropNextReplyDropsOneChunkOnly) {
   const int fd = open();
   proxy.drop_next_reply();
