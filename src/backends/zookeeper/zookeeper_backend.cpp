@@ -279,6 +279,7 @@ class ZookeeperHold final : public BackendHold {
   std::shared_ptr<LossSignal> loss_;
   std::shared_ptr<ServerLease> lease_;  // the session's, when the hold was made
   bool released_ = false;
+  bool unconfirmed_release_ = false;  // a release attempt's outcome was unknown
 };
 
 class ZookeeperBackend final : public Backend {
@@ -405,7 +406,13 @@ void ZookeeperHold::release() {
       if (one != ZOK && one != ZNONODE) rc = one;
     }
   }
+  if (rc == ZNONODE && unconfirmed_release_ && !session_->expired()) {
+    // An earlier attempt's reply was lost: it did remove our nodes (nobody else deletes an
+    // ephemeral node of a live session of ours).
+    rc = ZOK;
+  }
   if (connection_trouble(rc)) {
+    unconfirmed_release_ = true;
     // The core retries later (BackendUnavailable); the node stays ours meanwhile.
     throw BackendUnavailable("ZooKeeper release of '" + paths_.front() + "' failed: " + describe(rc));
   }
@@ -950,8 +957,9 @@ std::int64_t ZookeeperBackend::counter_add(const std::string& name, std::int64_t
       const auto text = read(*session, path, false, deadline, &stat);
       const std::int64_t value = text ? count_of(*text, name) : 0;
       std::int64_t sum = 0;
-      if (__builtin_add_overflow(value, delta, &sum)) {
-        throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would overflow");
+      if (__builtin_add_overflow(value, delta, &sum) || sum > max_permits || sum < -max_permits) {
+        throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
+                              std::to_string(value) + " would leave the range of +-" + std::to_string(max_permits));
       }
       if (!text) {
         const int rc = session->create(path, std::to_string(sum), ZOO_PERSISTENT);
