@@ -17,6 +17,7 @@
 
 #include "conformance/support.hpp"
 #include "support/server_tests.hpp"
+#include "support/tcp_proxy.hpp"
 
 namespace {
 
@@ -24,7 +25,9 @@ using namespace std::chrono_literals;
 using conformance::Child;
 using conformance::Pipe;
 using turnstile::Client;
+using turnstile_test::TcpProxy;
 using namespace server_tests;
+using Steady = std::chrono::steady_clock;
 
 // etcdctl against the server of an etcd:// URL.
 std::string etcdctl(const std::string& url, const std::string& arguments) {
@@ -171,6 +174,204 @@ TEST_F(Etcd, UrlsAreChecked) {
 }
 
 
+// 10.2/10.2b: a holder whose link to etcd is cut (a black hole: no answers, no reset) is told
+// before etcd can expire its lease, with at least TTL/10 to spare, while another thread of its
+// client is blocked in a long timed acquire; and the release of the lost hold does not wait
+// for the link.
+TEST_F(Etcd, BlackHoledHolderIsToldATenthOfTheTtlBeforeEtcdCanExpireItsLease) {
+  constexpr auto ttl = std::chrono::milliseconds(3s);
+  TcpProxy proxy(url_);
+  auto cut_client = Client::connect(proxy.url_through(url_), with_ttl(ttl));
+  auto other = Client::connect(url_);
+  const auto name = unique_name("blackhole");
+  const auto busy = unique_name("blackhole-busy");
+  auto held = cut_client.mutex(name);
+  held.lock();
+  std::atomic<Steady::rep> lost_at{0};
+  std::stop_callback told(held.lost_token(), [&] { lost_at = Steady::now().time_since_epoch().count(); });
+  // Another thread of the cut client waits, in a long timed acquire, for a name `other` holds.
+  auto busy_holder = other.mutex(busy);
+  busy_holder.lock();
+  auto busy_waiter = std::async(std::launch::async, [&] {
+    auto mutex = cut_client.mutex(busy);
+    try {
+      return mutex.try_lock_for(60s) ? 'G' : 'T';
+    } catch (const turnstile::Error&) {
+      return 'E';
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return other.inspect(busy).waiters.size() == 1; }));
+  // A contender waits for `name` on etcd directly: it gets it once etcd expired the lease.
+  auto contender = std::async(std::launch::async, [&] {
+    auto client = Client::connect(url_);
+    auto mutex = client.mutex(name);
+    const bool got = mutex.try_lock_for(20s);
+    const auto at = Steady::now().time_since_epoch().count();
+    if (got) mutex.unlock();
+    return got ? at : Steady::rep{0};
+  });
+  ASSERT_TRUE(eventually([&] { return other.inspect(name).waiters.size() == 1; }));
+  // Every keep-alive that reached etcd was sent at least 100 ms before the cut.
+  const auto cut = proxy.blackhole_when_quiet(100ms);
+  const auto granted_at = contender.get();
+  ASSERT_NE(granted_at, 0) << "the contender never got the lock";
+  ASSERT_NE(lost_at.load(), 0) << "the cut-off holder was never told";
+  const auto tenth = std::chrono::duration_cast<Steady::duration>(ttl / 10).count();
+  EXPECT_LE(lost_at.load(), granted_at - tenth)
+      << "told " << (granted_at - lost_at.load()) / 1e6 << " ms before another contender got the lock (TTL/10 is "
+      << tenth / 1e6 << " ms)";
+  EXPECT_LE(lost_at.load(), (cut + ttl - ttl / 10).time_since_epoch().count())
+      << "told later than TTL - TTL/10 after the last keep-alive that reached etcd";
+  const auto before = Steady::now();
+  EXPECT_THROW(held.release(), turnstile::HoldLost);
+  EXPECT_LT(Steady::now() - before, 1s) << "the release of a lost hold waited for the dead link";
+  EXPECT_EQ(busy_waiter.get(), 'E') << "the waiter of the cut client was not stopped when its lease was lost";
+  busy_holder.unlock();
+}
+
+// 15.6: a join Txn applied by etcd whose reply was lost: the call reports BackendUnavailable and
+// the entry is removed once etcd answers again, while the client and its lease live on (before,
+// a Semaphore entry kept its permits for the client's life); the client's own turn for a
+// Mutex comes back.
+TEST_F(Etcd, EntryWhoseJoinReplyWasLostIsRemoved) {
+  TcpProxy proxy(url_);
+  auto client = Client::connect(proxy.url_through(url_), with_ttl(10s));
+  auto observer = Client::connect(url_);
+  const auto semaphore_name = unique_name("lost-join-semaphore");
+  const auto lock_name = unique_name("lost-join-mutex");
+  auto semaphore = client.semaphore(semaphore_name, 2);
+  auto mutex = client.mutex(lock_name);
+  ASSERT_TRUE(mutex.try_lock());  // the lease exists before replies are lost
+  mutex.unlock();
+  proxy.drop_replies();
+  // Both joins are applied (their entries seen on etcd), their replies lost.
+  auto semaphore_join = std::async(std::launch::async, [&] { return semaphore.try_acquire_for(1s, 2).has_value(); });
+  EXPECT_TRUE(eventually([&] { return observer.inspect(semaphore_name).holders.size() == 1; }));
+  EXPECT_THROW(semaphore_join.get(), turnstile::BackendUnavailable);
+  auto mutex_join = std::async(std::launch::async, [&] { return mutex.try_lock_for(1s); });
+  EXPECT_TRUE(eventually([&] { return observer.inspect(lock_name).holders.size() == 1; }));
+  EXPECT_THROW(mutex_join.get(), turnstile::BackendUnavailable);
+  // Replies still lost: the clean-up goes on in the background.
+  std::this_thread::sleep_for(500ms);
+  proxy.forward();
+  EXPECT_TRUE(eventually([&] { return observer.inspect(semaphore_name).holders.empty(); }, 5s))
+      << "the Semaphore entry of the lost join is still there";
+  EXPECT_TRUE(eventually([&] { return observer.inspect(lock_name).holders.empty(); }, 5s))
+      << "the Mutex entry of the lost join is still there";
+  EXPECT_TRUE(observer.semaphore(semaphore_name, 2).try_acquire(2).has_value());
+  EXPECT_TRUE(mutex.try_lock_for(5s));
+  mutex.unlock();
+}
+
+// 10.16: a release whose reply was lost is retried (in the background); finding the key gone,
+// the retry recognises its own release: no loss is reported. A key deleted before the release
+// is still a loss.
+TEST_F(Etcd, ReleaseWhoseReplyWasLostIsNotALoss) {
+  TcpProxy proxy(url_);
+  std::mutex mutex;
+  std::vector<std::string> reports;
+  auto options = with_ttl(10s);
+  options.on_hold_lost = [&](const turnstile::Error& error) {
+    std::lock_guard lock(mutex);
+    reports.push_back(error.what());
+  };
+  options.error_handler = options.on_hold_lost;
+  auto observer = Client::connect(url_);
+  const auto name = unique_name("lost-release");
+  {
+    auto client = Client::connect(proxy.url_through(url_), options);
+    auto held = client.mutex(name);
+    held.lock();
+    proxy.drop_replies();
+    EXPECT_THROW(held.release(), turnstile::BackendUnavailable);
+    EXPECT_TRUE(observer.inspect(name).holders.empty()) << "the first release attempt was not applied";
+    proxy.forward();
+    // The client's end tries pending releases once more, if its retries have not done it yet.
+  }
+  std::lock_guard lock(mutex);
+  EXPECT_TRUE(reports.empty()) << reports.front();
+
+  auto client = Client::connect(url_);
+  auto held = client.mutex(name);
+  held.lock();
+  shell(etcdctl(url_, "del --prefix " + quoted(name + "/")));
+  EXPECT_THROW(held.release(), turnstile::HoldLost);
+}
+
+// 15.11: timed acquires end by their deadline (plus a last look) while etcd is unreachable:
+// a waiter whose link is cut, and a call made while it is cut.
+TEST_F(Etcd, TimedAcquiresHonourTheirDeadlineWhileEtcdIsUnreachable) {
+  TcpProxy proxy(url_);
+  auto client = Client::connect(proxy.url_through(url_), with_ttl(10s));
+  auto holder_client = Client::connect(url_);
+  const auto name = unique_name("outage-wait");
+  auto held = holder_client.mutex(name);
+  held.lock();
+  auto mutex = client.mutex(name);
+  auto start = Steady::now();
+  auto waiting = std::async(std::launch::async, [&] {
+    try {
+      return mutex.try_lock_for(2s) ? 'G' : 'T';
+    } catch (const turnstile::BackendUnavailable&) {
+      return 'U';
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return holder_client.inspect(name).waiters.size() == 1; }));
+  proxy.blackhole();
+  EXPECT_NE(waiting.get(), 'G');
+  EXPECT_LT(Steady::now() - start, 2s + 1500ms) << "the waiter overran its deadline";
+  start = Steady::now();
+  auto other = client.mutex(unique_name("outage-join"));
+  try {
+    EXPECT_FALSE(other.try_lock_for(1s));
+  } catch (const turnstile::BackendUnavailable&) {
+  }
+  EXPECT_LT(Steady::now() - start, 2500ms) << "a timed acquire during the outage overran its deadline";
+  proxy.forward();
+  held.unlock();
+}
+
+// 10.12: a name cannot put entries in another name's queue: NAME/x and a name spelled like an
+// entry key (NAME/<lease hex>, NAME/<hex>_<n>) keep their keys below NAME/ but are not
+// counted as NAME's entries; the same for PermitCounter waiters.
+TEST_F(Etcd, NamesCannotForgeEntriesOfAnotherName) {
+  auto client = Client::connect(url_);
+  auto other = Client::connect(url_);
+  const auto base = unique_name("forge");
+  auto nested = client.mutex(base + "/x");
+  nested.lock();
+  auto hex_like = client.mutex(base + "/694d8a1b2c3d4e5f");
+  hex_like.lock();
+  auto lease = client.semaphore(base + "/1a_2", 1).acquire();
+  const auto seen = other.inspect(base);
+  EXPECT_TRUE(seen.holders.empty() && seen.waiters.empty()) << "entries of other names were listed";
+  auto mutex = other.mutex(base);
+  EXPECT_TRUE(mutex.try_lock()) << "another name's entries held " << base;
+  mutex.unlock();
+
+  auto nested_counter = client.permit_counter(base + "/c/x");
+  auto waiter = std::async(std::launch::async, [&] { return nested_counter.try_acquire_for(10s); });
+  ASSERT_TRUE(eventually([&] { return other.inspect(base + "/c/x").waiters.size() == 1; }));
+  auto counter = other.permit_counter(base + "/c");
+  counter.add_permits(1);
+  EXPECT_TRUE(counter.try_acquire(1)) << "a waiter of another counter queued ahead";
+  nested_counter.add_permits(1);
+  EXPECT_TRUE(waiter.get());
+  nested.unlock();
+  hex_like.unlock();
+}
+
+// 16.8: a command the holder runs inherits none of the client's sockets.
+TEST_F(Etcd, ExecutedChildrenInheritNoSocket) {
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex(unique_name("cloexec"));
+  mutex.lock();
+  const auto listing = shell("ls -l /proc/self/fd");
+  EXPECT_EQ(listing.find("socket:"), std::string::npos) << listing;
+  mutex.unlock();
+}
+
+
 TEST(EtcdOwnServer, RestartWithDataKeptNeverDoublesAHold) {
   OwnServer server(TURNSTILE_ETCD_SCRIPT);
   const auto name = unique_name("restart");
@@ -227,6 +428,27 @@ TEST(EtcdOwnServer, AuthRefusesWrongCredentialsAtConnect) {
   }
   EXPECT_THROW(Client::connect("etcd://alice:wrong@" + hostport), turnstile::AccessDenied);
   EXPECT_THROW(Client::connect("etcd://nobody:secret@" + hostport), turnstile::AccessDenied);
+  // 10.13: neither the user nor the password appears in errors or in the client's URL.
+  const auto expect_no_credentials = [](const std::string& text) {
+    EXPECT_EQ(text.find("s3cr3t"), std::string::npos) << text;
+    EXPECT_EQ(text.find("alice"), std::string::npos) << text;
+  };
+  try {
+    Client::connect("etcd://alice:s3cr3t@" + hostport);
+    ADD_FAILURE() << "a wrong password was accepted";
+  } catch (const turnstile::AccessDenied& error) {
+    expect_no_credentials(error.what());
+  }
+  try {
+    Client::connect("etcd://alice:s3cr3t@127.0.0.1:1");
+    ADD_FAILURE() << "nothing listens on port 1";
+  } catch (const turnstile::Error& error) {
+    expect_no_credentials(error.what());
+  }
+  {
+    auto client = Client::connect("etcd://alice:secret@" + hostport);
+    EXPECT_EQ(client.url().find("secret"), std::string::npos) << client.url();
+  }
 }
 
 // etcds://: TLS with the CA given by ?cacert= works; the same server is refused over plain

@@ -83,8 +83,8 @@ class WatchStream {
 
 class Connection {
  public:
-  // Connects (lazily, as gRPC does), authenticates when a user is given, and checks that an
-  // etcd answers. Throws BackendUnavailable, AccessDenied.
+  // Connects (lazily, as gRPC does) and authenticates when a user is given (the backend's
+  // first lease grant checks that an etcd answers). Throws BackendUnavailable, AccessDenied.
   explicit Connection(Settings settings);
 
   const Settings& settings() const { return settings_; }

@@ -289,6 +289,9 @@ class EtcdBackend final : public Backend {
  public:
   explicit EtcdBackend(Settings settings)
       : connection_(std::move(settings)), identity_(std::to_string(getpid()) + " " + host_name()) {
+    // The session's lease now: connecting checks that etcd answers, a client's first entry
+    // needs one round trip rather than two, and no acquire depends on a grant's reply.
+    session(call_deadline());
     keeper_ = std::jthread([this](std::stop_token stop) { keep_alive_loop(stop); });
     janitor_ = std::jthread([this](std::stop_token stop) { janitor_loop(stop); });
   }
@@ -970,8 +973,11 @@ std::int64_t EtcdBackend::counter_add(const std::string& name, std::int64_t delt
   for (;;) {
     const auto current = counter_value(connection_.range(key_range(key), call_deadline()));
     std::int64_t updated = 0;
-    if (__builtin_add_overflow(current.value.value_or(0), delta, &updated)) {
-      throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would overflow");
+    if (__builtin_add_overflow(current.value.value_or(0), delta, &updated) || updated > max_permits ||
+        updated < -max_permits) {
+      throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
+                            std::to_string(current.value.value_or(0)) + " would leave [-" + std::to_string(max_permits) +
+                            ", " + std::to_string(max_permits) + "]; nothing changed");
     }
     pb::TxnRequest txn;
     add_compare(txn, key, pb::Compare::MOD, current.mod_revision);
@@ -1033,13 +1039,14 @@ bool EtcdBackend::counter_acquire(const std::string& name, std::int64_t permits,
         if (in_line) {
           add_compare(take, place, pb::Compare::CREATE, place_revision);
         } else {
-          // Nobody in line: the range compare holds when no key is there.
+          // Still nobody in line: no key under the line's prefix was created since our read
+          // (keys of nested names' lines, made before it, do not count; an empty range holds).
           auto* empty = take.add_compare();
           empty->set_key(line_prefix);
           empty->set_range_end(prefix_end(line_prefix));
-          empty->set_result(pb::Compare::EQUAL);
-          empty->set_target(pb::Compare::VERSION);
-          empty->set_version(0);
+          empty->set_result(pb::Compare::LESS);
+          empty->set_target(pb::Compare::CREATE);
+          empty->set_create_revision(state.header().revision() + 1);
         }
         add_put(take.mutable_success(), key, std::to_string(*current.value - permits), 0);
         if (in_line) add_delete(take.mutable_success(), place);
