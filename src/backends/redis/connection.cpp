@@ -288,6 +288,35 @@ Reply Result::take() {
   return std::move(reply);
 }
 
+bool append_command(std::string& out, const Command& command) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lengths;
+  for (const auto& arg : command) {
+    argv.push_back(arg.data());
+    lengths.push_back(arg.size());
+  }
+  char* formatted = nullptr;
+  const int length = redisFormatCommandArgv(&formatted, static_cast<int>(argv.size()), argv.data(), lengths.data());
+  if (length < 0 || !formatted) return false;
+  out.append(formatted, static_cast<std::size_t>(length));
+  redisFreeCommand(formatted);
+  return true;
+}
+
+bool write_pending(redisContext* context, std::string& out) {
+  // Our own send(): hiredis' write() raises SIGPIPE on a connection the peer closed, which
+  // would kill the process (turnstile leaves signal dispositions to the application).
+  if (out.empty()) return true;
+  const auto written = send(context->fd, out.data(), out.size(), MSG_NOSIGNAL);
+  if (written < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
+    set_error(context, REDIS_ERR_IO, std::strerror(errno));
+    return false;
+  }
+  out.erase(0, static_cast<std::size_t>(written));
+  return true;
+}
+
 bool read_available(redisContext* context) {
   const auto* reader = context->reader;
   if (reader->len - reader->pos > kMaxReplyBytes) {
@@ -313,24 +342,16 @@ bool next_reply(redisContext* context, Reply& reply) {
 std::string exchange(redisContext* context, const std::vector<Command>& commands, std::vector<Reply>& replies,
                      SteadyClock::time_point until, int cancel_fd, bool* sent) {
   if (sent) *sent = false;
+  std::string out;
   for (const auto& command : commands) {
-    std::vector<const char*> argv;
-    std::vector<size_t> lengths;
-    for (const auto& arg : command) {
-      argv.push_back(arg.data());
-      lengths.push_back(arg.size());
-    }
-    if (redisAppendCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data()) != REDIS_OK) {
-      return context->errstr;
-    }
+    if (!append_command(out, command)) return "out of memory";
   }
-  const auto total = sdslen(context->obuf);
   std::string why;
-  for (int done = 0; !done;) {
+  while (!out.empty()) {
     if (!wait_for(context->fd, POLLOUT, until, cancel_fd, why)) return why;
-    const bool ok = redisBufferWrite(context, &done) == REDIS_OK;
-    if (sent && sdslen(context->obuf) < total) *sent = true;
-    if (!ok) return context->errstr;
+    const auto before = out.size();
+    if (!write_pending(context, out)) return context->errstr;
+    if (sent && out.size() < before) *sent = true;
   }
   replies.clear();
   while (replies.size() < commands.size()) {

@@ -101,6 +101,11 @@ Opened open_context(const Settings& settings, const Wait& wait, const std::vecto
 std::string exchange(redisContext* context, const std::vector<Command>& commands, std::vector<Reply>& replies,
                      SteadyClock::time_point until, int cancel_fd = -1, bool* sent = nullptr);
 
+// Appends a command in the protocol's encoding. False when out of memory.
+bool append_command(std::string& out, const Command& command);
+// Writes what the socket takes now of `out` and removes it (non-blocking; never SIGPIPE).
+// False when the connection failed (context->errstr says).
+bool write_pending(redisContext* context, std::string& out);
 // Reads what the socket has (non-blocking), refusing to buffer more than kMaxReplyBytes of one
 // reply. False when the connection failed or the reply is too large (context->errstr says).
 bool read_available(redisContext* context);

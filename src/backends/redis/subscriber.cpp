@@ -76,7 +76,8 @@ void Subscriber::pause(std::chrono::milliseconds how_long) {
   poll(&pfd, 1, static_cast<int>(how_long.count()));
 }
 
-bool Subscriber::reconnect(Context& context, std::set<std::string>& sent, std::chrono::milliseconds& backoff) {
+bool Subscriber::reconnect(Context& context, std::set<std::string>& sent, std::string& out,
+                           std::chrono::milliseconds& backoff) {
   try {
     // Bounded like any call, and ended at once by the destructor (stop_fd_).
     context = open_context(settings_, Wait(SteadyClock::now() + kReplyTimeout), nullptr, stop_fd_).context;
@@ -86,6 +87,7 @@ bool Subscriber::reconnect(Context& context, std::set<std::string>& sent, std::c
     return false;
   }
   sent.clear();
+  out.clear();
   try {
     if (on_reset_) on_reset_();  // messages may have been missed while we were away
   } catch (...) {
@@ -93,7 +95,7 @@ bool Subscriber::reconnect(Context& context, std::set<std::string>& sent, std::c
   return true;
 }
 
-void Subscriber::serve(Context& context, std::set<std::string>& sent) {
+void Subscriber::serve(Context& context, std::set<std::string>& sent, std::string& out) {
   // Bring the subscriptions in line with what the waiters want; channels idle for a while
   // are dropped.
   int housekeeping_ms = -1;
@@ -110,9 +112,7 @@ void Subscriber::serve(Context& context, std::set<std::string>& sent) {
     }
     for (const auto& [channel, want] : wanted_) {
       if (sent.insert(channel).second) {
-        const char* argv[] = {"SUBSCRIBE", channel.data()};
-        const size_t lengths[] = {9, channel.size()};
-        redisAppendCommandArgv(context.get(), 2, argv, lengths);
+        append_command(out, {"SUBSCRIBE", channel});
       }
     }
     for (auto it = sent.begin(); it != sent.end();) {
@@ -120,17 +120,14 @@ void Subscriber::serve(Context& context, std::set<std::string>& sent) {
         ++it;
         continue;
       }
-      const char* argv[] = {"UNSUBSCRIBE", it->data()};
-      const size_t lengths[] = {11, it->size()};
-      redisAppendCommandArgv(context.get(), 2, argv, lengths);
+      append_command(out, {"UNSUBSCRIBE", *it});
       confirmed_.erase(*it);
       it = sent.erase(it);
     }
   }
   // The socket is non-blocking: write what it takes now, the rest when poll() says it may.
-  int done = 0;
-  if (redisBufferWrite(context.get(), &done) != REDIS_OK) throw BackendUnavailable(context->errstr);
-  pollfd fds[3] = {{context->fd, static_cast<short>(POLLIN | (done ? 0 : POLLOUT)), 0},
+  if (!write_pending(context.get(), out)) throw BackendUnavailable(context->errstr);
+  pollfd fds[3] = {{context->fd, static_cast<short>(POLLIN | (out.empty() ? 0 : POLLOUT)), 0},
                    {event_fd_, POLLIN, 0},
                    {stop_fd_, POLLIN, 0}};
   if (poll(fds, 3, housekeeping_ms) < 0) return;  // EINTR: look again
@@ -162,15 +159,16 @@ void Subscriber::serve(Context& context, std::set<std::string>& sent) {
 void Subscriber::loop(std::stop_token stop) {
   Context context;
   std::set<std::string> sent;  // SUBSCRIBE sent on the current connection
+  std::string out;             // commands not yet written to it
   auto backoff = kFirstBackoff;
   auto connected_at = SteadyClock::now();
   while (!stop.stop_requested()) {
     try {
       if (!context) {
-        if (!reconnect(context, sent, backoff)) continue;
+        if (!reconnect(context, sent, out, backoff)) continue;
         connected_at = SteadyClock::now();
       }
-      serve(context, sent);
+      serve(context, sent, out);
     } catch (...) {
       // Nothing leaves this thread. The connection is dropped and made again: at once when it
       // had served a while (Redis' `timeout`, a restart), after a growing pause otherwise.

@@ -38,9 +38,9 @@ class Subscriber {
   void loop(std::stop_token stop);
   void poke();
   // Connects and subscribes anew; false (after a pause) when it could not.
-  bool reconnect(Context& context, std::set<std::string>& sent, std::chrono::milliseconds& backoff);
+  bool reconnect(Context& context, std::set<std::string>& sent, std::string& out, std::chrono::milliseconds& backoff);
   // Sends what the waiters want changed; reads and dispatches what arrived.
-  void serve(Context& context, std::set<std::string>& sent);
+  void serve(Context& context, std::set<std::string>& sent, std::string& out);
   void pause(std::chrono::milliseconds how_long);
 
   Settings settings_;
