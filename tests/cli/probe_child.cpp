@@ -3,6 +3,9 @@
 //   cli_probe_child count-signals READY LOG
 //                                       touches READY, then logs each SIGINT it receives ("INT"
 //                                       lines) and exits 0 at the first SIGTERM ("TERM")
+//   cli_probe_child hold READY STOPPED  writes the CLOCK_MONOTONIC time (ns) to READY, waits for
+//                                       SIGTERM, writes the time it came to STOPPED, exits 0
+//   cli_probe_child stamp FILE          writes the CLOCK_MONOTONIC time (ns) to FILE
 //   cli_probe_child hostname NAME CMD…  in a UTS namespace of its own, sets the host name to the
 //                                       bytes NAME (with \e and \xNN escapes) and runs CMD
 // Exit 77 when the namespace cannot be made (the test then skips).
@@ -12,6 +15,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -77,11 +81,33 @@ int count_signals(const char* ready, const char* log_path) {
   }
 }
 
+bool stamp(const char* path) {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  FILE* out = std::fopen(path, "w");
+  if (!out) return false;
+  std::fprintf(out, "%lld\n", static_cast<long long>(now.tv_sec) * 1000000000LL + now.tv_nsec);
+  return std::fclose(out) == 0;
+}
+
+int hold(const char* ready, const char* stopped) {
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  sigprocmask(SIG_BLOCK, &term, nullptr);
+  if (!stamp(ready)) return 2;
+  while (sigwaitinfo(&term, nullptr) != SIGTERM) {
+  }
+  return stamp(stopped) ? 0 : 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "fds") == 0) return list_descriptors(argv[2]);
   if (argc == 4 && std::strcmp(argv[1], "count-signals") == 0) return count_signals(argv[2], argv[3]);
+  if (argc == 4 && std::strcmp(argv[1], "hold") == 0) return hold(argv[2], argv[3]);
+  if (argc == 3 && std::strcmp(argv[1], "stamp") == 0) return stamp(argv[2]) ? 0 : 2;
   if (argc >= 4 && std::strcmp(argv[1], "hostname") == 0) {
     const std::string name = unescape(argv[2]);
     if (unshare(CLONE_NEWUTS) != 0 || sethostname(name.data(), name.size()) != 0) {
@@ -92,6 +118,7 @@ int main(int argc, char** argv) {
     std::perror("cli_probe_child: exec");
     return 127;
   }
-  std::fprintf(stderr, "usage: cli_probe_child fds OUT | count-signals READY LOG | hostname NAME COMMAND...\n");
+  std::fprintf(stderr, "usage: cli_probe_child fds OUT | count-signals READY LOG | hold READY STOPPED | stamp FILE | "
+               "hostname NAME COMMAND...\n");
   return 2;
 }

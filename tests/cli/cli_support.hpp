@@ -1,0 +1,205 @@
+// The CLI tests' fixture: turnstile started as users run it (a separate process, its output in
+// files), bounded waits, and the helpers the file:// and server tests share.
+#pragma once
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testing/hold_history.hpp"
+
+namespace cli_tests {
+
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr auto kDeadline = 60s;  // generous: the machine may be loaded
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+inline void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+inline bool wait_until(const std::function<bool()>& done, std::chrono::seconds deadline = kDeadline) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return done();
+}
+
+// Whether a process no longer exists (reaped here if it became our child: we are the subreaper).
+inline bool gone(pid_t pid) {
+  waitpid(pid, nullptr, WNOHANG);
+  return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+inline std::uint64_t read_number(const std::string& path) {
+  const auto text = read_file(path);
+  return text.empty() ? 0 : std::stoull(text);
+}
+
+// Exit status as a shell reports it: the code, or 128 + the signal.
+inline int shell_status(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+struct Process {
+  pid_t pid = -1;
+  std::string out_path, err_path;
+  std::string out() const { return read_file(out_path); }
+  std::string err() const { return read_file(err_path); }
+};
+
+// How to start turnstile, beyond its arguments.
+struct Launch {
+  std::vector<std::pair<std::string, std::optional<std::string>>> env;  // set, or unset (nullopt)
+  std::optional<uid_t> uid;         // run as this user (the test must be root)
+  bool own_group = false;           // in a process group of its own, as a shell job
+  std::vector<std::string> prefix;  // run turnstile through this command
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Orphans (the child of a SIGKILLed turnstile) come to us, so we can watch them die.
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    char dir_template[] = "/tmp/turnstile-cli-test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    dir_ = dir_template;
+    backend_dir_ = dir_ + "/backend";
+    backend_ = "file://" + backend_dir_;
+  }
+
+  void TearDown() override {
+    for (pid_t pid : started_) {
+      if (kill(pid, 0) == 0) kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+
+  std::string path(const std::string& file) const { return dir_ + "/" + file; }
+
+  // Starts `turnstile ARGS...` with stdin from /dev/null and stdout/stderr to files.
+  Process start(const std::vector<std::string>& args, const Launch& launch = {}) {
+    Process process;
+    const int n = counter_++;
+    process.out_path = path("out." + std::to_string(n));
+    process.err_path = path("err." + std::to_string(n));
+    std::vector<std::string> argv_strings = launch.prefix;
+    argv_strings.push_back(TURNSTILE_CLI_PATH);
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& arg : argv_strings) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (launch.own_group) setpgid(0, 0);
+      for (const auto& [name, value] : launch.env) {
+        if (value) {
+          setenv(name.c_str(), value->c_str(), 1);
+        } else {
+          unsetenv(name.c_str());
+        }
+      }
+      if (launch.uid && (setgid(*launch.uid) != 0 || setuid(*launch.uid) != 0)) _exit(97);
+      const int in = open("/dev/null", O_RDONLY);
+      const int out = open(process.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      const int err = open(process.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (in < 0 || out < 0 || err < 0) _exit(99);
+      dup2(in, 0);
+      dup2(out, 1);
+      dup2(err, 2);
+      // Nothing of ours (or of ctest's) leaks into turnstile: any other descriptor its child
+      // sees came from turnstile.
+      close_range(3, ~0u, 0);
+      execv(argv[0], argv.data());
+      _exit(98);
+    }
+    process.pid = pid;
+    started_.push_back(pid);
+    return process;
+  }
+
+  // The exit status of a started process; kills it and fails after the deadline.
+  int wait_exit(const Process& process, std::chrono::seconds deadline = kDeadline) {
+    int status = 0;
+    const bool done = wait_until([&] { return waitpid(process.pid, &status, WNOHANG) == process.pid; }, deadline);
+    std::erase(started_, process.pid);
+    if (!done) {
+      kill(process.pid, SIGKILL);
+      waitpid(process.pid, &status, 0);
+      ADD_FAILURE() << "turnstile did not exit in time; stderr: " << process.err();
+      return -1;
+    }
+    return shell_status(status);
+  }
+
+  struct Result {
+    int status;
+    std::string out, err;
+  };
+  Result run(const std::vector<std::string>& args, const Launch& launch = {}) {
+    auto process = start(args, launch);
+    const int status = wait_exit(process);
+    return {status, process.out(), process.err()};
+  }
+
+  // `turnstile run --backend B --lock NAME -- sh -c SCRIPT`
+  std::vector<std::string> lock_sh(const std::string& name, const std::string& script,
+                                   std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"run", "--backend", backend_, "--lock", name};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--", "sh", "-c", script});
+    return args;
+  }
+
+  // A `run --lock NAME` whose child signals readiness with a file and holds until `release`
+  // exists. Returns once the child runs, i.e. the lock is held.
+  Process hold_until(const std::string& name, const std::string& ready, const std::string& release) {
+    auto process = start(lock_sh(name, "echo $TURNSTILE_FENCING_TOKEN > " + ready + "; while [ ! -e " + release +
+                                           " ]; do sleep 0.02; done"));
+    EXPECT_TRUE(wait_until([&] { return fs::exists(ready) && !read_file(ready).empty(); }))
+        << "the holder never ran; stderr: " << process.err();
+    return process;
+  }
+
+  nlohmann::json inspect_json(const std::string& name) {
+    const auto result = run({"inspect", "--backend", backend_, "--json", name});
+    EXPECT_EQ(result.status, 0) << result.err;
+    return nlohmann::json::parse(result.out);
+  }
+
+  bool waiter_count_is(const std::string& name, std::size_t count) {
+    return inspect_json(name)["waiters"].size() == count;
+  }
+
+  std::string dir_, backend_dir_, backend_;
+  std::vector<pid_t> started_;
+  int counter_ = 0;
+};
+
+}  // namespace cli_tests
