@@ -62,6 +62,16 @@ inline std::uint64_t read_number(const std::string& path) {
   return text.empty() ? 0 : std::stoull(text);
 }
 
+// The descriptor numbers `cli_probe_child fds LISTING` found open, sorted.
+inline std::vector<int> listed_descriptors(const std::string& listing) {
+  std::istringstream lines(read_file(listing));
+  std::vector<int> fds;
+  std::string line;
+  while (std::getline(lines, line)) fds.push_back(std::stoi(line));
+  std::sort(fds.begin(), fds.end());
+  return fds;
+}
+
 // Exit status as a shell reports it: the code, or 128 + the signal.
 inline int shell_status(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
 

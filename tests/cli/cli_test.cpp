@@ -168,12 +168,7 @@ TEST_F(CliTest, ChildInheritsOnlyTheStandardDescriptors) {
   const auto result = run({"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH, "fds",
                            listing});
   ASSERT_EQ(result.status, 0) << result.err;
-  std::istringstream lines(read_file(listing));
-  std::vector<int> fds;
-  std::string line;
-  while (std::getline(lines, line)) fds.push_back(std::stoi(line));
-  std::sort(fds.begin(), fds.end());
-  EXPECT_EQ(fds, (std::vector<int>{0, 1, 2})) << read_file(listing);
+  EXPECT_EQ(listed_descriptors(listing), (std::vector<int>{0, 1, 2})) << read_file(listing);
 }
 
 TEST_F(CliTest, ChildInheritsNoLockDescriptors) {

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   auto* run_ttl = run_cmd->add_option("--ttl", ttl_value, "Hold time-to-live in seconds, on backends that expire holds");
   run_cmd->add_option("--grace", run.grace_sec, "Seconds between SIGTERM and SIGKILL when the hold is lost")->capture_default_str();
   run_cmd->add_flag("--pause-when-suspended", run.pause_when_suspended,
-                    "Stop the command (SIGSTOP, its own process) while the backend cannot confirm the hold; continue it (SIGCONT) once confirmed");
+                    "Stop the command's process group (SIGSTOP) while the backend cannot confirm the hold; continue it (SIGCONT) once confirmed");
   auto* run_lock = run_cmd->add_option("--lock", lock_value, "Hold the Mutex NAME");
   auto* run_read = run_cmd->add_option("--read", read_value, "Hold the read side of the SharedMutex NAME");
   auto* run_write = run_cmd->add_option("--write", write_value, "Hold the write side of the SharedMutex NAME");
