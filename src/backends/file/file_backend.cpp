@@ -502,11 +502,15 @@ void NameFile::open_or_create(int root_fd) {
     }
     auto* header = static_cast<Header*>(map);
     std::atomic<bool> torn{false};
-    enum class Verdict { ok, foreign, earlier_boot, other_name } verdict;
+    enum class Verdict { ok, foreign, older_version, earlier_boot, other_name } verdict;
     std::uint64_t carried = 0;
     {
       MappingAccess access(map, sizeof(Header), torn);
-      if (header->magic != kMagic || header->version != kVersion) {
+      if (header->magic == kMagic && header->version == 1) {
+        verdict = Verdict::older_version;  // same size and counter position; other wake-ups
+        carried = header->next_seq;
+        if (std::strncmp(header->boot_id, boot_id().c_str(), sizeof header->boot_id) != 0) verdict = Verdict::earlier_boot;
+      } else if (header->magic != kMagic || header->version != kVersion) {
         verdict = Verdict::foreign;
       } else if (std::strncmp(header->boot_id, boot_id().c_str(), sizeof header->boot_id) != 0) {
         verdict = Verdict::earlier_boot;
@@ -526,6 +530,12 @@ void NameFile::open_or_create(int root_fd) {
         drop(map);
         throw BackendUnavailable("the state file of '" + name_ + "' is not a turnstile v" + std::to_string(kVersion) +
                                  " state file (another turnstile version?)");
+      case Verdict::older_version:
+        // Written in this boot by turnstile 1, whose waiters wake another way: a process of
+        // that version may join it at any moment, so never take it over (after a reboot we do).
+        drop(map);
+        throw BackendUnavailable("the state file of '" + name_ + "' belongs to an older turnstile version; remove " +
+                                 base_ + ".s once no process of that version uses it");
       case Verdict::earlier_boot:
         // Written before a reboot: its mutex may belong to a thread that no longer exists.
         drop(map);
