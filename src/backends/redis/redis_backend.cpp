@@ -1,15 +1,17 @@
 // The Redis backend: every state change is one Lua script (scripts/*.lua), so an uncontended
-// acquire and a release are one round trip each. Queue primitives keep a per-name queue
-// ordered by a per-name INCR counter, which is also the fencing token; entries are leases
-// renewed by a watchdog every TTL/3 and reaped by the next script once they run out. Waiters
-// sleep until a release script publishes their sequence number, and look again on a bounded
-// interval so that a lost message never strands them. PermitCounter keeps Redisson's
-// RSemaphore layout so Java and C++ share permits.
+// acquire and a release are one round trip each. Everything one name needs lives in ONE hash
+// (eviction or deletion takes all of it or nothing): a queue ordered by fencing tokens that
+// keep growing even when that hash is lost (max(last + 1, server time in µs)), whose entries
+// are leases renewed by a watchdog on its own connection every TTL/3 and reaped by the next
+// script once they run out. Waiters sleep until a message names them, then ask the server: a
+// message only wakes, the scripts alone admit. PermitCounter keeps Redisson's RSemaphore layout
+// so Java and C++ share permits.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <deque>
+#include <cstdio>
 #include <map>
 #include <random>
 #include <set>
@@ -19,14 +21,15 @@
 #include "backends/redis/connection.hpp"
 #include "backends/redis/scripts.hpp"
 #include "backends/redis/subscriber.hpp"
+#include "core/loss_clock.hpp"
 
 namespace turnstile::detail::redis {
 namespace {
 
 using std::chrono::milliseconds;
 
-// A name's keys share one hash tag, so a Redis Cluster keeps them in one slot. The tag is
-// the name with '{', '}' and '%' percent-encoded: any name, braces included, stays whole.
+// A name's key and channel share one hash tag, so a Redis Cluster keeps them in one slot. The
+// tag is the name with '{', '}' and '%' percent-encoded: any name, braces included, stays whole.
 std::string queue_tag(const std::string& name) {
   std::string encoded;
   for (char c : name) {
@@ -42,24 +45,40 @@ std::string queue_tag(const std::string& name) {
 }
 
 struct QueueKeys {
-  std::vector<std::string> keys;  // as the queue scripts number them
+  std::vector<std::string> keys;  // as the scripts number them
   std::string channel;
 };
 
-QueueKeys queue_keys(const std::string& name) {
+// One hash per name. Pub/Sub ignores the selected database, so the channel names it: a
+// release in db 0 must not even wake db 1's waiters of the same name.
+QueueKeys queue_keys(const std::string& name, int db) {
   const auto tag = queue_tag(name);
-  return {{tag + "seq", tag + "q", tag + "e", tag + "x", tag + "r"}, tag + "w"};
+  return {{tag + "q"}, tag + "w:" + std::to_string(db)};
+}
+
+// PermitCounter names that could reach turnstile's own keys: every queue key starts with
+// "turnstile:" and every counter's waiter line contains ":turnstile:". Refused before anything
+// is read or written, so no counter can alias a lock's state or another counter's line.
+void check_counter_name(const std::string& name) {
+  if (name.rfind("turnstile:", 0) == 0 || name.find(":turnstile:") != std::string::npos) {
+    throw InvalidArgument("PermitCounter '" + name +
+                          "': on redis:// a counter name may not start with 'turnstile:' or contain ':turnstile:' "
+                          "(turnstile's own keys)");
+  }
 }
 
 // Redisson's RSemaphore: the permit count is the plain key NAME, releases go to
-// "redisson_sc:{NAME}" (RedissonSemaphore.getChannelName). turnstile's waiter line must sit
-// in NAME's cluster slot: reuse NAME's own hash tag, or make NAME the tag.
+// prefixName("redisson_sc", NAME), which adds braces only when NAME has no '{' at all.
+// turnstile's waiter line must sit in NAME's cluster slot: reuse NAME's own hash tag, or make
+// NAME the tag. The two forms end differently, so "{x}" and "x" never share a line.
 QueueKeys counter_keys(const std::string& name) {
+  check_counter_name(name);
   const auto open = name.find('{');
   const auto close = open == std::string::npos ? std::string::npos : name.find('}', open + 1);
   const bool has_tag = close != std::string::npos && close > open + 1;
-  const std::string tag = (has_tag ? name : "{" + name + "}") + ":turnstile:";
-  return {{name, tag + "waiters", tag + "expiries", tag + "seq", tag + "info"}, "redisson_sc:{" + name + "}"};
+  const std::string line = has_tag ? name + ":turnstile:t" : "{" + name + "}:turnstile:c";
+  const std::string channel = open != std::string::npos ? "redisson_sc:" + name : "redisson_sc:{" + name + "}";
+  return {{name, line}, channel};
 }
 
 // Unique per client (drawn when the client connects, so forked processes differ) and per call.
@@ -82,19 +101,31 @@ std::string host_name() {
   return buffer;
 }
 
+// A script's reply: an array whose element `index` is an integer (or decimal text).
 long long integer_at(const redisReply* reply, std::size_t index) {
   if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements <= index) {
     throw BackendUnavailable("redis answered a script with an unexpected reply");
   }
   const auto* element = reply->element[index];
   if (element->type == REDIS_REPLY_INTEGER) return element->integer;
-  if (element->type == REDIS_REPLY_STRING) return std::stoll(std::string(element->str, element->len));
+  if (element->type == REDIS_REPLY_STRING) {
+    try {
+      return std::stoll(std::string(element->str, element->len));
+    } catch (const std::exception&) {
+    }
+  }
   throw BackendUnavailable("redis answered a script with an unexpected reply");
 }
 
 std::string string_at(const redisReply* reply, std::size_t index) {
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements <= index) return {};
   const auto* element = reply->element[index];
   return element->str ? std::string(element->str, element->len) : std::string();
+}
+
+long long integer_of(const Reply& reply) {
+  if (reply->type != REDIS_REPLY_INTEGER) throw BackendUnavailable("redis answered a script with an unexpected reply");
+  return reply->integer;
 }
 
 char kind_code(EntryKind kind) {
@@ -106,12 +137,30 @@ char kind_code(EntryKind kind) {
   return 'x';
 }
 
+// What the backend reads from the URL beyond Settings: ?eviction=warn|refuse (what to do when
+// the server may evict lock state). Taken out before parse_settings, which knows only ttl.
+struct EvictionRule {
+  bool refuse = false;
+};
+
+EvictionRule take_eviction_rule(BackendUrl& url) {
+  EvictionRule rule;
+  if (const auto it = url.query.find("eviction"); it != url.query.end()) {
+    if (it->second != "warn" && it->second != "refuse") {
+      throw InvalidUrl("bad eviction=" + it->second + " in '" + url.text + "' (expected warn or refuse)");
+    }
+    rule.refuse = it->second == "refuse";
+    url.query.erase(it);
+  }
+  return rule;
+}
+
 class RedisBackend;
 
 class RedisHold final : public BackendHold {
  public:
-  RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::shared_ptr<LossSignal> loss,
-            std::uint64_t server_generation, SteadyClock::time_point renewed_at);
+  RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::string request,
+            std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease);
   ~RedisHold() override;
 
   std::uint64_t fencing_token() const override { return seq_; }
@@ -120,31 +169,29 @@ class RedisHold final : public BackendHold {
 
   const std::string& name() const { return name_; }
   std::uint64_t seq() const { return seq_; }
-  LossSignal& loss() { return *loss_; }
-  const std::shared_ptr<LossSignal>& loss_signal() const { return loss_; }
-  std::uint64_t server_generation() const { return server_generation_; }
-  // The send time of the last renewal the server confirmed: the lease lasts at least TTL from it.
-  SteadyClock::time_point renewed_at() const { return renewed_at_.load(); }
-  void set_renewed_at(SteadyClock::time_point when) { renewed_at_.store(when); }
+  const std::string& request() const { return request_; }
+  const std::shared_ptr<ServerLease>& lease() const { return lease_; }
 
  private:
   RedisBackend& backend_;
   std::string name_;
   std::uint64_t seq_;
+  std::string request_;  // the acquire's request id: the entry's owner
   std::shared_ptr<LossSignal> loss_;
-  std::uint64_t server_generation_;
-  std::atomic<SteadyClock::time_point> renewed_at_;
+  std::shared_ptr<ServerLease> lease_;
   bool released_ = false;
 };
 
 class RedisBackend final : public Backend {
  public:
-  RedisBackend(Settings settings)
+  RedisBackend(Settings settings, EvictionRule eviction, ErrorHandler warn)
       : settings_(settings),
         identity_(std::to_string(getpid()) + " " + host_name()),
-        connection_(settings, all_scripts(), [this] { watchdog_cv_.notify_all(); }),
+        connection_(settings, all_scripts(), [this] { renew_soon(); }),
+        renewals_(settings, all_scripts(), [this] { renew_soon(); }),
         subscriber_(settings, [this](const std::string& channel, const std::string& payload) { on_message(channel, payload); },
                     [this] { on_subscriber_reset(); }) {
+    check_eviction_policy(eviction, warn);
     watchdog_ = std::jthread([this](std::stop_token stop) { watchdog_loop(stop); });
   }
 
@@ -164,6 +211,11 @@ class RedisBackend final : public Backend {
 
   Connection& connection() { return connection_; }
   const Settings& settings() const { return settings_; }
+  QueueKeys keys_of(const std::string& name) const { return queue_keys(name, settings_.db); }
+  // How long a release is remembered, so a resend after a lost reply is recognised.
+  std::string release_memory_ms() const {
+    return std::to_string(std::max<long long>(2 * settings_.ttl.count(), 60'000));
+  }
   void track(RedisHold* hold) {
     std::lock_guard lock(holds_mutex_);
     holds_.insert(hold);
@@ -174,91 +226,152 @@ class RedisBackend final : public Backend {
   }
 
  private:
-  // One waiter in this process: woken by a message naming its entry (admitted), or poked to
-  // look again (the subscriber reconnected, or, for counters, permits were released).
+  // One waiter in this process. A message only wakes it: it then asks the server.
   struct Waiter {
-    bool admitted = false;
+    std::string seq;         // queue waiters: our entry, "" until the acquire reply came
+    std::uint64_t place = 0; // counter waiters: our place in line, 0 until known
     bool poked = false;
   };
 
   milliseconds recheck_interval() const { return std::min(milliseconds(2000), settings_.ttl / 3); }
+  void check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn);
   void on_message(const std::string& channel, const std::string& payload);
   void on_subscriber_reset();
+  void renew_soon();
   void watchdog_loop(std::stop_token stop);
-  // Sleeps until the waiter is woken, the re-check interval passes, or the deadline.
+  void poke(Waiter& waiter);
+  // Sleeps until the waiter is poked, the re-check interval passes, or the deadline.
   void sleep_as(Waiter& waiter, Deadline deadline);
-  // Leaves the queue, best effort: an entry left behind expires by itself after one TTL.
-  void abandon(const QueueKeys& keys, std::uint64_t seq) noexcept;
+  // Takes the entry of `request` out of the queue (by seq when known), bounded; when that
+  // fails, the watchdog keeps trying (an entry left behind would hold the name up for a TTL).
+  void leave(const std::string& name, const std::string& seq, const std::string& request) noexcept;
+  // Counters: the local waiter first in line looks again; every waiter not yet placed too.
+  void poke_counter_head(const std::string& channel, std::uint64_t head);
 
   Settings settings_;
   std::string identity_;  // "<pid> <host>", for inspect
   RequestIds request_ids_;
+  LossClock loss_clock_;  // before every hold's lease
   Connection connection_;
+  Connection renewals_;  // the watchdog's own: renewals never queue behind other calls
 
   std::mutex waiters_mutex_;
   std::condition_variable waiters_cv_;
-  std::map<std::string, std::map<std::string, Waiter*>> queue_waiters_;  // channel -> seq -> waiter
-  std::map<std::string, std::deque<Waiter*>> counter_waiters_;          // channel -> oldest first
-  // Admissions announced before their waiter registered (it was still reading the acquire
-  // reply): kept briefly, per channel, for the waiter to find.
-  std::map<std::string, std::deque<std::string>> early_admissions_;
+  std::map<std::string, std::set<Waiter*>> queue_waiters_;    // channel -> waiters
+  std::map<std::string, std::set<Waiter*>> counter_waiters_;  // channel -> waiters
+
+  // Entries whose removal failed (or whose creation's outcome is unknown), until removed.
+  struct Orphan {
+    std::string name, seq, request;
+    SteadyClock::time_point give_up;  // it has expired on the server by then
+  };
 
   std::mutex holds_mutex_;
-  std::condition_variable_any watchdog_cv_;
   std::set<RedisHold*> holds_;
+  std::vector<Orphan> orphans_;
+  std::mutex watchdog_mutex_;  // never held while calling a connection (whose callback takes it)
+  std::condition_variable_any watchdog_cv_;
+  bool renew_now_ = false;
 
   Subscriber subscriber_;  // after the waiter tables: its thread calls into them
   std::jthread watchdog_;  // last: stopped and joined first
 };
 
-RedisHold::RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::shared_ptr<LossSignal> loss,
-                     std::uint64_t server_generation, SteadyClock::time_point renewed_at)
-    : backend_(backend), name_(std::move(name)), seq_(seq), loss_(std::move(loss)),
-      server_generation_(server_generation), renewed_at_(renewed_at) {
+RedisHold::RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::string request,
+                     std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease)
+    : backend_(backend), name_(std::move(name)), seq_(seq), request_(std::move(request)), loss_(std::move(loss)),
+      lease_(std::move(lease)) {
+  lease_->attach(loss_);
   backend_.track(this);
 }
 
 RedisHold::~RedisHold() {
+  lease_->detach(loss_.get());
   if (!released_) backend_.untrack(this);  // the core releases first; this only guards misuse
 }
 
 void RedisHold::downgrade() {
-  const auto keys = queue_keys(name_);
-  auto reply = backend_.connection().eval(scripts::downgrade, keys.keys, {keys.channel, std::to_string(seq_)},
+  const auto keys = backend_.keys_of(name_);
+  auto reply = backend_.connection().eval(scripts::downgrade, keys.keys, {keys.channel, std::to_string(seq_), request_},
                                           SteadyClock::now() + milliseconds(5000), true);
-  if (reply->integer == 0) loss_->lose("its entry expired or the redis server forgot it");
+  if (integer_of(reply) == 0) lease_->lose("its entry expired or the redis server forgot it");
 }
 
 void RedisHold::release() {
   if (released_) return;
-  const auto keys = queue_keys(name_);
-  auto reply = backend_.connection().eval(scripts::release, keys.keys, {keys.channel, std::to_string(seq_)},
-                                          SteadyClock::now() + milliseconds(2000), true);
+  const auto keys = backend_.keys_of(name_);
+  // Bounded (shorter still once the hold is known lost): the core retries a failed release in
+  // the background. A resend after a lost reply finds the release remembered, not a loss.
+  const auto patience = lease_->lost() ? milliseconds(250) : milliseconds(1000);
+  auto reply = backend_.connection().eval(scripts::release, keys.keys,
+                                          {keys.channel, std::to_string(seq_), request_, backend_.release_memory_ms()},
+                                          SteadyClock::now() + patience, true);
   released_ = true;
   backend_.untrack(this);
-  if (reply->integer == 0) loss_->lose("its entry had expired or the redis server forgot it before the release");
+  if (integer_of(reply) == 0) {
+    lease_->lose("its entry had expired or the redis server forgot it before the release");
+  } else {
+    lease_->detach(loss_.get());
+  }
 }
+
+void RedisBackend::check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn) {
+  Reply reply;
+  try {
+    reply = connection_.command({"CONFIG", "GET", "maxmemory-policy"}, SteadyClock::now() + milliseconds(2000));
+  } catch (const AccessDenied&) {
+    return;  // CONFIG not allowed to this user (or renamed away): nothing to check
+  } catch (const BackendUnavailable&) {
+    return;
+  }
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
+  const auto policy = string_at(reply.get(), 1);
+  if (policy.rfind("allkeys-", 0) != 0) return;
+  const std::string what = "redis at " + settings_.description + " has maxmemory-policy " + policy +
+                           ": it may evict lock state while it is held (the holder is then told its hold is lost, "
+                           "and fencing tokens keep growing); use noeviction or volatile-*";
+  if (rule.refuse) throw BackendUnavailable(what + " (refused: eviction=refuse)");
+  const BackendUnavailable warning("warning: " + what);
+  if (warn) {
+    try {
+      warn(warning);
+    } catch (...) {
+    }
+  } else {
+    std::fprintf(stderr, "turnstile: %s\n", warning.what());
+  }
+}
+
+void RedisBackend::poke(Waiter& waiter) { waiter.poked = true; }
 
 void RedisBackend::on_message(const std::string& channel, const std::string& payload) {
   std::lock_guard lock(waiters_mutex_);
-  if (channel.size() > 2 && channel.compare(channel.size() - 2, 2, ":w") == 0) {
-    const auto queue = queue_waiters_.find(channel);
+  if (const auto queue = queue_waiters_.find(channel); queue != queue_waiters_.end()) {
+    std::set<std::string> named;
     std::istringstream seqs(payload);
-    for (std::string seq; seqs >> seq;) {
-      if (queue != queue_waiters_.end()) {
-        if (const auto it = queue->second.find(seq); it != queue->second.end()) {
-          it->second->admitted = true;
-          continue;
-        }
-      }
-      auto& early = early_admissions_[channel];
-      early.push_back(seq);
-      if (early.size() > 64) early.pop_front();
+    for (std::string seq; seqs >> seq;) named.insert(seq);
+    // A waiter still reading its acquire reply does not know its seq yet: it looks too.
+    for (auto* waiter : queue->second) {
+      if (waiter->seq.empty() || named.count(waiter->seq)) poke(*waiter);
     }
   }
-  // Only this client's oldest waiter of a counter can be first in line: it alone looks again.
-  if (const auto counter = counter_waiters_.find(channel); counter != counter_waiters_.end() && !counter->second.empty()) {
-    counter->second.front()->poked = true;
+  if (const auto counter = counter_waiters_.find(channel); counter != counter_waiters_.end()) {
+    Waiter* first = nullptr;
+    for (auto* waiter : counter->second) {
+      if (waiter->place == 0) poke(*waiter);
+      else if (!first || waiter->place < first->place) first = waiter;
+    }
+    if (first) poke(*first);
+  }
+  waiters_cv_.notify_all();
+}
+
+void RedisBackend::poke_counter_head(const std::string& channel, std::uint64_t head) {
+  std::lock_guard lock(waiters_mutex_);
+  if (const auto counter = counter_waiters_.find(channel); counter != counter_waiters_.end()) {
+    for (auto* waiter : counter->second) {
+      if (waiter->place == head) poke(*waiter);
+    }
   }
   waiters_cv_.notify_all();
 }
@@ -266,10 +379,10 @@ void RedisBackend::on_message(const std::string& channel, const std::string& pay
 void RedisBackend::on_subscriber_reset() {
   std::lock_guard lock(waiters_mutex_);
   for (auto& [channel, waiters] : queue_waiters_) {
-    for (auto& [seq, waiter] : waiters) waiter->poked = true;
+    for (auto* waiter : waiters) poke(*waiter);
   }
   for (auto& [channel, waiters] : counter_waiters_) {
-    for (auto* waiter : waiters) waiter->poked = true;
+    for (auto* waiter : waiters) poke(*waiter);
   }
   waiters_cv_.notify_all();
 }
@@ -278,96 +391,129 @@ void RedisBackend::sleep_as(Waiter& waiter, Deadline deadline) {
   auto until = SteadyClock::now() + recheck_interval();
   if (deadline) until = std::min(until, *deadline);
   std::unique_lock lock(waiters_mutex_);
-  waiters_cv_.wait_until(lock, until, [&] { return waiter.admitted || waiter.poked; });
-  waiter.poked = false;
+  waiters_cv_.wait_until(lock, until, [&] { return waiter.poked; });
 }
 
-void RedisBackend::abandon(const QueueKeys& keys, std::uint64_t seq) noexcept {
+void RedisBackend::leave(const std::string& name, const std::string& seq, const std::string& request) noexcept {
   try {
-    connection_.eval(scripts::release, keys.keys, {keys.channel, std::to_string(seq)},
-                     SteadyClock::now() + milliseconds(2000), true);
+    const auto keys = keys_of(name);
+    auto reply = connection_.eval(scripts::release, keys.keys, {keys.channel, seq, request, release_memory_ms()},
+                                  SteadyClock::now() + milliseconds(1000), true);
+    integer_of(reply);
+    return;
+  } catch (...) {
+  }
+  try {
+    {
+      std::lock_guard lock(holds_mutex_);
+      orphans_.push_back({name, seq, request, SteadyClock::now() + settings_.ttl + milliseconds(5000)});
+    }
+    renew_soon();
   } catch (...) {
   }
 }
 
 std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, Deadline deadline,
                                                    std::shared_ptr<LossSignal> loss) {
-  const auto keys = queue_keys(request.name);
+  const auto keys = keys_of(request.name);
   const bool try_once = deadline && *deadline <= SteadyClock::now();
   const auto request_id = request_ids_.next();
+  // Registered before the acquire script runs, so a message published between its reply and
+  // our reading it still wakes us (to look: it proves nothing by itself).
+  Waiter waiter;
+  struct Registration {
+    RedisBackend& backend;
+    const std::string& channel;
+    Waiter& waiter;
+    bool subscribed = false;
+    Registration(RedisBackend& b, const std::string& c, Waiter& w) : backend(b), channel(c), waiter(w) {
+      std::lock_guard lock(backend.waiters_mutex_);
+      backend.queue_waiters_[channel].insert(&waiter);
+    }
+    ~Registration() {
+      {
+        std::lock_guard lock(backend.waiters_mutex_);
+        auto& waiters = backend.queue_waiters_[channel];
+        waiters.erase(&waiter);
+        if (waiters.empty()) backend.queue_waiters_.erase(channel);
+      }
+      if (subscribed) backend.subscriber_.unsubscribe(channel);
+    }
+  };
+  std::optional<Registration> registration;
+  if (!try_once) registration.emplace(*this, keys.channel, waiter);
   const bool was_listening = !try_once && subscriber_.listening(keys.channel);
   auto sent_at = SteadyClock::now();
-  std::uint64_t generation = 0;
-  auto reply = connection_.eval(scripts::acquire, keys.keys,
-                                {keys.channel, std::string(1, kind_code(request.kind)), std::to_string(request.permits),
-                                 std::to_string(request.limit), std::to_string(settings_.ttl.count()), try_once ? "1" : "0",
-                                 request_id, identity_},
-                                deadline, true, &generation);
+  Reply reply;
+  try {
+    reply = connection_.eval(scripts::acquire, keys.keys,
+                             {keys.channel, std::string(1, kind_code(request.kind)), std::to_string(request.permits),
+                              std::to_string(request.limit), std::to_string(settings_.ttl.count()), try_once ? "1" : "0",
+                              request_id, identity_},
+                             deadline, true);
+  } catch (const BackendUnavailable&) {
+    // The script may have run and its reply been lost: take out the entry it may have made
+    // (found by our request id) rather than leave it to hold up the name for a TTL.
+    leave(request.name, "", request_id);
+    throw;
+  }
   const auto status = integer_at(reply.get(), 0);
   if (status == -1) check_queue_mode(request, string_at(reply.get(), 1), 0);
   if (status == -2) check_queue_mode(request, "semaphore", integer_at(reply.get(), 1));
   if (status == 0) return nullptr;
   if (status != 1 && status != 2) throw BackendUnavailable("redis answered acquire with status " + std::to_string(status));
   const auto seq = static_cast<std::uint64_t>(integer_at(reply.get(), 1));
-  if (status == 1) return std::make_unique<RedisHold>(*this, request.name, seq, std::move(loss), generation, sent_at);
-
-  // Waiting in line: listen for our sequence number, and look again now and then.
   const auto seq_text = std::to_string(seq);
-  Waiter waiter;
+  const auto admitted = [&] {
+    return std::make_unique<RedisHold>(*this, request.name, seq, request_id, std::move(loss),
+                                       loss_clock_.watch(settings_.ttl, sent_at));
+  };
+  if (status == 1) return admitted();
+
+  // Waiting in line: woken by a message naming us (or a stop, or the subscriber reconnecting),
+  // we ask the server where we stand; we also ask now and then, so no lost message strands us.
   {
     std::lock_guard lock(waiters_mutex_);
-    queue_waiters_[keys.channel][seq_text] = &waiter;
-    if (auto early = early_admissions_.find(keys.channel); early != early_admissions_.end()) {
-      auto& seqs = early->second;
-      if (const auto it = std::find(seqs.begin(), seqs.end(), seq_text); it != seqs.end()) {
-        waiter.admitted = true;
-        seqs.erase(it);
-      }
-      if (seqs.empty()) early_admissions_.erase(early);
-    }
+    waiter.seq = seq_text;
   }
-  struct Unregister {
-    RedisBackend& backend;
-    const QueueKeys& keys;
-    const std::string& seq;
-    ~Unregister() {
-      {
-        std::lock_guard lock(backend.waiters_mutex_);
-        auto& waiters = backend.queue_waiters_[keys.channel];
-        waiters.erase(seq);
-        if (waiters.empty()) backend.queue_waiters_.erase(keys.channel);
-      }
-      backend.subscriber_.unsubscribe(keys.channel);
-    }
-  } unregister{*this, keys, seq_text};
+  std::stop_callback on_stop(request.stop, [&] {
+    std::lock_guard lock(waiters_mutex_);
+    poke(waiter);
+    waiters_cv_.notify_all();
+  });
   auto confirm_until = SteadyClock::now() + milliseconds(1000);
   if (deadline) confirm_until = std::min(confirm_until, *deadline);
   subscriber_.subscribe(keys.channel, confirm_until);
-  // Subscribed before the acquire script ran: every admission since reached us. Otherwise one
+  registration->subscribed = true;
+  // Subscribed before the acquire script ran: every message since reached us. Otherwise one
   // look now covers a message published before the subscription took.
-  bool look_now = !was_listening;
+  bool look = !was_listening;
   try {
     for (;;) {
       {
         std::lock_guard lock(waiters_mutex_);
-        if (waiter.admitted) break;
+        look = look || waiter.poked;
+        waiter.poked = false;
       }
-      if (look_now) {
-        // The periodic look: renews our place and catches a message we may have missed.
+      if (request.stop.stop_requested()) {
+        leave(request.name, seq_text, request_id);
+        return nullptr;
+      }
+      if (look) {
         sent_at = SteadyClock::now();
         auto state = connection_.eval(scripts::renew, keys.keys,
-                                      {keys.channel, std::to_string(settings_.ttl.count()), seq_text}, deadline, true,
-                                      &generation);
+                                      {keys.channel, std::to_string(settings_.ttl.count()), seq_text, request_id},
+                                      deadline, true);
         const auto where = integer_at(state.get(), 0);
         if (where == 0) {
           throw HoldLost("the queue entry of '" + request.name +
-                         "' expired while waiting (paused past the TTL, or the redis server restarted)");
+                         "' vanished while waiting (paused past the TTL, or the redis server lost the name's state)");
         }
         if (where == 2) break;
       }
-      look_now = true;
+      look = true;  // every wake-up, and every re-check interval, asks the server
       if (deadline && *deadline <= SteadyClock::now()) {
-        abandon(keys, seq);
+        leave(request.name, seq_text, request_id);
         return nullptr;
       }
       sleep_as(waiter, deadline);
@@ -375,123 +521,152 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
   } catch (const HoldLost&) {
     throw;
   } catch (...) {
-    abandon(keys, seq);
+    leave(request.name, seq_text, request_id);
     throw;
   }
-  return std::make_unique<RedisHold>(*this, request.name, seq, std::move(loss), generation, sent_at);
+  return admitted();
 }
 
-// Renews every hold every TTL/3. A hold is suspended while renewals fail (each given up after
-// a second at most and tried again soon) and held again once one gets through. It is reported
-// lost when the server no longer has its entry, when the server turned out to be another one
-// (restarted without persistence), or when no renewal got through for a whole TTL (a pause,
-// or the server unreachable): the server may have expired it and granted it to someone else.
+void RedisBackend::renew_soon() {
+  {
+    std::lock_guard lock(watchdog_mutex_);
+    renew_now_ = true;
+  }
+  watchdog_cv_.notify_all();
+}
+
+// Renews every hold every TTL/3 on its own connection, in one pipelined round trip. What the
+// server answers for each entry decides: present, ours and admitted → confirmed (the loss
+// clock counts from the renewal's send time); gone, or not ours, or no longer admitted → lost.
+// A round unanswered within min(TTL/3, 1 s), or answered with an error, suspends the holds
+// and is tried again 250 ms later. The LossClock reports a hold lost when no renewal was
+// confirmed for TTL − margin, whatever this thread is doing. A server change seen by either
+// connection (another run_id: a restart or failover) makes the next round start at once.
+// Entries whose removal failed (orphans) are removed in the same round trips until done.
 void RedisBackend::watchdog_loop(std::stop_token stop) {
   const auto period = std::max(milliseconds(100), settings_.ttl / 3);
   const auto retry = std::min(period, milliseconds(250));
-  // A renewal unanswered for this long suspends the holds: redis normally answers in well under
-  // a millisecond, and the sooner a stalled round gives up, the sooner it is tried again.
   const auto patience = std::min(period, milliseconds(1000));
-  // Renewals confirmed before this much of the TTL is left are safe from clock-rate drift.
-  const auto margin = settings_.ttl / 10;
-  std::unique_lock lock(holds_mutex_);
   auto wait = period;
   while (!stop.stop_requested()) {
-    watchdog_cv_.wait_for(lock, stop, wait, [] { return false; });
+    {
+      std::unique_lock lock(watchdog_mutex_);
+      watchdog_cv_.wait_for(lock, stop, wait, [&] { return renew_now_; });
+      renew_now_ = false;
+    }
     wait = period;
     if (stop.stop_requested()) break;
-    std::map<std::string, std::vector<RedisHold*>> by_name;
-    for (auto* hold : holds_) {
-      if (!hold->loss().lost()) by_name[hold->name()].push_back(hold);
-    }
-    if (by_name.empty()) continue;
-    std::vector<std::tuple<const Script*, std::vector<std::string>, std::vector<std::string>>> calls;
-    std::vector<std::vector<RedisHold*>> groups;
-    const auto now = SteadyClock::now();
-    // Signals, not holds: a hold may be released and destroyed while we report it.
-    std::vector<std::pair<std::shared_ptr<LossSignal>, std::string>> losses;
-    for (auto& [name, holds] : by_name) {
-      const auto keys = queue_keys(name);
-      std::vector<std::string> args{keys.channel, std::to_string(settings_.ttl.count())};
-      std::vector<RedisHold*> renewing;
-      for (auto* hold : holds) {
-        if (now - hold->renewed_at() >= settings_.ttl - margin) {
-          losses.emplace_back(hold->loss_signal(), "no renewal reached redis for a whole TTL (the process was paused or the server unreachable)");
-        } else {
-          args.push_back(std::to_string(hold->seq()));
-          renewing.push_back(hold);
-        }
+    // A snapshot (leases are shared: a hold may be released and destroyed meanwhile).
+    struct Renewal {
+      std::shared_ptr<ServerLease> lease;
+      std::string seq, request;
+    };
+    std::map<std::string, std::vector<Renewal>> by_name;
+    std::vector<Orphan> orphans;
+    {
+      std::lock_guard lock(holds_mutex_);
+      for (auto* hold : holds_) {
+        if (!hold->lease()->lost()) by_name[hold->name()].push_back({hold->lease(), std::to_string(hold->seq()), hold->request()});
       }
-      if (renewing.empty()) continue;
+      const auto now = SteadyClock::now();
+      std::erase_if(orphans_, [&](const Orphan& orphan) { return orphan.give_up <= now; });
+      orphans = orphans_;
+    }
+    if (by_name.empty() && orphans.empty()) continue;
+    std::vector<ScriptCall> calls;
+    std::vector<std::vector<std::shared_ptr<ServerLease>>> groups;
+    for (auto& [name, holds] : by_name) {
+      const auto keys = keys_of(name);
+      std::vector<std::string> args{keys.channel, std::to_string(settings_.ttl.count())};
+      groups.emplace_back();
+      for (auto& renewal : holds) {
+        args.push_back(renewal.seq);
+        args.push_back(renewal.request);
+        groups.back().push_back(renewal.lease);
+      }
       calls.emplace_back(&scripts::renew, keys.keys, std::move(args));
-      groups.push_back(std::move(renewing));
     }
-    // lose() runs user callbacks, which may release holds: never with holds_mutex_ held.
-    lock.unlock();
-    for (auto& [signal, why] : losses) signal->lose(why);
-    lock.lock();
-    if (calls.empty()) continue;
-    // No lock during the round trip (releases must not wait for it): renew a snapshot of
-    // sequence numbers and look the holds up again afterwards.
-    std::vector<std::vector<std::pair<std::string, std::uint64_t>>> snapshot;
-    for (auto& group : groups) {
-      snapshot.emplace_back();
-      for (auto* hold : group) snapshot.back().emplace_back(hold->name(), hold->seq());
+    // Orphans ride in the same round trip, after the renewals.
+    for (const auto& orphan : orphans) {
+      const auto keys = keys_of(orphan.name);
+      calls.emplace_back(&scripts::release, keys.keys,
+                         std::vector<std::string>{keys.channel, orphan.seq, orphan.request, release_memory_ms()});
     }
-    lock.unlock();
-    std::vector<Reply> replies;
-    std::uint64_t generation_now = 0;
+    const auto sent_at = SteadyClock::now();
+    std::vector<Result> results;
     try {
-      // The generation of the server that answered: holds made on an older one are gone.
-      replies = connection_.eval_pipelined(calls, now + patience, &generation_now);
-    } catch (const Error&) {
-      // Not confirmed, but perhaps still alive: suspended until a renewal gets through, lost
-      // when none did for a whole TTL (the next rounds check).
-      lock.lock();
-      std::vector<std::shared_ptr<LossSignal>> unconfirmed;
-      for (auto* hold : holds_) unconfirmed.push_back(hold->loss_signal());
-      lock.unlock();
-      for (auto& signal : unconfirmed) signal->suspend("the renewal did not reach redis; its entry may still be alive");
-      lock.lock();
-      wait = retry;
+      results = renewals_.eval_each(calls, sent_at + patience);
+    } catch (const std::exception&) {
+      for (auto& group : groups) {
+        for (auto& lease : group) lease->unconfirmed("the renewal did not reach redis; its entry may still be alive");
+      }
+      wait = retry;  // orphans too are tried again then
       continue;
     }
-    lock.lock();
-    std::vector<std::pair<std::shared_ptr<LossSignal>, std::string>> gone;
-    std::vector<std::shared_ptr<LossSignal>> confirmed;
-    for (std::size_t g = 0; g < snapshot.size(); ++g) {
-      for (std::size_t i = 0; i < snapshot[g].size(); ++i) {
-        RedisHold* hold = nullptr;
-        for (auto* candidate : holds_) {
-          if (candidate->name() == snapshot[g][i].first && candidate->seq() == snapshot[g][i].second) hold = candidate;
+    if (!orphans.empty()) {
+      std::set<std::string> removed;
+      for (std::size_t i = 0; i < orphans.size(); ++i) {
+        const auto at = groups.size() + i;
+        if (at < results.size() && results[at].ok()) removed.insert(orphans[i].request);
+      }
+      std::lock_guard lock(holds_mutex_);
+      std::erase_if(orphans_, [&](const Orphan& orphan) { return removed.count(orphan.request) > 0; });
+      if (!orphans_.empty()) wait = retry;
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      // An error reply (OOM, READONLY, BUSY...) confirms nothing, and proves no loss either.
+      std::string trouble = "redis answered the renewal unexpectedly";
+      const redisReply* reply = nullptr;
+      if (g < results.size() && results[g].ok()) {
+        reply = results[g].reply.get();
+      } else if (g < results.size()) {
+        try {
+          std::rethrow_exception(results[g].error);
+        } catch (const std::exception& error) {
+          trouble = std::string("redis answered the renewal with an error: ") + error.what();
         }
-        if (!hold) continue;  // released meanwhile
-        const auto where = integer_at(replies[g].get(), i);
-        if (where == 0) {
-          gone.emplace_back(hold->loss_signal(), "its entry expired or the redis server forgot it");
-        } else if (hold->server_generation() != generation_now) {
-          gone.emplace_back(hold->loss_signal(), "the redis server was replaced or restarted without its data");
+      }
+      const bool usable = reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == groups[g].size();
+      for (std::size_t i = 0; i < groups[g].size(); ++i) {
+        auto& lease = groups[g][i];
+        long long where = -1;
+        if (usable) {
+          try {
+            where = integer_at(reply, i);
+          } catch (const Error&) {
+          }
+        }
+        if (where == 2) {
+          lease->confirmed(sent_at);
+        } else if (where == 0 || where == 1) {
+          // Gone, not ours, or no longer admitted: the server's state is not the one that
+          // admitted us (evicted, deleted, restarted from an older snapshot).
+          lease->lose("its entry expired or the redis server no longer has it as admitted (evicted, deleted, or "
+                      "restarted without it)");
         } else {
-          hold->set_renewed_at(now);
-          confirmed.push_back(hold->loss_signal());
+          lease->unconfirmed(trouble);
+          wait = retry;
         }
       }
     }
-    lock.unlock();
-    for (auto& [signal, why] : gone) signal->lose(why);
-    for (auto& signal : confirmed) signal->resume();
-    lock.lock();
   }
 }
 
 Inspection RedisBackend::inspect(const std::string& name) {
-  const auto keys = queue_keys(name);
-  const auto counter = counter_keys(name);
-  auto replies = connection_.eval_pipelined({{&scripts::inspect, keys.keys, {keys.channel}},
-                                             {&scripts::counter_inspect, counter.keys, {counter.channel}}},
-                                            SteadyClock::now() + milliseconds(5000));
+  const auto keys = keys_of(name);
+  std::vector<ScriptCall> calls{{&scripts::inspect, keys.keys, {keys.channel}}};
+  bool counter = true;
+  try {
+    const auto counter_keys_of_name = counter_keys(name);
+    calls.emplace_back(&scripts::counter_inspect, counter_keys_of_name.keys,
+                       std::vector<std::string>{counter_keys_of_name.channel});
+  } catch (const InvalidArgument&) {
+    counter = false;  // a lock name that no counter may use
+  }
+  auto replies = connection_.eval_pipelined(calls, SteadyClock::now() + milliseconds(5000));
   for (const auto& reply : replies) {
     if (reply->type == REDIS_REPLY_ERROR) throw BackendUnavailable("redis inspect failed: " + std::string(reply->str, reply->len));
+    if (reply->type != REDIS_REPLY_ARRAY) throw BackendUnavailable("redis answered inspect unexpectedly");
   }
   Inspection result;
   result.name = name;
@@ -500,12 +675,12 @@ Inspection RedisBackend::inspect(const std::string& name) {
     const auto* item = queue->element[i];
     EntryInfo info;
     info.fencing_token = static_cast<std::uint64_t>(integer_at(item, 0));
-    // "<kind><admitted> <permits> <limit> <request> <pid> <host> <since ms>"
+    // "<kind><admitted> <permits> <limit> <request> <until ms> <pid> <host> <since ms>"
     std::istringstream text(string_at(item, 1));
     std::string state, request;
     std::int64_t limit = 0;
-    long long since_ms = 0;
-    text >> state >> info.permits >> limit >> request >> info.pid >> info.host >> since_ms;
+    long long until_ms = 0, since_ms = 0;
+    text >> state >> info.permits >> limit >> request >> until_ms >> info.pid >> info.host >> since_ms;
     const char kind = state.empty() ? 'x' : state[0];
     info.kind = kind == 's' ? "shared" : kind == 'l' ? "lease" : "exclusive";
     info.holding = state.size() > 1 && state[1] == '1';
@@ -516,9 +691,13 @@ Inspection RedisBackend::inspect(const std::string& name) {
     }
     (info.holding ? result.holders : result.waiters).push_back(info);
   }
+  if (!counter) return result;
   const auto* permits = replies[1].get();
   if (permits->elements > 0 && permits->element[0]->type == REDIS_REPLY_STRING) {
-    result.permits = std::stoll(string_at(permits, 0));
+    try {
+      result.permits = std::stoll(string_at(permits, 0));
+    } catch (const std::exception&) {
+    }
   }
   for (std::size_t i = 1; i < permits->elements; ++i) {
     EntryInfo info;
@@ -533,89 +712,120 @@ Inspection RedisBackend::inspect(const std::string& name) {
   return result;
 }
 
+// Counter changes carry a request id: the scripts remember what each did, so the connection may
+// resend one whose reply was lost without applying it twice.
 bool RedisBackend::counter_try_set(const std::string& name, std::int64_t permits) {
   const auto keys = counter_keys(name);
-  auto reply = connection_.eval(scripts::counter_try_set, keys.keys, {keys.channel, std::to_string(permits)},
-                                SteadyClock::now() + milliseconds(5000), false);
-  return reply->integer == 1;
+  auto reply = connection_.eval(scripts::counter_try_set, keys.keys, {keys.channel, std::to_string(permits), request_ids_.next()},
+                                SteadyClock::now() + milliseconds(5000), true);
+  return integer_of(reply) == 1;
 }
 
 std::int64_t RedisBackend::counter_add(const std::string& name, std::int64_t delta) {
   const auto keys = counter_keys(name);
   try {
-    auto reply = connection_.eval(scripts::counter_add, keys.keys, {keys.channel, std::to_string(delta)},
-                                  SteadyClock::now() + milliseconds(5000), false);
-    return reply->integer;
+    auto reply = connection_.eval(scripts::counter_add, keys.keys,
+                                  {keys.channel, std::to_string(delta), request_ids_.next(), std::to_string(max_permits)},
+                                  SteadyClock::now() + milliseconds(5000), true);
+    return integer_of(reply);
   } catch (const BackendUnavailable& error) {
-    if (std::string(error.what()).find("overflow") != std::string::npos) {
-      throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would overflow");
+    const std::string what = error.what();
+    if (const auto at = what.find("RANGE "); at != std::string::npos) {
+      throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would take the count beyond ±" +
+                            std::to_string(max_permits) + " (" + what.substr(at + 6) + "); nothing changed");
     }
     throw;
   }
 }
 
 std::optional<std::int64_t> RedisBackend::counter_get(const std::string& name) {
+  check_counter_name(name);
   auto reply = connection_.command({"GET", name}, SteadyClock::now() + milliseconds(5000));
   if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
   try {
-    return std::stoll(std::string(reply->str, reply->len));
+    if (reply->type == REDIS_REPLY_STRING) return std::stoll(std::string(reply->str, reply->len));
   } catch (const std::exception&) {
-    throw BackendUnavailable("the PermitCounter key '" + name + "' does not hold a number");
   }
+  throw BackendUnavailable("the PermitCounter key '" + name + "' does not hold a number");
 }
 
 std::int64_t RedisBackend::counter_drain(const std::string& name) {
   const auto keys = counter_keys(name);
-  auto reply = connection_.eval(scripts::counter_drain, keys.keys, {keys.channel}, SteadyClock::now() + milliseconds(5000), false);
-  return reply->integer;
+  auto reply = connection_.eval(scripts::counter_drain, keys.keys, {keys.channel, request_ids_.next()},
+                                SteadyClock::now() + milliseconds(5000), true);
+  return integer_of(reply);
 }
 
 bool RedisBackend::counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) {
   const auto keys = counter_keys(name);
-  std::string place;  // our sequence number in line, once we wait
+  // One request id for every look of this call: a resend finds our place, or learns that the
+  // permits were taken already.
+  const auto request_id = request_ids_.next();
+  const auto look = [&](const char* mode, Deadline until) {
+    return connection_.eval(scripts::counter_acquire, keys.keys,
+                            {keys.channel, std::to_string(permits), std::to_string(settings_.ttl.count()), mode, identity_,
+                             request_id},
+                            until, true);
+  };
   Waiter waiter;
-  bool registered = false;
+  {
+    std::lock_guard lock(waiters_mutex_);
+    counter_waiters_[keys.channel].insert(&waiter);
+  }
+  bool subscribed = false;
   const auto unregister = [&] {
-    if (!registered) return;
     {
       std::lock_guard lock(waiters_mutex_);
       auto& line = counter_waiters_[keys.channel];
-      line.erase(std::find(line.begin(), line.end(), &waiter));
-      // The next local waiter may be first in line now.
-      if (!line.empty()) line.front()->poked = true;
+      line.erase(&waiter);
       if (line.empty()) counter_waiters_.erase(keys.channel);
-      waiters_cv_.notify_all();
     }
-    subscriber_.unsubscribe(keys.channel);
-    registered = false;
+    if (subscribed) subscriber_.unsubscribe(keys.channel);
   };
   try {
     for (;;) {
       const bool last_try = deadline && *deadline <= SteadyClock::now();
-      // Not retried after an unknown outcome: the permits may have been taken.
-      auto reply = connection_.eval(scripts::counter_acquire, keys.keys,
-                                    {keys.channel, std::to_string(permits), place, std::to_string(settings_.ttl.count()),
-                                     last_try ? "1" : "0", identity_},
-                                    deadline ? std::max(*deadline, SteadyClock::now() + milliseconds(1000)) : deadline, false);
+      {
+        std::lock_guard lock(waiters_mutex_);
+        waiter.poked = false;
+      }
+      // The last try still gets a second to be answered.
+      auto reply = look(last_try ? "1" : "0", deadline ? std::max(*deadline, SteadyClock::now() + milliseconds(1000)) : deadline);
       const auto status = integer_at(reply.get(), 0);
       if (status == 1 || status == 0) {
         unregister();
         return status == 1;
       }
-      place = std::to_string(integer_at(reply.get(), 1));
-      if (!registered) {
-        {
-          std::lock_guard lock(waiters_mutex_);
-          counter_waiters_[keys.channel].push_back(&waiter);
-        }
-        registered = true;
+      const auto place = static_cast<std::uint64_t>(integer_at(reply.get(), 1));
+      const auto head = static_cast<std::uint64_t>(integer_at(reply.get(), 2));
+      {
+        std::lock_guard lock(waiters_mutex_);
+        waiter.place = place;
+      }
+      // The message that woke us may have been meant for the first in line: if that is one of
+      // ours, it looks now rather than at its next re-check.
+      if (head != place) poke_counter_head(keys.channel, head);
+      if (!subscribed) {
         auto confirm_until = SteadyClock::now() + milliseconds(1000);
         if (deadline) confirm_until = std::min(confirm_until, *deadline);
         subscriber_.subscribe(keys.channel, confirm_until);
+        subscribed = true;
         continue;  // look once more now that no release can go unheard
       }
       sleep_as(waiter, deadline);
     }
+  } catch (const BackendUnavailable&) {
+    // Leave the line, bounded; if the lost reply had taken the permits, say so instead.
+    try {
+      auto reply = look("2", SteadyClock::now() + milliseconds(1000));
+      if (integer_at(reply.get(), 0) == 1) {
+        unregister();
+        return true;
+      }
+    } catch (...) {
+    }
+    unregister();
+    throw;
   } catch (...) {
     unregister();
     throw;
@@ -628,5 +838,7 @@ bool RedisBackend::counter_acquire(const std::string& name, std::int64_t permits
 extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v1(
     const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options) {
   using namespace turnstile::detail::redis;
-  return std::make_unique<RedisBackend>(parse_settings(url, options));
+  auto own = url;
+  const auto eviction = take_eviction_rule(own);
+  return std::make_unique<RedisBackend>(parse_settings(own, options), eviction, options.error_handler);
 }

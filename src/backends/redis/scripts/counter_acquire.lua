@@ -1,32 +1,43 @@
--- Takes permits in arrival order. ARGV: 2 permits, 3 our seq in line ('' if not queued),
--- 4 lease ms, 5 try once (1|0), 6 "<pid> <host>".
--- Returns {1} taken, {0} not taken (try once; we are not in line), {2, seq} waiting in line.
-local wanted, me, lease_ms, try_once = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5] == '1'
-local now = now_ms()
-reap_expired(now)
--- A waiter whose place expired while it was paused joins again at the tail.
-if me ~= '' and not redis.call('ZSCORE', waiters_key, me) then me = '' end
-local head = redis.call('ZRANGE', waiters_key, 0, 0)[1]
-if head == nil or head == me then
-  local value = available()
-  if value >= wanted then
-    redis.call('DECRBY', permits_key, wanted)
-    if me ~= '' then remove_waiter(me) end
-    nudge()
-    return {1}
-  end
+-- Takes permits in arrival order. ARGV: 2 permits, 3 lease ms, 4 mode (0 wait, 1 try once,
+-- 2 only leave the line), 5 "<pid> <host>", 6 request id (the same for every look of one
+-- acquire call). Returns {1} taken (now, or by an earlier look whose reply was lost), {0} not
+-- taken (try once, or leave: we left the line), {2, seq, head seq} waiting.
+local wanted, lease_ms, mode, request = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[6]
+local try_once = mode ~= '0'
+if load_or_recall(request) == 1 then return {1} end  -- a resend: the permits were taken already
+local me
+for i, w in ipairs(waiters) do
+  if w.request == request then me = i end
 end
-if try_once then
-  if me ~= '' then
+local function leave_line()
+  if me then
     remove_waiter(me)
     nudge()
   end
+  save()
   return {0}
 end
-if me == '' then
-  me = tostring(redis.call('INCR', counter_key))
-  redis.call('ZADD', waiters_key, me, me)
-  redis.call('HSET', info_key, me, ARGV[6] .. ' ' .. now)
+if mode == '2' then return leave_line() end
+-- Only the first in line (or a newcomer to an empty line) may take permits.
+if (me == nil and #waiters == 0) or me == 1 then
+  if available() >= wanted then
+    redis.call('DECRBY', permits_key, ARGV[2])
+    if me then remove_waiter(me) end
+    remember(request, '1', keep_ms)
+    nudge()
+    save()
+    return {1}
+  end
 end
-redis.call('ZADD', expiry_key, now + lease_ms, me)
-return {2, tonumber(me)}
+if reaped then nudge() end
+if try_once then return leave_line() end
+local w = me and waiters[me]
+if not w then
+  last = last + 1
+  w = {seq = last, field = fmt(last), request = request, who = ARGV[5] .. ' ' .. fmt(now)}
+  waiters[#waiters + 1] = w
+end
+w.expiry = now + lease_ms
+put(w.field, fmt(w.expiry) .. ' ' .. w.request .. ' ' .. w.who)
+save()
+return {2, w.seq, waiters[1].seq}

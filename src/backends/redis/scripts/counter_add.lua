@@ -1,6 +1,18 @@
--- addPermits / release: ARGV 2 delta (may be negative). Returns the new count, or
--- {err} when it would overflow (nothing changed).
-local result = redis.pcall('INCRBY', permits_key, ARGV[2])
-if type(result) == 'table' and result.err then return redis.error_reply('overflow: ' .. result.err) end
-if tonumber(ARGV[2]) > 0 then redis.call('PUBLISH', channel, result) end
+-- addPermits / release: ARGV 2 delta (may be negative), 3 request id, 4 the largest count
+-- allowed. Returns the new count. A change that would move the count further beyond
+-- [-max, max] is refused with an error starting "RANGE" (nothing changed); moving back
+-- toward it is always allowed, so a count a peer pushed beyond it never wedges the name.
+local delta_text, request, max = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local done = load_or_recall(request)
+if done then return done end
+local value = redis.call('GET', permits_key) or '0'
+if not string.match(value, '^%-?%d+$') then return redis.error_reply('ERR the count is not an integer: ' .. value) end
+local current, delta = tonumber(value), tonumber(delta_text)
+if (delta > 0 and current + delta > max) or (delta < 0 and current + delta < -max) then
+  return redis.error_reply('RANGE the count is ' .. value)
+end
+local result = redis.call('INCRBY', permits_key, delta_text)
+remember(request, fmt(result), keep_ms)
+if delta > 0 then redis.call('PUBLISH', channel, fmt(result)) end
+save()
 return result

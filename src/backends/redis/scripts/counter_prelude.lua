@@ -1,38 +1,49 @@
--- Shared head of the PermitCounter scripts (prepended at build time). Redisson's RSemaphore
--- layout, so Java and C++ share the permits: KEYS[1] is the name itself, a plain string
--- holding the count, and releases are published on ARGV[1] = "redisson_sc:{NAME}".
--- turnstile adds a FIFO of waiters beside it, in the same cluster slot:
---   KEYS[2] waiters zset seq -> seq, KEYS[3] expiries zset seq -> lease end ms,
---   KEYS[4] waiter counter, KEYS[5] info hash seq -> "<pid> <host> <since ms>".
+-- The PermitCounter scripts. Redisson's RSemaphore layout, so Java and C++ share the permits:
+-- KEYS[1] is the name itself, a plain string holding the count, and releases are published on
+-- ARGV[1] (Redisson's channel for the name). turnstile's FIFO of waiters lives beside it, in
+-- the same cluster slot, in ONE hash KEYS[2]:
+--   'seq'        the last place in line handed out
+--   '<seq>'      a waiter: "<until ms> <request> <pid> <host> <since ms>"
+--   'r:<client>' what the client's latest changes did (a resend gets the first answer)
 -- Redisson's own waiters do not queue there: they may overtake turnstile's.
-local permits_key, waiters_key, expiry_key, counter_key, info_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local channel = ARGV[1]
+local permits_key, line_key, channel = KEYS[1], KEYS[2], ARGV[1]
+local waiters, last, reaped = {}, 0, false
+local keep_ms = 120000  -- how long a change is remembered: longer than any resend
 
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function load()
+  waiters, last = load_hash(line_key, function(seq, field, value)
+    local expiry, request, who = string.match(value, '^(%d+) (%S+) (.*)$')
+    if expiry and tonumber(expiry) > now then
+      return {seq = seq, field = field, expiry = tonumber(expiry), request = request, who = who}
+    end
+    reaped = true  -- stopped renewing (dead, or paused past its lease), or unreadable
+  end)
 end
 
+local function save() save_hash(line_key, last) end
+
+-- Loads the line; returns what `request` answered if it ran before (a resend), else nil.
+local function load_or_recall(request)
+  load()
+  local done = recalled(request)
+  if done then save() end
+  return done and tonumber(done)
+end
+
+-- The count; a value that is not an integer (written by hand) counts as none available.
 local function available()
-  return tonumber(redis.call('GET', permits_key) or '0')
+  local value = redis.call('GET', permits_key)
+  return value and tonumber(string.match(value, '^%-?%d+$') and value) or 0
 end
 
-local function remove_waiter(seq)
-  redis.call('ZREM', waiters_key, seq)
-  redis.call('ZREM', expiry_key, seq)
-  redis.call('HDEL', info_key, seq)
+local function remove_waiter(i)
+  drop(waiters[i].field)
+  table.remove(waiters, i)
 end
 
--- The waiter now first in line looks again (every waiter listens; only a client's oldest
--- waiter of the name acts on a message).
+-- The waiter now first in line looks again (every waiter listens; a client wakes its waiter
+-- that is first in line, see redis_backend.cpp).
 local function nudge()
   local value = available()
-  if value > 0 and redis.call('ZCARD', waiters_key) > 0 then redis.call('PUBLISH', channel, value) end
-end
-
--- Waiters that stopped renewing (dead, or paused past their lease) leave the line.
-local function reap_expired(now)
-  local expired = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', now)
-  for _, seq in ipairs(expired) do remove_waiter(seq) end
-  if #expired > 0 then nudge() end
+  if value > 0 and #waiters > 0 then redis.call('PUBLISH', channel, fmt(value)) end
 end

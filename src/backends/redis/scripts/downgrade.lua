@@ -1,7 +1,11 @@
 -- A writer becomes a reader in place: same position, same fencing token; readers queued
--- behind it are admitted. ARGV: 2 seq. Returns 1, or 0 when the entry is gone.
-local entry = redis.call('HGET', entries_key, ARGV[2])
-if not entry then return 0 end
-redis.call('HSET', entries_key, ARGV[2], 's' .. string.sub(entry, 2))
+-- behind it are admitted. ARGV: 2 seq, 3 request id. Returns 1, or 0 when the entry is gone.
+load()
+local _, e = find(ARGV[2], ARGV[3])
+if e then
+  e.kind = 's'
+  put(e.field, entry_text(e))
+end
 admit(nil)
-return 1
+save()
+return e and 1 or 0

@@ -1,7 +1,7 @@
 -- The queue as `turnstile inspect` shows it: {{seq, entry}...} in order.
-if reap_expired(now_ms()) > 0 then admit(nil) end
+load()
+admit(nil)
+save()
 local result = {}
-for _, seq in ipairs(redis.call('ZRANGE', queue_key, 0, -1)) do
-  result[#result + 1] = {tonumber(seq), redis.call('HGET', entries_key, seq)}
-end
+for _, e in ipairs(entries) do result[#result + 1] = {e.seq, entry_text(e)} end
 return result

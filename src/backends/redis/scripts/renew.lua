@@ -1,20 +1,22 @@
 -- Extends the leases of this client's entries of one name and reports where each stands.
--- ARGV: 2 lease ms, 3.. seqs. Returns per seq: 0 gone (expired or removed), 1 waiting,
--- 2 admitted. Waiters call it too: their periodic re-check that no lost message strands them.
-local now = now_ms()
-reap_expired(now)
+-- ARGV: 2 lease ms, then pairs (seq, request id). Returns per pair: 0 gone (expired, removed,
+-- or not ours: the name's state was lost), 1 waiting, 2 admitted. Waiters call it too: their
+-- look after a wake-up, and the periodic one that no lost message strands them.
+local lease_ms = tonumber(ARGV[2])
+load()
+local mine = {}
+for i = 3, #ARGV, 2 do
+  local _, e = find(ARGV[i], ARGV[i + 1])
+  if e then
+    e.expiry = now + lease_ms
+    put(e.field, entry_text(e))
+  end
+  mine[#mine + 1] = e or false
+end
 -- Always walk the queue: whatever changed without a script (an entry deleted by hand, a
 -- failover that lost writes), the predicate decides again here.
 admit(nil)
-local lease_ms = tonumber(ARGV[2])
+save()
 local result = {}
-for i = 3, #ARGV do
-  local entry = redis.call('HGET', entries_key, ARGV[i])
-  if entry then
-    redis.call('ZADD', expiry_key, 'XX', now + lease_ms, ARGV[i])
-    result[#result + 1] = string.sub(entry, 2, 2) == '1' and 2 or 1
-  else
-    result[#result + 1] = 0
-  end
-end
+for i, e in ipairs(mine) do result[i] = e and (e.admitted and 2 or 1) or 0 end
 return result

@@ -1,0 +1,465 @@
+// The Redis backend's safety under the conditions operators really run it in: a message only
+// wakes a waiter (never admits it; database-scoped channels), a name's state evicted, deleted
+// or restored from an older snapshot (the holder is told, fencing tokens keep growing), a
+// restart with its data (holds survive), lost replies (a resent release is recognised, an
+// acquire's orphan entry is removed), idle connections closed by the server (counter changes
+// are resent safely), numbers up to max_permits, Redisson's channel rule, and key aliasing.
+//
+// Tests that need a server configured their own way start one (RedisServer below); the others
+// use the suite's fixture server.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+#include "conformance/support.hpp"
+#include "support/server_tests.hpp"
+#include "support/tcp_proxy.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using turnstile::Client;
+using namespace server_tests;
+
+std::string redis_cli(const std::string& url, const std::string& arguments) {
+  return shell("redis-cli -u " + quoted(url) + " " + arguments);
+}
+
+// The name's one key (see the README's Redis section).
+std::string state_key(const std::string& name) { return "turnstile:{" + name + "}:q"; }
+
+// A redis-server of the test's own, started with `options` in a directory it controls, so it
+// can be shut down without saving and restarted from what that directory holds.
+class RedisServer {
+ public:
+  explicit RedisServer(std::string options) : options_(std::move(options)) {
+    char dir[] = "/tmp/turnstile-redis-safety-XXXXXX";
+    if (!mkdtemp(dir)) throw std::runtime_error("mkdtemp failed");
+    dir_ = dir;
+    // A port the kernel just handed out (and we released): free unless someone races us.
+    const int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof address);
+    socklen_t length = sizeof address;
+    getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length);
+    port_ = ntohs(address.sin_port);
+    close(probe);
+    start();
+  }
+  ~RedisServer() {
+    shutdown("NOSAVE");
+    std::filesystem::remove_all(dir_);
+  }
+  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  std::string cli(const std::string& arguments) const {
+    return shell("redis-cli -p " + std::to_string(port_) + " " + arguments);
+  }
+  const std::string& dir() const { return dir_; }
+  void start() {
+    shell("redis-server --bind 127.0.0.1 --port " + std::to_string(port_) + " --daemonize yes --dir " + dir_ +
+          " --pidfile " + dir_ + "/redis.pid --logfile " + dir_ + "/redis.log " + options_);
+    if (!eventually([&] { return cli("PING") == "PONG"; }, 10s)) throw std::runtime_error("redis-server did not start");
+  }
+  // SHUTDOWN NOSAVE (the data since the last snapshot is lost) or SAVE; waits until it is gone.
+  void shutdown(const std::string& how) {
+    cli("SHUTDOWN " + how);
+    eventually([&] { return cli("PING") != "PONG"; }, 10s);
+  }
+
+ private:
+  std::string options_;
+  std::string dir_;
+  int port_ = 0;
+};
+
+class RedisSafety : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    url_ = read_first_line(TURNSTILE_REDIS_URL_FILE);
+    ASSERT_FALSE(url_.empty()) << "no URL in " << TURNSTILE_REDIS_URL_FILE;
+  }
+  std::string url_;
+};
+
+// A thread that waits for a Mutex of its own client and says whether it got it (then unlocks).
+std::future<bool> wait_for_lock(const std::string& url, const std::string& name, std::chrono::seconds timeout) {
+  return std::async(std::launch::async, [=] {
+    auto client = Client::connect(url);
+    auto mutex = client.mutex(name);
+    const bool got = mutex.try_lock_for(timeout);
+    if (got) mutex.unlock();
+    return got;
+  });
+}
+
+// A waiter of `name` (in `client`'s database), woken by a message that proves nothing, still
+// waits while `holder` holds, and gets in once it unlocks.
+void expect_admitted_only_once_released(Client& client, turnstile::Mutex& holder, std::future<bool>& waiter,
+                                        const std::string& name) {
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(waiter.wait_for(0s), std::future_status::timeout) << "admitted while the holder held";
+  const auto seen = client.inspect(name);
+  ASSERT_EQ(seen.holders.size(), 1u);
+  EXPECT_EQ(seen.holders.front().fencing_token, holder.fencing_token());
+  holder.unlock();
+  ASSERT_EQ(waiter.wait_for(15s), std::future_status::ready);
+  EXPECT_TRUE(waiter.get());
+}
+
+// Issue 10.1: Pub/Sub ignores the database. A release in db 0 must not admit db 1's waiter of
+// the same name while db 1's holder holds.
+TEST_F(RedisSafety, AReleaseInOneDatabaseDoesNotAdmitAWaiterInAnother) {
+  const auto name = unique_name("db");
+  auto client0 = Client::connect(url_ + "/0");
+  auto client1 = Client::connect(url_ + "/1");
+  auto holder0 = client0.mutex(name);
+  auto holder1 = client1.mutex(name);
+  holder0.lock();
+  holder1.lock();
+  auto waiter0 = wait_for_lock(url_ + "/0", name, 20s);
+  ASSERT_TRUE(eventually([&] { return client0.inspect(name).waiters.size() == 1; }));
+  auto waiter1 = wait_for_lock(url_ + "/1", name, 20s);
+  ASSERT_TRUE(eventually([&] { return client1.inspect(name).waiters.size() == 1; }));
+  holder0.unlock();
+  ASSERT_EQ(waiter0.wait_for(15s), std::future_status::ready);
+  EXPECT_TRUE(waiter0.get()) << "db 0's waiter was not admitted by db 0's release";
+  // db 0's release went out (its waiter got in); db 1's waiter must still wait.
+  expect_admitted_only_once_released(client1, holder1, waiter1, name);
+}
+
+// Issue 10.1: anyone allowed to PUBLISH must not be able to grant a lock.
+TEST_F(RedisSafety, AForgedWakeUpMessageDoesNotAdmitAWaiter) {
+  const auto name = unique_name("forged");
+  auto client = Client::connect(url_);
+  auto holder = client.mutex(name);
+  holder.lock();
+  auto waiter = wait_for_lock(url_, name, 20s);
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }));
+  const auto seq = std::to_string(client.inspect(name).waiters.front().fencing_token);
+  // Every channel form turnstile used or uses for the name.
+  for (const std::string channel : {"turnstile:{" + name + "}:w", "turnstile:{" + name + "}:w:0"}) {
+    redis_cli(url_, "PUBLISH " + quoted(channel) + " " + seq);
+  }
+  expect_admitted_only_once_released(client, holder, waiter, name);
+}
+
+// Issue 16.1: the name's state deleted by hand while held. The holder is told; the next
+// contender's token is still larger than the holder's.
+TEST_F(RedisSafety, StateDeletedWhileHeldIsReportedLostAndTokensKeepGrowing) {
+  const auto name = unique_name("deleted");
+  auto holder_client = Client::connect(url_, with_ttl(1500ms));
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  const auto lost = holder.lost_token();
+  EXPECT_EQ(redis_cli(url_, "DEL " + quoted(state_key(name))), "1");
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 10s)) << "the holder was never told";
+  auto other_client = Client::connect(url_);
+  auto other = other_client.mutex(name);
+  ASSERT_TRUE(other.try_lock_for(5s));
+  EXPECT_GT(other.fencing_token(), holder.fencing_token());
+  other.unlock();
+  EXPECT_THROW(holder.release(), turnstile::HoldLost);
+}
+
+// Issue 16.1: maxmemory with allkeys-lru evicts a held lock's state. Connecting warns (or, with
+// ?eviction=refuse, refuses); the holder is told; the next contender's token is larger.
+TEST(RedisSafetyOwnServer, EvictedStateIsReportedLostAndTokensKeepGrowing) {
+  RedisServer server("--save '' --appendonly no --maxmemory 3mb --maxmemory-policy allkeys-lru");
+  EXPECT_THROW(Client::connect(server.url() + "?eviction=refuse"), turnstile::BackendUnavailable);
+  std::vector<std::string> warnings;
+  std::mutex warnings_mutex;
+  auto options = with_ttl(3s);
+  options.error_handler = [&](const turnstile::Error& error) {
+    std::lock_guard lock(warnings_mutex);
+    warnings.push_back(error.what());
+  };
+  auto holder_client = Client::connect(server.url(), options);
+  {
+    std::lock_guard lock(warnings_mutex);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings.front().find("maxmemory-policy allkeys-lru"), std::string::npos) << warnings.front();
+  }
+  const auto name = unique_name("evicted");
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  const auto lost = holder.lost_token();
+  // Filler until the name's key is evicted: 1.5 MB of new keys per round.
+  const auto filler = server.dir() + "/filler";
+  const std::string value(1000, 'x');
+  for (int round = 0; round < 100 && server.cli("EXISTS " + quoted(state_key(name))) == "1"; ++round) {
+    {
+      std::ofstream out(filler);
+      for (int i = 0; i < 1500; ++i) out << "SET f" << round << ":" << i << " " << value << "\n";
+    }
+    server.cli("< " + filler + " > /dev/null");
+  }
+  ASSERT_EQ(server.cli("EXISTS " + quoted(state_key(name))), "0") << "the filler never evicted the lock's state";
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 10s)) << "the holder was never told";
+  auto other_client = Client::connect(server.url(), with_ttl(3s));
+  auto other = other_client.mutex(name);
+  ASSERT_TRUE(other.try_lock_for(5s));
+  EXPECT_GT(other.fencing_token(), holder.fencing_token());
+  other.unlock();
+}
+
+// Issue 16.2: a restart from an older snapshot (RDB) forgets a hold. The next holder's token is
+// still larger, and the old holder is told as soon as its client sees the server changed (not
+// at its next renewal, TTL/3 = 10 s later).
+TEST(RedisSafetyOwnServer, RestartFromAnOlderSnapshotKeepsTokensGrowingAndTellsTheHolderAtOnce) {
+  RedisServer server("--save '' --appendonly no --dbfilename dump.rdb");
+  const auto name = unique_name("snapshot");
+  auto holder_client = Client::connect(server.url(), with_ttl(30s));
+  auto holder = holder_client.mutex(name);
+  for (int i = 0; i < 3; ++i) {
+    holder.lock();
+    holder.unlock();
+  }
+  ASSERT_EQ(server.cli("SAVE"), "OK");
+  holder.lock();
+  const auto lost = holder.lost_token();
+  server.shutdown("NOSAVE");
+  server.start();
+  auto other_client = Client::connect(server.url());
+  auto other = other_client.mutex(name);
+  ASSERT_TRUE(other.try_lock_for(5s));
+  EXPECT_GT(other.fencing_token(), holder.fencing_token()) << "the same token was handed out twice";
+  // Any call of the holder's client finds the new server: its holds are checked at once.
+  const auto seen = std::chrono::steady_clock::now();
+  holder_client.inspect(name);
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 5s)) << "the holder was not told at once";
+  EXPECT_LT(std::chrono::steady_clock::now() - seen, 5s);
+  other.unlock();
+}
+
+// Issue 16.5: a restart that keeps the data (appendonly) keeps the holds: loss is decided by
+// the entries, not by the server's run_id.
+TEST(RedisSafetyOwnServer, RestartWithItsDataKeepsTheHolds) {
+  RedisServer server("--save '' --appendonly yes --appendfsync always");
+  HoldStateLog log;
+  const auto name = unique_name("appendonly");
+  // TTL 3 s: renewed every second, so several renewals reach the restarted server below.
+  auto holder_client = Client::connect(server.url(), log.options(3s));
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  server.shutdown("SAVE");
+  server.start();
+  holder_client.inspect(name);  // sees the new run_id: the holds are renewed at once
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_FALSE(holder.lost_token().stop_requested()) << "a restart with intact data reported the hold lost";
+  EXPECT_TRUE(eventually([&] { return holder.hold_state() == turnstile::HoldState::held; }, 5s));
+  auto other_client = Client::connect(server.url());
+  EXPECT_FALSE(other_client.mutex(name).try_lock()) << "the kept hold must still exclude";
+  EXPECT_NO_THROW(holder.release());
+}
+
+// Issue 10.16/16.11: a release whose reply was lost is resent (by the connection or the
+// background retry) and must be recognised as done, not reported as a lost hold.
+TEST_F(RedisSafety, AReleaseResentAfterALostReplyIsNotALoss) {
+  turnstile_test::TcpProxy proxy(url_);
+  const auto name = unique_name("lost-release-reply");
+  std::atomic<int> losses{0};
+  auto options = with_ttl(30s);
+  options.on_hold_lost = [&](const turnstile::Error&) { ++losses; };
+  options.error_handler = [](const turnstile::Error&) {};  // the first attempt's failure
+  auto client = Client::connect(proxy.url_through(url_), options);
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  proxy.drop_next_reply();
+  mutex.unlock();
+  auto observer = Client::connect(url_);
+  ASSERT_TRUE(eventually([&] { return observer.inspect(name).holders.empty(); }, 15s));
+  std::this_thread::sleep_for(300ms);  // a background retry may still be reporting
+  EXPECT_EQ(losses.load(), 0) << "the resent release was reported as a lost hold";
+  EXPECT_GT(proxy.dropped_bytes(), 0u);
+}
+
+// Issue 10.16/16.11: an acquire whose reply was lost made an entry nobody owns: it is found by
+// its request id and removed before the call returns, not left to hold up the name for a TTL.
+TEST_F(RedisSafety, AnAcquireWhoseReplyWasLostLeavesNoEntry) {
+  turnstile_test::TcpProxy proxy(url_);
+  const auto name = unique_name("lost-acquire-reply");
+  auto holder_client = Client::connect(url_);
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  auto client = Client::connect(proxy.url_through(url_), with_ttl(30s));
+  auto mutex = client.mutex(name);
+  proxy.drop_next_reply();
+  try {
+    EXPECT_FALSE(mutex.try_lock_for(1500ms));
+  } catch (const turnstile::BackendUnavailable&) {
+  }
+  EXPECT_GT(proxy.dropped_bytes(), 0u);
+  EXPECT_TRUE(holder_client.inspect(name).waiters.empty()) << "an unowned entry was left in the queue";
+  holder.unlock();
+}
+
+// Issue 16.6: a server that closed our idle connection (its `timeout`) must not cost permits:
+// counter changes carry request ids and are resent safely.
+TEST(RedisSafetyOwnServer, CounterChangesSurviveAnIdleConnectionClosedByTheServer) {
+  RedisServer server("--save '' --appendonly no --timeout 1");
+  auto client = Client::connect(server.url());
+  auto counter = client.permit_counter(unique_name("idle"));
+  ASSERT_TRUE(counter.try_set_permits(5));
+  counter.acquire(2);
+  std::this_thread::sleep_for(2500ms);  // the server closes idle clients after 1 s
+  EXPECT_NO_THROW(counter.release(2));
+  EXPECT_EQ(counter.available_permits(), 5);
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_EQ(counter.add_permits(3), 8);
+  EXPECT_EQ(counter.drain_permits(), 8);
+}
+
+// Issue 10.5: limits and permits up to max_permits are carried exactly through Lua; a count a
+// peer pushed beyond it does not wedge the counter.
+TEST_F(RedisSafety, NumbersUpToMaxPermitsAreExact) {
+  constexpr auto max = turnstile::max_permits;
+  auto client = Client::connect(url_);
+  const auto name = unique_name("big");
+  auto semaphore = client.semaphore(name, max);
+  auto most = semaphore.acquire(max - 1);
+  auto last = semaphore.try_acquire(1);
+  ASSERT_TRUE(last.has_value()) << "the last permit below the limit was refused";
+  EXPECT_FALSE(semaphore.try_acquire(1).has_value()) << "a permit beyond the limit was granted";
+  const auto seen = client.inspect(name);
+  EXPECT_EQ(seen.limit, max);
+  ASSERT_EQ(seen.holders.size(), 2u);
+  EXPECT_EQ(seen.holders.front().permits, max - 1);
+  most.release();
+  last->release();
+  auto again = semaphore.try_acquire(max);
+  EXPECT_TRUE(again.has_value()) << "the name was wedged";
+
+  auto counter = client.permit_counter(unique_name("big-counter"));
+  EXPECT_TRUE(counter.try_set_permits(max));
+  EXPECT_EQ(counter.available_permits(), max);
+  EXPECT_THROW(counter.release(1), turnstile::InvalidArgument);
+  EXPECT_EQ(counter.available_permits(), max);
+  EXPECT_TRUE(counter.try_acquire(max));
+  EXPECT_EQ(counter.add_permits(-max), -max);
+  EXPECT_THROW(counter.add_permits(-1), turnstile::InvalidArgument);
+  // A peer (Redisson) pushed the count far beyond the maximum: moving it back still works.
+  redis_cli(url_, "SET " + quoted(counter.name()) + " 5000000000000000");
+  EXPECT_TRUE(counter.try_acquire(max));
+  EXPECT_EQ(counter.add_permits(-max), 5000000000000000 - 2 * max);
+  EXPECT_THROW(counter.release(1), turnstile::InvalidArgument);
+  redis_cli(url_, "DEL " + quoted(counter.name()));
+}
+
+// Issue 16.4: state no script wrote (a hand edit, a partial write) is dropped, never fatal.
+TEST_F(RedisSafety, UnreadableStateIsDroppedNotFatal) {
+  const auto name = unique_name("garbage");
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  mutex.unlock();
+  redis_cli(url_, "HSET " + quoted(state_key(name)) + " 123 garbage 1 'x0 1 0 nonsense' stray field");
+  EXPECT_TRUE(mutex.try_lock_for(5s));
+  EXPECT_EQ(client.inspect(name).holders.size(), 1u);
+  mutex.unlock();
+  EXPECT_TRUE(client.inspect(name).holders.empty());
+}
+
+// Issue 10.11: a PermitCounter name that would reach turnstile's own keys is refused, and
+// nothing is written: no counter can reset a lock's fencing counter.
+TEST_F(RedisSafety, CounterNamesCannotReachTurnstilesKeys) {
+  const auto name = unique_name("jobs");
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  mutex.unlock();
+  const auto before = redis_cli(url_, "HGETALL " + quoted(state_key(name)));
+  for (const std::string alias : {state_key(name), "turnstile:{" + name + "}:seq", "{" + name + "}:turnstile:c",
+                                  name + "{x}:turnstile:t"}) {
+    auto counter = client.permit_counter(alias);
+    EXPECT_THROW(counter.drain_permits(), turnstile::InvalidArgument) << alias;
+    EXPECT_THROW(counter.try_set_permits(1), turnstile::InvalidArgument) << alias;
+    EXPECT_THROW(counter.add_permits(1), turnstile::InvalidArgument) << alias;
+    EXPECT_THROW(counter.available_permits(), turnstile::InvalidArgument) << alias;
+    EXPECT_THROW(counter.try_acquire(1), turnstile::InvalidArgument) << alias;
+  }
+  EXPECT_EQ(redis_cli(url_, "HGETALL " + quoted(state_key(name))), before);
+  const auto token = [&] {
+    mutex.lock();
+    const auto t = mutex.fencing_token();
+    mutex.unlock();
+    return t;
+  };
+  const auto first = token();
+  EXPECT_GT(token(), first);
+}
+
+// What a subscriber to `channel` hears while `act` runs: the first message's payload ("" when
+// none within 10 s). Through python3-redis, as a Redisson client would listen.
+std::string first_message_on(const std::string& url, const std::string& channel, const std::function<void()>& act) {
+  const auto script =
+      "import redis,sys,time\n"
+      "r=redis.Redis.from_url(sys.argv[1]); p=r.pubsub(); p.subscribe(sys.argv[2]); p.get_message(timeout=5)\n"
+      "print('subscribed', flush=True)\n"
+      "end=time.time()+10\n"
+      "while time.time()<end:\n"
+      "  m=p.get_message(timeout=1)\n"
+      "  if m and m['type']=='message': print(m['data'].decode(), flush=True); break\n";
+  auto heard = std::async(std::launch::async, [&] {
+    return shell("/usr/bin/python3 -c " + quoted(script) + " " + quoted(url) + " " + quoted(channel));
+  });
+  eventually([&] { return redis_cli(url, "PUBSUB NUMSUB " + quoted(channel)).find("\n1") != std::string::npos; }, 10s);
+  act();
+  const auto output = heard.get();
+  const auto at = output.find("subscribed\n");
+  return at == std::string::npos ? "" : output.substr(at + 11);
+}
+
+// Issue 10.10: Redisson's channel is redisson_sc:{NAME}, or redisson_sc:NAME when NAME already
+// contains '{' (RedissonObject.prefixName). Releases are heard by Redisson's waiters on both.
+TEST_F(RedisSafety, CounterReleasesUseRedissonsChannelForEveryName) {
+  auto client = Client::connect(url_);
+  for (const std::string name : {"plain", "with {tag}", "open { only"}) {
+    const auto full = unique_name(name);
+    const auto expected = full.find('{') == std::string::npos ? "redisson_sc:{" + full + "}" : "redisson_sc:" + full;
+    auto counter = client.permit_counter(full);
+    EXPECT_EQ(first_message_on(url_, expected, [&] { counter.release(3); }), "3") << expected;
+    redis_cli(url_, "DEL " + quoted(full));
+  }
+}
+
+// Issue 16.11: several PermitCounter waiters in one client. When the first in line is not the
+// client's oldest waiter (that one lost its place), a release still wakes the first in line
+// at once, not at its next periodic look (2 s).
+TEST_F(RedisSafety, AReleaseWakesTheFirstInLineAmongOneClientsWaiters) {
+  auto client = Client::connect(url_);
+  const auto name = unique_name("counter-head");
+  auto counter = client.permit_counter(name);
+  ASSERT_TRUE(counter.try_set_permits(0));
+  auto older = std::async(std::launch::async, [&] { return counter.try_acquire_for(20s, 1); });
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }));
+  const auto older_place = client.inspect(name).waiters.front().fencing_token;
+  std::atomic<std::chrono::steady_clock::time_point> got_at{};
+  auto head = std::async(std::launch::async, [&] {
+    const bool got = counter.try_acquire_for(20s, 1);
+    got_at = std::chrono::steady_clock::now();
+    return got;
+  });
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 2; }));
+  // The older waiter loses its place (as when paused past its lease): the younger is first.
+  const std::string line = "{" + name + "}:turnstile:c";
+  ASSERT_EQ(redis_cli(url_, "HDEL " + quoted(line) + " " + std::to_string(older_place)), "1");
+  std::this_thread::sleep_for(300ms);
+  auto other = Client::connect(url_);
+  const auto released_at = std::chrono::steady_clock::now();
+  other.permit_counter(name).release(1);
+  ASSERT_EQ(head.wait_for(15s), std::future_status::ready);
+  EXPECT_TRUE(head.get());
+  EXPECT_LT(got_at.load() - released_at, 700ms) << "the first in line waited for its periodic look";
+  other.permit_counter(name).release(1);
+  EXPECT_TRUE(older.get());
+  redis_cli(url_, "DEL " + quoted(name) + " " + quoted(line));
+}
+
+}  // namespace
