@@ -488,15 +488,39 @@ TEST_F(FileSafety, ATruncatedStateFileIsReportedLostWithoutACrash) {
 
 // ---- torn entries (issue 15.13) --------------------------------------------------------------
 
+// A lock taken and released on a thread of its own (a lock belongs to the thread that took it).
+template <class Lock>
+class HeldOnThread {
+ public:
+  explicit HeldOnThread(Lock& lock)
+      : thread_([this, &lock] {
+          const bool held = lock.try_lock_for(20s);
+          acquired_.set_value(held);
+          done_.get_future().wait();
+          if (held) lock.unlock();
+        }) {}
+  ~HeldOnThread() {
+    done_.set_value();
+    thread_.join();
+  }
+  std::future<bool> acquired() { return acquired_.get_future(); }
+
+ private:
+  std::promise<bool> acquired_;
+  std::promise<void> done_;
+  std::thread thread_;
+};
+
 // The first of two entries of `name` belongs to a child process killed while it changed the
-// queue: `hold` takes its hold, `tamper` writes what the crash left, under the state mutex,
-// which the child dies holding (the next locker gets EOWNERDEAD and repairs). The second entry
-// is `waiter`'s, which this returns once admitted. `hold` returns what keeps its hold.
-template <class Holder>
-void crash_in_front_of(const std::string& url, const std::string& state, const std::string& name,
-                       const std::function<std::shared_ptr<void>(Client&)>& hold,
-                       const std::function<void(layout::Header&)>& tamper,
-                       Holder& waiter) {
+// queue: `hold` takes its hold (and returns what keeps it), `tamper` writes what the crash
+// left, under the state mutex, which the child dies holding (the next locker gets EOWNERDEAD
+// and repairs). The second entry is `lock`'s, taken on a thread of its own: the returned
+// object, which holds it (nullptr after a failure).
+template <class Lock>
+std::unique_ptr<HeldOnThread<Lock>> crash_in_front_of(const std::string& url, const std::string& state,
+                                                      const std::string& name,
+                                                      const std::function<std::shared_ptr<void>(Client&)>& hold,
+                                                      const std::function<void(layout::Header&)>& tamper, Lock& lock) {
   Pipe held, crash;
   Child crasher([&] {
     auto client = Client::connect(url);
@@ -510,14 +534,24 @@ void crash_in_front_of(const std::string& url, const std::string& state, const s
     _exit(0);
     return 0;
   });
-  ASSERT_TRUE(held.receive());
+  if (!held.receive()) {
+    ADD_FAILURE() << "the crasher never held";
+    return nullptr;
+  }
   auto observer = Client::connect(url);
-  auto waiting = std::async(std::launch::async, [&] { return waiter.try_lock_for(20s); });
-  ASSERT_TRUE(eventually([&] { return observer.inspect(name).waiters.size() == 1; }, 10s));
+  auto waiter = std::make_unique<HeldOnThread<Lock>>(lock);
+  auto waiting = waiter->acquired();
+  if (!eventually([&] { return observer.inspect(name).waiters.size() == 1; }, 10s)) {
+    ADD_FAILURE() << "the contender never waited";
+    return nullptr;
+  }
   crash.send();
-  ASSERT_EQ(waiting.wait_for(15s), std::future_status::ready);
-  ASSERT_TRUE(waiting.get()) << "the waiter was never admitted";
+  if (waiting.wait_for(15s) != std::future_status::ready || !waiting.get()) {
+    ADD_FAILURE() << "the waiter was never admitted";
+    return nullptr;
+  }
   EXPECT_EQ(crasher.wait(), 0);
+  return waiter;
 }
 
 // A reader killed while removing its entry, half-way through moving the writer's entry forward
@@ -525,7 +559,7 @@ void crash_in_front_of(const std::string& url, const std::string& state, const s
 TEST_F(FileSafety, RepairNeverKeepsATornCopyOfAnEntry) {
   auto client = Client::connect(url_);
   auto writer = client.shared_mutex("rw");
-  crash_in_front_of(
+  const auto held = crash_in_front_of(
       url_, state_of("rw"), "rw", 
       [](Client& c) {
         auto reader = std::make_shared<turnstile::SharedMutex>(c.shared_mutex("rw"));
@@ -533,20 +567,19 @@ TEST_F(FileSafety, RepairNeverKeepsATornCopyOfAnEntry) {
         return std::shared_ptr<void>(reader);
       },
       [](layout::Header& h) { h.entries[0].seq = h.entries[1].seq; }, writer);
-  if (HasFatalFailure()) return;
+  if (!held) return;
   auto other = Client::connect(url_).shared_mutex("rw");
   EXPECT_FALSE(other.try_lock_shared()) << "a reader was admitted beside the writer (repair kept the torn entry)";
   const auto inspection = client.inspect("rw");
   ASSERT_EQ(inspection.holders.size(), 1u);
   EXPECT_EQ(inspection.holders.front().kind, "exclusive");
-  writer.unlock();
 }
 
 // The removal's own crash window: a slot being rewritten has seq 0 and is dropped.
 TEST_F(FileSafety, RepairDropsASlotCaughtMidRewrite) {
   auto client = Client::connect(url_);
   auto mutex = client.mutex("m");
-  crash_in_front_of(
+  const auto held = crash_in_front_of(
       url_, state_of("m"), "m", 
       [](Client& c) {
         auto holder = std::make_shared<turnstile::Mutex>(c.mutex("m"));
@@ -558,12 +591,11 @@ TEST_F(FileSafety, RepairDropsASlotCaughtMidRewrite) {
         h.entries[0].kind = h.entries[1].kind;
       },
       mutex);
-  if (HasFatalFailure()) return;
+  if (!held) return;
   EXPECT_FALSE(Client::connect(url_).mutex("m").try_lock());
   const auto inspection = client.inspect("m");
   EXPECT_EQ(inspection.holders.size(), 1u);
   EXPECT_TRUE(inspection.waiters.empty());
-  mutex.unlock();
 }
 
 // ---- close-on-exec (issue 16.8) --------------------------------------------------------------
@@ -589,7 +621,11 @@ TEST_F(FileSafety, EveryDescriptorIsCloseOnExec) {
   auto waiting_mutex = other.mutex("m");
   auto waiting_lease = other.semaphore("s", 1);
   auto waiting_counter = other.permit_counter("c");
-  auto w1 = std::async(std::launch::async, [&] { return waiting_mutex.try_lock_for(20s); });
+  auto w1 = std::async(std::launch::async, [&] {
+    const bool held = waiting_mutex.try_lock_for(20s);
+    if (held) waiting_mutex.unlock();
+    return held;
+  });
   auto w2 = std::async(std::launch::async, [&] { return waiting_lease.try_acquire_for(20s).has_value(); });
   auto w3 = std::async(std::launch::async, [&] { return waiting_counter.try_acquire_for(20s, 2); });
   ASSERT_TRUE(eventually(
@@ -629,7 +665,6 @@ TEST_F(FileSafety, EveryDescriptorIsCloseOnExec) {
   EXPECT_TRUE(w1.get());
   EXPECT_TRUE(w2.get());
   EXPECT_TRUE(w3.get());
-  waiting_mutex.unlock();
   rw.unlock_shared();
 }
 
