@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "core/backend.hpp"
 
@@ -57,6 +59,76 @@ TEST(QueuePredicate, AFirstRequestAboveANonsenseLimitWaitsAndNeverIndexesBeforeT
   const auto verdict = evaluate_queue(queue, 0, -1);
   EXPECT_FALSE(verdict.admitted());
   EXPECT_EQ(verdict.wait, WaitFor::any_holder_leave);
+}
+
+}  // namespace
+
+namespace {
+
+using turnstile::detail::check_queue_mode;
+using turnstile::detail::QueueRequest;
+
+// One row: a queue written as kinds and permits ("x" exclusive, "s" shared, "l3" a lease of 3),
+// the index of ours, the limit, and the expected verdict.
+struct PredicateRow {
+  std::vector<std::string> queue;
+  std::size_t mine;
+  std::int64_t limit;
+  WaitFor wait;
+  std::size_t index;
+};
+
+std::vector<QueueEntryView> parse_queue(const std::vector<std::string>& spec) {
+  std::vector<QueueEntryView> queue;
+  for (const auto& entry : spec) {
+    const auto kind = entry[0] == 'x' ? EntryKind::exclusive : entry[0] == 's' ? EntryKind::shared : EntryKind::lease;
+    queue.push_back({kind, entry.size() > 1 ? std::stoll(entry.substr(1)) : 1});
+  }
+  return queue;
+}
+
+TEST(QueuePredicate, EveryPrimitivesRuleInOneTable) {
+  const std::vector<PredicateRow> rows{
+      // Mutex / writer: first holds; the rest wait for the entry just ahead.
+      {{"x"}, 0, 0, WaitFor::nothing, 0},
+      {{"x", "x"}, 1, 0, WaitFor::leave, 0},
+      {{"x", "x", "x"}, 2, 0, WaitFor::leave, 1},
+      {{"s", "x"}, 1, 0, WaitFor::leave, 0},
+      // Readers: held unless a writer is ahead; wait for the nearest writer ahead.
+      {{"s", "s"}, 1, 0, WaitFor::nothing, 0},
+      {{"x", "s"}, 1, 0, WaitFor::exclusive_end, 0},
+      {{"x", "s", "x", "s"}, 3, 0, WaitFor::exclusive_end, 2},
+      {{"s", "x", "s", "s"}, 3, 0, WaitFor::exclusive_end, 1},
+      // Leases: held while everything ahead plus ours fits; FIFO behind a waiter.
+      {{"l2", "l1"}, 1, 3, WaitFor::nothing, 0},
+      {{"l2", "l2"}, 1, 3, WaitFor::any_holder_leave, 0},
+      {{"l2", "l2", "l1"}, 2, 3, WaitFor::admission, 1},  // would fit, but a bigger waiter is ahead
+      {{"l3"}, 0, 3, WaitFor::nothing, 0},
+      {{"l1", "l1", "l1", "l1"}, 3, 3, WaitFor::any_holder_leave, 0},
+  };
+  for (const auto& row : rows) {
+    const auto verdict = evaluate_queue(parse_queue(row.queue), row.mine, row.limit);
+    std::string shown;
+    for (const auto& entry : row.queue) shown += entry + " ";
+    EXPECT_EQ(verdict.wait, row.wait) << "queue " << shown << "mine " << row.mine << " limit " << row.limit;
+    if (!verdict.admitted()) {
+      EXPECT_EQ(verdict.index, row.index) << "queue " << shown << "mine " << row.mine;
+    }
+  }
+}
+
+TEST(QueueMode, LocksSemaphoresAndLimitsDoNotMix) {
+  const QueueRequest lock{.name = "n", .kind = EntryKind::exclusive};
+  const QueueRequest reader{.name = "n", .kind = EntryKind::shared};
+  const QueueRequest lease{.name = "n", .kind = EntryKind::lease, .permits = 1, .limit = 5};
+  for (const auto* request : {&lock, &reader, &lease}) EXPECT_NO_THROW(check_queue_mode(*request, "", 0));
+  EXPECT_NO_THROW(check_queue_mode(lock, "lock", 0));
+  EXPECT_NO_THROW(check_queue_mode(reader, "lock", 0));
+  EXPECT_NO_THROW(check_queue_mode(lease, "semaphore", 5));
+  EXPECT_THROW(check_queue_mode(lock, "semaphore", 5), turnstile::KindMismatch);
+  EXPECT_THROW(check_queue_mode(reader, "semaphore", 5), turnstile::KindMismatch);
+  EXPECT_THROW(check_queue_mode(lease, "lock", 0), turnstile::KindMismatch);
+  EXPECT_THROW(check_queue_mode(lease, "semaphore", 4), turnstile::LimitMismatch);
 }
 
 }  // namespace

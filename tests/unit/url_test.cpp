@@ -1,8 +1,10 @@
-// Credentials never reach a message: parse errors, connect errors of every network scheme, and
-// Client::url() show *** where the URL had a password or a token.
+// URLs: every part parsed, malformed ones refused with InvalidUrl, and credentials never in a
+// message: parse errors, connect errors of every network scheme and Client::url() show ***.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include <turnstile/turnstile.hpp>
 
@@ -61,6 +63,44 @@ TEST(UrlRedaction, ConnectErrorsOfEveryNetworkSchemeHideThePassword) {
     } catch (const turnstile::Error& error) {
       EXPECT_EQ(std::string(error.what()).find(kSecret), std::string::npos) << scheme << ": " << error.what();
     }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+struct UrlRow {
+  std::string text;
+  std::string scheme, user, password, path;
+  std::vector<std::string> hosts;
+  std::map<std::string, std::string> query;
+};
+
+TEST(UrlParsing, EveryPartInOneTable) {
+  const std::vector<UrlRow> rows{
+      {"file:///tmp/x", "file", "", "", "/tmp/x", {}, {}},
+      {"redis://127.0.0.1:6379/2?ttl=5", "redis", "", "", "/2", {"127.0.0.1:6379"}, {{"ttl", "5"}}},
+      {"REDIS://u:p%40ss@h:1", "redis", "u", "p@ss", "", {"h:1"}, {}},
+      {"zk://a:1,b:2,c:3/chroot/x", "zk", "", "", "/chroot/x", {"a:1", "b:2", "c:3"}, {}},
+      {"etcds://h:2379?cacert=%2Fetc%2Fca.pem&ttl=3", "etcds", "", "", "", {"h:2379"}, {{"cacert", "/etc/ca.pem"}, {"ttl", "3"}}},
+      {"consul://token@h:8500", "consul", "token", "", "", {"h:8500"}, {}},
+  };
+  for (const auto& row : rows) {
+    const auto url = parse_url(row.text);
+    EXPECT_EQ(url.scheme, row.scheme) << row.text;
+    EXPECT_EQ(url.user, row.user) << row.text;
+    EXPECT_EQ(url.password, row.password) << row.text;
+    EXPECT_EQ(url.path, row.path) << row.text;
+    EXPECT_EQ(url.hosts, row.hosts) << row.text;
+    EXPECT_EQ(url.query, row.query) << row.text;
+  }
+}
+
+TEST(UrlParsing, MalformedUrlsAreInvalidUrl) {
+  for (const char* bad : {"", "redis", "://h:1", "re dis://h:1", "redis://h:1#x", "redis://h:1?novalue", "redis://h:1?=v",
+                          "redis://a:1,,b:2", "redis://h :1", "redis://h:1/%g0", "redis://h:1/%4"}) {
+    EXPECT_THROW(parse_url(bad), turnstile::InvalidUrl) << bad;
   }
 }
 
