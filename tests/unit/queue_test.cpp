@@ -118,9 +118,16 @@ TEST(QueuePredicate, EveryPrimitivesRuleInOneTable) {
 }
 
 TEST(QueueMode, LocksSemaphoresAndLimitsDoNotMix) {
-  const QueueRequest lock{.name = "n", .kind = EntryKind::exclusive};
-  const QueueRequest reader{.name = "n", .kind = EntryKind::shared};
-  const QueueRequest lease{.name = "n", .kind = EntryKind::lease, .permits = 1, .limit = 5};
+  const auto request = [](EntryKind kind, std::int64_t limit) {
+    QueueRequest made;
+    made.name = "n";
+    made.kind = kind;
+    made.limit = limit;
+    return made;
+  };
+  const auto lock = request(EntryKind::exclusive, 0);
+  const auto reader = request(EntryKind::shared, 0);
+  const auto lease = request(EntryKind::lease, 5);
   for (const auto* request : {&lock, &reader, &lease}) EXPECT_NO_THROW(check_queue_mode(*request, "", 0));
   EXPECT_NO_THROW(check_queue_mode(lock, "lock", 0));
   EXPECT_NO_THROW(check_queue_mode(reader, "lock", 0));
