@@ -1,8 +1,10 @@
 #include "backends/zookeeper/session.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace turnstile::detail::zookeeper {
 
@@ -40,8 +42,10 @@ bool server_answered(int rc) {
 }
 
 bool connection_trouble(int rc) {
+  // ZRUNTIMEINCONSISTENCY: a reply came out of order (replies were lost on the way); the C
+  // client drops the connection and fails every pending call with this code, outcome unknown.
   return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSYSTEMERROR || rc == ZMARSHALLINGERROR ||
-         rc == ZSESSIONMOVED || rc == ZTHROTTLEDOP;
+         rc == ZSESSIONMOVED || rc == ZTHROTTLEDOP || rc == ZRUNTIMEINCONSISTENCY || rc == ZSSLCONNECTIONERROR;
 }
 
 bool session_gone(int rc) { return rc == ZSESSIONEXPIRED || rc == ZINVALIDSTATE || rc == ZCLOSING || rc == ZAUTHFAILED; }
@@ -71,108 +75,206 @@ std::shared_ptr<ServerLease> Session::lease() const {
   return lease_;
 }
 
-namespace {
-// Runs one call, noting when the server answered it.
-template <class Call>
-int timed(Session& session, Call call) {
-  const auto sent_at = SteadyClock::now();
-  const int rc = call();
-  if (server_answered(rc)) session.confirm(sent_at);
-  return rc;
-}
-}  // namespace
+milliseconds Session::short_wait() const { return std::clamp(timeout() / 3, milliseconds(500), milliseconds(2000)); }
 
-int Session::create(const std::string& path, const std::string& data, int flags, std::string* created) {
-  char buffer[1024];
-  const int rc = timed(*this, [&] {
-    return zoo_create(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), connection_.acl(), flags,
-                      buffer, sizeof buffer);
-  });
-  if (rc == ZOK && created) *created = buffer;
-  return rc;
-}
-
-int Session::remove(const std::string& path, int version) {
-  return timed(*this, [&] { return zoo_delete(handle_, path.c_str(), version); });
-}
-
-int Session::get(const std::string& path, bool watch, std::string* data, Stat* stat) {
-  // Our nodes carry a short line of text: a small buffer first (a waiter keeps nothing large
-  // alive), a second read when a peer stored more, up to kMaxNodeData: what a server or peer
-  // claims beyond that is never allocated here; such data reads as empty (a foreign node).
-  std::string buffer(512, '\0');
-  Stat local{};
-  Stat& result = stat ? *stat : local;
-  for (;;) {
-    int length = static_cast<int>(buffer.size());
-    const int rc = timed(*this, [&] { return zoo_get(handle_, path.c_str(), watch ? 1 : 0, buffer.data(), &length, &result); });
-    if (rc == ZOK && result.dataLength > static_cast<int>(kMaxNodeData)) {
-      if (data) data->clear();
-      return rc;
-    }
-    if (rc == ZOK && result.dataLength > static_cast<int>(buffer.size())) {
-      buffer.resize(static_cast<std::size_t>(result.dataLength));
-      continue;
-    }
-    if (rc == ZOK && data) data->assign(buffer.data(), length > 0 ? static_cast<std::size_t>(length) : 0);
-    return rc;
-  }
-}
-
-int Session::exists(const std::string& path, bool watch, Stat* stat) {
-  Stat local{};
-  return timed(*this, [&] { return zoo_exists(handle_, path.c_str(), watch ? 1 : 0, stat ? stat : &local); });
-}
-
-int Session::set(const std::string& path, const std::string& data, int version, Stat* stat) {
-  Stat local{};
-  return timed(*this, [&] {
-    return zoo_set2(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), version, stat ? stat : &local);
-  });
-}
-
-int Session::children(const std::string& path, bool watch, std::vector<std::string>* names) {
-  String_vector strings{};
-  const int rc = timed(*this, [&] { return zoo_get_children(handle_, path.c_str(), watch ? 1 : 0, &strings); });
-  if (rc == ZOK) {
-    names->clear();
-    names->reserve(static_cast<std::size_t>(strings.count));
-    for (int i = 0; i < strings.count; ++i) names->emplace_back(strings.data[i]);
-    deallocate_String_vector(&strings);
-  }
-  return rc;
-}
-
-int Session::multi(int count, const zoo_op_t* ops, zoo_op_result_t* results) {
-  return timed(*this, [&] { return zoo_multi(handle_, count, ops, results); });
-}
-
-namespace {
-struct SyncWait {
+// One call's completion state, owned jointly by the caller and the completion (the context the
+// C client gets is a heap-allocated shared_ptr that the completion deletes). The C client runs
+// the completion of every call it accepted exactly once (on the reply, a connection loss, the
+// session's expiry or zookeeper_close, which ~Session calls while the Session still exists),
+// so a caller that gave up at its bound leaves the state to a completion that may come much
+// later and write into it: the results of a transaction and its created paths' buffers
+// included, which the C client writes only then.
+struct CallState {
+  Session* session = nullptr;
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
   int rc = ZOK;
+  std::string value;  // create, sync: the path; get: the data
+  Stat stat{};
+  bool has_stat = false;
+  std::vector<std::string> names;
+  std::vector<zoo_op_result_t> results;  // multi
+  std::vector<std::vector<char>> buffers;
 };
-void sync_done(int rc, const char*, const void* data) {
-  auto* wait = const_cast<SyncWait*>(static_cast<const SyncWait*>(data));
-  std::lock_guard lock(wait->mutex);
-  wait->rc = rc;
-  wait->done = true;
-  wait->cv.notify_all();  // under the mutex: the waiter's stack frame may go right after
+
+namespace {
+
+using CallContext = std::shared_ptr<CallState>;
+
+// Ends a call on the C client's completion thread: `fill` copies the results (ZOK only). Never
+// calls the C client or a hold's callback.
+template <class Fill>
+void complete(const void* data, int rc, Fill fill) {
+  const std::unique_ptr<CallContext> context(static_cast<CallContext*>(const_cast<void*>(data)));
+  CallState& call = **context;
+  if (server_answered(rc)) call.session->heard_from_server();
+  {
+    std::lock_guard lock(call.mutex);
+    call.rc = rc;
+    if (rc == ZOK) fill(call);
+    call.done = true;
+  }
+  call.cv.notify_all();
 }
+
+void void_done(int rc, const void* data) {
+  complete(data, rc, [](CallState&) {});
+}
+
+void string_done(int rc, const char* value, const void* data) {
+  complete(data, rc, [&](CallState& call) { call.value = value ? value : ""; });
+}
+
+void stat_done(int rc, const Stat* stat, const void* data) {
+  complete(data, rc, [&](CallState& call) {
+    if (stat) call.stat = *stat;
+    call.has_stat = stat != nullptr;
+  });
+}
+
+void data_done(int rc, const char* value, int length, const Stat* stat, const void* data) {
+  complete(data, rc, [&](CallState& call) {
+    // What a server or peer stores beyond kMaxNodeData reads as empty (a foreign node).
+    if (value && length > 0 && static_cast<std::size_t>(length) <= kMaxNodeData) call.value.assign(value, static_cast<std::size_t>(length));
+    if (stat) call.stat = *stat;
+    call.has_stat = stat != nullptr;
+  });
+}
+
+void strings_done(int rc, const String_vector* strings, const void* data) {
+  complete(data, rc, [&](CallState& call) {
+    if (!strings) return;
+    call.names.reserve(static_cast<std::size_t>(strings->count));
+    for (int i = 0; i < strings->count; ++i) call.names.emplace_back(strings->data[i]);
+  });
+}
+
 }  // namespace
 
-int Session::sync(const std::string& path) {
-  return timed(*this, [&] {
-    // The C client completes every call it accepted (connection loss and close included).
-    SyncWait wait;
-    const int rc = zoo_async(handle_, path.c_str(), sync_done, &wait);
-    if (rc != ZOK) return rc;
-    std::unique_lock lock(wait.mutex);
-    wait.cv.wait(lock, [&] { return wait.done; });
-    return wait.rc;
+template <class Start>
+int Session::run(Deadline bound, const std::shared_ptr<CallState>& call, Start start) {
+  call->session = this;
+  const auto sent_at = SteadyClock::now();
+  auto* context = new CallContext(call);
+  const int started = start(context);
+  if (started != ZOK) {
+    // Refused before the C client registered the completion (bad arguments, a closed or
+    // expired handle): ours to free. Other refusals (out of memory inside the client) may come
+    // after it registered it: the context is left to that completion (a small leak at worst).
+    if (started == ZBADARGUMENTS || started == ZINVALIDSTATE) delete context;
+    return started;
+  }
+  std::unique_lock lock(call->mutex);
+  while (!call->done) {
+    // The C client completes calls on expiry too; a session seen gone is not waited for.
+    if (expired_) return ZSESSIONEXPIRED;
+    if (bound && SteadyClock::now() >= *bound) {
+      silent_ = true;
+      return ZOPERATIONTIMEOUT;  // the completion still comes, to a state that is still alive
+    }
+    auto until = SteadyClock::now() + milliseconds(250);  // to see the session gone
+    if (bound) until = std::min(until, *bound);
+    call->cv.wait_until(lock, until);
+  }
+  const int rc = call->rc;
+  lock.unlock();
+  // Confirmed on the caller's thread: it may resume holds, whose callbacks must not run on the
+  // C client's completion thread.
+  if (server_answered(rc)) confirm(sent_at);
+  return rc;
+}
+
+int Session::create(const std::string& path, const std::string& data, int flags, Deadline bound, std::string* created) {
+  auto call = std::make_shared<CallState>();
+  const int rc = run(bound, call, [&](void* context) {
+    return zoo_acreate(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), connection_.acl(), flags,
+                       string_done, context);
   });
+  if (rc == ZOK && created) *created = call->value;
+  return rc;
+}
+
+int Session::remove(const std::string& path, Deadline bound, int version) {
+  return run(bound, std::make_shared<CallState>(),
+             [&](void* context) { return zoo_adelete(handle_, path.c_str(), version, void_done, context); });
+}
+
+int Session::get(const std::string& path, bool watch, Deadline bound, std::string* data, Stat* stat) {
+  auto call = std::make_shared<CallState>();
+  const int rc = run(bound, call, [&](void* context) { return zoo_aget(handle_, path.c_str(), watch ? 1 : 0, data_done, context); });
+  if (rc == ZOK) {
+    if (data) *data = std::move(call->value);
+    if (stat) *stat = call->stat;
+  }
+  return rc;
+}
+
+int Session::exists(const std::string& path, bool watch, Deadline bound, Stat* stat) {
+  auto call = std::make_shared<CallState>();
+  const int rc = run(bound, call, [&](void* context) { return zoo_aexists(handle_, path.c_str(), watch ? 1 : 0, stat_done, context); });
+  if (rc == ZOK && stat) *stat = call->stat;
+  return rc;
+}
+
+int Session::set(const std::string& path, const std::string& data, int version, Deadline bound, Stat* stat) {
+  auto call = std::make_shared<CallState>();
+  const int rc = run(bound, call, [&](void* context) {
+    return zoo_aset(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), version, stat_done, context);
+  });
+  if (rc == ZOK && stat) *stat = call->stat;
+  return rc;
+}
+
+int Session::children(const std::string& path, bool watch, Deadline bound, std::vector<std::string>* names) {
+  auto call = std::make_shared<CallState>();
+  const int rc = run(bound, call, [&](void* context) {
+    return zoo_aget_children(handle_, path.c_str(), watch ? 1 : 0, strings_done, context);
+  });
+  if (rc == ZOK) *names = std::move(call->names);
+  return rc;
+}
+
+int Session::multi(const std::vector<Op>& ops, Deadline bound, std::vector<std::string>* created) {
+  auto call = std::make_shared<CallState>();
+  // The C client serializes the operations' paths and data at once (they may be the caller's),
+  // but writes the results and the created paths only on completion: those live in the state.
+  call->results.resize(ops.size());
+  call->buffers.resize(ops.size());
+  std::vector<zoo_op_t> zoo_ops(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const auto& op = ops[i];
+    switch (op.kind) {
+      case Op::Kind::create:
+        call->buffers[i].assign(op.path.size() + 64, '\0');  // room for the sequence suffix
+        zoo_create_op_init(&zoo_ops[i], op.path.c_str(), op.data.data(), static_cast<int>(op.data.size()),
+                           connection_.acl(), op.flags, call->buffers[i].data(), static_cast<int>(call->buffers[i].size()));
+        break;
+      case Op::Kind::remove:
+        zoo_delete_op_init(&zoo_ops[i], op.path.c_str(), op.version);
+        break;
+      case Op::Kind::set:
+        zoo_set_op_init(&zoo_ops[i], op.path.c_str(), op.data.data(), static_cast<int>(op.data.size()), op.version, nullptr);
+        break;
+    }
+  }
+  const int rc = run(bound, call, [&](void* context) {
+    return zoo_amulti(handle_, static_cast<int>(zoo_ops.size()), zoo_ops.data(), call->results.data(), void_done, context);
+  });
+  if (rc == ZOK && created) {
+    created->clear();
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].kind != Op::Kind::create) continue;
+      const auto& buffer = call->buffers[i];
+      created->emplace_back(buffer.data(), strnlen(buffer.data(), buffer.size()));
+    }
+  }
+  return rc;
+}
+
+int Session::sync(const std::string& path, Deadline bound) {
+  return run(bound, std::make_shared<CallState>(),
+             [&](void* context) { return zoo_async(handle_, path.c_str(), string_done, context); });
 }
 
 Connection::Connection(Settings settings) : settings_(std::move(settings)) {
@@ -354,31 +456,36 @@ bool Connection::clean(const Orphan& orphan) {
   const auto session = orphan.session.lock();
   if (!session || session->expired()) return true;  // its ephemeral nodes went with it
   if (!session->connected()) return false;
+  // Bounded: on a silent link the C client completes a call only when it declares the
+  // connection lost; the next attempt, after the link heals, may find it out sooner (a reply
+  // out of order makes the C client reconnect at once).
+  const Deadline bound = SteadyClock::now() + session->short_wait();
   const auto done = [](int rc) { return !connection_trouble(rc); };  // removed, gone, or not ours to remove
-  if (!orphan.path.empty()) return done(session->remove(orphan.path));
+  if (!orphan.path.empty()) return done(session->remove(orphan.path, bound));
   std::vector<std::string> mine;
-  const int rc = own_children(*session, orphan.parent, orphan.uuid, &mine);
+  const int rc = own_children(*session, orphan.parent, orphan.uuid, bound, &mine);
   if (rc != ZOK) return done(rc);
   for (const auto& child : mine) {
-    if (!done(session->remove(orphan.parent + "/" + child))) return false;
+    if (!done(session->remove(orphan.parent + "/" + child, bound))) return false;
   }
   return true;
 }
 
-int own_children(Session& session, const std::string& parent, const std::string& uuid, std::vector<std::string>* names) {
+int own_children(Session& session, const std::string& parent, const std::string& uuid, Deadline bound,
+                 std::vector<std::string>* names) {
   names->clear();
   // sync first: after a reconnect to a lagging ensemble member, a plain read could miss a node
   // the leader made (and the caller would make a second one, or leave it behind).
-  int rc = session.sync(parent);
+  int rc = session.sync(parent, bound);
   std::vector<std::string> children;
-  if (rc == ZOK) rc = session.children(parent, false, &children);
+  if (rc == ZOK) rc = session.children(parent, false, bound, &children);
   if (rc == ZNONODE) return ZOK;
   if (rc != ZOK) return rc;
   for (const auto& child : children) {
     if (child.find(uuid) == std::string::npos) continue;
     // Ours only if this very session owns it (a node of an earlier session is not, CURATOR-604).
     Stat stat{};
-    rc = session.exists(parent + "/" + child, false, &stat);
+    rc = session.exists(parent + "/" + child, false, bound, &stat);
     if (rc == ZOK && stat.ephemeralOwner == session.id()) names->push_back(child);
     else if (rc != ZNONODE) return rc;
   }
@@ -386,7 +493,7 @@ int own_children(Session& session, const std::string& parent, const std::string&
 }
 
 // The janitor: removes orphans whenever the session is connected, retrying every 200 ms.
-// Sync calls block this thread only: the keeper's pings and the loss clock never wait for it.
+// Its calls block this thread only: the keeper's pings and the loss clock never wait for it.
 void Connection::janitor_loop(std::stop_token stop) {
   std::unique_lock lock(mutex_);
   while (!stop.stop_requested()) {
@@ -406,26 +513,40 @@ void Connection::janitor_loop(std::stop_token stop) {
 }
 
 namespace {
+// A ping's context: its send time is what its answer confirms.
+struct Ping {
+  Session* session;  // alive: ~Session closes the handle, which completes every ping first
+  SteadyClock::time_point sent_at;
+};
 void ping_done(int rc, const Stat*, const void* data) {
-  const_cast<Session*>(static_cast<const Session*>(data))->ping_answered(rc);
+  const std::unique_ptr<const Ping> ping(static_cast<const Ping*>(data));
+  ping->session->ping_answered(rc, ping->sent_at);
 }
 }  // namespace
 
 bool Session::start_ping() {
-  if (ping_in_flight_.exchange(true)) return false;
-  ping_sent_at_ = SteadyClock::now();
-  if (zoo_aexists(handle_, "/", 0, ping_done, this) != ZOK) {
-    ping_in_flight_ = false;
-    return false;
-  }
-  return true;
+  // A few at most: the C client fails them all when it declares the connection lost.
+  if (pings_in_flight_.load() >= 8) return false;
+  auto ping = std::make_unique<Ping>(Ping{this, SteadyClock::now()});
+  ++pings_in_flight_;
+  const int rc = zoo_aexists(handle_, "/", 0, ping_done, ping.get());
+  // Refused before the completion was registered (see Session::run): ours to free; otherwise
+  // the completion's.
+  if (rc != ZBADARGUMENTS && rc != ZINVALIDSTATE) ping.release();
+  if (rc != ZOK) --pings_in_flight_;
+  return rc == ZOK;
 }
 
-void Session::ping_answered(int rc) {
-  // On the C client's completion thread: holds' callbacks (which may call the C client
-  // synchronously) must not run here. The keeper confirms it.
-  if (server_answered(rc)) ping_confirmed_ = ping_sent_at_.load();
-  ping_in_flight_ = false;
+void Session::ping_answered(int rc, SteadyClock::time_point sent_at) {
+  // On the C client's completion thread: holds' callbacks (which may call the C client and
+  // wait for its completion thread) must not run here. The keeper confirms it.
+  if (server_answered(rc)) {
+    heard_from_server();
+    auto current = ping_confirmed_.load();
+    while (current < sent_at && !ping_confirmed_.compare_exchange_weak(current, sent_at)) {
+    }
+  }
+  --pings_in_flight_;
   {
     std::lock_guard lock(connection_.mutex_);
     connection_.session_event_ = true;
@@ -475,7 +596,7 @@ void Connection::keeper_loop(std::stop_token stop) {
       wake_all_locked();
       lock.unlock();
     } else if (connected && (!was_connected || SteadyClock::now() >= last_ping + period)) {
-      session->start_ping();  // none when the last is still unanswered: tried again a period later
+      session->start_ping();  // another one a period later, answered or not
       last_ping = SteadyClock::now();
     }
     was_connected = connected && !expired;

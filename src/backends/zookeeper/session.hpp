@@ -2,8 +2,13 @@
 //
 // A Session is one zhandle_t, i.e. one ZooKeeper session: its ephemeral nodes live exactly as
 // long as it. When the server expires it, the Connection opens a new one; holds made on the
-// old one are reported lost. Calls are the C client's synchronous ones, made from the caller's
-// thread (the library pipelines concurrent calls on its one socket).
+// old one are reported lost. Calls use the C client's asynchronous API (it pipelines concurrent
+// calls on its one socket) and wait for the completion on the caller's thread, at most until
+// the caller's bound: a request already sent when the link goes silent (no reset) is completed
+// by the C client only when it declares the connection lost, two thirds of the granted timeout
+// later. A call given up at its bound returns ZOPERATIONTIMEOUT (outcome unknown, like a
+// connection loss); its completion state is shared with the C client's completion, so a late
+// reply writes into memory that is still alive.
 //
 // Loss: every session has a ServerLease of the core's LossClock, with the timeout the server
 // GRANTED (zoo_recv_timeout) as its TTL. Every reply confirms the send time of its request
@@ -61,6 +66,8 @@ bool connection_trouble(int rc);
 bool session_gone(int rc);
 
 class Connection;
+// One call's completion state (session.cpp).
+struct CallState;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -85,25 +92,51 @@ class Session : public std::enable_shared_from_this<Session> {
   // The lease the session's holds ride on (replaced by the keeper when it was reported lost
   // while the session lived on: new holds need a lease that is not lost).
   std::shared_ptr<ServerLease> lease() const;
-  // The keeper's ping: at most one in flight. Its answer is noted here (the C client's
-  // completion thread must not run holds' callbacks) and applied by the keeper.
+  // The keeper's ping (a few may be in flight: one left unanswered on a silent link must not
+  // stop the next, whose reply after the link heals lets the C client notice a stream that
+  // lost replies). Its answer is noted here (the C client's completion thread must not run
+  // holds' callbacks) and applied by the keeper.
   bool start_ping();
-  void ping_answered(int rc);
+  void ping_answered(int rc, SteadyClock::time_point sent_at);
 
-  // The calls; each returns the C client's code and notes the server's answer.
-  int create(const std::string& path, const std::string& data, int flags, std::string* created = nullptr);
-  int remove(const std::string& path, int version = -1);
-  int get(const std::string& path, bool watch, std::string* data, Stat* stat = nullptr);
-  int exists(const std::string& path, bool watch, Stat* stat = nullptr);
-  int set(const std::string& path, const std::string& data, int version, Stat* stat = nullptr);
-  int children(const std::string& path, bool watch, std::vector<std::string>* names);
-  int multi(int count, const zoo_op_t* ops, zoo_op_result_t* results);
+  // How long housekeeping calls (release, downgrade, removals, the janitor) and the calls of a
+  // try-once acquire wait for their reply: a third of the granted timeout, within 0.5-2 s.
+  milliseconds short_wait() const;
+  // True while a call of ours was given up unanswered and nothing was answered since: the
+  // link is probably silent, so clean-up is left to the janitor rather than waited for.
+  bool silent() const { return silent_.load(); }
+
+  // The calls; each returns the C client's code and notes the server's answer. Each waits for
+  // its reply until `bound` (none: until the C client completes it) and returns
+  // ZOPERATIONTIMEOUT when the bound passes first: the call may still be applied.
+  int create(const std::string& path, const std::string& data, int flags, Deadline bound, std::string* created = nullptr);
+  int remove(const std::string& path, Deadline bound, int version = -1);
+  int get(const std::string& path, bool watch, Deadline bound, std::string* data, Stat* stat = nullptr);
+  int exists(const std::string& path, bool watch, Deadline bound, Stat* stat = nullptr);
+  int set(const std::string& path, const std::string& data, int version, Deadline bound, Stat* stat = nullptr);
+  int children(const std::string& path, bool watch, Deadline bound, std::vector<std::string>* names);
+  // One operation of a transaction.
+  struct Op {
+    enum class Kind { create, remove, set } kind;
+    std::string path;
+    std::string data;  // create, set
+    int flags = 0;     // create
+    int version = -1;  // remove, set
+    static Op create(std::string path, std::string data, int flags) { return {Kind::create, std::move(path), std::move(data), flags, -1}; }
+    static Op remove(std::string path) { return {Kind::remove, std::move(path), {}, 0, -1}; }
+    static Op set(std::string path, std::string data, int version) { return {Kind::set, std::move(path), std::move(data), 0, version}; }
+  };
+  // A transaction; `created` receives the paths the creates made, in order.
+  int multi(const std::vector<Op>& ops, Deadline bound, std::vector<std::string>* created = nullptr);
   // Brings the server we talk to up to date with the leader for `path` (zoo_async), so the
   // read after it sees every write applied before: the read that decides "did my write
   // happen?" after a lost reply must not come from a lagging ensemble member.
-  int sync(const std::string& path);
+  int sync(const std::string& path, Deadline bound);
 
- private:
+  // For the completions (the C client's completion thread): the server answered something.
+  void heard_from_server() { silent_ = false; }
+
+  private:
   friend class Connection;
   Connection& connection_;
   zhandle_t* handle_;
@@ -113,13 +146,18 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<bool> connected_{false};
   std::atomic<bool> expired_{false};
   std::atomic<SteadyClock::time_point> confirmed_at_{SteadyClock::time_point{}};
-  std::atomic<bool> ping_in_flight_{false};
-  std::atomic<SteadyClock::time_point> ping_sent_at_{SteadyClock::time_point{}};
+  std::atomic<int> pings_in_flight_{0};
+  std::atomic<bool> silent_{false};
+  // Runs one asynchronous call (see session.cpp).
+  template <class Start>
+  int run(Deadline bound, const std::shared_ptr<CallState>& call, Start start);
 };
 
 // The children of `parent` whose name carries `uuid` (a Curator protection id) and that
-// `session` owns, read after a sync. ZOK (none when `parent` is gone) or the failing code.
-int own_children(Session& session, const std::string& parent, const std::string& uuid, std::vector<std::string>* names);
+// `session` owns, read after a sync, each call waiting until `bound`. ZOK (none when `parent`
+// is gone) or the failing code.
+int own_children(Session& session, const std::string& parent, const std::string& uuid, Deadline bound,
+                 std::vector<std::string>* names);
 
 // A thread sleeping until a watched path changes or the session's state does.
 struct Waiter {

@@ -378,7 +378,7 @@ ZookeeperHold::~ZookeeperHold() {
 void ZookeeperHold::downgrade() {
   // The entry keeps its place and token: its data now says "shared", which turnstile readers
   // behind it read (their watch on it fires). Curator's readers still wait for it: safe.
-  const int rc = session_->set(paths_.front(), node_data("downgraded"), -1);
+  const int rc = session_->set(paths_.front(), node_data("downgraded"), -1, SteadyClock::now() + session_->short_wait());
   if (rc == ZOK) return;
   if (rc == ZNONODE || session_gone(rc)) {
     loss_->lose("its ZooKeeper session expired");
@@ -392,17 +392,24 @@ void ZookeeperHold::downgrade() {
 
 void ZookeeperHold::release() {
   if (released_) return;
-  // Leases go in one transaction, so a release never leaves some of them behind.
-  std::vector<zoo_op_t> ops(paths_.size());
-  std::vector<zoo_op_result_t> results(paths_.size());
-  for (std::size_t i = 0; i < paths_.size(); ++i) zoo_delete_op_init(&ops[i], paths_[i].c_str(), -1);
-  int rc = paths_.size() == 1 ? session_->remove(paths_.front())
-                              : session_->multi(static_cast<int>(ops.size()), ops.data(), results.data());
+  // Bounded, so unlock never waits for a silent link: an unanswered release is retried by the
+  // core. Nothing is sent while the connection is known to be down.
+  const Deadline bound = SteadyClock::now() + session_->short_wait();
+  int rc = ZCONNECTIONLOSS;
+  if (session_->expired()) {
+    rc = ZSESSIONEXPIRED;
+  } else if (session_->connected()) {
+    // Leases go in one transaction, so a release never leaves some of them behind.
+    std::vector<Session::Op> ops;
+    for (const auto& path : paths_) ops.push_back(Session::Op::remove(path));
+    rc = paths_.size() == 1 ? session_->remove(paths_.front(), bound) : session_->multi(ops, bound);
+    if (connection_trouble(rc)) unconfirmed_release_ = true;
+  }
   if (rc == ZNONODE && paths_.size() > 1) {
     // Some are gone already (an earlier attempt whose answer was lost): delete the rest.
     rc = ZOK;
     for (const auto& path : paths_) {
-      const int one = session_->remove(path);
+      const int one = session_->remove(path, bound);
       if (one != ZOK && one != ZNONODE) rc = one;
     }
   }
@@ -412,7 +419,7 @@ void ZookeeperHold::release() {
     rc = ZOK;
   }
   if (connection_trouble(rc)) {
-    unconfirmed_release_ = true;
+    if (session_->connected()) unconfirmed_release_ = true;
     // The core retries later (BackendUnavailable); the node stays ours meanwhile.
     throw BackendUnavailable("ZooKeeper release of '" + paths_.front() + "' failed: " + describe(rc));
   }
@@ -435,7 +442,7 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path, De
     const auto prefix = slash == std::string::npos ? path : path.substr(0, slash);
     for (;;) {
       const int flags = containers_supported_ ? ZOO_CONTAINER : ZOO_PERSISTENT;
-      const int rc = session.create(prefix, "", flags);
+      const int rc = session.create(prefix, "", flags, deadline);
       if (rc == ZOK || rc == ZNODEEXISTS) break;
       if (rc == ZUNIMPLEMENTED && containers_supported_) {
         containers_supported_ = false;  // a server before 3.5: persistent parents, as Curator does
@@ -454,7 +461,7 @@ std::string ZookeeperBackend::create_entry(Session& session, const std::string& 
   const auto path = parent + "/" + prefix;
   for (;;) {
     std::string created;
-    const int rc = session.create(path, data, ZOO_EPHEMERAL_SEQUENTIAL, &created);
+    const int rc = session.create(path, data, ZOO_EPHEMERAL_SEQUENTIAL, deadline, &created);
     if (rc == ZOK) return created.substr(parent.size() + 1);
     if (rc == ZNONODE) {
       ensure_path(session, parent, deadline);  // first use, or the server reaped the empty container
@@ -471,7 +478,10 @@ std::optional<std::string> ZookeeperBackend::find_own(Session& session, const st
                                                       Deadline deadline) {
   for (;;) {
     std::vector<std::string> mine;
-    const int rc = session.connected() ? own_children(session, parent, uuid, &mine) : ZCONNECTIONLOSS;
+    // Past the deadline (the create itself waited that long): the janitor's job, not the caller's.
+    const int rc = past(deadline)             ? ZOPERATIONTIMEOUT
+                   : session.connected() ? own_children(session, parent, uuid, deadline, &mine)
+                                         : ZCONNECTIONLOSS;
     if (rc == ZOK) return mine.empty() ? std::nullopt : std::optional(mine.front());
     check_session(session, rc);
     if (!connection_trouble(rc) || !retry_pause(session, deadline)) {
@@ -489,7 +499,7 @@ std::vector<std::string> ZookeeperBackend::list(Session& session, const std::str
                                                 bool missing_is_empty) {
   for (;;) {
     std::vector<std::string> children;
-    const int rc = session.children(path, watch, &children);
+    const int rc = session.children(path, watch, deadline, &children);
     if (rc == ZOK) return children;
     if (rc == ZNONODE && missing_is_empty) return {};
     check_session(session, rc);
@@ -501,7 +511,7 @@ std::optional<std::string> ZookeeperBackend::read(Session& session, const std::s
                                                   Stat* stat) {
   for (;;) {
     std::string data;
-    const int rc = session.get(path, watch, &data, stat);
+    const int rc = session.get(path, watch, deadline, &data, stat);
     if (rc == ZOK) return data;
     if (rc == ZNONODE) return std::nullopt;
     check_session(session, rc);
@@ -510,7 +520,10 @@ std::optional<std::string> ZookeeperBackend::read(Session& session, const std::s
 }
 
 void ZookeeperBackend::remove_quietly(Session& session, const std::string& path) noexcept {
-  const int rc = session.remove(path);
+  // On a link that just left a call unanswered, the delete is sent but not waited for: the
+  // janitor confirms it (its own delete finds the node gone, or removes it).
+  const auto bound = SteadyClock::now() + (session.silent() ? milliseconds(0) : session.short_wait());
+  const int rc = session.remove(path, bound);
   if (!connection_trouble(rc)) return;  // removed, or gone with its session
   try {
     connection_.remove_later({session.weak_from_this(), path, "", ""});
@@ -556,8 +569,9 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire(const QueueRequest& reque
 
 std::optional<bool> ZookeeperBackend::gone(Session& session, const std::string& path, Deadline deadline) {
   for (;;) {
-    int rc = session.sync(path.substr(0, path.rfind('/')));
-    if (rc == ZOK) rc = session.exists(path, false);
+    if (past(deadline)) return std::nullopt;  // the janitor's job now
+    int rc = session.sync(path.substr(0, path.rfind('/')), deadline);
+    if (rc == ZOK) rc = session.exists(path, false, deadline);
     if (rc == ZOK) return false;
     if (rc == ZNONODE) return true;
     check_session(session, rc);
@@ -603,7 +617,7 @@ void ZookeeperBackend::refuse_semaphore_users(Session& session, const std::strin
   for (const auto& child : children) {
     if (child != "locks" && child != "leases") continue;
     Stat stat{};
-    const int rc = session.exists(path + "/" + child, false, &stat);
+    const int rc = session.exists(path + "/" + child, false, deadline, &stat);
     check_session(session, rc);
     if (rc == ZOK && stat.numChildren > 0) {
       Stat parent{};
@@ -616,6 +630,7 @@ void ZookeeperBackend::refuse_semaphore_users(Session& session, const std::strin
 std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lock(Session& session, const QueueRequest& request, Deadline deadline,
                                                             std::shared_ptr<LossSignal>& loss) {
   const bool try_once = deadline && *deadline <= SteadyClock::now();
+  if (try_once) deadline = SteadyClock::now() + session.short_wait();  // for the calls: it never waits in line
   const auto path = path_of(request.name);
   const auto uuid = random_uuid();
   const char* label = request.kind == EntryKind::shared ? kReadLabel
@@ -681,6 +696,7 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lock(Session& session, co
 std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, const QueueRequest& request, Deadline deadline,
                                                              std::shared_ptr<LossSignal>& loss) {
   const bool try_once = deadline && *deadline <= SteadyClock::now();
+  if (try_once) deadline = SteadyClock::now() + session.short_wait();  // for the calls: it never waits in line
   const auto path = path_of(request.name);
   const auto line = path + "/locks";
   const auto leases = path + "/leases";
@@ -751,26 +767,15 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
         // One transaction: record the limit (if it changes), add our leases, leave the line.
         // Nothing half-done can leak (CURATOR-315 and kin).
         const auto limit_text = "limit=" + std::to_string(request.limit);
-        std::vector<zoo_op_t> ops;
-        const auto count = static_cast<std::size_t>(request.permits) + 2;
-        ops.reserve(count);
-        std::vector<std::vector<char>> buffers(count, std::vector<char>(1024));
-        std::vector<zoo_op_result_t> results(count);
-        if (limit != request.limit) {
-          ops.emplace_back();
-          zoo_set_op_init(&ops.back(), path.c_str(), limit_text.data(), static_cast<int>(limit_text.size()),
-                          semaphore_stat.version, nullptr);
-        }
-        const auto first_lease = ops.size();
+        std::vector<Session::Op> ops;
+        ops.reserve(static_cast<std::size_t>(request.permits) + 2);
+        if (limit != request.limit) ops.push_back(Session::Op::set(path, limit_text, semaphore_stat.version));
         for (std::int64_t i = 0; i < request.permits; ++i) {
-          ops.emplace_back();
-          zoo_create_op_init(&ops.back(), lease_prefix.c_str(), lease_data.data(), static_cast<int>(lease_data.size()),
-                             connection_.acl(), ZOO_EPHEMERAL_SEQUENTIAL, buffers[ops.size() - 1].data(),
-                             static_cast<int>(buffers[ops.size() - 1].size()));
+          ops.push_back(Session::Op::create(lease_prefix, lease_data, ZOO_EPHEMERAL_SEQUENTIAL));
         }
-        ops.emplace_back();
-        zoo_delete_op_init(&ops.back(), my_path.c_str(), -1);
-        const int rc = session.multi(static_cast<int>(ops.size()), ops.data(), results.data());
+        ops.push_back(Session::Op::remove(my_path));
+        std::vector<std::string> created;
+        const int rc = session.multi(ops, deadline, &created);
         if (rc == ZBADVERSION) continue;  // someone else recorded a limit meanwhile: look again
         if (rc == ZNONODE) {
           ensure_path(session, leases, deadline);
@@ -808,11 +813,9 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
         if (rc != ZOK) fail("lease of '" + path + "'", rc);
         std::vector<std::string> paths;
         std::uint64_t first_seq = ~0ULL;
-        for (std::size_t i = first_lease; i < first_lease + static_cast<std::size_t>(request.permits); ++i) {
-          // The created path, NUL-terminated in our buffer.
-          std::string created(buffers[i].data(), strnlen(buffers[i].data(), buffers[i].size()));
-          if (auto entry = parse_entry(created.substr(created.rfind('/') + 1))) first_seq = std::min(first_seq, entry->seq);
-          paths.push_back(std::move(created));
+        for (auto& lease : created) {
+          if (auto entry = parse_entry(lease.substr(lease.rfind('/') + 1))) first_seq = std::min(first_seq, entry->seq);
+          paths.push_back(std::move(lease));
         }
         return std::make_unique<ZookeeperHold>(*this, session.shared_from_this(), std::move(paths), first_seq + 1,
                                                std::move(loss));
@@ -932,7 +935,7 @@ bool ZookeeperBackend::counter_try_set(const std::string& name, std::int64_t per
   const auto path = path_of(name) + "/permits";
   try {
     for (;;) {
-      const int rc = session->create(path, std::to_string(permits), ZOO_PERSISTENT);
+      const int rc = session->create(path, std::to_string(permits), ZOO_PERSISTENT, deadline);
       if (rc == ZOK) return true;
       if (rc == ZNODEEXISTS) return false;
       if (rc == ZNONODE) {
@@ -962,7 +965,7 @@ std::int64_t ZookeeperBackend::counter_add(const std::string& name, std::int64_t
                               std::to_string(value) + " would leave the range of +-" + std::to_string(max_permits));
       }
       if (!text) {
-        const int rc = session->create(path, std::to_string(sum), ZOO_PERSISTENT);
+        const int rc = session->create(path, std::to_string(sum), ZOO_PERSISTENT, deadline);
         if (rc == ZOK) return sum;
         if (rc == ZNODEEXISTS) continue;
         if (rc == ZNONODE) {
@@ -972,7 +975,7 @@ std::int64_t ZookeeperBackend::counter_add(const std::string& name, std::int64_t
         check_session(*session, rc);
         fail("create of '" + path + "'", rc);
       }
-      const int rc = session->set(path, std::to_string(sum), stat.version);
+      const int rc = session->set(path, std::to_string(sum), stat.version, deadline);
       if (rc == ZOK) return sum;
       if (rc == ZBADVERSION || rc == ZNONODE) continue;
       check_session(*session, rc);
@@ -1007,7 +1010,7 @@ std::int64_t ZookeeperBackend::counter_drain(const std::string& name) {
       const auto text = read(*session, path, false, deadline, &stat);
       if (!text) return 0;
       const auto value = count_of(*text, name);
-      const int rc = session->set(path, "0", stat.version);
+      const int rc = session->set(path, "0", stat.version, deadline);
       if (rc == ZOK) return value;
       if (rc == ZBADVERSION) continue;
       check_session(*session, rc);
@@ -1020,6 +1023,7 @@ std::int64_t ZookeeperBackend::counter_drain(const std::string& name) {
 
 bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) {
   const bool try_once = deadline && *deadline <= SteadyClock::now();
+  if (try_once) deadline = SteadyClock::now() + session_for(deadline)->short_wait();  // for the calls: it never waits
   const auto base = path_of(name);
   const auto count_path = base + "/permits";
   const auto line = base + "/permit-waiters";
@@ -1032,7 +1036,7 @@ bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t per
         const auto text = read(*session, count_path, false, deadline, &stat);
         const auto value = text ? count_of(*text, name) : 0;
         if (text && value >= permits) {
-          const int rc = session->set(count_path, std::to_string(value - permits), stat.version);
+          const int rc = session->set(count_path, std::to_string(value - permits), stat.version, deadline);
           if (rc == ZOK) return true;
           check_session(*session, rc);
           if (rc != ZBADVERSION) fail("update of '" + count_path + "'", rc);
@@ -1068,7 +1072,7 @@ bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t per
           Stat stat{};
           const auto text = read(*session, count_path, true, deadline, &stat);
           if (!text) {
-            const int rc = session->exists(count_path, true);  // a watch for its creation
+            const int rc = session->exists(count_path, true, deadline);  // a watch for its creation
             check_session(*session, rc);
             if (rc == ZOK) continue;
           }
@@ -1076,11 +1080,7 @@ bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t per
           if (text && value >= permits) {
             // Take them and leave the line in one transaction.
             const auto left = std::to_string(value - permits);
-            zoo_op_t ops[2];
-            zoo_op_result_t results[2];
-            zoo_set_op_init(&ops[0], count_path.c_str(), left.data(), static_cast<int>(left.size()), stat.version, nullptr);
-            zoo_delete_op_init(&ops[1], my_path.c_str(), -1);
-            const int rc = session->multi(2, ops, results);
+            const int rc = session->multi({Session::Op::set(count_path, left, stat.version), Session::Op::remove(my_path)}, deadline);
             if (rc == ZOK) return true;
             check_session(*session, rc);
             if (rc == ZBADVERSION) continue;
