@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/client_state.hpp"
+#include "core/fork_generation.hpp"
 #include "turnstile/lock.hpp"
 #include "turnstile/permit_counter.hpp"
 #include "turnstile/semaphore.hpp"
@@ -85,12 +86,17 @@ HoldRecord::HoldRecord(std::shared_ptr<ClientState> client, std::string name, st
       permits_(permits),
       token_(hold->fencing_token()),
       hold_(std::move(hold)),
-      loss_(std::move(loss)) {
+      loss_(std::move(loss)),
+      fork_generation_(fork_generation()) {
   loss_->set_fencing_token(token_);
 }
 
 HoldRecord::~HoldRecord() {
   if (!hold_) return;
+  if (!owned_by_this_process()) {
+    hold_.reset();  // the parent's hold: a child leaving never releases it
+    return;
+  }
   try {
     release();
   } catch (const Error& error) {
@@ -98,9 +104,15 @@ HoldRecord::~HoldRecord() {
   }
 }
 
+bool HoldRecord::owned_by_this_process() const { return fork_generation_ == fork_generation(); }
+
 void HoldRecord::release() {
   if (!hold_) throw NotHeld("'" + name_ + "' was already released");
   auto hold = std::move(hold_);
+  if (!owned_by_this_process()) {
+    throw HoldLost("the hold on '" + name_ + "' (fencing token " + std::to_string(token_) +
+                   ") was inherited across fork(): it is the parent's, and the child neither holds nor releases it");
+  }
   try {
     hold->release();
   } catch (const BackendUnavailable& error) {

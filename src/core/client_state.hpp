@@ -28,6 +28,8 @@ class HoldRecord {
 
   const std::string& name() const { return name_; }
   std::int64_t permits() const { return permits_; }
+  // Made by this process, not inherited across fork() (see fork_generation.hpp).
+  bool owned_by_this_process() const;
   std::uint64_t fencing_token() const { return token_; }
   std::stop_token lost_token() const { return loss_->token(); }
   HoldState hold_state() const { return loss_->state(); }
@@ -47,6 +49,7 @@ class HoldRecord {
   std::uint64_t token_;
   std::unique_ptr<BackendHold> hold_;
   std::shared_ptr<LossSignal> loss_;
+  std::uint64_t fork_generation_;
 };
 
 // The per-thread hold table of one lock name within one client.
@@ -77,6 +80,8 @@ class LockCore {
   // A handful of threads at most hold one name at once: a linear scan of a vector that keeps
   // its capacity costs no allocation per acquire, unlike a hash map node.
   using Holds = std::vector<std::pair<std::thread::id, ThreadHold>>;
+  // The calling thread's hold, skipping those a forked child inherited from its parent (its
+  // thread id may equal the parent's thread's, but the hold is not the child's).
   Holds::iterator find_mine();
   const ThreadHold* find_current() const;
   // The calling thread's hold; throws NotHeld.

@@ -9,13 +9,15 @@ namespace detail {
 
 LockCore::Holds::iterator LockCore::find_mine() {
   const auto self = std::this_thread::get_id();
-  return std::find_if(holds_.begin(), holds_.end(), [self](const auto& item) { return item.first == self; });
+  return std::find_if(holds_.begin(), holds_.end(), [self](const auto& item) {
+    return item.first == self && item.second.record->owned_by_this_process();
+  });
 }
 
 const LockCore::ThreadHold* LockCore::find_current() const {
   const auto self = std::this_thread::get_id();
   for (const auto& [thread, held] : holds_) {
-    if (thread == self) return &held;
+    if (thread == self && held.record->owned_by_this_process()) return &held;
   }
   return nullptr;
 }
