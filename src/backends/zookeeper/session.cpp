@@ -50,8 +50,6 @@ bool connection_trouble(int rc) {
 
 bool session_gone(int rc) { return rc == ZSESSIONEXPIRED || rc == ZINVALIDSTATE || rc == ZCLOSING || rc == ZAUTHFAILED; }
 
-Session::~Session() { zookeeper_close(handle_); }
-
 void Session::confirm(SteadyClock::time_point sent_at) {
   auto current = confirmed_at_.load();
   while (current < sent_at && !confirmed_at_.compare_exchange_weak(current, sent_at)) {
@@ -77,15 +75,15 @@ std::shared_ptr<ServerLease> Session::lease() const {
 
 milliseconds Session::short_wait() const { return std::clamp(timeout() / 3, milliseconds(500), milliseconds(2000)); }
 
-// One call's completion state, owned jointly by the caller and the completion (the context the
-// C client gets is a heap-allocated shared_ptr that the completion deletes). The C client runs
-// the completion of every call it accepted exactly once (on the reply, a connection loss, the
-// session's expiry or zookeeper_close, which ~Session calls while the Session still exists),
-// so a caller that gave up at its bound leaves the state to a completion that may come much
-// later and write into it: the results of a transaction and its created paths' buffers
+// One call's completion state, owned jointly by the caller and the call's entry in the registry
+// of calls in flight (below), which its completion claims. The C client runs the completion of
+// every call it accepted at most once (on the reply, a connection loss or the session's
+// expiry), so a caller that gave up at its bound leaves the state to a completion that may come
+// much later and write into it: the results of a transaction and its created paths' buffers
 // included, which the C client writes only then.
 struct CallState {
   Session* session = nullptr;
+  SteadyClock::time_point sent_at;  // pings: what their answer confirms
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
@@ -100,14 +98,49 @@ struct CallState {
 
 namespace {
 
-using CallContext = std::shared_ptr<CallState>;
+// Calls in flight, by id: the C client's context is the id, never a pointer. A completion
+// claims its state here. zookeeper_close joins the C client's threads and frees the handle
+// without completing calls still pending: ~Session drops their states, and a completion that
+// never comes leaks nothing (nor could a late one reach freed memory: its id is gone).
+class InFlight {
+ public:
+  void* add(std::shared_ptr<CallState> call) {
+    std::lock_guard lock(mutex_);
+    const auto id = next_++;
+    calls_.emplace(id, std::move(call));
+    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(id));
+  }
+  std::shared_ptr<CallState> claim(const void* context) {
+    std::lock_guard lock(mutex_);
+    const auto it = calls_.find(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(context)));
+    if (it == calls_.end()) return nullptr;
+    auto call = std::move(it->second);
+    calls_.erase(it);
+    return call;
+  }
+  void drop(const Session* session) {
+    std::lock_guard lock(mutex_);
+    std::erase_if(calls_, [&](const auto& entry) { return entry.second->session == session; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::uint64_t next_ = 1;
+  std::map<std::uint64_t, std::shared_ptr<CallState>> calls_;
+};
+
+InFlight& in_flight() {
+  static auto* registry = new InFlight;  // never destroyed: a completion may run at exit
+  return *registry;
+}
 
 // Ends a call on the C client's completion thread: `fill` copies the results (ZOK only). Never
 // calls the C client or a hold's callback.
 template <class Fill>
 void complete(const void* data, int rc, Fill fill) {
-  const std::unique_ptr<CallContext> context(static_cast<CallContext*>(const_cast<void*>(data)));
-  CallState& call = **context;
+  const auto claimed = in_flight().claim(data);
+  if (!claimed) return;
+  CallState& call = *claimed;
   if (server_answered(rc)) call.session->heard_from_server();
   {
     std::lock_guard lock(call.mutex);
@@ -152,17 +185,22 @@ void strings_done(int rc, const String_vector* strings, const void* data) {
 
 }  // namespace
 
+Session::~Session() {
+  zookeeper_close(handle_);
+  in_flight().drop(this);  // calls the C client will never complete now
+}
+
 template <class Start>
 int Session::run(Deadline bound, const std::shared_ptr<CallState>& call, Start start) {
   call->session = this;
   const auto sent_at = SteadyClock::now();
-  auto* context = new CallContext(call);
+  void* context = in_flight().add(call);
   const int started = start(context);
   if (started != ZOK) {
     // Refused before the C client registered the completion (bad arguments, a closed or
-    // expired handle): ours to free. Other refusals (out of memory inside the client) may come
-    // after it registered it: the context is left to that completion (a small leak at worst).
-    if (started == ZBADARGUMENTS || started == ZINVALIDSTATE) delete context;
+    // expired handle): ours to drop. Other refusals (out of memory inside the client) may come
+    // after it registered it: left to that completion, or to ~Session.
+    if (started == ZBADARGUMENTS || started == ZINVALIDSTATE) in_flight().claim(context);
     return started;
   }
   std::unique_lock lock(call->mutex);
@@ -513,26 +551,22 @@ void Connection::janitor_loop(std::stop_token stop) {
 }
 
 namespace {
-// A ping's context: its send time is what its answer confirms.
-struct Ping {
-  Session* session;  // alive: ~Session closes the handle, which completes every ping first
-  SteadyClock::time_point sent_at;
-};
 void ping_done(int rc, const Stat*, const void* data) {
-  const std::unique_ptr<const Ping> ping(static_cast<const Ping*>(data));
-  ping->session->ping_answered(rc, ping->sent_at);
+  // The session is alive: completions never run once ~Session closed the handle.
+  if (const auto ping = in_flight().claim(data)) ping->session->ping_answered(rc, ping->sent_at);
 }
 }  // namespace
 
 bool Session::start_ping() {
   // A few at most: the C client fails them all when it declares the connection lost.
   if (pings_in_flight_.load() >= 8) return false;
-  auto ping = std::make_unique<Ping>(Ping{this, SteadyClock::now()});
+  auto ping = std::make_shared<CallState>();
+  ping->session = this;
+  ping->sent_at = SteadyClock::now();
   ++pings_in_flight_;
-  const int rc = zoo_aexists(handle_, "/", 0, ping_done, ping.get());
-  // Refused before the completion was registered (see Session::run): ours to free; otherwise
-  // the completion's.
-  if (rc != ZBADARGUMENTS && rc != ZINVALIDSTATE) ping.release();
+  void* context = in_flight().add(std::move(ping));
+  const int rc = zoo_aexists(handle_, "/", 0, ping_done, context);
+  if (rc == ZBADARGUMENTS || rc == ZINVALIDSTATE) in_flight().claim(context);  // see Session::run
   if (rc != ZOK) --pings_in_flight_;
   return rc == ZOK;
 }
