@@ -27,6 +27,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <stop_token>
 #include <thread>
 #include <vector>
 
@@ -708,6 +709,224 @@ TEST_F(FileSafety, RootNeverCreatesItsDirectoryInsideAnotherUsersDirectory) {
     unsetenv("XDG_RUNTIME_DIR");
   }
   if (old_backend) setenv("TURNSTILE_BACKEND", old_backend->c_str(), 1);
+}
+
+// ---- waits that end leave nothing behind (red team rt2.1) -------------------------------------
+
+int count_entries(const char* dir) {
+  int count = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir)) ++count;
+  return count;
+}
+
+// Before: each timed-out wait left a watcher thread and a descriptor blocked until the holder
+// let go (and idle names kept up to 64 · 2), so a waiter under `ulimit -n 96` failed with EMFILE
+// after a few dozen waits, on every name.
+TEST_F(FileSafety, WaitsThatTimeOutLeaveNoThreadOrDescriptorBehind) {
+  constexpr int kNames = 120;
+  Pipe held, done;
+  Child holder([&] {
+    auto client = Client::connect(url_);
+    std::vector<turnstile::Mutex> mutexes;
+    for (int i = 0; i < kNames; ++i) {
+      mutexes.push_back(client.mutex("held-" + std::to_string(i)));
+      mutexes.back().lock();
+    }
+    held.send();
+    return done.receive(60s) ? 0 : 1;
+  });
+  ASSERT_TRUE(held.receive(20s)) << "the holder did not take its names";
+  Child waiter([&] {
+    rlimit limit{96, 96};
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) return 3;
+    auto client = Client::connect(url_);
+    auto warm = client.mutex("fresh-0");  // the client's own threads and descriptors, once
+    warm.lock();
+    warm.unlock();
+    const int descriptors = count_entries("/proc/self/fd");
+    const int threads = count_entries("/proc/self/task");
+    for (int i = 0; i < kNames; ++i) {
+      auto mutex = client.mutex("held-" + std::to_string(i));
+      if (mutex.try_lock_for(5ms)) return 4;  // throws (exit 99) on EMFILE
+    }
+    // With a stop token instead of a deadline, too.
+    for (int i = 0; i < 20; ++i) {
+      std::stop_source stop;
+      std::thread stopper([&] {
+        std::this_thread::sleep_for(2ms);
+        stop.request_stop();
+      });
+      auto mutex = client.mutex("held-" + std::to_string(i));
+      const bool got = mutex.lock(stop.get_token());
+      stopper.join();
+      if (got) return 4;
+    }
+    // A cancelled watcher ends on its own thread: give it time to, however busy the machine.
+    if (!eventually([&] { return count_entries("/proc/self/task") <= threads; }, 10s)) {
+      std::fprintf(stderr, "%d threads, %d before the waits\n", count_entries("/proc/self/task"), threads);
+      return 5;
+    }
+    // What remains is the cache of idle names: at most 16, each its file and 2 spare descriptions.
+    if (count_entries("/proc/self/fd") > descriptors + 16 * 3) {
+      std::fprintf(stderr, "%d descriptors, %d before the waits\n", count_entries("/proc/self/fd"), descriptors);
+      return 6;
+    }
+    auto fresh = client.mutex("fresh-1");
+    if (!fresh.try_lock()) return 7;
+    fresh.unlock();
+    return 0;
+  });
+  EXPECT_EQ(waiter.wait(40s), 0) << "see the status code in the test (99: an error, e.g. too many open files)";
+  done.send();
+  EXPECT_EQ(holder.wait(), 0);
+}
+
+// ---- fencing tokens across lost state (red team rt2.2) -----------------------------------------
+
+// Before: a removed or truncated state file restarted the name's tokens at 1.
+TEST_F(FileSafety, FencingTokensKeepGrowingWhenTheStateFileIsRemovedOrTruncated) {
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex("tokens");
+  std::uint64_t last = 0;
+  const auto next = [&](const char* after) {
+    mutex.lock();
+    const auto token = mutex.fencing_token();
+    mutex.unlock();
+    EXPECT_GT(token, last) << "after " << after;
+    last = token;
+  };
+  next("the first lock");
+  next("a release");
+  ASSERT_EQ(unlink(state_of("tokens").c_str()), 0);
+  next("the state file was removed");
+  ASSERT_EQ(truncate(state_of("tokens").c_str(), 100), 0);
+  next("the state file was truncated to 100 bytes");
+  ASSERT_EQ(truncate(state_of("tokens").c_str(), 0), 0);
+  next("the state file was truncated to 0 bytes");
+  fs::remove_all(root_);
+  next("the directory was removed");
+}
+
+// ---- a removed state file admits nobody while its holder lives (red team rt2.2) ----------------
+
+// Before: a contender got the lock at once, with the same fencing token, while the holder (told
+// only by its next check) still held it.
+TEST_F(FileSafety, ARemovedOrMovedStateFileAdmitsNobodyWhileItsHolderLives) {
+  for (const bool move : {false, true}) {
+    SCOPED_TRACE(move ? "moved away" : "removed");
+    const std::string name = move ? "moved" : "removed";
+    const std::string token_file = scratch_ + "/token-" + name;
+    Pipe held, told, release;
+    Child holder([&] {
+      auto client = Client::connect(url_);
+      auto mutex = client.mutex(name);
+      mutex.lock();
+      std::ofstream(token_file) << mutex.fencing_token();
+      held.send();
+      if (!eventually([&] { return mutex.lost_token().stop_requested(); }, 10s)) return 2;
+      told.send();
+      if (!release.receive(20s)) return 3;
+      try {
+        mutex.unlock();
+      } catch (const turnstile::HoldLost&) {
+      }
+      return 0;
+    });
+    ASSERT_TRUE(held.receive(20s));
+    std::uint64_t held_token = 0;
+    std::ifstream(token_file) >> held_token;
+    ASSERT_GT(held_token, 0u);
+    if (move) {
+      ASSERT_EQ(rename(state_of(name).c_str(), (scratch_ + "/aside").c_str()), 0);
+    } else {
+      ASSERT_EQ(unlink(state_of(name).c_str()), 0);
+    }
+    auto client = Client::connect(url_);
+    auto contender = client.mutex(name);
+    const auto try_once = [&] {
+      try {
+        if (!contender.try_lock_for(50ms)) return false;
+        contender.unlock();
+        return true;
+      } catch (const turnstile::BackendUnavailable&) {
+        return false;
+      }
+    };
+    EXPECT_FALSE(try_once()) << "admitted at once beside a live holder";
+    ASSERT_TRUE(told.receive(15s)) << "the holder was not told";
+    EXPECT_FALSE(try_once()) << "admitted while the (told) holder still holds";
+    release.send();
+    EXPECT_EQ(holder.wait(), 0);
+    // Once it let go, the name works again, with a larger token.
+    contender.lock();
+    EXPECT_GT(contender.fencing_token(), held_token);
+    contender.unlock();
+  }
+}
+
+// The same within one process: a thread's hold on a removed file keeps other threads out too.
+TEST_F(FileSafety, ARemovedStateFileAdmitsNoOtherThreadWhileHeld) {
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex("threads");
+  mutex.lock();
+  ASSERT_EQ(unlink(state_of("threads").c_str()), 0);
+  std::thread([&] {
+    auto other = Client::connect(url_).mutex("threads");
+    EXPECT_THROW((void)other.try_lock(), turnstile::BackendUnavailable);
+    auto same_client = client.mutex("threads");
+    EXPECT_THROW((void)same_client.try_lock(), turnstile::BackendUnavailable);
+  }).join();
+  EXPECT_TRUE(eventually([&] { return mutex.lost_token().stop_requested(); }, 5s));
+  try {
+    mutex.unlock();
+  } catch (const turnstile::HoldLost&) {
+  }
+  EXPECT_TRUE(mutex.try_lock());
+  mutex.unlock();
+}
+
+// ---- directories and state files refused (red team rt2.3) --------------------------------------
+
+TEST_F(FileSafety, RefusesTheRootAndSystemDirectories) {
+  for (const char* url : {"file:///", "file:////", "file:///etc", "file:///tmp/", "file:///usr", "file:///var/tmp"}) {
+    EXPECT_THROW(Client::connect(url), turnstile::InvalidUrl) << url;
+  }
+}
+
+TEST_F(FileSafety, RefusesADirectoryInsideOneOthersMayWriteWithoutTheStickyBit) {
+  const auto open_dir = scratch_ + "/open";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(mkdir((open_dir + "/mine").c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);  // anyone may rename "mine" away and replace it
+  EXPECT_THROW(Client::connect("file://" + open_dir + "/mine"), turnstile::AccessDenied);
+  EXPECT_THROW(Client::connect("file://" + open_dir + "/mine/deeper"), turnstile::AccessDenied);
+  EXPECT_THROW(Client::connect("file://" + open_dir + "/new"), turnstile::AccessDenied);
+  EXPECT_FALSE(fs::exists(open_dir + "/new")) << "created before refusing";
+  EXPECT_FALSE(fs::exists(open_dir + "/mine/deeper")) << "created before refusing";
+  EXPECT_TRUE(fs::is_empty(open_dir + "/mine"));
+  // Reached through a symbolic link from a safe place: the real path is checked too.
+  const auto safe = scratch_ + "/safe";
+  ASSERT_EQ(mkdir(safe.c_str(), 0700), 0);
+  ASSERT_EQ(symlink((open_dir + "/mine").c_str(), (safe + "/link").c_str()), 0);
+  EXPECT_THROW(Client::connect("file://" + safe + "/link/sub"), turnstile::AccessDenied);
+  // Sticky (like /tmp): only the owner of "mine" may rename it.
+  ASSERT_EQ(chmod(open_dir.c_str(), 01777), 0);
+  EXPECT_NO_THROW(Client::connect("file://" + open_dir + "/mine"));
+  // A symbolic link among the ancestors is followed, as by any program.
+  EXPECT_NO_THROW(Client::connect("file://" + safe + "/link/sub"));
+  EXPECT_TRUE(fs::is_directory(open_dir + "/mine/sub"));
+}
+
+// Before: BackendUnavailable (CLI exit 69) for a symbolic link or a directory in place of a state file.
+TEST_F(FileSafety, AStateFileThatIsALinkOrADirectoryIsAccessDenied) {
+  auto client = Client::connect(url_);
+  ASSERT_EQ(symlink("/etc/passwd", state_of("link").c_str()), 0);
+  ASSERT_EQ(mkdir(state_of("dir").c_str(), 0700), 0);
+  ASSERT_EQ(mkfifo(state_of("fifo").c_str(), 0600), 0);
+  for (const char* name : {"link", "dir", "fifo"}) {
+    auto mutex = client.mutex(name);
+    EXPECT_THROW((void)mutex.try_lock(), turnstile::AccessDenied) << name;
+  }
 }
 
 }  // namespace

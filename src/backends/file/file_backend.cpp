@@ -20,6 +20,8 @@
 // see a new fork generation: their holds throw HoldLost instead of touching the queue, and a
 // Client used in the child opens everything afresh.
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
@@ -55,9 +57,10 @@ using namespace file_state;
 
 // A client keeps at most this many names open while nothing of theirs is held or waited for,
 // and at most this many spare descriptions per name: what it keeps is bounded, whatever the
-// number of names it ever used.
-constexpr std::size_t kIdleNames = 64;
-constexpr std::size_t kSpareDescriptors = 4;
+// number of names it ever used — idle names cost at most 16 · (1 + 2) descriptors; a held
+// name costs 2 (its file, the hold's description), a waiting one 3 (a watcher's, while it waits).
+constexpr std::size_t kIdleNames = 16;
+constexpr std::size_t kSpareDescriptors = 2;
 
 [[noreturn]] void fail_io(const std::string& what, int error = errno) {
   if (error == EACCES || error == EPERM) throw AccessDenied(what + ": " + std::strerror(error));
@@ -198,6 +201,16 @@ std::int64_t realtime_ns() {
   return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
+// The fencing token (and sequence number) of a new entry: max(last + 1, CLOCK_REALTIME in µs),
+// as on Redis. Strictly increasing while the state file lives, and still above every earlier
+// token of the name when the file was removed, truncated or replaced (a cleaner, rm -rf), as
+// long as the clock was not stepped back by more than the time since the last token.
+// (2^40 + 4·token stays below the largest lock offset, 2^63 - 1, for some 70,000 years.)
+std::uint64_t next_token(const Header& h) {
+  const auto now_us = static_cast<std::uint64_t>(std::max<std::int64_t>(realtime_ns() / 1000, 0));
+  return std::max(h.next_seq + 1, now_us);
+}
+
 const std::string& boot_id() {
   static const std::string id = [] {
     std::ifstream in("/proc/sys/kernel/random/boot_id");
@@ -226,6 +239,12 @@ bool kept_as_is(unsigned char c) {
          c == '.';
 }
 
+std::uint64_t fnv1a(const std::string& text) {
+  std::uint64_t hash = 1469598103934665603ULL;
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ULL;
+  return hash;
+}
+
 std::string encode_name(const std::string& name) {
   static constexpr char hex[] = "0123456789ABCDEF";
   std::string out;
@@ -239,8 +258,7 @@ std::string encode_name(const std::string& name) {
     }
   }
   if (out.size() <= 200) return "n." + out;
-  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a
-  for (unsigned char c : name) hash = (hash ^ c) * 1099511628211ULL;
+  const std::uint64_t hash = fnv1a(name);
   std::string prefix = "h.";
   for (int shift = 60; shift >= 0; shift -= 4) prefix += hex[(hash >> shift) & 15];
   return prefix + "." + out.substr(0, 180);
@@ -316,41 +334,133 @@ class Waker {
   bool woken_ = false;
 };
 
-// A thread blocked in F_OFD_SETLKW on one byte; it ends by itself when the byte is released
-// (by leaving, or by its owner's death) and wakes everyone listening.
+// A thread blocked in F_OFD_SETLKW on one byte, on a description of its own, shared by the
+// process's waiters for that byte. It ends when the byte is released (by leaving, or by its
+// owner's death), waking everyone listening, or when its last listener stops listening (a
+// deadline, a stop, another byte's release): it is then cancelled, which ends its blocked
+// fcntl (a cancellation point, and the only point where it accepts cancellation) and closes its
+// description. So a wait that ends leaves no thread or descriptor behind, however long the
+// byte stays held.
 struct ByteWatch {
   std::mutex mutex;
   bool released = false;
-  std::vector<std::weak_ptr<Waker>> listeners;
+  bool finished = false;  // set by the thread as its last act: `thread` may be gone after it
+  std::vector<std::shared_ptr<Waker>> listeners;
+  pthread_t thread{};
+  int fd = -1;
+  off_t offset = 0;
+  std::uint32_t generation = 0;
 
   void listen(const std::shared_ptr<Waker>& waker) {
     {
       std::lock_guard lock(mutex);
-      if (!released) {
-        listeners.push_back(waker);
-        return;
-      }
+      listeners.push_back(waker);
+      if (!released) return;
     }
     waker->wake();
   }
-  void release() {
-    std::vector<std::weak_ptr<Waker>> told;
+  // Returns whether anyone still listens.
+  bool unlisten(const std::shared_ptr<Waker>& waker) {
+    std::lock_guard lock(mutex);
+    std::erase(listeners, waker);
+    return !listeners.empty();
+  }
+  // Ends the thread if it still waits (the caller made sure nobody listens or will).
+  void cancel() {
+    std::lock_guard lock(mutex);
+    if (!finished) pthread_cancel(thread);  // the thread cannot exit while we hold the mutex
+  }
+  void finish() {
+    std::vector<std::shared_ptr<Waker>> told;
     {
       std::lock_guard lock(mutex);
       released = true;
-      told.swap(listeners);
+      finished = true;
+      told = listeners;
     }
-    for (auto& listener : told) {
-      if (auto waker = listener.lock()) waker->wake();
+    for (auto& listener : told) listener->wake();
+  }
+};
+
+void finish_byte_watch(void* argument) {
+  std::unique_ptr<std::shared_ptr<ByteWatch>> owner(static_cast<std::shared_ptr<ByteWatch>*>(argument));
+  ByteWatch& watch = **owner;
+  close_tracked(watch.fd, watch.generation);  // drops the read lock too, if we got it
+  watch.finish();
+}
+
+// A failed wait is reported as a release too: the waiter looks at the queue again and decides.
+void* run_byte_watch(void* argument) {
+  int ignored;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &ignored);
+  auto& watch = **static_cast<std::shared_ptr<ByteWatch>*>(argument);
+  struct flock fl {};
+  fl.l_type = F_RDLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = watch.offset;
+  fl.l_len = 1;
+  pthread_cleanup_push(finish_byte_watch, argument);
+  pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &ignored);
+  while (fcntl(watch.fd, F_OFD_SETLKW, &fl) != 0 && errno == EINTR) {
+  }
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &ignored);
+  pthread_cleanup_pop(1);
+  return nullptr;
+}
+
+// ---- pins on the directory -----------------------------------------------------------------
+
+// Read locks on bytes of the backend directory itself, which outlives every state file in it:
+// one byte per name (a hash of it), held by a process for as long as it holds anything of that
+// name. A state file that is missing is created afresh only while nobody pins its name, so a
+// held state file removed or moved away (rm, a tmp cleaner) lets nobody else in while its
+// holder lives, whether or not it has noticed yet. All holds of a client in one directory share
+// one description of it and count per byte; probes use the directory's main descriptor, which
+// never holds OFD locks, so they see this process's pins too.
+class DirectoryPins {
+ public:
+  explicit DirectoryPins(int root_fd) : root_fd_(root_fd) {}
+  ~DirectoryPins() { close_tracked(fd_, generation_); }
+  DirectoryPins(const DirectoryPins&) = delete;
+  DirectoryPins& operator=(const DirectoryPins&) = delete;
+
+  static off_t byte_of(const std::string& name) { return static_cast<off_t>(fnv1a(name) & ((std::uint64_t{1} << 62) - 1)); }
+
+  void pin(off_t byte) {
+    std::lock_guard lock(mutex_);
+    if (fd_ < 0) {
+      fd_ = tracked(openat(root_fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (fd_ < 0) fail_io("cannot open the backend directory");
+    }
+    auto& count = counts_[byte];
+    if (count == 0) set_lock(fd_, F_RDLCK, byte, 1, false);  // read locks never conflict: no wait
+    ++count;
+  }
+  void unpin(off_t byte) {
+    if (generation_ != current_generation()) return;  // a parent's pin: closed at the fork
+    std::lock_guard lock(mutex_);
+    auto it = counts_.find(byte);
+    if (it == counts_.end()) return;
+    if (--it->second == 0) {
+      counts_.erase(it);
+      set_lock(fd_, F_UNLCK, byte, 1, false);
     }
   }
+  bool pinned(off_t byte) const { return is_locked(root_fd_, byte, 1); }
+
+ private:
+  int root_fd_;
+  int fd_ = -1;
+  std::uint32_t generation_ = current_generation();
+  std::mutex mutex_;
+  std::unordered_map<off_t, std::size_t> counts_;
 };
 
 // ---- one name's state file -----------------------------------------------------------------
 
 class NameFile {
  public:
-  NameFile(int root_fd, std::string name);
+  NameFile(int root_fd, std::shared_ptr<DirectoryPins> pins, std::string name);
   ~NameFile();
   NameFile(const NameFile&) = delete;
   NameFile& operator=(const NameFile&) = delete;
@@ -398,6 +508,12 @@ class NameFile {
   // Whether the state file is still the one at its path, whole: a removed, replaced or
   // truncated file means the holds it records no longer exclude anyone.
   bool still_valid();
+  // Pins the name on the directory (see DirectoryPins) for one hold, and says whether this file
+  // is still the one at its path. Pinned first, checked after: a file found in place was in
+  // place when the pin was taken, so whoever creates a new one later sees the pin. Unpins and
+  // returns false otherwise.
+  bool pin_if_current();
+  void unpin() { pins_->unpin(pin_byte_); }
 
  private:
   void open_or_create(int root_fd);
@@ -408,7 +524,10 @@ class NameFile {
 
   std::string name_;
   std::string base_;
+  std::string state_name_ = base_ + ".s";
   int root_fd_ = -1;
+  std::shared_ptr<DirectoryPins> pins_;
+  off_t pin_byte_ = DirectoryPins::byte_of(name_);
   int fd_ = -1;
   Header* header_ = nullptr;
   std::atomic<bool> broken_{false};
@@ -418,7 +537,7 @@ class NameFile {
   dev_t dev_ = 0;
   ino_t ino_ = 0;
   std::mutex watches_mutex_;
-  std::unordered_map<off_t, std::weak_ptr<ByteWatch>> watches_;
+  std::unordered_map<off_t, std::shared_ptr<ByteWatch>> watches_;  // the bytes listened to
 };
 
 NameFile::Guard::Guard(NameFile& file) : file_(file), access_(file.header_, sizeof(Header), file.broken_) {
@@ -438,7 +557,8 @@ void NameFile::check_intact() const {
   }
 }
 
-NameFile::NameFile(int root_fd, std::string name) : name_(std::move(name)), base_(encode_name(name_)), root_fd_(root_fd) {
+NameFile::NameFile(int root_fd, std::shared_ptr<DirectoryPins> pins, std::string name)
+    : name_(std::move(name)), base_(encode_name(name_)), root_fd_(root_fd), pins_(std::move(pins)) {
   install_sigbus_handler();
   open_or_create(root_fd);
 }
@@ -458,6 +578,9 @@ void NameFile::open_or_create(int root_fd) {
       if (errno == ENOENT) {
         create(root_fd);
         continue;
+      }
+      if (errno == ELOOP || errno == EISDIR || errno == ENXIO) {  // a symbolic link, a directory, a socket
+        throw AccessDenied("refusing the state file of '" + name_ + "': not a regular file owned by this user");
       }
       fail_io("cannot open the state of '" + name_ + "'");
     }
@@ -617,6 +740,14 @@ void NameFile::create(int root_fd) {
   header->name_length = static_cast<std::uint32_t>(name_.size());
   std::memcpy(header->name, name_.data(), name_.size());
   munmap(map, sizeof(Header));
+  if (pins_->pinned(pin_byte_)) {
+    cleanup();
+    struct stat now {};
+    if (fstatat(root_fd, state_name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0) return;  // made meanwhile: open it
+    // The name's file was removed or moved away while a process holds something of it.
+    throw BackendUnavailable("the state file of '" + name_ + "' was removed while a live process still holds '" +
+                             name_ + "' (it is told its hold is lost); try again once it has let go");
+  }
   const bool linked = linkat(root_fd, temp.c_str(), root_fd, (base_ + ".s").c_str(), 0) == 0;
   const int error = errno;
   cleanup();
@@ -665,24 +796,34 @@ void NameFile::return_descriptor(int fd) {
   close_tracked(fd, generation_);
 }
 
+// Under watches_mutex_.
 std::shared_ptr<ByteWatch> NameFile::watch_byte(off_t offset) {
-  std::lock_guard lock(watches_mutex_);
-  std::erase_if(watches_, [](const auto& item) { return item.second.expired(); });
-  if (auto existing = watches_[offset].lock()) return existing;
+  auto& slot = watches_[offset];
+  if (slot) return slot;
   auto watch = std::make_shared<ByteWatch>();
-  const int fd = checkout_descriptor();
-  const auto generation = generation_;
-  std::thread([watch, fd, offset, generation] {
-    try {
-      set_lock(fd, F_RDLCK, offset, 1, true);
-      set_lock(fd, F_UNLCK, offset, 1, false);
-    } catch (...) {
-      // Reported as "released": the waiter looks at the queue again and decides.
-    }
-    close_tracked(fd, generation);  // its own description: the NameFile may be gone by now
-    watch->release();
-  }).detach();
-  watches_[offset] = watch;
+  watch->fd = checkout_descriptor();
+  watch->offset = offset;
+  watch->generation = generation_;
+  auto* argument = new std::shared_ptr<ByteWatch>(watch);
+  pthread_attr_t attributes;
+  pthread_attr_init(&attributes);
+  pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attributes, 256 * 1024);  // it only waits: no need for megabytes
+  // The application's signals are not for this thread: it starts with all of them blocked.
+  sigset_t all, previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  std::lock_guard lock(watch->mutex);  // `thread` is set before anyone may cancel
+  const int rc = pthread_create(&watch->thread, &attributes, run_byte_watch, argument);
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  pthread_attr_destroy(&attributes);
+  if (rc != 0) {
+    delete argument;
+    close_tracked(watch->fd, generation_);
+    watches_.erase(offset);
+    fail_io("cannot start a thread to wait for '" + name_ + "'", rc);
+  }
+  slot = watch;
   return watch;
 }
 
@@ -690,12 +831,29 @@ void NameFile::wait_for_any_release(const std::vector<off_t>& offsets, Deadline 
   auto waker = std::make_shared<Waker>();
   std::vector<std::shared_ptr<ByteWatch>> watches;
   watches.reserve(offsets.size());
-  for (off_t offset : offsets) {
-    watches.push_back(watch_byte(offset));
-    watches.back()->listen(waker);
+  const auto stop_listening = [&] {
+    std::lock_guard lock(watches_mutex_);
+    for (const auto& watch : watches) {
+      if (watch->unlisten(waker)) continue;
+      if (auto it = watches_.find(watch->offset); it != watches_.end() && it->second == watch) watches_.erase(it);
+      watch->cancel();
+    }
+  };
+  try {
+    std::lock_guard lock(watches_mutex_);
+    for (off_t offset : offsets) {
+      watches.push_back(watch_byte(offset));
+      watches.back()->listen(waker);
+    }
+  } catch (...) {
+    stop_listening();
+    throw;
   }
-  std::stop_callback on_stop(stop, [&] { waker->wake(); });
-  waker->sleep(deadline);
+  {
+    std::stop_callback on_stop(stop, [&] { waker->wake(); });
+    waker->sleep(deadline);
+  }
+  stop_listening();
 }
 
 void NameFile::ring_counter() {
@@ -771,11 +929,22 @@ void NameFile::recompute_mode() {
   }
 }
 
+bool NameFile::pin_if_current() {
+  pins_->pin(pin_byte_);
+  struct stat now {};
+  if (fstatat(root_fd_, state_name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == dev_ &&
+      now.st_ino == ino_) {
+    return true;
+  }
+  pins_->unpin(pin_byte_);
+  return false;
+}
+
 bool NameFile::still_valid() {
   if (broken()) return false;
   struct stat mine {}, now {};
   if (fstat(fd_, &mine) != 0 || mine.st_nlink == 0 || mine.st_size != static_cast<off_t>(sizeof(Header))) return false;
-  if (fstatat(root_fd_, (base_ + ".s").c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) return false;
+  if (fstatat(root_fd_, state_name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) return false;
   if (now.st_dev != dev_ || now.st_ino != ino_) return false;
   MappingAccess access(header_, sizeof(Header), broken_);
   return header_->magic == kMagic && !broken();
@@ -788,12 +957,59 @@ std::string parent_of(const std::string& path) {
   return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
 }
 
+// Whether only this user can be in group `gid`: our own group with no other listed member.
+bool private_group(gid_t gid) {
+  if (gid != getegid()) return false;
+  std::vector<char> buffer(16384);
+  group entry {};
+  group* found = nullptr;
+  if (getgrgid_r(gid, &entry, buffer.data(), buffer.size(), &found) != 0 || !found) return false;
+  passwd user {};
+  passwd* me = nullptr;
+  std::vector<char> user_buffer(16384);
+  if (getpwuid_r(geteuid(), &user, user_buffer.data(), user_buffer.size(), &me) != 0 || !me) return false;
+  for (char** member = found->gr_mem; *member; ++member) {
+    if (std::strcmp(*member, me->pw_name) != 0) return false;
+  }
+  return true;
+}
+
+void check_above(const std::string& root, const std::string& dir) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) fail_io("cannot look at " + dir);
+  const bool writable = (st.st_mode & S_IWOTH) || ((st.st_mode & S_IWGRP) && !private_group(st.st_gid));
+  if (writable && !(st.st_mode & S_ISVTX)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw AccessDenied("refusing " + root + ": " + dir + " above it may be written by its group or others (mode " +
+                       mode + ", no sticky bit), who could rename it away and put another in its place; "
+                       "chmod go-w or +t " + dir + ", or use another directory");
+  }
+}
+
+// `dir` and every directory above it, along the path given and along the real one (symbolic
+// links among them are followed, as by any program): one that others may write to without the
+// sticky bit lets them rename the backend directory (or one above it) away and put their own in
+// its place, so it is refused (AccessDenied). A sticky one (/tmp) lets only owners rename.
+void check_ancestors(const std::string& root, const std::string& dir) {
+  std::vector<std::string> paths{dir};
+  char real[PATH_MAX] = {};
+  if (realpath(dir.c_str(), real) != nullptr && real != dir) paths.emplace_back(real);
+  for (const auto& path : paths) {
+    for (std::string at = path;; at = parent_of(at)) {
+      check_above(root, at);
+      if (at == "/") break;
+    }
+  }
+}
+
 // Opens the backend directory, creating missing parts private to this user, but only inside a
 // directory owned by this user or by root: root with a user's XDG_RUNTIME_DIR (sudo -E) must not
 // plant a root-owned directory that locks the user out. Refuses a symbolic link, a
 // non-directory, a directory owned by someone else, or one its group or others may write to
 // (they could remove or replace the state files). Refusals are AccessDenied.
 int open_root(const std::string& root) {
+  bool checked = false;
   for (std::size_t slash = 1; slash != std::string::npos;) {
     slash = root.find('/', slash + 1);
     const std::string prefix = root.substr(0, slash);
@@ -807,6 +1023,8 @@ int open_root(const std::string& root) {
       throw AccessDenied("refusing to create " + prefix + " inside " + parent + ", which belongs to uid " +
                          std::to_string(up.st_uid) + " (this is uid " + std::to_string(geteuid()) + ")");
     }
+    if (!checked) check_ancestors(root, parent);  // before creating anything
+    checked = true;
     if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) fail_io("cannot create " + prefix);
   }
   int fd = tracked(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -834,6 +1052,12 @@ int open_root(const std::string& root) {
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
     throw AccessDenied("refusing " + root + ": its group or others may write to it (mode " + mode +
                        "); make it private (chmod go-w) or use another directory");
+  }
+  try {
+    check_ancestors(root, parent_of(root));
+  } catch (...) {
+    close_tracked(fd, generation);
+    throw;
   }
   return fd;
 }
@@ -885,6 +1109,9 @@ class FileBackend final : public Backend {
 
   std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
                                        std::shared_ptr<LossSignal> loss) override;
+  // One attempt in one state file; sets `moved` when admitted in a file no longer at its path.
+  std::unique_ptr<BackendHold> acquire_in(const std::shared_ptr<NameFile>& name_file, const QueueRequest& request,
+                                          Deadline deadline, const std::shared_ptr<LossSignal>& loss, bool& moved);
   Inspection inspect(const std::string& name) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
@@ -907,6 +1134,8 @@ class FileBackend final : public Backend {
 
  private:
   std::shared_ptr<NameFile> file(const std::string& name);
+  // Forgets `nf` (no longer the file at its path): the next file(name) opens the current one.
+  void forget(const std::string& name, const std::shared_ptr<NameFile>& nf);
   struct WatchState;
   static void watch_loop(const std::shared_ptr<WatchState>& state);
 
@@ -914,6 +1143,7 @@ class FileBackend final : public Backend {
   int root_fd_;
   std::uint32_t generation_ = current_generation();
   std::vector<int> removed_root_fds_;  // still named by NameFiles that outlive their directory
+  std::shared_ptr<DirectoryPins> pins_ = std::make_shared<DirectoryPins>(root_fd_);
   std::mutex files_mutex_;
   std::unordered_map<std::string, std::shared_ptr<NameFile>> files_;
 
@@ -971,7 +1201,12 @@ class FileHold final : public BackendHold {
   FileHold(FileBackend& backend, std::shared_ptr<NameFile> file, int fd, std::uint64_t seq, EntryKind kind,
            std::shared_ptr<LossSignal> loss)
       : backend_(backend), file_(std::move(file)), fd_(fd), seq_(seq), kind_(kind), loss_(std::move(loss)) {
-    backend_.watch(this);
+    try {
+      backend_.watch(this);
+    } catch (...) {
+      file_->unpin();  // taken for this hold by pin_if_current()
+      throw;
+    }
   }
   ~FileHold() override {
     try {
@@ -1015,6 +1250,7 @@ class FileHold final : public BackendHold {
     }
     file_->return_descriptor(fd_);
     fd_ = -1;
+    file_->unpin();
     if (broken) {
       loss_->lose("the state file of '" + file_->name() + "' was truncated or overwritten");
     } else if (!found) {
@@ -1055,6 +1291,7 @@ std::shared_ptr<NameFile> FileBackend::file(const std::string& name) {
     removed_root_fds_.clear();
     root_fd_ = -1;
     root_fd_ = open_root(root_);
+    pins_ = std::make_shared<DirectoryPins>(root_fd_);
     generation_ = current_generation();
   }
   auto& slot = files_[name];
@@ -1067,11 +1304,12 @@ std::shared_ptr<NameFile> FileBackend::file(const std::string& name) {
       const int fresh = open_root(root_);
       removed_root_fds_.push_back(root_fd_);
       root_fd_ = fresh;
+      pins_ = std::make_shared<DirectoryPins>(root_fd_);
     }
   }
   if (slot) return slot;
   try {
-    slot = std::make_shared<NameFile>(root_fd_, name);
+    slot = std::make_shared<NameFile>(root_fd_, pins_, name);
   } catch (...) {
     files_.erase(name);
     throw;
@@ -1082,6 +1320,11 @@ std::shared_ptr<NameFile> FileBackend::file(const std::string& name) {
     std::erase_if(files_, [&](const auto& item) { return item.second.use_count() == 1 && item.first != name; });
   }
   return result;
+}
+
+void FileBackend::forget(const std::string& name, const std::shared_ptr<NameFile>& nf) {
+  std::lock_guard lock(files_mutex_);
+  if (auto it = files_.find(name); it != files_.end() && it->second == nf) files_.erase(it);
 }
 
 void FileBackend::watch(FileHold* hold) {
@@ -1144,7 +1387,20 @@ void FileBackend::watch_loop(const std::shared_ptr<WatchState>& state) {
 
 std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, Deadline deadline,
                                                   std::shared_ptr<LossSignal> loss) {
-  auto name_file = file(request.name);
+  for (;;) {
+    auto name_file = file(request.name);
+    bool moved = false;
+    auto hold = acquire_in(name_file, request, deadline, loss, moved);
+    if (!moved) return hold;
+    // Admitted in a state file removed or moved away meanwhile (our entry has left it): that
+    // admission excludes nobody, so queue again in the file now at the path.
+    forget(request.name, name_file);
+  }
+}
+
+std::unique_ptr<BackendHold> FileBackend::acquire_in(const std::shared_ptr<NameFile>& name_file,
+                                                     const QueueRequest& request, Deadline deadline,
+                                                     const std::shared_ptr<LossSignal>& loss, bool& moved) {
   NameFile& nf = *name_file;
   const int fd = nf.checkout_descriptor();
   std::uint64_t seq = 0;
@@ -1156,7 +1412,19 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
     nf.recompute_mode();
     set_lock(fd, F_UNLCK, byte_offset(seq, Byte::life), 4, false);
   };
+  // Outside the guard: a hold is handed out only once its name is pinned in a file still in place.
+  const auto admit = [&]() -> std::unique_ptr<BackendHold> {
+    if (nf.pin_if_current()) return std::make_unique<FileHold>(*this, name_file, fd, seq, request.kind, loss);
+    {
+      NameFile::Guard guard(nf);
+      leave();
+    }
+    nf.return_descriptor(fd);
+    moved = true;
+    return nullptr;
+  };
   try {
+    bool admitted_at_join = false;
     {
       NameFile::Guard guard(nf);
       nf.check_intact();
@@ -1174,7 +1442,7 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
       if (h.count == kCapacity) {
         throw QueueFull("'" + request.name + "' already has " + std::to_string(kCapacity) + " contenders");
       }
-      const std::uint64_t next = h.next_seq + 1;
+      const std::uint64_t next = next_token(h);
       const auto admitted_at_tail = [&] {
         // Reused per thread: no allocation on the uncontended path.
         thread_local std::vector<QueueEntryView> views;
@@ -1213,12 +1481,14 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
         h.limit = request.kind == EntryKind::lease ? request.limit : 0;
       }
       nf.check_intact();
-      if (admitted) return std::make_unique<FileHold>(*this, name_file, fd, seq, request.kind, loss);
+      admitted_at_join = admitted;
     }
+    if (admitted_at_join) return admit();
     // Wait in line: sleep on whatever can change our verdict, then look again.
     for (;;) {
       std::vector<off_t> bytes;
       std::uint64_t target = 0;
+      bool admitted = false;
       {
         NameFile::Guard guard(nf);
         nf.check_intact();
@@ -1240,16 +1510,14 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
         }
         if (!found) throw HoldLost("the queue entry of '" + request.name + "' vanished while waiting");
         const Verdict verdict = evaluate_queue(views, mine, request.limit);
-        if (verdict.admitted()) {
+        admitted = verdict.admitted();
+        if (admitted) {
           if (request.kind == EntryKind::lease) set_lock(fd, F_UNLCK, byte_offset(seq, Byte::waiting), 1, false);
-          return std::make_unique<FileHold>(*this, name_file, fd, seq, request.kind, loss);
-        }
-        if (give_up()) {
+        } else if (give_up()) {
           leave();
           nf.return_descriptor(fd);
           return nullptr;
-        }
-        if (verdict.wait == WaitFor::any_holder_leave) {
+        } else if (verdict.wait == WaitFor::any_holder_leave) {
           // Every entry ahead holds and none is enough alone: any of them leaving or dying can
           // admit us, so watch all their life bytes (the kernel's word, never a process id).
           // Dead ones first: their bytes are free already.
@@ -1265,6 +1533,7 @@ std::unique_ptr<BackendHold> FileBackend::acquire(const QueueRequest& request, D
           bytes.push_back(byte_offset(target, which));
         }
       }
+      if (admitted) return admit();
       if (bytes.size() == 1 && !deadline && !request.stop.stop_possible()) {
         // Nothing else can end this wait: block in the kernel on our own description.
         set_lock(fd, F_RDLCK, bytes.front(), 1, true);
@@ -1431,7 +1700,7 @@ bool FileBackend::counter_acquire(const std::string& name, std::int64_t permits,
           if (h.count == kCapacity) nf.sweep_dead();
           if (h.count == kCapacity) throw QueueFull("'" + name + "' already has " + std::to_string(kCapacity) + " waiters");
           fd = nf.checkout_descriptor();
-          const std::uint64_t next = h.next_seq + 1;
+          const std::uint64_t next = next_token(h);
           set_lock(fd, F_WRLCK, byte_offset(next, Byte::life), 1, false);
           seq = next;
           nf.append(Entry{seq, permits, realtime_ns(), my_pid(), kCounterWaiter, {}});
@@ -1495,6 +1764,18 @@ std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOp
   }
   std::string root = url.path;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
+  // State files belong in a directory of their own, never among the system's (as root, nothing
+  // else would stop file:///etc).
+  static const std::set<std::string> system_directories{
+      "/",         "/bin",      "/boot",      "/dev",      "/dev/shm",  "/etc",       "/home",     "/lib",
+      "/lib32",    "/lib64",    "/libx32",    "/media",    "/mnt",      "/opt",       "/proc",     "/root",
+      "/run",      "/run/lock", "/run/user",  "/sbin",     "/srv",      "/sys",       "/tmp",      "/usr",
+      "/usr/bin",  "/usr/lib",  "/usr/local", "/usr/sbin", "/usr/share", "/var",      "/var/cache", "/var/lib",
+      "/var/lock", "/var/log",  "/var/run",   "/var/spool", "/var/tmp"};
+  if (system_directories.count(root) != 0) {
+    throw InvalidUrl("file:// URL '" + url.text + "' names the system directory " + root +
+                     "; give a directory of its own, e.g. file:///run/turnstile");
+  }
   const int fd = open_root(root);
   return std::make_unique<FileBackend>(root, fd);
 }
