@@ -6,6 +6,7 @@
 // The restart test starts an etcd of its own (tests/servers/etcd.sh); the others use the
 // suite's fixture server, whose URL file is TURNSTILE_ETCD_URL_FILE.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -164,6 +165,11 @@ TEST_F(Etcd, UrlsAreChecked) {
   EXPECT_THROW(Client::connect("etcd://127.0.0.1"), turnstile::InvalidUrl);
   EXPECT_THROW(Client::connect("etcd://127.0.0.1:2379?cacert=/nonexistent"), turnstile::InvalidUrl);
   EXPECT_THROW(Client::connect(url_, with_ttl(500ms)), turnstile::InvalidArgument);
+  // E2.5: malformed hosts and a password without a user are refused before any network.
+  EXPECT_THROW(Client::connect("etcd://u:p@[::1:2379"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("etcd://[::1:2379"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("etcd://127.0.0.1:2379,host name:2379"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("etcd://:pw@127.0.0.1:2379"), turnstile::InvalidUrl);
   // Nothing listens on port 1.
   EXPECT_THROW(Client::connect("etcd://127.0.0.1:1"), turnstile::BackendUnavailable);
   // Several endpoints: a dead one first, the live one second.
@@ -369,6 +375,126 @@ TEST_F(Etcd, ExecutedChildrenInheritNoSocket) {
   const auto listing = shell("ls -l /proc/self/fd");
   EXPECT_EQ(listing.find("socket:"), std::string::npos) << listing;
   mutex.unlock();
+}
+
+
+// The lease id of `name`'s one entry, as etcdctl spells it.
+std::string lease_of_entry(const std::string& url, const std::string& name) {
+  const auto keys = shell(etcdctl(url, "get --prefix --keys-only " + quoted(name + "/")));
+  const auto suffix = keys.substr(std::min(keys.size(), name.size() + 1));
+  return suffix.substr(0, suffix.find_first_of("_\n"));
+}
+
+// E2.1: a hold whose key is deleted by hand or overwritten by another writer is lost at once.
+// Keep-alives go on succeeding (the lease lives), so before, the holder was told only at its
+// release while a contender already held. With a 30 s TTL the next keep-alive is 10 s away:
+// being told within 5 s can only come from watching the key. A downgrade (our own write to the
+// key) is no loss: a later deletion is reported as a deletion, not as an overwrite.
+TEST_F(Etcd, HeldKeyDeletedOrOverwrittenByHandIsLostAtOnce) {
+  std::mutex mutex;
+  std::vector<std::string> reports;
+  auto options = with_ttl(30s);
+  options.on_hold_lost = [&](const turnstile::Error& error) {
+    std::lock_guard lock(mutex);
+    reports.push_back(error.what());
+  };
+  auto client = Client::connect(url_, options);
+  auto other = Client::connect(url_);
+  const auto name = unique_name("keydel");
+  auto held = client.mutex(name);
+  held.lock();
+  const auto lost = held.lost_token();
+  // A contender is really waiting before the key goes.
+  auto contender = std::async(std::launch::async, [&] {
+    auto mutex = other.mutex(name);
+    const bool got = mutex.try_lock_for(20s);
+    if (got) mutex.unlock();
+    return got;
+  });
+  ASSERT_TRUE(eventually([&] { return other.inspect(name).waiters.size() == 1; }));
+  EXPECT_FALSE(lost.stop_requested());
+  shell(etcdctl(url_, "del " + quoted(name + "/" + lease_of_entry(url_, name))));
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 5s)) << "the holder was not told its key was deleted";
+  EXPECT_TRUE(contender.get());
+  EXPECT_THROW(held.release(), turnstile::HoldLost);
+
+  // A Semaphore lease's key (NAME/<lease>_<n>) overwritten by another writer.
+  const auto semaphore_name = unique_name("keyput");
+  auto lease = client.semaphore(semaphore_name, 2).acquire(1);
+  const auto key = shell(etcdctl(url_, "get --prefix --keys-only " + quoted(semaphore_name + "/")));
+  ASSERT_EQ(key.rfind(semaphore_name + "/", 0), 0u) << key;
+  shell(etcdctl(url_, "put " + quoted(key) + " someone-else"));
+  EXPECT_TRUE(eventually([&] { return lease.hold_state() == turnstile::HoldState::lost; }, 5s))
+      << "the holder was not told its key was overwritten";
+  EXPECT_THROW(lease.release(), turnstile::HoldLost);
+
+  // A downgraded hold rewrote its own key: not a loss. Deleted afterwards, it is lost as deleted.
+  const auto rw_name = unique_name("keydowngrade");
+  auto rw = client.shared_mutex(rw_name);
+  rw.lock();
+  rw.lock_shared();
+  rw.unlock();  // the entry is now a shared one, rewritten in place
+  {
+    std::lock_guard lock(mutex);
+    reports.clear();
+  }
+  shell(etcdctl(url_, "del " + quoted(rw_name + "/" + lease_of_entry(url_, rw_name))));
+  EXPECT_TRUE(eventually([&] { return rw.hold_state() == turnstile::HoldState::lost; }, 5s));
+  {
+    std::lock_guard lock(mutex);
+    ASSERT_EQ(reports.size(), 1u);
+    EXPECT_NE(reports[0].find("deleted"), std::string::npos) << reports[0];
+  }
+  EXPECT_THROW(rw.release_shared(), turnstile::HoldLost);
+}
+
+// E2.2: `etcdctl lease revoke` of a holder's lease: the hold is lost at once (its key goes with
+// the lease), and so is the session: a waiter of the same client stops with HoldLost. Before,
+// both were told only at the next keep-alive (TTL/3 = 10 s here), after a contender got in.
+TEST_F(Etcd, LeaseRevokedByHandLosesHoldsAndWaitersAtOnce) {
+  auto client = Client::connect(url_, with_ttl(30s));
+  auto other = Client::connect(url_);
+  const auto name = unique_name("revoke");
+  const auto busy = unique_name("revoke-busy");
+  auto held = client.mutex(name);
+  held.lock();
+  const auto lost = held.lost_token();
+  auto busy_holder = other.mutex(busy);
+  busy_holder.lock();
+  auto waiter = std::async(std::launch::async, [&] {
+    auto mutex = client.mutex(busy);
+    try {
+      return mutex.try_lock_for(25s) ? 'G' : 'T';
+    } catch (const turnstile::HoldLost&) {
+      return 'L';
+    } catch (const turnstile::Error&) {
+      return 'E';
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return other.inspect(busy).waiters.size() == 1; }));
+  const auto lease = lease_of_entry(url_, name);
+  ASSERT_NE(shell(etcdctl(url_, "lease revoke " + lease)).find("revoked"), std::string::npos);
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 5s)) << "the holder was not told its lease was revoked";
+  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready) << "the waiter of the revoked session went on waiting";
+  EXPECT_EQ(waiter.get(), 'L');
+  EXPECT_THROW(held.release(), turnstile::HoldLost);
+  // The client goes on, on a new lease.
+  EXPECT_TRUE(held.try_lock_for(5s));
+  held.unlock();
+  busy_holder.unlock();
+}
+
+// E2.3: a Client in static storage (made after main began, so after gRPC's own statics were
+// made when the etcd module was loaded) that still holds a lock when main returns: the process
+// exits with status 0 (before: SIGSEGV in gRPC's PollPoller::Shutdown, its globals already
+// destroyed), and its hold is gone at once, not after the TTL.
+TEST_F(Etcd, ClientInStaticStorageEndsCleanlyAtExit) {
+  const auto name = unique_name("static");
+  const auto status = std::system(
+      (server_tests::quoted(TURNSTILE_ETCD_STATIC_CLIENT) + " " + server_tests::quoted(url_) + " " + server_tests::quoted(name)).c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << "the program died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(shell(etcdctl(url_, "get --prefix --keys-only " + quoted(name + "/"))), "") << "its hold outlived it";
 }
 
 

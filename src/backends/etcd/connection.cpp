@@ -3,6 +3,7 @@
 #include <grpc/fork.h>
 #include <pthread.h>
 
+#include <cctype>
 #include <charconv>
 #include <condition_variable>
 #include <cstdlib>
@@ -123,12 +124,38 @@ std::string prefix_end(std::string key) {
   return key;
 }
 
+namespace {
+
+// A host as gRPC's resolver takes it: a name or IPv4 address, or an IPv6 address in brackets.
+// Anything else is refused here rather than left to fail inside gRPC (a resolver error on
+// stderr, then BackendUnavailable after the connect deadline).
+bool valid_host(std::string_view host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    const auto address = host.substr(1, host.size() - 2);
+    return address.find(':') != std::string_view::npos &&
+           address.find_first_not_of("0123456789abcdefABCDEF:.") == std::string_view::npos;
+  }
+  if (host.empty() || host.size() > 253) return false;
+  for (char c : host) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   Settings settings;
   settings.tls = url.scheme == "etcds";
   if (url.hosts.empty()) throw InvalidUrl("no host:port in '" + url.text + "'");
+  if (url.user.empty() && !url.password.empty()) {
+    throw InvalidUrl("a password without a user name in '" + url.text + "' (expected user:password@)");
+  }
   for (const auto& host : url.hosts) {
-    parse_host_port(host, 0, url);  // etcd endpoints are host:port: checked, used as written
+    // etcd endpoints are host:port: checked, used as written.
+    if (!valid_host(parse_host_port(host, 0, url).host)) {
+      throw InvalidUrl("bad host '" + host + "' in '" + url.text + "' (a name, an IPv4 address or [an IPv6 address])");
+    }
     settings.endpoints.push_back(host);
     settings.description += (settings.description.empty() ? "" : ",") + host;
   }
@@ -192,6 +219,7 @@ Connection::Endpoint& Connection::current() {
 pb::Watch::Stub& Connection::watch_stub() { return *current().watch; }
 
 void Connection::prepare(grpc::ClientContext& context, Deadline deadline, bool may_wait_for_connection) {
+  if (closed_) throw BackendUnavailable("this etcd client was ended at process exit");
   if (deadline) context.set_deadline(system_deadline(*deadline));
   // Calls wait (within their deadlines) for the connection to be up rather than failing fast:
   // with only fail-fast calls, Debian's gRPC 1.51 was seen to shut down every new connection

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -88,6 +89,8 @@ class Connection {
   explicit Connection(Settings settings);
 
   const Settings& settings() const { return settings_; }
+  // From now on every call fails at once with BackendUnavailable (the client ended at exit).
+  void close() { closed_ = true; }
 
   // `idempotent` calls are resent after a failure until the deadline (then BackendUnavailable);
   // the others throw BackendUnavailable at once when their outcome is unknown.
@@ -129,6 +132,7 @@ class Connection {
   std::mutex mutex_;
   std::size_t current_ = 0;
   std::string token_;
+  std::atomic<bool> closed_{false};
 };
 
 }  // namespace turnstile::detail::etcd

@@ -25,12 +25,15 @@
 // reply was lost can tell "released by me" from "gone before".
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <condition_variable>
+#include <functional>
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -230,6 +233,273 @@ std::vector<QueueEntryView> views_of(const std::vector<Entry>& entries, std::siz
   return views;
 }
 
+// --- held keys ---------------------------------------------------------------------------
+
+// Watches the key of every hold on one Watch stream of its own. Keep-alives prove only that
+// the lease lives; a key deleted by hand (`etcdctl del`), with its lease (`etcdctl lease
+// revoke`), or overwritten by another writer means the hold is gone, and its holder is told at
+// once. Two threads: the reader owns the stream and reads it; the worker writes watch requests,
+// re-reads keys whose watch etcd cancelled (a compacted start revision) and tells the losses,
+// so that no user callback runs while the stream is open (fork handling counts it as a call).
+class KeyWatcher {
+ public:
+  struct Watched {
+    std::string key;
+    std::int64_t create_revision = 0;
+    std::int64_t lease = 0;
+    std::shared_ptr<LossSignal> loss;
+    // Guarded by the watcher's mutex:
+    std::vector<std::string> values;  // the values this client wrote to the key
+    std::int64_t from_revision = 0;   // the first revision not yet seen
+    std::int64_t watch_id = -1;       // on the current stream, once etcd created the watch
+    bool done = false;                // released or lost: no longer watched
+  };
+
+  // `lost` runs (on the worker thread) after a hold was told that its key went.
+  KeyWatcher(Connection& connection, std::function<void()> lost)
+      : connection_(connection), lost_(std::move(lost)),
+        reader_([this](std::stop_token stop) { read_loop(stop); }),
+        worker_([this](std::stop_token stop) { work_loop(stop); }) {}
+  ~KeyWatcher() { stop(); }
+
+  void stop() {
+    reader_.request_stop();
+    worker_.request_stop();
+    if (reader_.joinable()) reader_.join();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  // From `seen_revision` + 1 on: the key was read as ours at `seen_revision`.
+  std::shared_ptr<Watched> watch(std::string key, std::int64_t create_revision, std::int64_t lease, std::string value,
+                                 std::int64_t seen_revision, std::shared_ptr<LossSignal> loss) {
+    auto watched = std::make_shared<Watched>();
+    watched->key = std::move(key);
+    watched->create_revision = create_revision;
+    watched->lease = lease;
+    watched->loss = std::move(loss);
+    watched->values.push_back(std::move(value));
+    watched->from_revision = std::max(seen_revision, create_revision) + 1;
+    {
+      std::lock_guard lock(mutex_);
+      watched_.insert(watched);
+      if (stream_) creates_.push_back(watched);
+    }
+    cv_.notify_all();
+    return watched;
+  }
+
+  // Before this client writes `value` to the key itself (a downgrade).
+  void allow(Watched& watched, std::string value) {
+    std::lock_guard lock(mutex_);
+    watched.values.push_back(std::move(value));
+  }
+
+  // Before this client deletes the key itself (a release).
+  void unwatch(const std::shared_ptr<Watched>& watched) {
+    {
+      std::lock_guard lock(mutex_);
+      if (watched->done) return;
+      forget_locked(watched);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  static constexpr auto kStreamLife = std::chrono::seconds(60);
+
+  bool allowed(const Watched& watched, const mvccpb::KeyValue& kv) const {
+    return kv.create_revision() == watched.create_revision && kv.lease() == watched.lease &&
+           std::find(watched.values.begin(), watched.values.end(), kv.value()) != watched.values.end();
+  }
+
+  // With the mutex held: no longer watched, its watch cancelled.
+  void forget_locked(const std::shared_ptr<Watched>& watched) {
+    watched->done = true;
+    watched_.erase(watched);
+    if (watched->watch_id >= 0) {
+      by_id_.erase(watched->watch_id);
+      if (stream_) cancels_.push_back(watched->watch_id);
+    }
+  }
+
+  // With the mutex held: the hold is told by the worker.
+  void lose_locked(const std::shared_ptr<Watched>& watched, std::string reason) {
+    forget_locked(watched);
+    losses_.emplace_back(watched, std::move(reason));
+    cv_.notify_all();
+  }
+
+  void read_loop(std::stop_token stop) {
+    while (!stop.stop_requested()) {
+      {
+        std::unique_lock lock(mutex_);
+        if (!cv_.wait(lock, stop, [&] { return !watched_.empty(); })) return;
+      }
+      const auto opened = SteadyClock::now();
+      try {
+        run_stream(stop);
+      } catch (...) {
+        // Could not open one (the client ended at exit): tried again below unless stopped.
+      }
+      // A stream that ended at once (etcd down or restarting, a fork) is not reopened in a loop.
+      if (SteadyClock::now() - opened < std::chrono::seconds(1)) {
+        std::unique_lock lock(mutex_);
+        cv_.wait_for(lock, stop, milliseconds(100), [] { return false; });
+      }
+    }
+  }
+
+  void run_stream(const std::stop_token& stop) {
+    grpc::ClientContext context;
+    // Bounded, so that no watch depends on one connection forever.
+    connection_.prepare(context, SteadyClock::now() + kStreamLife);
+    GrpcScope scope(&context);
+    std::stop_callback cancel(stop, [&context] { context.TryCancel(); });
+    auto stream = connection_.watch_stub().Watch(&context);
+    {
+      // Every key watched again, each from the first revision not seen yet.
+      std::lock_guard lock(mutex_);
+      stream_ = stream.get();
+      in_flight_.clear();
+      by_id_.clear();
+      cancels_.clear();
+      creates_.clear();
+      for (const auto& watched : watched_) {
+        watched->watch_id = -1;
+        creates_.push_back(watched);
+      }
+    }
+    cv_.notify_all();
+    pb::WatchResponse response;
+    while (stream->Read(&response)) handle(response);
+    context.TryCancel();
+    {
+      std::unique_lock lock(mutex_);
+      stream_ = nullptr;
+      cv_.wait(lock, [&] { return !writing_; });  // Finish must not overlap a Write
+    }
+    stream->Finish();
+  }
+
+  void handle(const pb::WatchResponse& response) {
+    std::lock_guard lock(mutex_);
+    if (response.created()) {
+      // etcd answers a stream's create requests in order.
+      if (in_flight_.empty()) return;
+      auto watched = std::move(in_flight_.front());
+      in_flight_.pop_front();
+      if (response.canceled()) {
+        if (!watched->done) rechecks_.push_back(watched);
+      } else if (watched->done) {
+        cancels_.push_back(response.watch_id());
+      } else {
+        watched->watch_id = response.watch_id();
+        by_id_[response.watch_id()] = watched;
+      }
+      cv_.notify_all();
+      return;
+    }
+    const auto found = by_id_.find(response.watch_id());
+    if (found == by_id_.end()) return;
+    const auto watched = found->second;
+    for (const auto& event : response.events()) {
+      if (event.kv().key() != watched->key) continue;
+      watched->from_revision = std::max(watched->from_revision, event.kv().mod_revision() + 1);
+      if (event.type() == mvccpb::Event::DELETE) {
+        return lose_locked(watched, "its etcd key was deleted (by hand, or with its lease, revoked or expired)");
+      }
+      if (!allowed(*watched, event.kv())) {
+        return lose_locked(watched, "its etcd key was overwritten by another writer");
+      }
+    }
+    if (response.canceled() || response.compact_revision() != 0) {
+      // Events may have been compacted away: the key is read again before a new watch.
+      by_id_.erase(found);
+      watched->watch_id = -1;
+      rechecks_.push_back(watched);
+      cv_.notify_all();
+    }
+  }
+
+  void work_loop(std::stop_token stop) {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      const bool ready = cv_.wait(lock, stop, [&] {
+        return !losses_.empty() || !rechecks_.empty() || (stream_ && (!creates_.empty() || !cancels_.empty()));
+      });
+      if (!ready) return;
+      if (!losses_.empty()) {
+        auto [watched, reason] = std::move(losses_.front());
+        losses_.pop_front();
+        lock.unlock();
+        watched->loss->lose(reason);
+        lost_();
+        lock.lock();
+      } else if (stream_ && (!creates_.empty() || !cancels_.empty())) {
+        pb::WatchRequest request;
+        if (!cancels_.empty()) {
+          request.mutable_cancel_request()->set_watch_id(cancels_.front());
+          cancels_.pop_front();
+        } else {
+          auto watched = std::move(creates_.front());
+          creates_.pop_front();
+          if (watched->done) continue;
+          auto* create = request.mutable_create_request();
+          create->set_key(watched->key);
+          create->set_start_revision(watched->from_revision);
+          in_flight_.push_back(std::move(watched));  // before the answer can come
+        }
+        // The reader's scope covers the stream; a failed write means it is ending, and the next
+        // stream watches every key again.
+        auto* stream = stream_;
+        writing_ = true;
+        lock.unlock();
+        stream->Write(request);
+        lock.lock();
+        writing_ = false;
+        cv_.notify_all();
+      } else {
+        auto watched = std::move(rechecks_.front());
+        rechecks_.pop_front();
+        if (watched->done) continue;
+        lock.unlock();
+        std::optional<pb::RangeResponse> now;
+        try {
+          now = connection_.range(key_range(watched->key), SteadyClock::now() + milliseconds(2000));
+        } catch (...) {
+          // Not read: watched again from where it was; etcd cancels it again if need be.
+        }
+        lock.lock();
+        if (watched->done) continue;
+        if (now && (now->kvs_size() == 0 || !allowed(*watched, now->kvs(0)))) {
+          lose_locked(watched, now->kvs_size() == 0 ? "its etcd key was deleted (by hand, or with its lease)"
+                                                    : "its etcd key was overwritten by another writer");
+          continue;
+        }
+        if (now) watched->from_revision = std::max(watched->from_revision, now->header().revision() + 1);
+        if (stream_) creates_.push_back(watched);  // otherwise the next stream watches it
+      }
+    }
+  }
+
+  Connection& connection_;
+  std::function<void()> lost_;
+  std::mutex mutex_;
+  std::condition_variable_any cv_;
+  std::set<std::shared_ptr<Watched>> watched_;
+  grpc::ClientReaderWriter<pb::WatchRequest, pb::WatchResponse>* stream_ = nullptr;  // the current one
+  bool writing_ = false;
+  std::list<std::shared_ptr<Watched>> creates_;    // to send on the current stream
+  std::list<std::shared_ptr<Watched>> in_flight_;  // sent, not yet answered `created`
+  std::list<std::int64_t> cancels_;
+  std::list<std::shared_ptr<Watched>> rechecks_;
+  std::list<std::pair<std::shared_ptr<Watched>, std::string>> losses_;
+  std::map<std::int64_t, std::shared_ptr<Watched>> by_id_;
+  // Last: they stop first.
+  std::jthread reader_;
+  std::jthread worker_;
+};
+
 // --- sessions and holds --------------------------------------------------------------------
 
 // One etcd lease: the life of every key this client writes while it lasts.
@@ -246,6 +516,8 @@ struct Session {
   SteadyClock::time_point next_round;  // the keeper's next keep-alive
   bool lost = false;                   // neither used for new entries nor kept alive any more
   bool gone = false;                   // etcd no longer has the lease: its keys are gone
+  bool check_now = false;              // the keeper sends a keep-alive at once (a held key went)
+  bool revoked_by_client = false;      // by the client's end: its holds were released with it
   std::set<WatchStream*> waits;
 };
 
@@ -263,9 +535,10 @@ struct LocalTurn {
 class EtcdHold final : public BackendHold {
  public:
   EtcdHold(EtcdBackend& backend, std::shared_ptr<Session> session, std::string name, std::string key,
-           std::int64_t revision, bool gated, std::shared_ptr<LossSignal> loss)
+           std::int64_t revision, bool gated, std::shared_ptr<LossSignal> loss,
+           std::shared_ptr<KeyWatcher::Watched> watched)
       : backend_(backend), session_(std::move(session)), name_(std::move(name)), key_(std::move(key)),
-        revision_(revision), gated_(gated), loss_(std::move(loss)) {}
+        revision_(revision), gated_(gated), loss_(std::move(loss)), watched_(std::move(watched)) {}
   ~EtcdHold() override;
 
   std::uint64_t fencing_token() const override { return static_cast<std::uint64_t>(revision_); }
@@ -282,43 +555,75 @@ class EtcdHold final : public BackendHold {
   std::int64_t revision_;
   bool gated_;  // holds this client's local turn for name_ (exclusive keys)
   std::shared_ptr<LossSignal> loss_;
+  std::shared_ptr<KeyWatcher::Watched> watched_;  // the key, watched while held
   bool released_ = false;
 };
+
+// --- process exit ----------------------------------------------------------------------------
+// libgrpc's own statics (the poll poller's list of pollers, among others) are made when this
+// module is loaded, so they are destroyed at exit before a Client made earlier in static
+// storage (a global std::optional<Client> emplaced in main): destroying its channels after
+// them crashed (PollPoller::Shutdown on a destroyed list). An exit handler, registered after a
+// client's first call (so also after the statics gRPC makes lazily), therefore ends every live
+// backend while gRPC still works: its threads stopped, its lease revoked (its keys go, which
+// releases its holds), later calls refused. Its gRPC objects are then left to the process's end.
+class EtcdBackend;
+struct LiveBackends {
+  std::mutex mutex;
+  std::set<EtcdBackend*> backends;
+};
+LiveBackends& live_backends() {
+  static auto* live = new LiveBackends;  // never destroyed: used by exit handlers
+  return *live;
+}
+void end_backends_at_exit();
 
 class EtcdBackend final : public Backend {
  public:
   explicit EtcdBackend(Settings settings)
-      : connection_(std::move(settings)), identity_(std::to_string(getpid()) + " " + host_name()) {
+      : owned_connection_(std::make_unique<Connection>(std::move(settings))), connection_(*owned_connection_),
+        identity_(std::to_string(getpid()) + " " + host_name()) {
     // The session's lease now: connecting checks that etcd answers, a client's first entry
     // needs one round trip rather than two, and no acquire depends on a grant's reply.
     session(call_deadline());
     keeper_ = std::jthread([this](std::stop_token stop) { keep_alive_loop(stop); });
     janitor_ = std::jthread([this](std::stop_token stop) { janitor_loop(stop); });
+    {
+      auto& live = live_backends();
+      std::lock_guard lock(live.mutex);
+      live.backends.insert(this);
+    }
+    static std::once_flag registered;
+    std::call_once(registered, [] { std::atexit(end_backends_at_exit); });
   }
 
   ~EtcdBackend() override {
-    keeper_.request_stop();
-    keeper_cv_.notify_all();
-    keeper_.join();
-    janitor_.request_stop();
-    janitor_cv_.notify_all();
-    janitor_.join();
-    // Every key this client wrote goes with its lease, at once rather than after the TTL.
-    std::shared_ptr<Session> last;
+    bool ended = false;
     {
-      std::lock_guard lock(mutex_);
-      last = std::move(session_);
-      if (last && last->lost) last.reset();
+      auto& live = live_backends();
+      std::lock_guard lock(live.mutex);
+      live.backends.erase(this);
+      ended = ended_at_exit_;
     }
-    if (last) {
-      try {
-        connection_.lease_revoke(last->lease, SteadyClock::now() + milliseconds(1000));
-      } catch (...) {
-      }
+    if (!ended) {
+      shut_down();
+    } else {
+      (void)owned_connection_.release();  // gRPC's globals may be gone: see end_backends_at_exit
     }
     // Sessions refer to clock_, which goes before them otherwise.
-    last.reset();
+    {
+      std::lock_guard lock(mutex_);
+      session_.reset();
+    }
     cleanups_.clear();
+  }
+
+  // With live_backends()'s mutex held, at exit.
+  void end_at_exit() noexcept {
+    ended_at_exit_ = true;
+    if (getpid() != pid_) return;  // a forked child's copy: no threads here, the parent's lease
+    shut_down();
+    connection_.close();
   }
 
   std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
@@ -331,11 +636,16 @@ class EtcdBackend final : public Backend {
   bool counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) override;
 
   Connection& connection() { return connection_; }
+  KeyWatcher& key_watcher() { return key_watcher_; }
   const std::string& identity() const { return identity_; }
   void leave_local_turn(const std::string& name);
   bool lease_gone(const Session& session) {
     std::lock_guard lock(mutex_);
     return session.gone;
+  }
+  bool revoked_by_client(const Session& session) {
+    std::lock_guard lock(mutex_);
+    return session.revoked_by_client;
   }
   // The session's lease is gone or must be given up: its holds are told (`reason`), its
   // waiters stop, the keeper stops renewing it and, unless etcd said it is gone, it is revoked
@@ -370,6 +680,11 @@ class EtcdBackend final : public Backend {
   std::shared_ptr<Session> session(SteadyClock::time_point deadline);
   void abandon(const std::shared_ptr<Session>& session);
   void keep_alive_loop(std::stop_token stop);
+  // Stops the threads and revokes the lease (unless the session is lost, or this process is a
+  // forked child: the lease is its parent's).
+  void shut_down() noexcept;
+  // A held key went: it may have gone with the lease (revoked), which a keep-alive tells now.
+  void check_lease_now();
   void schedule(Cleanup cleanup);
   // One try of a clean-up; true when it is done (or moot: the lease is gone).
   bool try_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline) noexcept;
@@ -381,11 +696,19 @@ class EtcdBackend final : public Backend {
                        const std::stop_token& stop, const std::function<bool()>& changed_already = {});
   // Joins a line: puts `key` (created at most once, guarded by the request's marker) and reads
   // `prefix`'s entries in the same round trip. Returns the create revision and the range.
-  std::pair<std::int64_t, pb::RangeResponse> join(const std::shared_ptr<Session>& live, const std::string& key,
+  struct Joined {
+    std::int64_t created;    // the entry's create revision
+    pb::RangeResponse range;  // the line's entries
+    std::int64_t revision;   // the store's revision when the entry was seen
+  };
+  Joined join(const std::shared_ptr<Session>& live, const std::string& key,
                                                   std::uint64_t request, const std::string& value,
                                                   const std::string& prefix, Deadline deadline, LocalTurn* turn);
 
-  Connection connection_;
+  std::unique_ptr<Connection> owned_connection_;
+  Connection& connection_;
+  const pid_t pid_ = getpid();
+  bool ended_at_exit_ = false;  // guarded by live_backends()'s mutex
   std::string identity_;  // "<pid> <host>", for inspect
   std::atomic<std::uint64_t> unique_{0};
 
@@ -405,6 +728,7 @@ class EtcdBackend final : public Backend {
   std::list<Cleanup> cleanups_;
 
   LossClock clock_;  // after what its thread's callbacks touch, so it stops first
+  KeyWatcher key_watcher_{connection_, [this] { check_lease_now(); }};
   std::jthread keeper_;
   std::jthread janitor_;
 };
@@ -418,15 +742,18 @@ EtcdHold::~EtcdHold() {
 }
 
 void EtcdHold::forget() {
+  backend_.key_watcher().unwatch(watched_);
   session_->server_lease->detach(loss_.get());
   if (gated_) backend_.leave_local_turn(name_);
   gated_ = false;
 }
 
 void EtcdHold::downgrade() {
+  const auto value = entry_value(EntryKind::shared, 1, 0, backend_.identity(), 0);
+  backend_.key_watcher().allow(*watched_, value);  // our own write is no loss
   pb::TxnRequest txn;
   add_compare(txn, key_, pb::Compare::CREATE, revision_);
-  add_put(txn.mutable_success(), key_, entry_value(EntryKind::shared, 1, 0, backend_.identity(), 0), session_->lease);
+  add_put(txn.mutable_success(), key_, value, session_->lease);
   bool present = false;
   try {
     present = backend_.connection().txn(txn, call_deadline(), true).succeeded();
@@ -440,8 +767,9 @@ void EtcdHold::downgrade() {
 // was gone before (lost).
 void EtcdHold::release() {
   if (released_) return;
-  bool existed = false;
-  if (!backend_.lease_gone(*session_)) {
+  backend_.key_watcher().unwatch(watched_);  // our own delete is no loss
+  bool existed = backend_.revoked_by_client(*session_);
+  if (!existed && !backend_.lease_gone(*session_)) {
     const auto receipt = kReceiptPrefix + session_->hex + "_" + std::to_string(revision_);
     const auto garbage = backend_.receipts_to_delete();
     pb::TxnRequest txn;
@@ -588,8 +916,10 @@ void EtcdBackend::keep_alive_loop(std::stop_token stop) {
     }
     const auto period = std::max(milliseconds(200), std::chrono::duration_cast<milliseconds>(current->ttl / 3));
     const auto patience = std::min(period, milliseconds(1000));
-    keeper_cv_.wait_until(lock, stop, current->next_round, [&] { return session_ != current || current->lost; });
+    keeper_cv_.wait_until(lock, stop, current->next_round,
+                          [&] { return session_ != current || current->lost || current->check_now; });
     if (stop.stop_requested() || session_ != current || current->lost) continue;
+    current->check_now = false;
     lock.unlock();
     const auto sent_at = SteadyClock::now();
     std::optional<std::int64_t> ttl_left;
@@ -615,6 +945,48 @@ void EtcdBackend::keep_alive_loop(std::stop_token stop) {
       current->next_round = SteadyClock::now() + milliseconds(100);
     }
   }
+}
+
+void EtcdBackend::shut_down() noexcept {
+  key_watcher_.stop();
+  keeper_.request_stop();
+  keeper_cv_.notify_all();
+  if (keeper_.joinable()) keeper_.join();
+  janitor_.request_stop();
+  janitor_cv_.notify_all();
+  if (janitor_.joinable()) janitor_.join();
+  // Every key this client wrote goes with its lease, at once rather than after the TTL.
+  std::shared_ptr<Session> last;
+  {
+    std::lock_guard lock(mutex_);
+    last = session_;
+    if (last && last->lost) last.reset();
+  }
+  if (!last || getpid() != pid_) return;
+  try {
+    connection_.lease_revoke(last->lease, SteadyClock::now() + milliseconds(1000));
+  } catch (const LeaseGone&) {
+  } catch (...) {
+    return;
+  }
+  std::lock_guard lock(mutex_);
+  last->gone = true;
+  last->revoked_by_client = true;
+}
+
+void end_backends_at_exit() {
+  auto& live = live_backends();
+  std::lock_guard lock(live.mutex);
+  for (auto* backend : live.backends) backend->end_at_exit();
+}
+
+void EtcdBackend::check_lease_now() {
+  {
+    std::lock_guard lock(mutex_);
+    if (!session_ || session_->lost) return;
+    session_->check_now = true;
+  }
+  keeper_cv_.notify_all();
 }
 
 void EtcdBackend::schedule(Cleanup cleanup) {
@@ -747,7 +1119,7 @@ bool EtcdBackend::wait_for_change(const std::shared_ptr<Session>& session, const
   return true;
 }
 
-std::pair<std::int64_t, pb::RangeResponse> EtcdBackend::join(const std::shared_ptr<Session>& live, const std::string& key,
+EtcdBackend::Joined EtcdBackend::join(const std::shared_ptr<Session>& live, const std::string& key,
                                                              std::uint64_t request, const std::string& value,
                                                              const std::string& prefix, Deadline deadline, LocalTurn* turn) {
   // The marker of this request: written only by a clean-up of it, after which this join
@@ -771,13 +1143,13 @@ std::pair<std::int64_t, pb::RangeResponse> EtcdBackend::join(const std::shared_p
     throw;
   }
   // Both branches read the queue second (success: put, range; failure: own key, range).
-  if (joined.succeeded()) return {joined.header().revision(), joined.responses(1).response_range()};
+  if (joined.succeeded()) return {joined.header().revision(), joined.responses(1).response_range(), joined.header().revision()};
   // Our own key from an attempt whose answer was lost (the same value), or somebody else's.
   const auto& own = joined.responses(0).response_range();
   if (own.kvs_size() == 0 || own.kvs(0).value() != value) {
     throw BackendUnavailable("the etcd key '" + key + "' exists but is not this client's entry");
   }
-  return {own.kvs(0).create_revision(), joined.responses(1).response_range()};
+  return {own.kvs(0).create_revision(), joined.responses(1).response_range(), joined.header().revision()};
 }
 
 std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, Deadline deadline,
@@ -792,16 +1164,19 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
   std::shared_ptr<Session> live;
   std::string key;
   std::int64_t revision = 0;
+  std::string value;
+  std::int64_t seen = 0;  // the store's revision at the last read that found our entry
   std::vector<Entry> entries;
   for (int attempt = 0;; ++attempt) {
     live = session(bounded(deadline, kOneShot));
     const auto number = ++unique_;
     key = prefix + live->hex + (gated ? "" : "_" + std::to_string(number));
-    const auto value = entry_value(request.kind, request.permits, request.limit, identity_, number);
+    value = entry_value(request.kind, request.permits, request.limit, identity_, number);
     try {
-      const auto [created, range] = join(live, key, number, value, prefix, deadline, &turn);
-      revision = created;
-      entries = entries_of(range, prefix);
+      auto joined = join(live, key, number, value, prefix, deadline, &turn);
+      revision = joined.created;
+      seen = joined.revision;
+      entries = entries_of(joined.range, prefix);
       break;
     } catch (const LeaseGone&) {
       // The lease ended unnoticed; the join was not applied. Once more on a new lease.
@@ -875,7 +1250,9 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
           return nullptr;
         }
         try {
-          entries = entries_of(connection_.range(queue_range(prefix, revision), bounded(deadline, kLastLook)), prefix);
+          const auto now = connection_.range(queue_range(prefix, revision), bounded(deadline, kLastLook));
+          seen = now.header().revision();
+          entries = entries_of(now, prefix);
           break;
         } catch (const BackendUnavailable&) {
           if (session_lost()) {
@@ -896,7 +1273,9 @@ std::unique_ptr<BackendHold> EtcdBackend::acquire(const QueueRequest& request, D
     throw;
   }
 
-  auto hold = std::make_unique<EtcdHold>(*this, live, request.name, key, revision, gated, loss);
+  // Watched from the read that found it ours: a deletion since then is not missed.
+  auto watched = key_watcher_.watch(key, revision, live->lease, value, seen, loss);
+  auto hold = std::make_unique<EtcdHold>(*this, live, request.name, key, revision, gated, loss, std::move(watched));
   turn.held = false;  // the hold keeps the local turn until it is released
   live->server_lease->attach(loss);  // a lease lost meanwhile loses the hold at once
   return hold;
@@ -1063,7 +1442,7 @@ bool EtcdBackend::counter_acquire(const std::string& name, std::int64_t permits,
         const auto candidate = line_prefix + live->hex + "_" + std::to_string(number);
         const auto value = std::to_string(permits) + " " + identity_ + " " + std::to_string(now_ms()) + " " +
                            std::to_string(number);
-        place_revision = join(live, candidate, number, value, line_prefix, deadline, nullptr).first;
+        place_revision = join(live, candidate, number, value, line_prefix, deadline, nullptr).created;
         place = candidate;
         continue;  // look again from our place
       }
