@@ -1134,6 +1134,7 @@ class FileBackend final : public Backend {
 
  private:
   std::shared_ptr<NameFile> file(const std::string& name);
+  void reopen_root_if_removed();
   // Forgets `nf` (no longer the file at its path): the next file(name) opens the current one.
   void forget(const std::string& name, const std::shared_ptr<NameFile>& nf);
   struct WatchState;
@@ -1283,6 +1284,15 @@ class FileHold final : public BackendHold {
   std::shared_ptr<LossSignal> loss_;
 };
 
+// Under files_mutex_.
+void FileBackend::reopen_root_if_removed() {
+  if (!unlinked_dir(root_fd_)) return;
+  const int fresh = open_root(root_);
+  removed_root_fds_.push_back(root_fd_);
+  root_fd_ = fresh;
+  pins_ = std::make_shared<DirectoryPins>(root_fd_);
+}
+
 std::shared_ptr<NameFile> FileBackend::file(const std::string& name) {
   std::lock_guard lock(files_mutex_);
   if (generation_ != current_generation()) {
@@ -1300,12 +1310,7 @@ std::shared_ptr<NameFile> FileBackend::file(const std::string& name) {
   // alive and are told by the watcher that they may be lost.
   if (slot && (slot->broken() || stale(slot->probe_fd()))) {
     slot.reset();
-    if (unlinked_dir(root_fd_)) {
-      const int fresh = open_root(root_);
-      removed_root_fds_.push_back(root_fd_);
-      root_fd_ = fresh;
-      pins_ = std::make_shared<DirectoryPins>(root_fd_);
-    }
+    reopen_root_if_removed();
   }
   if (slot) return slot;
   try {
@@ -1324,7 +1329,10 @@ std::shared_ptr<NameFile> FileBackend::file(const std::string& name) {
 
 void FileBackend::forget(const std::string& name, const std::shared_ptr<NameFile>& nf) {
   std::lock_guard lock(files_mutex_);
-  if (auto it = files_.find(name); it != files_.end() && it->second == nf) files_.erase(it);
+  if (auto it = files_.find(name); it != files_.end() && it->second == nf) {
+    files_.erase(it);
+    reopen_root_if_removed();
+  }
 }
 
 void FileBackend::watch(FileHold* hold) {
