@@ -812,6 +812,7 @@ TEST_F(FileSafety, FencingTokensKeepGrowingWhenTheStateFileIsRemovedOrTruncated)
 // Before: a contender got the lock at once, with the same fencing token, while the holder (told
 // only by its next check) still held it.
 TEST_F(FileSafety, ARemovedOrMovedStateFileAdmitsNobodyWhileItsHolderLives) {
+  if (kThreadSanitizer) GTEST_SKIP() << "ThreadSanitizer does not support threads in a child of a threaded process";
   for (const bool move : {false, true}) {
     SCOPED_TRACE(move ? "moved away" : "removed");
     const std::string name = move ? "moved" : "removed";
