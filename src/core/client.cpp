@@ -132,8 +132,10 @@ void HoldRecord::release() {
   }
 }
 
-ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options)
-    : url_(std::move(url)), backend_(std::move(backend)), options_(std::move(options)),
+ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options,
+                         bool usable_after_fork)
+    : url_(std::move(url)), backend_(std::move(backend)), usable_after_fork_(usable_after_fork),
+      fork_generation_(fork_generation()), options_(std::move(options)),
       error_handler_(options_.error_handler),
       hold_callbacks_(options_.on_hold_lost || options_.on_hold_state
                           ? std::make_shared<const LossSignal::Callbacks>(
@@ -141,19 +143,40 @@ ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, Clie
                           : nullptr) {}
 
 ClientState::~ClientState() {
+  // In a forked child, the parent's threads do not exist and its connections and pending
+  // releases are the parent's: nothing of the parent's is joined, closed or released.
+  const auto generation = fork_generation();
   if (retrier_.joinable()) {
-    retrier_.request_stop();
-    retry_cv_.notify_all();
-    retrier_.join();
+    if (retrier_generation_ != generation) {
+      static_cast<void>(new std::jthread(std::move(retrier_)));  // no thread to join here
+    } else {
+      retrier_.request_stop();
+      retry_cv_.notify_all();
+      retrier_.join();
+    }
   }
   // One last attempt for releases still pending: the process may be about to exit.
   for (auto& pending : pending_) {
+    if (pending.fork_generation != generation) {
+      static_cast<void>(pending.hold.release());
+      continue;
+    }
     try {
       pending.hold->release();
     } catch (const Error& error) {
       report(BackendUnavailable("giving up the release of '" + pending.name + "': " + error.what()));
     }
   }
+  if (!usable_after_fork_ && fork_generation_ != generation) static_cast<void>(backend_.release());
+}
+
+Backend& ClientState::backend() {
+  if (!usable_after_fork_ && fork_generation_ != fork_generation()) {
+    throw BackendUnavailable("this client of '" + url_ +
+                             "' was connected before fork(): its connections belong to the parent; connect a new "
+                             "Client in the child");
+  }
+  return *backend_;
 }
 
 void ClientState::report(const Error& error) noexcept {
@@ -193,7 +216,7 @@ std::shared_ptr<LockCore> ClientState::lock_core(const std::string& name) {
 std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, Deadline deadline) {
   if (request.stop.stop_requested()) return nullptr;  // never joins a queue it would leave at once
   auto loss = new_loss_signal(request.name);
-  auto hold = backend_->acquire(request, deadline, loss);
+  auto hold = backend().acquire(request, deadline, loss);
   if (!hold) return nullptr;
   return std::make_unique<HoldRecord>(shared_from_this(), request.name, request.permits,
                                       std::move(hold), std::move(loss));
@@ -202,9 +225,17 @@ std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, De
 void ClientState::retry_release_later(std::string name, std::unique_ptr<BackendHold> hold) {
   std::lock_guard lock(retry_mutex_);
   constexpr auto first_backoff = std::chrono::milliseconds(100);
-  pending_.push_back({std::move(name), std::move(hold), first_backoff, SteadyClock::now() + first_backoff});
+  const auto generation = fork_generation();
+  if (retrier_generation_ != generation) {
+    // First failed release in a forked child: the parent's retrier and releases are not ours.
+    if (retrier_.joinable()) static_cast<void>(new std::jthread(std::move(retrier_)));
+    for (auto& pending : pending_) static_cast<void>(pending.hold.release());
+    pending_.clear();
+  }
+  pending_.push_back({std::move(name), std::move(hold), first_backoff, SteadyClock::now() + first_backoff, generation});
   if (!retrier_.joinable()) {
     retrier_ = std::jthread([this](std::stop_token stop) { retry_loop(stop); });
+    retrier_generation_ = generation;
   }
   retry_cv_.notify_all();
 }
@@ -337,7 +368,10 @@ Client Client::connect(std::string_view url_text, ClientOptions options) {
     }
     backend = factory(url, options);
   }
-  return Client(std::make_shared<detail::ClientState>(url.text, std::move(backend), std::move(options)));
+  // The embedded backend reopens its files in a forked child; the network backends' threads
+  // and connections stay the parent's.
+  const bool usable_after_fork = family == "file";
+  return Client(std::make_shared<detail::ClientState>(url.text, std::move(backend), std::move(options), usable_after_fork));
 }
 
 Client::Client(std::shared_ptr<detail::ClientState> state) : state_(std::move(state)) {}

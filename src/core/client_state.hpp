@@ -96,11 +96,14 @@ class LockCore {
 
 class ClientState : public std::enable_shared_from_this<ClientState> {
  public:
-  ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options);
+  // `usable_after_fork`: the backend works in a forked child (the embedded one does); else
+  // every call in a child throws BackendUnavailable and the child's copy is never torn down.
+  ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options, bool usable_after_fork);
   ~ClientState();
 
   const std::string& url() const { return url_; }
-  Backend& backend() { return *backend_; }
+  // Throws BackendUnavailable in a forked child when the backend does not survive fork.
+  Backend& backend();
   void report(const Error& error) noexcept;
   void set_error_handler(ErrorHandler handler);
   std::shared_ptr<LossSignal> new_loss_signal(const std::string& name);
@@ -115,6 +118,8 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
 
   std::string url_;
   std::unique_ptr<Backend> backend_;
+  bool usable_after_fork_;
+  std::uint64_t fork_generation_;  // when connected
   ClientOptions options_;
   std::mutex handler_mutex_;
   ErrorHandler error_handler_;
@@ -128,10 +133,12 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
     std::unique_ptr<BackendHold> hold;
     std::chrono::milliseconds backoff;
     SteadyClock::time_point next_try;
+    std::uint64_t fork_generation;  // a child never retries its parent's releases
   };
   std::mutex retry_mutex_;
   std::condition_variable_any retry_cv_;
   std::deque<PendingRelease> pending_;
+  std::uint64_t retrier_generation_ = 0;
   std::jthread retrier_;  // started on the first failed release; last member: joined first
 };
 

@@ -43,24 +43,24 @@ std::string redact_url(std::string_view text) {
   const auto scheme_end = text.find("://");
   const auto authority_start = scheme_end == std::string_view::npos ? 0 : scheme_end + 3;
   const auto scheme = text.substr(0, scheme_end == std::string_view::npos ? 0 : scheme_end);
-  auto authority_end = text.find_first_of("/?#", authority_start);
-  if (authority_end == std::string_view::npos) authority_end = text.size();
   std::string out(text.substr(0, authority_start));
-  auto authority = text.substr(authority_start, authority_end - authority_start);
-  if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
-    const auto userinfo = authority.substr(0, at);
+  // The last '@' ends the userinfo even when an unencoded '/', '?' or '#' in a password would
+  // end the authority earlier. A userinfo without ':' is a password or token on some schemes
+  // (redis://PASSWORD@, consul://TOKEN@): all of it is hidden. file:// has no userinfo.
+  auto at = scheme == "file" ? std::string_view::npos : text.rfind('@');
+  if (at != std::string_view::npos && at < authority_start) at = std::string_view::npos;
+  auto host_start = authority_start;
+  if (at != std::string_view::npos) {
+    const auto userinfo = text.substr(authority_start, at - authority_start);
     const auto colon = userinfo.find(':');
-    if (colon != std::string_view::npos) {
-      out.append(userinfo.substr(0, colon)).append(":***");
-    } else if (scheme.starts_with("consul")) {
-      out.append("***");  // Consul's userinfo is an ACL token
-    } else {
-      out.append(userinfo);
-    }
-    out.append(authority.substr(at));
-  } else {
-    out.append(authority);
+    out.append(colon == std::string_view::npos ? std::string_view("***") : userinfo.substr(0, colon));
+    if (colon != std::string_view::npos) out.append(":***");
+    out += '@';
+    host_start = at + 1;
   }
+  auto authority_end = text.find_first_of("/?#", host_start);
+  if (authority_end == std::string_view::npos) authority_end = text.size();
+  out.append(text.substr(host_start, authority_end - host_start));
   auto rest = text.substr(authority_end);
   const auto q = rest.find('?');
   out.append(rest.substr(0, q));

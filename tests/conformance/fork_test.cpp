@@ -8,7 +8,7 @@ namespace {
 
 // In the child: the inherited locks are not the child's. Exit status 0 when every check held.
 int check_inherited_locks_in_child(turnstile::RecursiveMutex& recursive, turnstile::SharedMutex& writer,
-                                   turnstile::SharedMutex& reader, bool may_use_backend) {
+                                   turnstile::SharedMutex& reader, bool embedded, bool may_use_backend) {
   int failures = 0;
   const auto check = [&](bool ok, const char* what) {
     if (!ok) {
@@ -34,6 +34,15 @@ int check_inherited_locks_in_child(turnstile::RecursiveMutex& recursive, turnsti
     // The child really queues: the parent holds, so it must not get in.
     check(!recursive.try_lock_for(300ms), "was granted the recursive mutex beside the parent");
     check(!writer.try_lock_for(300ms), "was granted the write lock beside the parent");
+  } else if (!embedded) {
+    // A network client's connections are the parent's: the child must connect its own.
+    bool refused = false;
+    try {
+      recursive.try_lock();
+    } catch (const turnstile::BackendUnavailable&) {
+      refused = true;
+    }
+    check(refused, "used its parent's network connections");
   }
   return failures == 0 ? 0 : 1;
 }
@@ -50,17 +59,18 @@ TEST_P(Conformance, AForkedChildNeitherUsesNorReleasesItsParentsHolds) {
     writer.unlock();
     reader.unlock_shared();
   });
-  // Only the embedded backend supports a Client used on both sides of a fork; on the network
-  // backends the child shares the parent's sockets, so it only checks what the core decides.
+  // Only the embedded backend supports a Client used on both sides of a fork; a network client
+  // refuses every call in the child (its sockets are the parent's).
+  const bool embedded = url().rfind("file:", 0) == 0;
   // ThreadSanitizer cannot start threads in the child of a threaded process (a timed wait may).
 #if defined(__SANITIZE_THREAD__)
   const bool may_use_backend = false;
 #else
-  const bool may_use_backend = url().rfind("file:", 0) == 0;
+  const bool may_use_backend = embedded;
 #endif
   auto child = Child::spawn([&] {
     client().set_error_handler([](const turnstile::Error&) {});  // NotHeld from the unlocks above
-    return check_inherited_locks_in_child(recursive, writer, reader, may_use_backend);
+    return check_inherited_locks_in_child(recursive, writer, reader, embedded, may_use_backend);
   });
   EXPECT_EQ(child.wait(), 0);
   // The parent's holds are intact on the backend: nobody else gets in.

@@ -23,11 +23,16 @@ TEST(UrlRedaction, PasswordsTokensAndSecretParametersBecomeStars) {
   EXPECT_EQ(redact_url("zk://user:pw@h1:2181,h2:2181/root"), "zk://user:***@h1:2181,h2:2181/root");
   EXPECT_EQ(redact_url("consul://tok-123@h:8500?ttl=10"), "consul://***@h:8500?ttl=10");
   EXPECT_EQ(redact_url("etcd://h:2379?password=x&ttl=3&token=y"), "etcd://h:2379?password=***&ttl=3&token=***");
-  EXPECT_EQ(redact_url("redis://user@h:1"), "redis://user@h:1");  // a user name alone is no secret
+  // A userinfo without ':' is a password on redis:// (redis://PASSWORD@host): hidden whole.
+  EXPECT_EQ(redact_url("redis://S3cretPW@h:1/0"), "redis://***@h:1/0");
+  // Unencoded '/', '?', '#' or '@' in a password: the last '@' still ends the userinfo.
+  EXPECT_EQ(redact_url("redis://:S3c/retPW@h:1/"), "redis://:***@h:1/");
+  EXPECT_EQ(redact_url("redis://u:S3c?ret#PW@h:1"), "redis://u:***@h:1");
+  EXPECT_EQ(redact_url("redis://u:S3c@retPW@h:1"), "redis://u:***@h:1");
   EXPECT_EQ(redact_url("file:///tmp/x"), "file:///tmp/x");
   // Malformed: no scheme, stray '@' in the path.
   EXPECT_EQ(redact_url("u:pw@h:1"), "u:***@h:1");
-  EXPECT_EQ(redact_url("redis://h:1/a@b"), "redis://h:1/a@b");
+  EXPECT_EQ(redact_url("file:///tmp/a@b"), "file:///tmp/a@b");
 }
 
 TEST(UrlRedaction, ParsingKeepsTheCredentialsButShowsThemRedacted) {
@@ -39,6 +44,9 @@ TEST(UrlRedaction, ParsingKeepsTheCredentialsButShowsThemRedacted) {
 
 TEST(UrlRedaction, ParseErrorsNeverCarryThePassword) {
   for (const std::string& bad : {std::string("redis://u:") + kSecret + "@h:1#frag",
+                                std::string("redis://") + kSecret + "@h:1/abc",
+                                std::string("redis://:") + kSecret + "/x@h:1",
+                                std::string("redis://") + kSecret + "@h:1?eviction=x",
                                 std::string("redis://u:") + kSecret + "@h:1?k",
                                 std::string("redis://u:") + kSecret + "@h:1/%zz",
                                 std::string("redis://u:") + kSecret + "@h:99999",
