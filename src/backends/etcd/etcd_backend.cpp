@@ -624,6 +624,12 @@ class EtcdBackend final : public Backend {
     if (getpid() != pid_) return;  // a forked child's copy: no threads here, the parent's lease
     shut_down();
     connection_.close();
+    // Threads still waiting (the program's own, not joined before exit) stop with HoldLost
+    // rather than retry a closed connection.
+    std::lock_guard lock(mutex_);
+    if (!session_) return;
+    session_->lost = true;
+    for (auto* wait : session_->waits) wait->cancel();
   }
 
   std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
