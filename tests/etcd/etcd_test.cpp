@@ -547,10 +547,16 @@ TEST(EtcdOwnServer, AuthRefusesWrongCredentialsAtConnect) {
   const auto hostport = server.url().substr(std::string("etcd://").size());
   {
     auto client = Client::connect("etcd://alice:secret@" + hostport);
-    auto mutex = client.mutex(unique_name("auth"));
+    const auto name = unique_name("auth");
+    auto mutex = client.mutex(name);
     ASSERT_TRUE(mutex.try_lock_for(10s));
     EXPECT_GT(mutex.fencing_token(), 0u);
     mutex.unlock();
+    // The held key's watch is authenticated too: its deletion is seen.
+    ASSERT_TRUE(mutex.try_lock_for(10s));
+    shell(etcdctl(server.url(), "--user root:rootpw del --prefix " + quoted(name + "/")));
+    EXPECT_TRUE(eventually([&] { return mutex.hold_state() == turnstile::HoldState::lost; }, 5s));
+    EXPECT_THROW(mutex.release(), turnstile::HoldLost);
   }
   EXPECT_THROW(Client::connect("etcd://alice:wrong@" + hostport), turnstile::AccessDenied);
   EXPECT_THROW(Client::connect("etcd://nobody:secret@" + hostport), turnstile::AccessDenied);

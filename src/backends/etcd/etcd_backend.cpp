@@ -337,9 +337,13 @@ class KeyWatcher {
       }
       const auto opened = SteadyClock::now();
       try {
-        run_stream(stop);
+        const auto status = run_stream(stop);
+        // An expired auth token is renewed here, outside the stream's GrpcScope.
+        if (!status.ok() && !stop.stop_requested()) {
+          connection_.check_retryable(status, "a watch", SteadyClock::now() + milliseconds(2000));
+        }
       } catch (...) {
-        // Could not open one (the client ended at exit): tried again below unless stopped.
+        // Refused, or the client ended at exit: tried again below unless stopped.
       }
       // A stream that ended at once (etcd down or restarting, a fork) is not reopened in a loop.
       if (SteadyClock::now() - opened < std::chrono::seconds(1)) {
@@ -349,7 +353,7 @@ class KeyWatcher {
     }
   }
 
-  void run_stream(const std::stop_token& stop) {
+  grpc::Status run_stream(const std::stop_token& stop) {
     grpc::ClientContext context;
     // Bounded, so that no watch depends on one connection forever.
     connection_.prepare(context, SteadyClock::now() + kStreamLife);
@@ -378,7 +382,7 @@ class KeyWatcher {
       stream_ = nullptr;
       cv_.wait(lock, [&] { return !writing_; });  // Finish must not overlap a Write
     }
-    stream->Finish();
+    return stream->Finish();
   }
 
   void handle(const pb::WatchResponse& response) {
