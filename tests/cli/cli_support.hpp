@@ -72,6 +72,28 @@ inline std::vector<int> listed_descriptors(const std::string& listing) {
   return fds;
 }
 
+// What `cli_probe_child beat LOG` logged: its beats and when SIGTERM came (CLOCK_MONOTONIC ns).
+struct BeatLog {
+  std::vector<std::uint64_t> beats;
+  std::uint64_t term = 0;  // 0: never
+  std::uint64_t last() const { return beats.empty() ? 0 : beats.back(); }
+  // Whether the command beat (ran) at some time in [from, to).
+  bool beat_within(std::uint64_t from, std::uint64_t to) const {
+    return std::any_of(beats.begin(), beats.end(), [&](std::uint64_t t) { return t >= from && t < to; });
+  }
+};
+inline BeatLog read_beats(const std::string& path) {
+  std::istringstream lines(read_file(path));
+  BeatLog log;
+  char kind = 0;
+  std::uint64_t at = 0;
+  while (lines >> kind >> at) {
+    if (kind == 'T' && log.term == 0) log.term = at;
+    if (kind == 'B') log.beats.push_back(at);
+  }
+  return log;
+}
+
 // Exit status as a shell reports it: the code, or 128 + the signal.
 inline int shell_status(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
 
@@ -88,6 +110,10 @@ struct Launch {
   std::optional<uid_t> uid;         // run as this user (the test must be root)
   bool own_group = false;           // in a process group of its own, as a shell job
   std::vector<std::string> prefix;  // run turnstile through this command
+  // Turnstile starts with this signal blocked (so its command inherits it blocked, and cannot
+  // die of it before it does anything), and pending too if `signal_pending`.
+  int blocked_signal = 0;
+  bool signal_pending = false;
 };
 
 class CliTest : public ::testing::Test {
@@ -136,6 +162,14 @@ class CliTest : public ::testing::Test {
         }
       }
       if (launch.uid && (setgid(*launch.uid) != 0 || setuid(*launch.uid) != 0)) _exit(97);
+      if (launch.blocked_signal != 0) {
+        // Blocked signals stay pending across exec: turnstile finds it as soon as it looks.
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, launch.blocked_signal);
+        sigprocmask(SIG_BLOCK, &one, nullptr);
+        if (launch.signal_pending) kill(getpid(), launch.blocked_signal);
+      }
       const int in = open("/dev/null", O_RDONLY);
       const int out = open(process.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       const int err = open(process.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);

@@ -263,6 +263,22 @@ TEST_P(CliSignalTest, BeforeAcquisitionExitsWithoutRunning) {
   EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "10"})).status, 0);
 }
 
+// A signal that came before the command started, here during the first, uncontended try (it is
+// pending when turnstile starts), means the command is not run either: the hold taken meanwhile
+// is given back and turnstile exits 128 + signal.
+TEST_P(CliSignalTest, DuringTheFirstTryExitsWithoutRunning) {
+  const int sig = GetParam();
+  const auto marker = path("ran");
+  Launch pending;
+  pending.blocked_signal = sig;
+  pending.signal_pending = true;
+  // touch, unlike sh, keeps the blocked signal blocked: had it started, it would finish.
+  const auto result = run({"run", "--backend", backend_, "--lock", "job", "--", "touch", marker}, pending);
+  EXPECT_EQ(result.status, 128 + sig) << result.err;
+  EXPECT_FALSE(fs::exists(marker)) << "the command ran although the signal came before it started";
+  EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "0"})).status, 0) << "the hold was not given back";
+}
+
 INSTANTIATE_TEST_SUITE_P(Signals, CliSignalTest, ::testing::Values(SIGINT, SIGTERM, SIGHUP),
                          [](const auto& info) { return std::string(sigabbrev_np(info.param)); });
 
@@ -286,6 +302,46 @@ TEST_F(CliTest, LostHoldKillsAChildIgnoringSigtermAfterGrace) {
   ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << process.err();
   fs::remove_all(backend_dir_);
   EXPECT_EQ(wait_exit(process), 70) << process.err();
+}
+
+// The default --grace (5 s) is longer than a network backend's safety margin: on loss, SIGKILL
+// follows SIGTERM within half of it, at most 0.5 s when turnstile does not know the TTL (as
+// here), and turnstile exits at most a second after that.
+TEST_F(CliTest, LossCutsTheGraceOfACommandIgnoringSigterm) {
+  const auto log = path("beats");
+  auto process = start({"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH, "beat", log});
+  ASSERT_TRUE(wait_until([&] { return !read_beats(log).beats.empty(); })) << process.err();
+  fs::remove_all(backend_dir_);
+  int status = 0;
+  ASSERT_TRUE(wait_until([&] { return waitpid(process.pid, &status, WNOHANG) == process.pid; }, 30s)) << process.err();
+  const auto exited_ns = turnstile::testing::monotonic_ns();
+  std::erase(started_, process.pid);
+  EXPECT_EQ(shell_status(status), 70) << process.err();
+  const auto beats = read_beats(log);
+  ASSERT_NE(beats.term, 0u) << process.err();
+  // 0.5 s and 1.5 s, plus room for scheduling.
+  EXPECT_LT(beats.last() - beats.term, std::uint64_t{800'000'000}) << "SIGKILL came only after the full --grace";
+  EXPECT_LT(exited_ns - beats.term, std::uint64_t{2'000'000'000}) << "turnstile lingered after the loss";
+}
+
+// A stopped turnstile (SIGSTOP) is a stopped protector: its watcher stops the command's group
+// too, and turnstile continues it when it is continued.
+TEST_F(CliTest, StoppingTurnstileStopsTheCommand) {
+  const auto log = path("beats");
+  auto process = start({"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH, "beat", log});
+  ASSERT_TRUE(wait_until([&] { return !read_beats(log).beats.empty(); })) << process.err();
+  kill(process.pid, SIGSTOP);
+  const auto quiet = [&] {
+    const auto before = read_beats(log).last();
+    std::this_thread::sleep_for(300ms);
+    return read_beats(log).last() == before;
+  };
+  EXPECT_TRUE(wait_until(quiet, 10s)) << "the command ran on while turnstile was stopped";
+  const auto stopped_at = read_beats(log).last();
+  kill(process.pid, SIGCONT);
+  EXPECT_TRUE(wait_until([&] { return read_beats(log).last() > stopped_at; }, 10s)) << "the command was not continued";
+  kill(process.pid, SIGINT);
+  EXPECT_EQ(wait_exit(process), 0) << process.err();
 }
 
 TEST_F(CliTest, ChildDiesWhenTurnstileIsKilled) {

@@ -3,9 +3,10 @@
 //   cli_probe_child count-signals READY LOG
 //                                       touches READY, then logs each SIGINT it receives ("INT"
 //                                       lines) and exits 0 at the first SIGTERM ("TERM")
-//   cli_probe_child hold READY STOPPED  writes the CLOCK_MONOTONIC time (ns) to READY, waits for
-//                                       SIGTERM, writes the time it came to STOPPED, exits 0
 //   cli_probe_child stamp FILE          writes the CLOCK_MONOTONIC time (ns) to FILE
+//   cli_probe_child beat LOG            a stubborn command: appends "B <ns>" to LOG every 5 ms
+//                                       (CLOCK_MONOTONIC); at SIGTERM appends "T <ns>" and goes
+//                                       on beating; exits 0 at SIGINT
 //   cli_probe_child hostname NAME CMD…  in a UTS namespace of its own, sets the host name to the
 //                                       bytes NAME (with \e and \xNN escapes) and runs CMD
 // Exit 77 when the namespace cannot be made (the test then skips).
@@ -15,6 +16,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <ctime>
 #include <cstdio>
 #include <cstdlib>
@@ -81,24 +83,38 @@ int count_signals(const char* ready, const char* log_path) {
   }
 }
 
-bool stamp(const char* path) {
+std::int64_t monotonic_ns() {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec;
+}
+
+bool stamp(const char* path) {
+  const auto now = monotonic_ns();
   FILE* out = std::fopen(path, "w");
   if (!out) return false;
-  std::fprintf(out, "%lld\n", static_cast<long long>(now.tv_sec) * 1000000000LL + now.tv_nsec);
+  std::fprintf(out, "%lld\n", static_cast<long long>(now));
   return std::fclose(out) == 0;
 }
 
-int hold(const char* ready, const char* stopped) {
-  sigset_t term;
-  sigemptyset(&term);
-  sigaddset(&term, SIGTERM);
-  sigprocmask(SIG_BLOCK, &term, nullptr);
-  if (!stamp(ready)) return 2;
-  while (sigwaitinfo(&term, nullptr) != SIGTERM) {
+int beat(const char* log_path) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+  const int log = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (log < 0) return 2;
+  const timespec period{0, 5'000'000};
+  for (;;) {
+    // One write per line: lines never interleave or tear.
+    char line[32];
+    const int sig = sigtimedwait(&set, nullptr, &period);
+    if (sig == SIGINT) return 0;
+    const int n = std::snprintf(line, sizeof line, "%c %lld\n", sig == SIGTERM ? 'T' : 'B',
+                                static_cast<long long>(monotonic_ns()));
+    if (write(log, line, static_cast<std::size_t>(n)) != n) return 2;
   }
-  return stamp(stopped) ? 0 : 2;
 }
 
 }  // namespace
@@ -106,8 +122,8 @@ int hold(const char* ready, const char* stopped) {
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "fds") == 0) return list_descriptors(argv[2]);
   if (argc == 4 && std::strcmp(argv[1], "count-signals") == 0) return count_signals(argv[2], argv[3]);
-  if (argc == 4 && std::strcmp(argv[1], "hold") == 0) return hold(argv[2], argv[3]);
   if (argc == 3 && std::strcmp(argv[1], "stamp") == 0) return stamp(argv[2]) ? 0 : 2;
+  if (argc == 3 && std::strcmp(argv[1], "beat") == 0) return beat(argv[2]);
   if (argc >= 4 && std::strcmp(argv[1], "hostname") == 0) {
     const std::string name = unescape(argv[2]);
     if (unshare(CLONE_NEWUTS) != 0 || sethostname(name.data(), name.size()) != 0) {
@@ -118,7 +134,7 @@ int main(int argc, char** argv) {
     std::perror("cli_probe_child: exec");
     return 127;
   }
-  std::fprintf(stderr, "usage: cli_probe_child fds OUT | count-signals READY LOG | hold READY STOPPED | stamp FILE | "
-               "hostname NAME COMMAND...\n");
+  std::fprintf(stderr, "usage: cli_probe_child fds OUT | count-signals READY LOG | stamp FILE | "
+               "beat LOG | hostname NAME COMMAND...\n");
   return 2;
 }

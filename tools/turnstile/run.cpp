@@ -1,17 +1,19 @@
 // `turnstile run`: hold a lock or semaphore while a command runs.
 //
 // Signals: SIGINT/SIGTERM/SIGHUP/SIGQUIT, SIGCHLD and the job-control signals are blocked before
-// any thread exists (so no library thread ever takes them) and read from a signalfd. While we
-// wait for the hold, a small thread reads them and cancels the wait, which leaves the queue;
-// once we hold, the main thread forwards them to the command's process group.
-// An uncontended hold is taken by one try first, without that thread (a try cannot block).
+// any thread exists (so no library thread ever takes them) and read from a signalfd. Until the
+// command starts, such a signal means it will not run: while we wait for the hold, a small
+// thread reads them and cancels the wait, which leaves the queue; a hold taken meanwhile is
+// given back. Once the command runs, the main thread forwards them to its process group.
+// An uncontended hold is taken by one try first; on file:// without that thread (the try is
+// quick, and signals that came meanwhile are read right after it).
 //
 // The command runs in a process group of its own, so what is sent to turnstile's group (Ctrl-C
 // without a terminal, `timeout`, `kill -INT -PGID`) reaches it once, through us; loss, forwarded
 // signals and --pause-when-suspended act on the whole group. In the foreground of a terminal
 // the command's group gets the terminal, and its job-control stops are passed on to the shell
 // by stopping turnstile too. A watcher process kills the group if turnstile dies, SIGKILL
-// included. The main thread forks and stays alive until the command is reaped, because
+// included, and stops it while turnstile is stopped (nobody renews the hold then). The main thread forks and stays alive until the command is reaped, because
 // PR_SET_PDEATHSIG fires when the forking *thread* exits.
 #include <fcntl.h>
 #include <poll.h>
@@ -29,12 +31,14 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stop_token>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -54,6 +58,14 @@ struct Hold {
 };
 
 enum class Kind { lock, read, write, semaphore };
+
+// How long turnstile lets the group go on after the hold may have been lost, and what it then
+// gives the release.
+struct LossBounds {
+  std::chrono::steady_clock::duration kill_after;  // SIGTERM, then SIGKILL this much later
+  // After the group is gone or got SIGKILL: what is left for reaping it and the release.
+  static constexpr auto kCleanUp = std::chrono::seconds(1);
+};
 
 // The hold's suspensions and recoveries (its loss comes through its stop token), from the
 // library's thread to the supervising loop: the latest state, and an eventfd that wakes it.
@@ -110,11 +122,12 @@ void stop_self() {
 // Signals that only matter once a command runs, or not at all while we wait.
 bool ignored_while_waiting(int sig) { return sig == SIGCHLD || sig == SIGCONT || sig == SIGTTIN || sig == SIGTTOU; }
 
-// The signal watcher during acquisition: a signal cancels the wait (through the stop token:
-// the waiter leaves the queue first, so on a network backend nobody waits for its expiry), and
-// turnstile then exits 128 + signal without running the command. A second signal while the
-// wait is being left exits at once. Once the hold is taken, `disarm()` stops it; signals it read
-// after the hold was taken are handed back for forwarding to the command.
+// The signal watcher during acquisition: a signal cancels the acquisition (through the stop
+// token: a waiter leaves the queue first, so on a network backend nobody waits for its expiry),
+// and turnstile then exits 128 + signal without running the command, giving back a hold taken
+// meanwhile. A second signal while the wait is being left exits at once, and so does the first
+// when leaving takes too long. `disarm()` stops it once the acquisition has returned; signals
+// that come later are read by the caller (see cancelling_signal).
 class AcquisitionGuard {
  public:
   AcquisitionGuard(int signal_fd, std::string name) : signal_fd_(signal_fd), name_(std::move(name)) {
@@ -123,18 +136,13 @@ class AcquisitionGuard {
     thread_ = std::thread([this] { watch(); });
   }
   ~AcquisitionGuard() { disarm(); }
+  AcquisitionGuard(const AcquisitionGuard&) = delete;
+  AcquisitionGuard& operator=(const AcquisitionGuard&) = delete;
 
   std::stop_token token() const { return stop_.get_token(); }
 
-  struct Outcome {
-    int cancelled_by = 0;      // the signal that cancelled the wait, 0 if none did
-    std::vector<int> pending;  // signals read after the hold was taken
-  };
-  Outcome disarm() {
-    {
-      std::lock_guard lock(mutex_);
-      acquired_ = true;
-    }
+  // The signal that cancelled the acquisition, 0 if none did.
+  int disarm() {
     if (thread_.joinable()) {
       const std::uint64_t one = 1;
       (void)!write(stop_fd_, &one, sizeof one);
@@ -142,7 +150,7 @@ class AcquisitionGuard {
       close(stop_fd_);
     }
     std::lock_guard lock(mutex_);
-    return {cancelled_by_, std::move(pending_)};
+    return cancelled_by_;
   }
 
  private:
@@ -176,11 +184,7 @@ class AcquisitionGuard {
         continue;
       }
       std::lock_guard lock(mutex_);
-      if (acquired_ || cancelled_by_ != 0) {
-        if (acquired_) {
-          pending_.push_back(sig);
-          continue;
-        }
+      if (cancelled_by_ != 0) {
         std::fprintf(stderr, "turnstile: %s again; exiting without waiting to leave the queue\n", strsignal(sig));
         _exit(128 + sig);
       }
@@ -190,7 +194,7 @@ class AcquisitionGuard {
     }
   }
 
-  // How long a cancelled wait may take to leave the queue.
+  // How long a cancelled acquisition may take to return.
   static constexpr auto kLeaveBound = std::chrono::seconds(2);
 
   int signal_fd_;
@@ -198,9 +202,7 @@ class AcquisitionGuard {
   std::string name_;
   std::stop_source stop_;
   std::mutex mutex_;
-  bool acquired_ = false;
   int cancelled_by_ = 0;
-  std::vector<int> pending_;
   std::thread thread_;
 };
 
@@ -252,10 +254,10 @@ std::optional<Hold> acquire(Client& client, Kind kind, const std::string& name, 
   return std::nullopt;
 }
 
-// Signals that came while the hold was being tried, without the guard thread: each is handed
-// to the command, as the guard does with signals it reads once the hold is taken.
-std::vector<int> pending_signals(int signal_fd) {
-  std::vector<int> signals;
+// The first signal, among those nobody has read yet, that cancels an acquisition (0 if none):
+// they came before the command started, so it will not run. Job-control stops apply meanwhile.
+int cancelling_signal(int signal_fd) {
+  int first = 0;
   pollfd fd{signal_fd, POLLIN, 0};
   while (poll(&fd, 1, 0) == 1 && (fd.revents & POLLIN)) {
     signalfd_siginfo info{};
@@ -264,11 +266,49 @@ std::vector<int> pending_signals(int signal_fd) {
     if (ignored_while_waiting(sig)) continue;
     if (sig == SIGTSTP) {
       stop_self();
-    } else {
-      signals.push_back(sig);
+    } else if (first == 0) {
+      first = sig;
     }
   }
-  return signals;
+  return first;
+}
+
+// The TTL of the holds when turnstile knows it: --ttl, else the URL's ?ttl= (ZooKeeper:
+// ?session_timeout=). Otherwise the backend's default applies, which turnstile cannot see.
+std::optional<std::chrono::milliseconds> known_ttl(const RunOptions& options, std::string_view url) {
+  const auto milliseconds = [](double seconds) {
+    return std::chrono::ceil<std::chrono::milliseconds>(std::chrono::duration<double>(seconds));
+  };
+  if (options.ttl_sec && *options.ttl_sec > 0) return milliseconds(*options.ttl_sec);  // 0: the URL's or default
+  if (url.starts_with("file:")) return std::nullopt;
+  const auto q = url.find('?');
+  if (q == std::string_view::npos) return std::nullopt;
+  for (auto query = url.substr(q + 1); !query.empty();) {
+    const auto amp = query.find_first_of("&#");
+    const auto pair = query.substr(0, amp);
+    query = amp == std::string_view::npos || query[amp] == '#' ? std::string_view{} : query.substr(amp + 1);
+    const auto eq = pair.find('=');
+    if (eq == std::string_view::npos || (pair.substr(0, eq) != "ttl" && pair.substr(0, eq) != "session_timeout")) continue;
+    const std::string value(pair.substr(eq + 1));
+    char* end = nullptr;
+    const double seconds = std::strtod(value.c_str(), &end);
+    // The library accepted the URL; anything else here is a form this parse does not know.
+    if (end == value.c_str() + value.size() && std::isfinite(seconds) && seconds > 0 && seconds <= 1e9) {
+      return milliseconds(seconds);
+    }
+  }
+  return std::nullopt;
+}
+
+// On loss, SIGKILL follows SIGTERM after --grace, but never later than half the safety margin
+// max(TTL/10, 50 ms) by which the loss is reported before the server can hand the hold to
+// someone else (the other half is left for the kill itself and the clocks' drift). Without a
+// known TTL: half the margin of the shortest default TTL (etcd's 10 s).
+LossBounds loss_bounds(const RunOptions& options, std::string_view url) {
+  using namespace std::chrono_literals;
+  const auto ttl = known_ttl(options, url);
+  const std::chrono::milliseconds margin = ttl ? std::max<std::chrono::milliseconds>(*ttl / 10, 50ms) : 1000ms;
+  return {margin / 2};
 }
 
 // Bad usage found before anything is touched; empty when the options are fine.
@@ -310,31 +350,55 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 }
 
 // Kills the command's process group if turnstile dies, SIGKILL included (PR_SET_PDEATHSIG
-// covers only the direct child). A process of its own: forked before the command, in a session
-// of its own, so no signal sent to turnstile's group, the command's group or the terminal
-// reaches it; it learns the group from the command itself, before exec, and then waits for
-// end-of-file on a pipe that only turnstile writes to, which comes when turnstile exits.
+// covers only the direct child), and stops it while turnstile is stopped. A process of its own:
+// forked before the command, in a session of its own, so no signal sent to turnstile's group,
+// the command's group or the terminal reaches it; it learns the group from the command itself,
+// before exec, and then waits for end-of-file on a pipe that only turnstile writes to, which
+// comes when turnstile exits.
 // It keeps the descriptors it inherited (the embedded backend's locks among them) until the
 // group is killed, so a contender woken by turnstile's death cannot start before that.
+// A stopped turnstile (SIGSTOP, a debugger) renews nothing, so its hold runs out while the
+// command would run on: the watcher looks at turnstile's state every kStopCheck and stops the
+// group (SIGSTOP) when it finds turnstile stopped, then tells turnstile through a second pipe.
+// Continuing the group is turnstile's decision once it runs again (not if the hold was lost).
 // Out of reach: processes that left the group (setsid, setpgid); only a cgroup could follow them.
 class GroupWatcher {
  public:
+  static constexpr auto kStopCheck = std::chrono::milliseconds(50);
+
   GroupWatcher() {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(describe_errno("pipe"));
+    int to_watcher[2], from_watcher[2];
+    if (pipe2(to_watcher, O_CLOEXEC) != 0) throw std::runtime_error(describe_errno("pipe"));
+    if (pipe2(from_watcher, O_CLOEXEC | O_NONBLOCK) != 0) {
+      const int error = errno;
+      close(to_watcher[0]);
+      close(to_watcher[1]);
+      errno = error;
+      throw std::runtime_error(describe_errno("pipe"));
+    }
+    // Opened here: the child of _Fork may make system calls only. Without /proc, no stop checks.
+    const int stat_fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
     // _Fork runs no atfork handlers: the child makes system calls only, as it must in a copy
     // of a process with library threads.
     pid_ = _Fork();
     if (pid_ < 0) {
       const int error = errno;
-      close(fds[0]);
-      close(fds[1]);
+      for (int fd : {to_watcher[0], to_watcher[1], from_watcher[0], from_watcher[1], stat_fd}) {
+        if (fd >= 0) close(fd);
+      }
       errno = error;
       throw std::runtime_error(describe_errno("fork"));
     }
-    if (pid_ == 0) watch(fds[0], fds[1]);
-    close(fds[0]);
-    write_fd_ = fds[1];
+    if (pid_ == 0) {
+      close(to_watcher[1]);
+      close(from_watcher[0]);
+      watch(stat_fd, to_watcher[0], from_watcher[1]);
+    }
+    if (stat_fd >= 0) close(stat_fd);
+    close(to_watcher[0]);
+    close(from_watcher[1]);
+    write_fd_ = to_watcher[1];
+    stopped_fd_ = from_watcher[0];
   }
   ~GroupWatcher() { dismiss(); }
   GroupWatcher(const GroupWatcher&) = delete;
@@ -342,6 +406,15 @@ class GroupWatcher {
 
   // Where the command writes its pid (= its group) before exec.
   int fd() const { return write_fd_; }
+  // Readable when the watcher stopped the group because turnstile was stopped.
+  int stopped_fd() const { return stopped_fd_; }
+  // Clears stopped_fd(); true if the watcher had stopped the group.
+  bool take_stopped() {
+    char bytes[64];
+    bool any = false;
+    while (stopped_fd_ >= 0 && read(stopped_fd_, bytes, sizeof bytes) > 0) any = true;
+    return any;
+  }
   // The group is gone (or turnstile ends normally): the watcher goes without killing anything.
   void dismiss() {
     if (pid_ > 0) {
@@ -350,8 +423,10 @@ class GroupWatcher {
       }
       pid_ = -1;
     }
-    if (write_fd_ >= 0) close(write_fd_);
-    write_fd_ = -1;
+    for (int* fd : {&write_fd_, &stopped_fd_}) {
+      if (*fd >= 0) close(*fd);
+      *fd = -1;
+    }
   }
   // A child turnstile reaped: if it was the watcher (killed by someone), forget its pid.
   void reaped(pid_t pid) {
@@ -359,14 +434,24 @@ class GroupWatcher {
   }
 
  private:
-  [[noreturn]] static void watch(int read_fd, int write_fd) {
+  // Whether the process whose /proc/PID/stat is open on `stat_fd` (turnstile) is stopped by a
+  // signal ('T'; not 't', a tracer's stop, which comes and goes with every traced system call).
+  static bool stopped(int stat_fd) {
+    char text[512];
+    const ssize_t n = pread(stat_fd, text, sizeof text, 0);
+    for (ssize_t i = n - 1; i > 0; --i) {  // "PID (COMM) STATE ...": COMM may hold ") "
+      if (text[i] == ')') return i + 2 < n && text[i + 2] == 'T';
+    }
+    return false;
+  }
+
+  [[noreturn]] static void watch(int stat_fd, int read_fd, int stopped_fd) {
     setsid();
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);
-    close(write_fd);
     for (int fd = 0; fd <= 2; ++fd) {
-      if (fd != read_fd) close(fd);
+      if (fd != read_fd && fd != stopped_fd) close(fd);
     }
     pid_t group = 0;
     for (std::size_t got = 0; got < sizeof group;) {
@@ -374,10 +459,25 @@ class GroupWatcher {
       if (n == 0 || (n < 0 && errno != EINTR)) _exit(0);  // turnstile ended before running the command
       if (n > 0) got += static_cast<std::size_t>(n);
     }
+    bool told = false;  // about the current stop of turnstile
     for (;;) {
-      char byte;
-      const ssize_t n = read(read_fd, &byte, 1);
-      if (n == 0 || (n < 0 && errno != EINTR)) break;
+      pollfd fd{read_fd, POLLIN, 0};
+      const int ready = poll(&fd, 1, stat_fd < 0 ? -1 : static_cast<int>(kStopCheck.count()));
+      if (ready < 0 && errno != EINTR) break;
+      if (ready > 0) {
+        char byte;
+        const ssize_t n = read(read_fd, &byte, 1);
+        if (n == 0 || (n < 0 && errno != EINTR)) break;
+        continue;
+      }
+      if (!stopped(stat_fd)) {
+        told = false;
+      } else if (!told && group > 0) {
+        kill(-group, SIGSTOP);
+        const char byte = 1;
+        (void)!write(stopped_fd, &byte, 1);
+        told = true;
+      }
     }
     if (group > 0) kill(-group, SIGKILL);
     _exit(0);
@@ -385,6 +485,7 @@ class GroupWatcher {
 
   pid_t pid_ = -1;
   int write_fd_ = -1;
+  int stopped_fd_ = -1;
 };
 
 // In the vforked child: only async-signal-safe calls (the parent has library threads), and
@@ -428,7 +529,7 @@ int status_of(int wait_status) {
 
 // Releases a hold known to be lost, waiting at most `bound`: what a cut-off connection cannot
 // remove, the server's expiry will, and turnstile must not hang on it. The caller _exits next.
-void release_within(Hold& hold, std::chrono::milliseconds bound) {
+void release_within(Hold& hold, std::chrono::steady_clock::duration bound) {
   struct Done {
     std::mutex mutex;
     std::condition_variable changed;
@@ -481,7 +582,6 @@ class CommandGroup {
     paused_ = false;
     signal(SIGCONT);
   }
-  bool paused() const { return paused_; }
   // The command is done: the terminal goes back to our group if the command's group has it.
   void restore_terminal() {
     if (interactive_ && tcgetpgrp(STDIN_FILENO) == leader_) tcsetpgrp(STDIN_FILENO, getpgrp());
@@ -493,10 +593,15 @@ class CommandGroup {
   bool paused_ = false;
 };
 
+// After turnstile is continued (fg, SIGCONT after a SIGSTOP), the group is continued this much
+// later: time for the library's loss clock, which ran out while turnstile was stopped, to report
+// the loss first, so that a command whose hold expired meanwhile is stopped, not continued.
+constexpr auto kSettleAfterContinue = std::chrono::milliseconds(100);
+
 // Runs the command under the hold; returns turnstile's exit status, or _exits with it when the
 // hold was lost (no clean-up may wait on the network then). Releases the hold.
 int supervise(Hold& hold, const std::string& name, const RunOptions& options, int signal_fd,
-              const sigset_t& original_mask, const std::vector<int>& early_signals, StateChanges& changes) {
+              const sigset_t& original_mask, const LossBounds& loss, StateChanges& changes) {
   int lost_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (lost_fd < 0) throw std::runtime_error(describe_errno("eventfd"));
   // Runs on the library's watcher thread (or right here if already lost): just wake the loop.
@@ -535,22 +640,23 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
   } while (got < 0 && errno == EINTR);
   close(error_pipe[0]);
 
-  for (int sig : early_signals) group.signal(sig);
-
   using Clock = std::chrono::steady_clock;
   const auto grace = std::chrono::ceil<Clock::duration>(std::chrono::duration<double>(options.grace_sec));
   bool lost = false;
   bool suspended = false;
   bool leader_exited = false;
   int wait_status = 0;
-  std::optional<Clock::time_point> kill_at;     // SIGKILL the group then
-  std::optional<Clock::time_point> give_up_at;  // stop waiting for the group to empty then
-  // SIGTERM to the whole group now (continued if paused, so it can act on it), SIGKILL after
-  // the grace period.
-  const auto terminate_group = [&] {
+  std::optional<Clock::time_point> kill_at;       // SIGKILL the group then
+  std::optional<Clock::time_point> killed_at;     // when it got SIGKILL
+  std::optional<Clock::time_point> give_up_at;    // stop waiting for the group to empty then
+  std::optional<Clock::time_point> continue_at;   // continue the group then (see kSettleAfterContinue)
+  // SIGTERM to the whole group now (continued, so it can act on it), SIGKILL after `after`.
+  const auto terminate_group = [&](Clock::duration after) {
     group.signal(SIGTERM);
-    if (group.paused()) group.unpause();
-    if (!kill_at && !give_up_at) kill_at = Clock::now() + grace;
+    group.unpause();
+    continue_at.reset();
+    const auto at = Clock::now() + after;
+    if (!killed_at && (!kill_at || at < *kill_at)) kill_at = at;
   };
   for (;;) {
     // The leader's exit or job-control stop; orphans of the group (we are their subreaper).
@@ -571,26 +677,32 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
     if (kill_at && now >= *kill_at) {
       group.signal(SIGKILL);
       kill_at.reset();
-      give_up_at = now + std::chrono::seconds(1);  // for members that die as zombies others must reap
+      killed_at = now;
+      give_up_at = now + LossBounds::kCleanUp;  // for members that die as zombies others must reap
+    }
+    if (continue_at && now >= *continue_at) {
+      continue_at.reset();
+      if (!lost) group.continue_group();
     }
     if (leader_exited) {
       if (!group.alive() || (give_up_at && now >= *give_up_at)) break;
-      if (!kill_at && !give_up_at) {
+      if (!kill_at && !killed_at) {
         if (!lost) complain("the command exited but left processes in its process group; stopping them");
-        terminate_group();
+        terminate_group(grace);
       }
     }
 
     // Leftovers may exit without telling us (their parent reaps them): look again soon.
     int timeout_ms = leader_exited ? 20 : -1;
-    for (const auto& at : {kill_at, give_up_at}) {
+    for (const auto& at : {kill_at, give_up_at, continue_at}) {
       if (!at) continue;
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(*at - now).count();
       const int ms = static_cast<int>(std::clamp<std::int64_t>(left, 0, 60'000));
       timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
     }
-    pollfd fds[3] = {{signal_fd, POLLIN, 0}, {lost_fd, POLLIN, 0}, {changes.fd(), POLLIN, 0}};
-    if (poll(fds, 3, timeout_ms) < 0 && errno != EINTR) throw std::runtime_error(describe_errno("poll"));
+    pollfd fds[4] = {{signal_fd, POLLIN, 0}, {lost_fd, POLLIN, 0}, {changes.fd(), POLLIN, 0},
+                     {watcher.stopped_fd(), POLLIN, 0}};
+    if (poll(fds, 4, timeout_ms) < 0 && errno != EINTR) throw std::runtime_error(describe_errno("poll"));
     if (fds[2].revents & POLLIN) {
       // Always taken (else poll would spin); a lost hold is past suspending.
       const auto [state, reason] = changes.take();
@@ -607,12 +719,17 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
         if (options.pause_when_suspended) group.unpause();
       }
     }
+    // The watcher stopped the group while turnstile was stopped; we run again, so continue it
+    // (after the settling time) unless the hold was lost meanwhile.
+    if ((fds[3].revents & POLLIN) && watcher.take_stopped() && !lost) {
+      continue_at = Clock::now() + kSettleAfterContinue;
+    }
     if (fds[0].revents & POLLIN) {
       signalfd_siginfo info{};
       if (read(signal_fd, &info, sizeof info) == sizeof info) {
         const int sig = static_cast<int>(info.ssi_signo);
         if (sig == SIGCONT) {
-          group.continue_group();
+          if (!lost) continue_at = Clock::now() + kSettleAfterContinue;
         } else if (sig != SIGCHLD && sig != SIGTTIN && sig != SIGTTOU) {
           // The group gets nothing sent to turnstile's group or to turnstile directly, so this
           // delivers each signal exactly once. A forwarded SIGTSTP stops the command, whose stop
@@ -625,9 +742,11 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
       lost = true;
       complain("the hold on '" + name + "' (fencing token " + std::to_string(hold.token) +
                ") may have been lost; stopping the command");
-      terminate_group();
+      terminate_group(std::min(grace, loss.kill_after));
     }
   }
+  // What is left of the clean-up bound, counted from the SIGKILL or from now (the group is gone).
+  const auto clean_up_until = (killed_at ? *killed_at : Clock::now()) + LossBounds::kCleanUp;
   group.restore_terminal();
   watcher.dismiss();
 
@@ -654,7 +773,7 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
       return status;
     }
   } else {
-    release_within(hold, std::chrono::seconds(1));
+    release_within(hold, std::max(Clock::duration::zero(), clean_up_until - Clock::now()));
   }
   // Lost: exit now. The client's clean-up could wait on a connection that is gone; the server's
   // expiry removes whatever is left.
@@ -706,29 +825,30 @@ int run_command(const RunOptions& options) {
       wait.emplace(std::chrono::steady_clock::now() +
                    std::chrono::ceil<std::chrono::steady_clock::duration>(std::chrono::duration<double>(*options.timeout_sec)));
     }
-    // Try once first: uncontended, that is the whole acquisition, and it needs no thread.
+    // Try once first: uncontended, that is the whole acquisition. On file:// a try is quick, so
+    // no signal thread is started for it; a network try waits for the server, and a signal
+    // meanwhile must still stop the command from starting (see AcquisitionGuard).
+    std::optional<AcquisitionGuard> guard;
+    if (!client.url().starts_with("file:")) guard.emplace(signal_fd, name);
     auto hold = acquire(client, kind, name, options, kTryOnce);
-    std::vector<int> early_signals;
-    if (hold) {
-      early_signals = pending_signals(signal_fd);
-    } else if (wait) {
-      AcquisitionGuard guard(signal_fd, name);
-      hold = acquire(client, kind, name, options, wait, guard.token());
-      auto outcome = guard.disarm();
-      early_signals = std::move(outcome.pending);
-      if (outcome.cancelled_by != 0) {
-        // Taken just as the signal came: give it back, the command was not started.
-        if (hold) {
-          try {
-            hold->release();
-          } catch (const Error&) {
-            // Nothing ran under it; the backend's expiry or retry cleans up.
-          }
+    if (!hold && wait && !(guard && guard->token().stop_requested())) {
+      if (!guard) guard.emplace(signal_fd, name);
+      hold = acquire(client, kind, name, options, wait, guard->token());
+    }
+    // Any signal until now came before the command started: it is not run.
+    int cancelled_by = guard ? guard->disarm() : 0;
+    if (const int unread = cancelling_signal(signal_fd); cancelled_by == 0) cancelled_by = unread;
+    if (cancelled_by != 0) {
+      if (hold) {
+        try {
+          hold->release();
+        } catch (const Error&) {
+          // Nothing ran under it; the backend's expiry or retry cleans up.
         }
-        complain(std::string(strsignal(outcome.cancelled_by)) + " while waiting for '" + name +
-                 "'; left the queue, the command was not run");
-        return 128 + outcome.cancelled_by;
       }
+      complain(std::string(strsignal(cancelled_by)) + " before the command started; " +
+               (hold ? "released '" + name + "'" : "left the queue of '" + name + "'") + ", the command was not run");
+      return 128 + cancelled_by;
     }
     if (!hold) {
       if (*options.timeout_sec == 0) {
@@ -740,7 +860,7 @@ int run_command(const RunOptions& options) {
       }
       return kExitTimeout;
     }
-    return supervise(*hold, name, options, signal_fd, original_mask, early_signals, changes);
+    return supervise(*hold, name, options, signal_fd, original_mask, loss_bounds(options, client.url()), changes);
   } catch (const Error& error) {
     complain(error.what());
     return exit_status_for(error);
