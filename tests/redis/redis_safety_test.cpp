@@ -9,6 +9,7 @@
 // use the suite's fixture server.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -54,6 +55,7 @@ class RedisServer {
     start();
   }
   ~RedisServer() {
+    signal(SIGCONT);  // a test that failed while the server was frozen
     shutdown("NOSAVE");
     std::filesystem::remove_all(dir_);
   }
@@ -62,6 +64,17 @@ class RedisServer {
     return shell("redis-cli -p " + std::to_string(port_) + " " + arguments);
   }
   const std::string& dir() const { return dir_; }
+  // Sends `sig` to the server process (SIGSTOP freezes it: connections stay open, nothing answers).
+  void signal(int sig) const {
+    const auto pid = read_first_line(dir_ + "/redis.pid");
+    if (!pid.empty()) kill(std::stoi(pid), sig);
+  }
+  // Clients waiting on the server (paused by CLIENT PAUSE, or blocked).
+  int blocked_clients() const {
+    const auto info = cli("INFO clients");
+    const auto at = info.find("blocked_clients:");
+    return at == std::string::npos ? -1 : std::atoi(info.c_str() + at + 16);
+  }
   void start() {
     shell("redis-server --bind 127.0.0.1 --port " + std::to_string(port_) + " --daemonize yes --dir " + dir_ +
           " --pidfile " + dir_ + "/redis.pid --logfile " + dir_ + "/redis.log " + options_);
@@ -77,6 +90,12 @@ class RedisServer {
   std::string options_;
   std::string dir_;
   int port_ = 0;
+};
+
+// Continues a frozen server when it goes out of scope.
+struct Thaw {
+  const RedisServer& server;
+  ~Thaw() { server.signal(SIGCONT); }
 };
 
 class RedisSafety : public ::testing::Test {
@@ -460,6 +479,184 @@ TEST_F(RedisSafety, AReleaseWakesTheFirstInLineAmongOneClientsWaiters) {
   other.permit_counter(name).release(1);
   EXPECT_TRUE(older.get());
   redis_cli(url_, "DEL " + quoted(name) + " " + quoted(line));
+}
+
+// Issue 16 (rt1 F2): a 'seq' no script wrote (a hand edit, a hostile writer) must not make two
+// holders, hand out a token that is not exact, or drop a live entry: it is ignored in favour
+// of the entries and the clock floor. Near 2^53 tokens stay exact and strictly increasing, and
+// past it the acquire is refused with a clear error, nothing changed.
+TEST_F(RedisSafety, AnUnreadableOrHugeSeqNeverMakesTwoHoldersOrEqualTokens) {
+  auto client = Client::connect(url_);
+  auto other_client = Client::connect(url_);
+  for (const std::string bad : {"1e300", "99999999999999999999", "inf", "-5", "9007199254740993", "x"}) {
+    const auto name = unique_name("bad-seq");
+    redis_cli(url_, "HSET " + quoted(state_key(name)) + " seq " + bad);
+    auto holder = client.mutex(name);
+    holder.lock();
+    const auto token = holder.fencing_token();
+    EXPECT_GT(token, 0u) << bad;
+    EXPECT_LT(token, std::uint64_t{1} << 53) << bad;
+    auto contender = other_client.mutex(name);
+    EXPECT_FALSE(contender.try_lock()) << "a second holder beside the first, seq " << bad;
+    const auto seen = client.inspect(name);
+    ASSERT_EQ(seen.holders.size(), 1u) << "the holder's entry was dropped, seq " << bad;
+    EXPECT_EQ(seen.holders.front().fencing_token, token) << bad;
+    EXPECT_NO_THROW(holder.release()) << bad;
+    ASSERT_TRUE(contender.try_lock()) << bad;
+    EXPECT_GT(contender.fencing_token(), token) << bad;
+    contender.unlock();
+    redis_cli(url_, "DEL " + quoted(state_key(name)));
+  }
+  const auto name = unique_name("top-seq");
+  redis_cli(url_, "HSET " + quoted(state_key(name)) + " seq 9007199254740989");
+  auto mutex = client.mutex(name);
+  for (const std::uint64_t expected : {9007199254740990ull, 9007199254740991ull}) {
+    mutex.lock();
+    EXPECT_EQ(mutex.fencing_token(), expected);
+    mutex.unlock();
+  }
+  const auto before = redis_cli(url_, "HGETALL " + quoted(state_key(name)));
+  try {
+    mutex.lock();
+    ADD_FAILURE() << "a token past 2^53-1 was handed out: " << mutex.fencing_token();
+    mutex.unlock();
+  } catch (const turnstile::BackendUnavailable& error) {
+    EXPECT_NE(std::string(error.what()).find("2^53"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(redis_cli(url_, "HGETALL " + quoted(state_key(name))), before) << "the refused acquire changed the state";
+  EXPECT_EQ(redis_cli(url_, "HGET " + quoted(state_key(name)) + " seq"), "9007199254740991");
+  redis_cli(url_, "DEL " + quoted(state_key(name)));
+}
+
+// Issue 16 (rt1 F4): a renewal whose snapshot still named a hold reaches the server after the
+// release removed its entry. Its "gone" must not report the released hold lost. Writes are
+// paused so that the release is queued first and a renewal behind it (renewals every 500 ms),
+// then both run in that order.
+TEST(RedisSafetyOwnServer, ARenewalThatCrossesTheReleaseIsNoLoss) {
+  RedisServer server("--save '' --appendonly no");
+  std::atomic<int> losses{0};
+  auto options = with_ttl(1500ms);
+  options.on_hold_lost = [&](const turnstile::Error&) { ++losses; };
+  auto client = Client::connect(server.url(), options);
+  auto semaphore = client.semaphore(unique_name("crossing"), 1);
+  for (int round = 0; round < 2; ++round) {
+    auto lease = semaphore.acquire();
+    ASSERT_EQ(server.cli("CLIENT PAUSE 5000 WRITE"), "OK");
+    auto released = std::async(std::launch::async, [&] { lease.release(); });
+    ASSERT_TRUE(eventually([&] { return server.blocked_clients() >= 1; }, 2s)) << "the release never came";
+    ASSERT_TRUE(eventually([&] { return server.blocked_clients() >= 2; }, 2s)) << "no renewal came";
+    server.cli("CLIENT UNPAUSE");
+    EXPECT_NO_THROW(released.get()) << "round " << round;
+    EXPECT_EQ(losses.load(), 0) << "round " << round;
+  }
+}
+
+// Issue 16 (rt1 F5): a restart without data. The holder's idle renewal connection gets an EOF
+// at the shutdown, and the holder is told as soon as the server answers again, not at its
+// next periodic renewal (TTL/3 = 10 s after the lock here).
+TEST(RedisSafetyOwnServer, ARestartWithoutDataIsNoticedAtOnceNotAtTheNextRenewal) {
+  RedisServer server("--save '' --appendonly no");
+  auto client = Client::connect(server.url(), with_ttl(30s));
+  const auto name = unique_name("restart-at-once");
+  auto holder = client.mutex(name);
+  holder.lock();
+  const auto lost = holder.lost_token();
+  server.shutdown("NOSAVE");
+  server.start();
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 4s)) << "the holder was not told before its next renewal";
+  auto other_client = Client::connect(server.url());
+  auto other = other_client.mutex(name);
+  ASSERT_TRUE(other.try_lock_for(5s));
+  EXPECT_GT(other.fencing_token(), holder.fencing_token());
+  other.unlock();
+  EXPECT_THROW(holder.release(), turnstile::HoldLost);
+}
+
+// Issue 16 (rt1 F6): lock(stop_token) while the server is frozen (SIGSTOP: connections stay
+// open, nothing answers). A stop ends the wait at once, whether it came while a look was
+// waiting for the server or while the acquire itself was; once the server answers again the
+// entries are removed (by request id where the acquire's outcome was unknown).
+TEST(RedisSafetyOwnServer, AStopWhileTheServerIsFrozenEndsTheWaitAndLeavesTheQueue) {
+  RedisServer server("--save '' --appendonly no");
+  const auto name = unique_name("frozen-stop");
+  auto holder_client = Client::connect(server.url());
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  // TTL 1.5 s: the waiter looks every 500 ms, so a look is waiting for the frozen server.
+  auto waiter_client = Client::connect(server.url(), with_ttl(1500ms));
+  auto waiter = waiter_client.mutex(name);
+  std::stop_source stop;
+  auto waited = std::async(std::launch::async, [&] { return waiter.lock(stop.get_token()); });
+  const Thaw thaw_first{server};  // should the test fail: before the future's destructor waits
+  ASSERT_TRUE(eventually([&] { return holder_client.inspect(name).waiters.size() == 1; }));
+  server.signal(SIGSTOP);
+  std::this_thread::sleep_for(1200ms);
+  stop.request_stop();
+  ASSERT_EQ(waited.wait_for(5s), std::future_status::ready) << "lock(stop_token) ignored the stop";
+  EXPECT_FALSE(waited.get());
+  // The acquire itself, sent to the frozen server.
+  std::stop_source stop2;
+  auto second = waiter_client.mutex(name);
+  auto joined = std::async(std::launch::async, [&] { return second.lock(stop2.get_token()); });
+  const Thaw thaw_second{server};
+  std::this_thread::sleep_for(500ms);
+  stop2.request_stop();
+  ASSERT_EQ(joined.wait_for(5s), std::future_status::ready) << "the acquire ignored the stop";
+  EXPECT_FALSE(joined.get());
+  server.signal(SIGCONT);
+  EXPECT_TRUE(eventually([&] { return holder_client.inspect(name).waiters.empty(); }, 10s))
+      << "a stopped waiter's entry stayed in the queue";
+  ASSERT_EQ(holder_client.inspect(name).holders.size(), 1u);
+  holder.unlock();
+}
+
+// Issue 16 (rt1 F8): a waiter whose entry vanished (paused past its TTL, or the server restarted
+// without data) held nothing: it queues again at the back instead of failing with HoldLost,
+// and is still not admitted while the holder holds.
+TEST_F(RedisSafety, AWaiterWhoseEntryVanishedQueuesAgain) {
+  const auto name = unique_name("rejoin");
+  auto holder_client = Client::connect(url_);
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  auto waiter = wait_for_lock(url_, name, 20s);
+  ASSERT_TRUE(eventually([&] { return holder_client.inspect(name).waiters.size() == 1; }));
+  const auto first = holder_client.inspect(name).waiters.front().fencing_token;
+  ASSERT_EQ(redis_cli(url_, "HDEL " + quoted(state_key(name)) + " " + std::to_string(first)), "1");
+  // Woken at once (a wake-up proves nothing: it looks, finds its entry gone, queues again).
+  redis_cli(url_, "PUBLISH " + quoted("turnstile:{" + name + "}:w:0") + " " + std::to_string(first));
+  ASSERT_TRUE(eventually([&] {
+    const auto seen = holder_client.inspect(name);
+    return seen.waiters.size() == 1 && seen.waiters.front().fencing_token > first;
+  })) << "the waiter did not queue again";
+  expect_admitted_only_once_released(holder_client, holder, waiter, name);
+}
+
+// Issue 16 (rt1): a release against a frozen server is bounded as the README says: at most a
+// second, and no longer once its hold is reported lost (it is retried in the background); a
+// hold already lost gets one short try.
+TEST(RedisSafetyOwnServer, AReleaseAgainstAFrozenServerEndsWhenTheHoldIsLost) {
+  RedisServer server("--save '' --appendonly no");
+  auto options = with_ttl(1500ms);
+  options.error_handler = [](const turnstile::Error&) {};  // background retries failing
+  auto client = Client::connect(server.url(), options);
+  auto semaphore = client.semaphore(unique_name("frozen-release"), 2);
+  auto early = semaphore.acquire();
+  auto late = semaphore.acquire();
+  server.signal(SIGSTOP);
+  // Suspended: a renewal went unanswered for 500 ms; the loss comes at most 350 ms later
+  // (1.35 s after the last confirmed renewal was sent, 500 ms before that one).
+  ASSERT_TRUE(eventually([&] { return early.hold_state() == turnstile::HoldState::suspended; }, 3s));
+  const auto lost = early.lost_token();
+  std::atomic<std::chrono::steady_clock::time_point> lost_at{};
+  std::stop_callback on_lost(lost, [&] { lost_at = std::chrono::steady_clock::now(); });
+  EXPECT_THROW(early.release(), turnstile::HoldLost);
+  const auto returned = std::chrono::steady_clock::now();
+  ASSERT_TRUE(lost.stop_requested());
+  EXPECT_LT(returned - lost_at.load(), 250ms) << "the release kept waiting after its hold was reported lost";
+  const auto begun = std::chrono::steady_clock::now();
+  EXPECT_THROW(late.release(), turnstile::HoldLost);
+  EXPECT_LT(std::chrono::steady_clock::now() - begun, 1s) << "a lost hold's release took more than a second";
+  server.signal(SIGCONT);
 }
 
 }  // namespace

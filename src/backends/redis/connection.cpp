@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,7 +21,6 @@ namespace {
 using std::chrono::milliseconds;
 
 constexpr auto kFirstBackoff = milliseconds(50);
-constexpr auto kMaxBackoff = milliseconds(2000);
 
 // Probes of the permissions the backend needs, run at connect. The empty hash tag `{}` is no
 // name's (names are never empty), so nothing real is touched or woken.
@@ -196,10 +196,29 @@ void ContextDeleter::operator()(redisContext* context) const {
   delete budget;
 }
 
-Wait::Wait(Deadline deadline)
+StopFd::StopFd(std::stop_token stop) {
+  if (!stop.stop_possible()) return;
+  fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd_ < 0) throw BackendUnavailable(std::string("eventfd failed: ") + std::strerror(errno));
+  callback_.emplace(std::move(stop), Signal{fd_});  // runs at once when already requested
+}
+
+StopFd::~StopFd() {
+  callback_.reset();  // waits for a callback running on another thread
+  if (fd_ >= 0) close(fd_);
+}
+
+void StopFd::Signal::operator()() const noexcept {
+  const std::uint64_t one = 1;
+  [[maybe_unused]] auto written = write(fd, &one, sizeof one);
+}
+
+Wait::Wait(Deadline deadline, std::stop_token stop_token, int cancel)
     : start(SteadyClock::now()),
       try_once(deadline && *deadline <= start),
-      until(!deadline ? SteadyClock::time_point::max() : try_once ? start + kReplyTimeout : *deadline) {}
+      until(!deadline ? SteadyClock::time_point::max() : try_once ? start + kReplyTimeout : *deadline),
+      stop(std::move(stop_token)),
+      cancel_fd(cancel) {}
 
 SteadyClock::time_point Wait::connect_until() const { return std::min(until, SteadyClock::now() + kConnectTimeout); }
 SteadyClock::time_point Wait::reply_until() const { return std::min(until, SteadyClock::now() + kReplyTimeout); }
@@ -487,19 +506,14 @@ bool looks_alive(const redisContext* context) {
   return ready == 0;
 }
 
-template <class Lock>
-bool wait_until(std::condition_variable& cv, Lock& lock, SteadyClock::time_point until) {
-  if (until == SteadyClock::time_point::max()) {
-    cv.wait(lock);
-    return true;
-  }
-  return cv.wait_until(lock, until) == std::cv_status::no_timeout;
-}
-
 }  // namespace
 
-Connection::Connection(Settings settings, std::vector<const Script*> scripts, std::function<void()> on_server_changed)
-    : settings_(std::move(settings)), scripts_(std::move(scripts)), on_server_changed_(std::move(on_server_changed)) {
+Connection::Connection(Settings settings, std::vector<const Script*> scripts, std::function<void()> on_server_changed,
+                       std::chrono::milliseconds max_backoff)
+    : settings_(std::move(settings)),
+      scripts_(std::move(scripts)),
+      on_server_changed_(std::move(on_server_changed)),
+      max_backoff_(std::max(max_backoff, kFirstBackoff)) {
   // One attempt: Client::connect reports a bad URL, password or ACL at once.
   const Wait wait(SteadyClock::now());
   ++links_;
@@ -515,8 +529,21 @@ Connection::Connection(Settings settings, std::vector<const Script*> scripts, st
 
 Connection::~Connection() = default;
 
+bool Connection::wait_returned(std::unique_lock<std::mutex>& lock, SteadyClock::time_point until,
+                               const std::stop_token& stop) {
+  const auto seen = returns_;
+  const auto returned = [&] { return returns_ != seen; };
+  if (until == SteadyClock::time_point::max()) return returned_.wait(lock, stop, returned);
+  return returned_.wait_until(lock, stop, until, returned);
+}
+
+void Connection::notify_returned() {
+  ++returns_;
+  returned_.notify_all();
+}
+
 std::unique_ptr<Connection::Link> Connection::open_link(const Wait& wait) {
-  auto opened = open_context(settings_, wait, &scripts_);
+  auto opened = open_context(settings_, wait, &scripts_, wait.cancel_fd);
   auto link = std::make_unique<Link>();
   link->context = std::move(opened.context);
   link->last_reply = SteadyClock::now();
@@ -543,6 +570,9 @@ std::unique_ptr<Connection::Link> Connection::open_link(const Wait& wait) {
 std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
   std::unique_lock lock(mutex_);
   for (;;) {
+    if (wait.stop.stop_requested()) {
+      throw BackendUnavailable("the call to redis at " + settings_.description + " was cancelled (stop requested)");
+    }
     if (!idle_.empty()) {
       auto link = std::move(idle_.back());  // the most recently used: the least likely to be stale
       idle_.pop_back();
@@ -558,7 +588,7 @@ std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
         if (wait.try_once || wait.until < next_attempt_) {
           throw BackendUnavailable("redis at " + settings_.description + " is unreachable (reconnecting)");
         }
-        wait_until(returned_, lock, next_attempt_);
+        wait_returned(lock, next_attempt_, wait.stop);
         continue;
       }
       ++links_;
@@ -568,25 +598,28 @@ std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
       } catch (const AccessDenied&) {
         lock.lock();
         --links_;
-        returned_.notify_all();
+        notify_returned();
         throw;
       } catch (const BackendUnavailable&) {
         lock.lock();
         --links_;
-        backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
-        next_attempt_ = SteadyClock::now() + backoff_;
-        returned_.notify_all();
-        if (wait.try_once || wait.until < next_attempt_) throw;
+        if (!wait.stop.stop_requested()) {  // a cancelled attempt says nothing of the server
+          backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, max_backoff_);
+          next_attempt_ = SteadyClock::now() + backoff_;
+        }
+        notify_returned();
+        if (wait.try_once || wait.until < next_attempt_ || wait.stop.stop_requested()) throw;
         continue;
       } catch (...) {
         lock.lock();
         --links_;
-        returned_.notify_all();
+        notify_returned();
         throw;
       }
     }
     // Every link is busy with another call: wait for one, within our own deadline.
-    if (!wait_until(returned_, lock, wait.until) && idle_.empty() && links_ >= kMaxLinks) {
+    if (!wait_returned(lock, wait.until, wait.stop) && !wait.stop.stop_requested() && idle_.empty() &&
+        links_ >= kMaxLinks) {
       throw BackendUnavailable("every connection to redis at " + settings_.description + " stayed busy until the deadline");
     }
   }
@@ -600,7 +633,7 @@ void Connection::checkin(std::unique_ptr<Link> link) {
   } else {
     idle_.push_back(std::move(link));
   }
-  returned_.notify_all();
+  notify_returned();
 }
 
 void Connection::discard(std::unique_ptr<Link> link, bool fresh) {
@@ -610,22 +643,24 @@ void Connection::discard(std::unique_ptr<Link> link, bool fresh) {
   if (fresh) {
     // A connection that fails before completing a call counts as a failed attempt: no
     // reconnect storm against a server that accepts and then drops us.
-    backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, kMaxBackoff);
+    backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, max_backoff_);
     next_attempt_ = SteadyClock::now() + backoff_;
   }
-  returned_.notify_all();
+  notify_returned();
 }
 
 std::vector<Reply> Connection::run(const std::vector<Command>& commands, const Wait& wait, bool retry,
                                    std::uint64_t* server_generation) {
   for (;;) {
-    auto link = checkout(wait);
+    auto link = checkout(wait);  // throws once a stop is requested
     if (!retry && SteadyClock::now() - link->last_reply >= kIdleProbe) {
       // What must not be resent is written only to a connection just shown alive: one the
       // server closed (`timeout`) or a NAT dropped while idle fails this PING instead, and the
       // call goes out on a new connection rather than reporting an unknown outcome.
       std::vector<Reply> pong;
-      if (const auto why = exchange(link->context.get(), std::vector<Command>{Command{"PING"}}, pong, wait.reply_until()); !why.empty()) {
+      if (const auto why = exchange(link->context.get(), std::vector<Command>{Command{"PING"}}, pong, wait.reply_until(),
+                                    wait.cancel_fd);
+          !why.empty()) {
         discard(std::move(link), false);
         if (wait.expired()) {
           throw BackendUnavailable("redis at " + settings_.description + " did not answer (" + why + "); nothing was sent");
@@ -636,7 +671,7 @@ std::vector<Reply> Connection::run(const std::vector<Command>& commands, const W
     }
     bool sent = false;
     std::vector<Reply> replies;
-    const auto why = exchange(link->context.get(), commands, replies, wait.reply_until(), -1, &sent);
+    const auto why = exchange(link->context.get(), commands, replies, wait.reply_until(), wait.cancel_fd, &sent);
     if (why.empty()) {
       link->last_reply = SteadyClock::now();
       link->used = true;
@@ -644,13 +679,15 @@ std::vector<Reply> Connection::run(const std::vector<Command>& commands, const W
       checkin(std::move(link));
       return replies;
     }
-    const bool fresh = !link->used;
+    const bool fresh = !link->used && !wait.stop.stop_requested();
     discard(std::move(link), fresh);
     if (sent && !retry) {
       throw BackendUnavailable("redis at " + settings_.description + " failed mid-request (" + why +
                                "); the outcome is unknown");
     }
-    if (wait.expired()) throw BackendUnavailable("redis at " + settings_.description + " failed: " + why);
+    if (wait.expired() || wait.stop.stop_requested()) {
+      throw BackendUnavailable("redis at " + settings_.description + " failed: " + why);
+    }
   }
 }
 
@@ -691,8 +728,12 @@ std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls
 }
 
 Reply Connection::eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                       Deadline deadline, bool retry, std::uint64_t* server_generation) {
-  return run_scripts({ScriptCall{&script, keys, args}}, Wait(deadline), retry, server_generation).front().take();
+                       Deadline deadline, bool retry, std::uint64_t* server_generation, std::stop_token stop) {
+  const StopFd cancel(stop);
+  return run_scripts({ScriptCall{&script, keys, args}}, Wait(deadline, std::move(stop), cancel.fd()), retry,
+                     server_generation)
+      .front()
+      .take();
 }
 
 std::vector<Result> Connection::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline,
@@ -706,6 +747,31 @@ std::vector<Reply> Connection::eval_pipelined(const std::vector<ScriptCall>& cal
   std::vector<Reply> replies;
   for (auto& result : results) replies.push_back(result.take());
   return replies;
+}
+
+bool Connection::watch_idle(SteadyClock::time_point until, int wake_fd) {
+  std::unique_ptr<Link> link;
+  {
+    std::lock_guard lock(mutex_);
+    if (!idle_.empty()) {
+      link = std::move(idle_.back());
+      idle_.pop_back();
+    }
+  }
+  // Between calls nothing may arrive on a request/response connection: anything readable is an
+  // EOF, a reset, or garbage (see looks_alive).
+  pollfd fds[2] = {{wake_fd, POLLIN, 0}, {link ? link->context->fd : -1, POLLIN | POLLRDHUP, 0}};
+  for (;;) {
+    const int ready = poll(fds, link ? 2 : 1, poll_timeout(until));
+    if (ready >= 0 || errno != EINTR) break;
+  }
+  if (!link) return false;
+  if (fds[1].revents) {
+    discard(std::move(link), false);
+    return true;
+  }
+  checkin(std::move(link));
+  return false;
 }
 
 Reply Connection::command(const Command& command, Deadline deadline) {

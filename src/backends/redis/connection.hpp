@@ -16,6 +16,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -49,6 +51,8 @@ inline constexpr std::size_t kMaxReplyBytes = std::size_t{64} << 20;
 inline constexpr std::chrono::milliseconds kIdleProbe{500};
 // At most this many connections per Connection; more callers wait (within their deadlines).
 inline constexpr int kMaxLinks = 8;
+// Reconnect attempts back off from 50 ms up to this (per Connection; see its constructor).
+inline constexpr std::chrono::milliseconds kMaxReconnectBackoff{2000};
 
 struct ReplyDeleter {
   void operator()(redisReply* reply) const { freeReplyObject(reply); }
@@ -68,13 +72,35 @@ struct Script {
   std::string body;
 };
 
-// The network waits of one call: they end by `until`, the caller's deadline. A call whose
-// deadline had already passed when it began ("try once") gets one attempt bounded by the caps.
+// An eventfd that becomes readable when `stop` is requested, for poll() (-1 when no stop is
+// possible): network waits end at once on it.
+class StopFd {
+ public:
+  explicit StopFd(std::stop_token stop);
+  ~StopFd();
+  StopFd(const StopFd&) = delete;
+  StopFd& operator=(const StopFd&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  struct Signal {
+    int fd;
+    void operator()() const noexcept;
+  };
+  int fd_ = -1;
+  std::optional<std::stop_callback<Signal>> callback_;
+};
+
+// The network waits of one call: they end by `until`, the caller's deadline, or at once when
+// `stop` is requested (`cancel_fd` is its StopFd). A call whose deadline had already passed when
+// it began ("try once") gets one attempt bounded by the caps.
 struct Wait {
-  explicit Wait(Deadline deadline);
+  explicit Wait(Deadline deadline, std::stop_token stop = {}, int cancel_fd = -1);
   SteadyClock::time_point start;
   bool try_once;
   SteadyClock::time_point until;  // time_point::max() for "no deadline"
+  std::stop_token stop;
+  int cancel_fd;
   SteadyClock::time_point connect_until() const;
   SteadyClock::time_point reply_until() const;
   bool expired() const { return SteadyClock::now() >= until; }
@@ -136,8 +162,9 @@ class Connection {
  public:
   // Opens the first connection now (one attempt), so a bad URL, password or ACL fails at once.
   // on_server_changed runs (with nothing locked) when a new connection finds a different server
-  // (run_id) than the last one did.
-  Connection(Settings settings, std::vector<const Script*> scripts, std::function<void()> on_server_changed);
+  // (run_id) than the last one did. Reconnects back off up to `max_backoff`.
+  Connection(Settings settings, std::vector<const Script*> scripts, std::function<void()> on_server_changed,
+             std::chrono::milliseconds max_backoff = kMaxReconnectBackoff);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -147,11 +174,12 @@ class Connection {
   // keeps reconnecting until `deadline`. Otherwise it is only written to a connection known to
   // be alive, and a failure after writing throws BackendUnavailable saying the outcome is
   // unknown. Error replies throw their typed error (see reply_error). Throws
-  // BackendUnavailable when the deadline passes.
+  // BackendUnavailable when the deadline passes, or at once when `stop` is requested (every wait:
+  // connect, reply, backoff, a busy pool).
   // `server_generation`, when given, receives the generation of the server the script ran on:
   // it grows each time a new connection finds a different server (run_id).
   Reply eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-             Deadline deadline, bool retry, std::uint64_t* server_generation = nullptr);
+             Deadline deadline, bool retry, std::uint64_t* server_generation = nullptr, std::stop_token stop = {});
   // Several idempotent script calls in one round trip, each with its own outcome: an error
   // reply to one (OOM, READONLY, BUSY...) is that call's typed error, never thrown. Throws
   // BackendUnavailable only when no reply came by the deadline.
@@ -163,6 +191,13 @@ class Connection {
   // A plain command, retried like an idempotent script; error replies throw typed errors.
   Reply command(const Command& command, Deadline deadline);
 
+  // Sleeps until `until`, until `wake_fd` becomes readable, or until an idle connection shows
+  // that its server went away (EOF or reset: a restart, a shutdown, a killed server), so that
+  // a watcher learns of it at once rather than at its next call. Such a connection is dropped;
+  // returns true then. Only for a Connection whose calls all come from the caller's thread (the
+  // watchdog's): the connection watched is out of the pool meanwhile.
+  bool watch_idle(SteadyClock::time_point until, int wake_fd);
+
   const Settings& settings() const { return settings_; }
 
  private:
@@ -173,6 +208,10 @@ class Connection {
   // Closes a broken link; `fresh` (it never completed a call) counts as a failed attempt.
   void discard(std::unique_ptr<Link> link, bool fresh);
   std::unique_ptr<Link> open_link(const Wait& wait);
+  // Waits (mutex_ held by `lock`) until a link comes back or a slot frees up, `until`, or a stop.
+  // False on timeout or stop.
+  bool wait_returned(std::unique_lock<std::mutex>& lock, SteadyClock::time_point until, const std::stop_token& stop);
+  void notify_returned();  // mutex_ held
   // One round trip of `commands` on some link; error replies are returned, not thrown.
   std::vector<Reply> run(const std::vector<Command>& commands, const Wait& wait, bool retry,
                          std::uint64_t* server_generation);
@@ -184,10 +223,12 @@ class Connection {
   const Settings settings_;
   const std::vector<const Script*> scripts_;
   const std::function<void()> on_server_changed_;
+  const std::chrono::milliseconds max_backoff_;
   std::vector<std::string> shas_;  // by index in scripts_; set by the constructor (SHA1s never change)
 
   std::mutex mutex_;  // guards what follows; never held across network I/O
-  std::condition_variable returned_;  // a link came back, or a slot or a reconnect became possible
+  std::condition_variable_any returned_;  // a link came back, or a slot or a reconnect became possible
+  std::uint64_t returns_ = 0;             // counts notify_returned(): what returned_'s waiters wait for
   std::vector<std::unique_ptr<Link>> idle_;
   int links_ = 0;  // idle, in use and being opened
   std::string run_id_;

@@ -6,6 +6,8 @@
 // script once they run out. Waiters sleep until a message names them, then ask the server: a
 // message only wakes, the scripts alone admit. PermitCounter keeps Redisson's RSemaphore layout
 // so Java and C++ share permits.
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "backends/redis/connection.hpp"
 #include "backends/redis/scripts.hpp"
 #include "backends/redis/subscriber.hpp"
+#include "core/fork_generation.hpp"
 #include "core/loss_clock.hpp"
 
 namespace turnstile::detail::redis {
@@ -117,6 +120,18 @@ long long integer_at(const redisReply* reply, std::size_t index) {
   throw BackendUnavailable("redis answered a script with an unexpected reply");
 }
 
+// Fencing tokens and places in line stay below 2^53 (the scripts refuse to hand out more), so
+// Lua's doubles carry them exactly; anything else in a reply is not a token.
+constexpr long long kMaxToken = (1LL << 53) - 1;
+
+std::uint64_t token_at(const redisReply* reply, std::size_t index) {
+  const auto value = integer_at(reply, index);
+  if (value < 1 || value > kMaxToken) {
+    throw BackendUnavailable("redis answered a script with an impossible fencing token " + std::to_string(value));
+  }
+  return static_cast<std::uint64_t>(value);
+}
+
 std::string string_at(const redisReply* reply, std::size_t index) {
   if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements <= index) return {};
   const auto* element = reply->element[index];
@@ -157,6 +172,19 @@ EvictionRule take_eviction_rule(BackendUrl& url) {
 
 class RedisBackend;
 
+// How long a release waits for the server (see RedisHold::release and the README).
+constexpr milliseconds kReleasePatience{1000};
+constexpr milliseconds kLostReleasePatience{250};
+
+// What the watchdog shares with a hold: its lease, and whether its release has begun. Once it
+// has, no renewal speaks for the hold: a renewal that crossed the release finds the entry gone
+// because the release removed it (the release itself reports a real loss).
+struct HoldLease {
+  explicit HoldLease(std::shared_ptr<ServerLease> l) : lease(std::move(l)) {}
+  std::shared_ptr<ServerLease> lease;
+  std::atomic<bool> releasing{false};
+};
+
 class RedisHold final : public BackendHold {
  public:
   RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::string request,
@@ -170,7 +198,7 @@ class RedisHold final : public BackendHold {
   const std::string& name() const { return name_; }
   std::uint64_t seq() const { return seq_; }
   const std::string& request() const { return request_; }
-  const std::shared_ptr<ServerLease>& lease() const { return lease_; }
+  const std::shared_ptr<HoldLease>& state() const { return state_; }
 
  private:
   RedisBackend& backend_;
@@ -179,7 +207,9 @@ class RedisHold final : public BackendHold {
   std::string request_;  // the acquire's request id: the entry's owner
   std::shared_ptr<LossSignal> loss_;
   std::shared_ptr<ServerLease> lease_;
+  std::shared_ptr<HoldLease> state_;
   bool released_ = false;
+  std::uint64_t fork_generation_ = fork_generation();  // a child's copy touches nothing
 };
 
 class RedisBackend final : public Backend {
@@ -187,8 +217,9 @@ class RedisBackend final : public Backend {
   RedisBackend(Settings settings, EvictionRule eviction, ErrorHandler warn)
       : settings_(settings),
         identity_(std::to_string(getpid()) + " " + host_name()),
+        wake_fd_(make_wake_fd()),
         connection_(settings, all_scripts(), [this] { renew_soon(); }),
-        renewals_(settings, all_scripts(), [this] { renew_soon(); }),
+        renewals_(settings, all_scripts(), [this] { renew_soon(); }, renewal_retry()),
         subscriber_(settings, [this](const std::string& channel, const std::string& payload) { on_message(channel, payload); },
                     [this] { on_subscriber_reset(); }) {
     check_eviction_policy(eviction, warn);
@@ -197,7 +228,8 @@ class RedisBackend final : public Backend {
 
   ~RedisBackend() override {
     watchdog_.request_stop();
-    watchdog_cv_.notify_all();
+    renew_soon();  // wakes the watchdog
+    // jthread members join next; the eventfd outlives them (declared first).
   }
 
   std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
@@ -234,6 +266,15 @@ class RedisBackend final : public Backend {
   };
 
   milliseconds recheck_interval() const { return std::min(milliseconds(2000), settings_.ttl / 3); }
+  milliseconds renewal_period() const { return std::max(milliseconds(100), settings_.ttl / 3); }
+  // How soon a renewal round that got no answer is tried again; also the renewal connection's
+  // longest reconnect backoff, so a server back after a restart is found within it.
+  milliseconds renewal_retry() const { return std::min(renewal_period(), milliseconds(250)); }
+  static int make_wake_fd() {
+    const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) throw BackendUnavailable("eventfd failed");
+    return fd;
+  }
   void check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn);
   void on_message(const std::string& channel, const std::string& payload);
   void on_subscriber_reset();
@@ -250,6 +291,11 @@ class RedisBackend final : public Backend {
 
   Settings settings_;
   std::string identity_;  // "<pid> <host>", for inspect
+  // Wakes the watchdog (renew now, or stop). Closed last, after every thread that uses it.
+  struct WakeFd {
+    int fd;
+    ~WakeFd() { close(fd); }
+  } wake_fd_;
   RequestIds request_ids_;
   LossClock loss_clock_;  // before every hold's lease
   Connection connection_;
@@ -269,9 +315,6 @@ class RedisBackend final : public Backend {
   std::mutex holds_mutex_;
   std::set<RedisHold*> holds_;
   std::vector<Orphan> orphans_;
-  std::mutex watchdog_mutex_;  // never held while calling a connection (whose callback takes it)
-  std::condition_variable_any watchdog_cv_;
-  bool renew_now_ = false;
 
   Subscriber subscriber_;  // after the waiter tables: its thread calls into them
   std::jthread watchdog_;  // last: stopped and joined first
@@ -280,12 +323,15 @@ class RedisBackend final : public Backend {
 RedisHold::RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::string request,
                      std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease)
     : backend_(backend), name_(std::move(name)), seq_(seq), request_(std::move(request)), loss_(std::move(loss)),
-      lease_(std::move(lease)) {
+      lease_(std::move(lease)), state_(std::make_shared<HoldLease>(lease_)) {
   lease_->attach(loss_);
   backend_.track(this);
 }
 
 RedisHold::~RedisHold() {
+  // A forked child's copy of the parent's hold: the parent's threads may have held these
+  // mutexes at the fork, and the entry is the parent's. Nothing is touched, nothing is sent.
+  if (fork_generation_ != fork_generation()) return;
   lease_->detach(loss_.get());
   if (!released_) backend_.untrack(this);  // the core releases first; this only guards misuse
 }
@@ -300,12 +346,19 @@ void RedisHold::downgrade() {
 void RedisHold::release() {
   if (released_) return;
   const auto keys = backend_.keys_of(name_);
-  // Bounded (shorter still once the hold is known lost): the core retries a failed release in
-  // the background. A resend after a lost reply finds the release remembered, not a loss.
-  const auto patience = lease_->lost() ? milliseconds(250) : milliseconds(1000);
+  // Bounded: at most kReleasePatience, and no longer once the hold is reported lost (a hold
+  // already lost gets one short try): the caller must hear of a loss at once, and the core
+  // retries a failed release in the background. A resend after a lost reply finds the release
+  // remembered, not a loss.
+  const bool lost = loss_->lost();
+  const auto patience = lost ? kLostReleasePatience : kReleasePatience;
+  // From now on a renewal that finds the entry gone may have crossed this release: only the
+  // release's own answer says whether the hold was lost.
+  state_->releasing = true;
   auto reply = backend_.connection().eval(scripts::release, keys.keys,
                                           {keys.channel, std::to_string(seq_), request_, backend_.release_memory_ms()},
-                                          SteadyClock::now() + patience, true);
+                                          SteadyClock::now() + patience, true, nullptr,
+                                          lost ? std::stop_token() : loss_->token());
   released_ = true;
   backend_.untrack(this);
   if (integer_of(reply) == 0) {
@@ -377,14 +430,19 @@ void RedisBackend::poke_counter_head(const std::string& channel, std::uint64_t h
 }
 
 void RedisBackend::on_subscriber_reset() {
-  std::lock_guard lock(waiters_mutex_);
-  for (auto& [channel, waiters] : queue_waiters_) {
-    for (auto* waiter : waiters) poke(*waiter);
+  {
+    std::lock_guard lock(waiters_mutex_);
+    for (auto& [channel, waiters] : queue_waiters_) {
+      for (auto* waiter : waiters) poke(*waiter);
+    }
+    for (auto& [channel, waiters] : counter_waiters_) {
+      for (auto* waiter : waiters) poke(*waiter);
+    }
+    waiters_cv_.notify_all();
   }
-  for (auto& [channel, waiters] : counter_waiters_) {
-    for (auto* waiter : waiters) poke(*waiter);
-  }
-  waiters_cv_.notify_all();
+  // The subscriber lost its connection and made a new one: the server may have restarted
+  // without the holds' entries. One renewal round finds out.
+  renew_soon();
 }
 
 void RedisBackend::sleep_as(Waiter& waiter, Deadline deadline) {
@@ -417,6 +475,8 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
                                                    std::shared_ptr<LossSignal> loss) {
   const auto keys = keys_of(request.name);
   const bool try_once = deadline && *deadline <= SteadyClock::now();
+  // One request id for every entry this call makes: whatever its seq, a release by request id
+  // finds it (an entry whose reply was lost, or the fresh one of a waiter that lost its place).
   const auto request_id = request_ids_.next();
   // Registered before the acquire script runs, so a message published between its reply and
   // our reading it still wakes us (to look: it proves nothing by itself).
@@ -443,39 +503,51 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
   std::optional<Registration> registration;
   if (!try_once) registration.emplace(*this, keys.channel, waiter);
   const bool was_listening = !try_once && subscriber_.listening(keys.channel);
+  const auto stopped = [&] { return request.stop.stop_requested(); };
   auto sent_at = SteadyClock::now();
-  Reply reply;
-  try {
-    reply = connection_.eval(scripts::acquire, keys.keys,
-                             {keys.channel, std::string(1, kind_code(request.kind)), std::to_string(request.permits),
-                              std::to_string(request.limit), std::to_string(settings_.ttl.count()), try_once ? "1" : "0",
-                              request_id, identity_},
-                             deadline, true);
-  } catch (const BackendUnavailable&) {
-    // The script may have run and its reply been lost: take out the entry it may have made
-    // (found by our request id) rather than leave it to hold up the name for a TTL.
-    leave(request.name, "", request_id);
-    throw;
-  }
-  const auto status = integer_at(reply.get(), 0);
-  if (status == -1) check_queue_mode(request, string_at(reply.get(), 1), 0);
-  if (status == -2) check_queue_mode(request, "semaphore", integer_at(reply.get(), 1));
-  if (status == 0) return nullptr;
-  if (status != 1 && status != 2) throw BackendUnavailable("redis answered acquire with status " + std::to_string(status));
-  const auto seq = static_cast<std::uint64_t>(integer_at(reply.get(), 1));
-  const auto seq_text = std::to_string(seq);
+  // Joins the queue at its back; every wait of the call ends at once on a stop. Returns the
+  // status (1 admitted, 2 waiting; 0 not admitted on a try-once) and sets `seq`.
+  std::uint64_t seq = 0;
+  const auto join = [&] {
+    sent_at = SteadyClock::now();
+    auto reply = connection_.eval(scripts::acquire, keys.keys,
+                                  {keys.channel, std::string(1, kind_code(request.kind)), std::to_string(request.permits),
+                                   std::to_string(request.limit), std::to_string(settings_.ttl.count()),
+                                   try_once ? "1" : "0", request_id, identity_},
+                                  deadline, true, nullptr, request.stop);
+    const auto status = integer_at(reply.get(), 0);
+    if (status == -1) check_queue_mode(request, string_at(reply.get(), 1), 0);
+    if (status == -2) check_queue_mode(request, "semaphore", integer_at(reply.get(), 1));
+    if (status == 0) return status;
+    if (status != 1 && status != 2) throw BackendUnavailable("redis answered acquire with status " + std::to_string(status));
+    seq = token_at(reply.get(), 1);
+    return status;
+  };
   const auto admitted = [&] {
     return std::make_unique<RedisHold>(*this, request.name, seq, request_id, std::move(loss),
                                        loss_clock_.watch(settings_.ttl, sent_at));
   };
+  long long status;
+  try {
+    status = join();
+  } catch (const BackendUnavailable&) {
+    // The script may have run and its reply been lost: take out the entry it may have made
+    // (found by our request id) rather than leave it to hold up the name for a TTL.
+    leave(request.name, "", request_id);
+    if (stopped()) return nullptr;
+    throw;
+  }
+  if (status == 0) return nullptr;
   if (status == 1) return admitted();
 
   // Waiting in line: woken by a message naming us (or a stop, or the subscriber reconnecting),
   // we ask the server where we stand; we also ask now and then, so no lost message strands us.
-  {
+  std::string seq_text = std::to_string(seq);  // "" while unknown
+  const auto set_seq = [&](const std::string& text) {
     std::lock_guard lock(waiters_mutex_);
-    waiter.seq = seq_text;
-  }
+    waiter.seq = text;  // "": every message on the channel wakes us
+  };
+  set_seq(seq_text);
   std::stop_callback on_stop(request.stop, [&] {
     std::lock_guard lock(waiters_mutex_);
     poke(waiter);
@@ -483,7 +555,7 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
   });
   auto confirm_until = SteadyClock::now() + milliseconds(1000);
   if (deadline) confirm_until = std::min(confirm_until, *deadline);
-  subscriber_.subscribe(keys.channel, confirm_until);
+  subscriber_.subscribe(keys.channel, confirm_until, request.stop);
   registration->subscribed = true;
   // Subscribed before the acquire script ran: every message since reached us. Otherwise one
   // look now covers a message published before the subscription took.
@@ -495,7 +567,7 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
         look = look || waiter.poked;
         waiter.poked = false;
       }
-      if (request.stop.stop_requested()) {
+      if (stopped()) {
         leave(request.name, seq_text, request_id);
         return nullptr;
       }
@@ -503,13 +575,21 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
         sent_at = SteadyClock::now();
         auto state = connection_.eval(scripts::renew, keys.keys,
                                       {keys.channel, std::to_string(settings_.ttl.count()), seq_text, request_id},
-                                      deadline, true);
+                                      deadline, true, nullptr, request.stop);
         const auto where = integer_at(state.get(), 0);
-        if (where == 0) {
-          throw HoldLost("the queue entry of '" + request.name +
-                         "' vanished while waiting (paused past the TTL, or the redis server lost the name's state)");
-        }
         if (where == 2) break;
+        if (where == 0) {
+          // Our entry is gone (we were paused past the TTL, or the server lost the name's
+          // state): nothing was held, so we queue again, at the back, as a newcomer would.
+          if (deadline && *deadline <= SteadyClock::now()) return nullptr;
+          seq_text.clear();
+          set_seq(seq_text);
+          if (join() == 1) return admitted();
+          seq_text = std::to_string(seq);
+          set_seq(seq_text);  // a message meanwhile woke us (seq ""): poked, we look
+          look = false;
+          continue;
+        }
       }
       look = true;  // every wake-up, and every re-check interval, asks the server
       if (deadline && *deadline <= SteadyClock::now()) {
@@ -518,47 +598,47 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
       }
       sleep_as(waiter, deadline);
     }
-  } catch (const HoldLost&) {
-    throw;
   } catch (...) {
     leave(request.name, seq_text, request_id);
+    if (stopped()) return nullptr;
     throw;
   }
   return admitted();
 }
 
 void RedisBackend::renew_soon() {
-  {
-    std::lock_guard lock(watchdog_mutex_);
-    renew_now_ = true;
-  }
-  watchdog_cv_.notify_all();
+  const std::uint64_t one = 1;
+  [[maybe_unused]] auto written = write(wake_fd_.fd, &one, sizeof one);
 }
 
 // Renews every hold every TTL/3 on its own connection, in one pipelined round trip. What the
 // server answers for each entry decides: present, ours and admitted → confirmed (the loss
-// clock counts from the renewal's send time); gone, or not ours, or no longer admitted → lost.
-// A round unanswered within min(TTL/3, 1 s), or answered with an error, suspends the holds
-// and is tried again 250 ms later. The LossClock reports a hold lost when no renewal was
-// confirmed for TTL − margin, whatever this thread is doing. A server change seen by either
-// connection (another run_id: a restart or failover) makes the next round start at once.
-// Entries whose removal failed (orphans) are removed in the same round trips until done.
+// clock counts from the renewal's send time); gone, or not ours, or no longer admitted → lost,
+// unless the hold's release has begun (the release answers for it then). A round unanswered
+// within min(TTL/3, 1 s), or answered with an error, suspends the holds and is tried again
+// 250 ms later (the connection reconnects as often). The LossClock reports a hold lost when no
+// renewal was confirmed for TTL − margin, whatever this thread is doing. The next round starts
+// at once when the server shows a change: the idle renewal connection gets an EOF or reset (a
+// restart or shutdown: this thread sleeps in poll() on it), the subscriber reconnects, or a
+// connection finds another run_id. Entries whose removal failed (orphans) are removed in the
+// same round trips until done.
 void RedisBackend::watchdog_loop(std::stop_token stop) {
-  const auto period = std::max(milliseconds(100), settings_.ttl / 3);
-  const auto retry = std::min(period, milliseconds(250));
+  const auto period = renewal_period();
+  const auto retry = renewal_retry();
   const auto patience = std::min(period, milliseconds(1000));
   auto wait = period;
   while (!stop.stop_requested()) {
-    {
-      std::unique_lock lock(watchdog_mutex_);
-      watchdog_cv_.wait_for(lock, stop, wait, [&] { return renew_now_; });
-      renew_now_ = false;
+    const auto until = SteadyClock::now() + wait;
+    while (!stop.stop_requested() && SteadyClock::now() < until) {
+      if (renewals_.watch_idle(until, wake_fd_.fd)) break;  // the server went away: look now
+      std::uint64_t count;
+      if (read(wake_fd_.fd, &count, sizeof count) > 0) break;  // renew_soon(), or stop
     }
     wait = period;
     if (stop.stop_requested()) break;
     // A snapshot (leases are shared: a hold may be released and destroyed meanwhile).
     struct Renewal {
-      std::shared_ptr<ServerLease> lease;
+      std::shared_ptr<HoldLease> state;
       std::string seq, request;
     };
     std::map<std::string, std::vector<Renewal>> by_name;
@@ -566,7 +646,11 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
     {
       std::lock_guard lock(holds_mutex_);
       for (auto* hold : holds_) {
-        if (!hold->lease()->lost()) by_name[hold->name()].push_back({hold->lease(), std::to_string(hold->seq()), hold->request()});
+        // A hold being released is still renewed (a release that failed is retried later and
+        // its entry must not expire under it meanwhile), but its answers are ignored below.
+        if (!hold->state()->lease->lost()) {
+          by_name[hold->name()].push_back({hold->state(), std::to_string(hold->seq()), hold->request()});
+        }
       }
       const auto now = SteadyClock::now();
       std::erase_if(orphans_, [&](const Orphan& orphan) { return orphan.give_up <= now; });
@@ -574,7 +658,7 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
     }
     if (by_name.empty() && orphans.empty()) continue;
     std::vector<ScriptCall> calls;
-    std::vector<std::vector<std::shared_ptr<ServerLease>>> groups;
+    std::vector<std::vector<std::shared_ptr<HoldLease>>> groups;
     for (auto& [name, holds] : by_name) {
       const auto keys = keys_of(name);
       std::vector<std::string> args{keys.channel, std::to_string(settings_.ttl.count())};
@@ -582,7 +666,7 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
       for (auto& renewal : holds) {
         args.push_back(renewal.seq);
         args.push_back(renewal.request);
-        groups.back().push_back(renewal.lease);
+        groups.back().push_back(renewal.state);
       }
       calls.emplace_back(&scripts::renew, keys.keys, std::move(args));
     }
@@ -598,7 +682,9 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
       results = renewals_.eval_each(calls, sent_at + patience);
     } catch (const std::exception&) {
       for (auto& group : groups) {
-        for (auto& lease : group) lease->unconfirmed("the renewal did not reach redis; its entry may still be alive");
+        for (auto& state : group) {
+          if (!state->releasing) state->lease->unconfirmed("the renewal did not reach redis; its entry may still be alive");
+        }
       }
       wait = retry;  // orphans too are tried again then
       continue;
@@ -628,7 +714,10 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
       }
       const bool usable = reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == groups[g].size();
       for (std::size_t i = 0; i < groups[g].size(); ++i) {
-        auto& lease = groups[g][i];
+        // Read after the answer came: a release sent before the server ran this renewal set
+        // it before sending, so a renewal that crossed a release is never taken for a loss.
+        if (groups[g][i]->releasing) continue;
+        auto& lease = groups[g][i]->lease;
         long long where = -1;
         if (usable) {
           try {

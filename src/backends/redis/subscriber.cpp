@@ -51,12 +51,12 @@ void Subscriber::poke() {
   [[maybe_unused]] auto written = write(event_fd_, &one, sizeof one);
 }
 
-bool Subscriber::subscribe(const std::string& channel, SteadyClock::time_point until) {
+bool Subscriber::subscribe(const std::string& channel, SteadyClock::time_point until, std::stop_token stop) {
   std::unique_lock lock(mutex_);
   const auto [it, added] = wanted_.try_emplace(channel);
   ++it->second.users;
   if (added) poke();
-  return confirmed_cv_.wait_until(lock, until, [&] { return confirmed_.count(channel) > 0; });
+  return confirmed_cv_.wait_until(lock, stop, until, [&] { return confirmed_.count(channel) > 0; });
 }
 
 void Subscriber::unsubscribe(const std::string& channel) {

@@ -25,9 +25,10 @@ class Subscriber {
              std::function<void()> on_reset);
   ~Subscriber();
 
-  // Counts a use of the channel and waits (bounded by `until`) for the server to confirm the
-  // subscription. Returns false when unconfirmed: callers then rely on their periodic re-check.
-  bool subscribe(const std::string& channel, SteadyClock::time_point until);
+  // Counts a use of the channel and waits (bounded by `until`, ended by `stop`) for the server
+  // to confirm the subscription. Returns false when unconfirmed: callers then rely on their
+  // periodic re-check.
+  bool subscribe(const std::string& channel, SteadyClock::time_point until, std::stop_token stop = {});
   // Drops a use. The subscription itself stays a while (kIdleLinger), so a name waited on
   // again and again costs no SUBSCRIBE/UNSUBSCRIBE per wait.
   void unsubscribe(const std::string& channel);
@@ -49,7 +50,7 @@ class Subscriber {
   int event_fd_ = -1;  // subscriptions to change
   int stop_fd_ = -1;   // the destructor: ends a connect or a pause at once
   std::mutex mutex_;
-  std::condition_variable confirmed_cv_;
+  std::condition_variable_any confirmed_cv_;
   struct Want {
     int users = 0;
     SteadyClock::time_point idle_since{};

@@ -45,7 +45,8 @@ end
 -- The fencing token: larger than any handed out on this state, and than the server's clock
 -- in microseconds, so it still grows when the name's state was lost (evicted, deleted,
 -- restarted from an older snapshot): see the README's Redis section for the clock condition.
-local seq = math.max(last + 1, now_us)
+local seq = next_token(last, now_us)
+if not seq then return exhausted() end
 last = seq
 local e = {seq = seq, field = fmt(seq), kind = kind, admitted = false, permits = permits, permits_text = permits_text,
            limit = limit, limit_text = limit_text, request = request, expiry = now + lease_ms,

@@ -4,6 +4,29 @@
 -- Numbers travel as decimal text and are printed with '%d' (Lua 5.1's tostring prints 1e+14).
 local function fmt(n) return string.format('%d', n) end
 
+-- Fencing tokens and places in line stay below 2^53, where Lua's doubles are exact integers:
+-- so tokens are exact and strictly increasing, and '%d' prints them exactly.
+local max_token = 9007199254740991
+-- A token as stored: canonical decimal digits, 1..max_token; nil for anything else (a hand
+-- edit, '1e300', 'inf', '-5', a number too large to be exact).
+local function token_of(text)
+  if type(text) ~= 'string' or #text > 16 or not string.match(text, '^[1-9]%d*$') then return nil end
+  local n = tonumber(text)
+  if n > max_token then return nil end
+  return n
+end
+-- The next token after `last`, at least `floor`; nil when it would pass max_token (the caller
+-- refuses with exhausted(), before anything is written).
+local function next_token(last, floor)
+  local n = math.max(last + 1, floor)
+  if n > max_token then return nil end
+  return n
+end
+local function exhausted()
+  return redis.error_reply('ERR turnstile: the numbers of ' .. KEYS[#KEYS] .. ' reached 2^53-1 (its seq field); ' ..
+                           'delete the key when nothing holds it')
+end
+
 -- Server time: microseconds (fencing tokens) and milliseconds (leases).
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -55,7 +78,9 @@ end
 -- Reads a family's hash whole: 'seq' (the last number handed out), numbered items (given to
 -- `parse(seq, field, value)`, which returns the item, or nil to drop it: expired or unreadable),
 -- request records (stale ones reaped), and anything else, which is dropped. Returns the items
--- in order and the largest number seen ('seq' or an item's, whichever is larger).
+-- in order and the largest number seen ('seq' or an item's, whichever is larger). A 'seq' that
+-- is no token of ours is ignored (then rewritten): the clock floor of new tokens, and the
+-- entries' own numbers, keep tokens growing; a numbered field that is no token is dropped.
 local function load_hash(key, parse)
   local items, last = {}, 0
   local flat = redis.call('HGETALL', key)
@@ -63,9 +88,9 @@ local function load_hash(key, parse)
     local field, value = flat[i], flat[i + 1]
     fields[field] = value
     if field == 'seq' then
-      last = math.max(last, tonumber(value) or 0)
-    elseif string.match(field, '^%d+$') then
-      local seq = tonumber(field)
+      last = math.max(last, token_of(value) or 0)
+    elseif token_of(field) then
+      local seq = token_of(field)
       last = math.max(last, seq)
       local item = parse(seq, field, value)
       if item then items[#items + 1] = item else drop(field) end
@@ -79,6 +104,6 @@ end
 
 -- Writes 'seq' when it grew, then everything changed.
 local function save_hash(key, last)
-  if last > (tonumber(fields['seq']) or 0) then put('seq', fmt(last)) end
+  if last > (token_of(fields['seq']) or 0) then put('seq', fmt(last)) end
   flush(key)
 end

@@ -33,7 +33,8 @@ if reaped then nudge() end
 if try_once then return leave_line() end
 local w = me and waiters[me]
 if not w then
-  last = last + 1
+  last = next_token(last, 0)
+  if not last then return exhausted() end
   w = {seq = last, field = fmt(last), request = request, who = ARGV[5] .. ' ' .. fmt(now)}
   waiters[#waiters + 1] = w
 end
