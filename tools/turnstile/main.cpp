@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   auto* run_backend = run_cmd->add_option("--backend", backend_value, "Backend URL (default: $TURNSTILE_BACKEND, else the embedded default)");
   auto* run_timeout = run_cmd->add_option("--timeout", timeout_value, "Seconds to wait for the hold (fractional; 0 tries once; default: forever)");
   auto* run_ttl = run_cmd->add_option("--ttl", ttl_value, "Hold time-to-live in seconds, on backends that expire holds");
-  run_cmd->add_option("--grace", run.grace_sec, "Seconds between SIGTERM and SIGKILL when the hold is lost")->capture_default_str();
+  run_cmd->add_option("--grace", run.grace_sec, "Seconds between SIGTERM and SIGKILL when the hold is lost (then at most TTL/20, or 0.5 s without a known TTL) or the command leaves processes behind")->capture_default_str();
   run_cmd->add_flag("--pause-when-suspended", run.pause_when_suspended,
                     "Stop the command's process group (SIGSTOP) while the backend cannot confirm the hold; continue it (SIGCONT) once confirmed");
   auto* run_lock = run_cmd->add_option("--lock", lock_value, "Hold the Mutex NAME");
