@@ -49,6 +49,10 @@ struct HoldStateChange {
   std::uint64_t fencing_token = 0;
   HoldState state = HoldState::held;
   std::string reason;  // why it was suspended or lost; empty when it is held again
+  // On loss by the loss rule (no renewal confirmed in time): how long from now before the
+  // server could hand the hold to someone else. Zero when it may have done so already (the
+  // server said the entry is gone) and on every other change.
+  std::chrono::milliseconds margin{0};
 };
 using HoldStateHandler = std::function<void(const HoldStateChange&)>;
 

@@ -50,7 +50,13 @@ class LossSignal {
   };
   LossSignal(std::string name, std::shared_ptr<const Callbacks> callbacks)
       : name_(std::move(name)), callbacks_(std::move(callbacks)) {}
-  void lose(const std::string& reason) noexcept;
+  void lose(const std::string& reason, std::chrono::milliseconds margin = std::chrono::milliseconds(0)) noexcept;
+  // lose() in two steps, so that many holds can all be marked lost before any one's callbacks
+  // run (a slow callback must not delay another hold's report): mark_lost() changes the state
+  // (false when it was lost already), tell_lost() signals the token and calls the callbacks.
+  // `margin`: how long before the server could hand the hold to someone else (0: it may have).
+  bool mark_lost(const std::string& reason, std::chrono::milliseconds margin) noexcept;
+  void tell_lost() noexcept;
   void suspend(const std::string& reason) noexcept;
   void resume() noexcept;
   HoldState state() const noexcept { return state_.load(std::memory_order_acquire); }
@@ -63,7 +69,7 @@ class LossSignal {
  private:
   // Moves to `next` unless lost; false when nothing changed.
   bool change_state(HoldState next) noexcept;
-  void tell(HoldState state, const std::string& reason) noexcept;
+  void tell(HoldState state, const std::string& reason, std::chrono::milliseconds margin = {}) noexcept;
 
   std::string name_;
   std::shared_ptr<const Callbacks> callbacks_;
@@ -72,6 +78,7 @@ class LossSignal {
   mutable std::mutex mutex_;
   mutable std::stop_source source_{std::nostopstate};  // made by the first token()
   std::string reason_;
+  std::chrono::milliseconds margin_{0};
   // Held from a change through its callbacks, so a hold's changes are told in order.
   // Recursive: a callback may release the hold, and the release may find it lost.
   std::recursive_mutex tell_mutex_;

@@ -16,18 +16,33 @@ namespace detail {
 
 std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions& options);
 
-void LossSignal::lose(const std::string& reason) noexcept {
+void LossSignal::lose(const std::string& reason, std::chrono::milliseconds margin) noexcept {
+  std::lock_guard order(tell_mutex_);  // so a callback of this thread may lose it again (recursive)
+  if (mark_lost(reason, margin)) tell_lost();
+}
+
+bool LossSignal::mark_lost(const std::string& reason, std::chrono::milliseconds margin) noexcept {
+  std::lock_guard lock(mutex_);
+  if (lost()) return false;  // only the first report counts, and calls back once
+  reason_ = reason.empty() ? "unknown reason" : reason;
+  margin_ = margin;
+  state_.store(HoldState::lost, std::memory_order_release);
+  return true;
+}
+
+void LossSignal::tell_lost() noexcept {
   std::lock_guard order(tell_mutex_);
   std::stop_source source{std::nostopstate};
+  std::string reason;
+  std::chrono::milliseconds margin;
   {
     std::lock_guard lock(mutex_);
-    if (lost()) return;  // only the first report counts, and calls back once
-    reason_ = reason.empty() ? "unknown reason" : reason;
     source = source_;  // a token() from now on sees the state and makes its state stopped
-    state_.store(HoldState::lost, std::memory_order_release);
+    reason = reason_;
+    margin = margin_;
   }
   if (source.stop_possible()) source.request_stop();  // outside the lock: runs stop_callbacks
-  tell(HoldState::lost, reason_);
+  tell(HoldState::lost, reason, margin);
 }
 
 void LossSignal::suspend(const std::string& reason) noexcept {
@@ -47,7 +62,7 @@ bool LossSignal::change_state(HoldState next) noexcept {
   return true;
 }
 
-void LossSignal::tell(HoldState state, const std::string& reason) noexcept {
+void LossSignal::tell(HoldState state, const std::string& reason, std::chrono::milliseconds margin) noexcept {
   if (!callbacks_) return;
   const auto token = fencing_token_.load(std::memory_order_relaxed);
   // A throwing user callback must not take the backend's watcher thread down.
@@ -59,7 +74,7 @@ void LossSignal::tell(HoldState state, const std::string& reason) noexcept {
   } catch (...) {
   }
   try {
-    if (callbacks_->on_state) callbacks_->on_state(HoldStateChange{name_, token, state, reason});
+    if (callbacks_->on_state) callbacks_->on_state(HoldStateChange{name_, token, state, reason, margin});
   } catch (...) {
   }
 }

@@ -59,16 +59,21 @@ void LockCore::release_exclusive() {
   auto& held = it->second;
   if (--held.exclusive_count > 0) return;
   if (held.shared_count > 0) {
+    // The network call and any callbacks run without the mutex, so they neither hold up other
+    // threads nor deadlock a callback that looks at this lock. Only this thread removes its
+    // record, so the pointer stays valid.
+    auto* record = held.record.get();
+    lock.unlock();
     try {
-      held.record->backend_hold().downgrade();  // the reads keep the entry, now shared
+      record->backend_hold().downgrade();  // the reads keep the entry, now shared
     } catch (const Error& error) {
       // Its outcome is unknown: the entry may still be a writer's. Rather than leave a write
       // entry behind for the client's life, release it whole (retried in the background if need
       // be) and tell the remaining reads that their hold is lost.
-      held.record->lose(std::string("its downgrade to a read lock failed (") + error.what() +
-                        "), so the hold was released whole");
+      record->lose(std::string("its downgrade to a read lock failed (") + error.what() +
+                   "), so the hold was released whole");
       try {
-        held.record->release();
+        record->release();
       } catch (const Error&) {
         // HoldLost (just reported above) or BackendUnavailable (now retried in the background).
       }

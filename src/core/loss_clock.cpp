@@ -63,7 +63,9 @@ void ServerLease::unconfirmed(const std::string& reason) {
   for (auto& hold : suspended) hold->suspend(reason);
 }
 
-void ServerLease::lose(const std::string& reason) {
+void ServerLease::lose(const std::string& reason) { lose_with_margin(reason, milliseconds(0)); }
+
+void ServerLease::lose_with_margin(const std::string& reason, milliseconds margin) {
   std::vector<std::shared_ptr<LossSignal>> lost;
   {
     std::lock_guard lock(mutex_);
@@ -72,7 +74,16 @@ void ServerLease::lose(const std::string& reason) {
     lost_reason_ = reason;
     lost.swap(holds_);
   }
-  for (auto& hold : lost) hold->lose(reason);
+  // Every hold is lost before any is told, and each is told on a thread of its own: a holder's
+  // slow callback (a stop_callback that winds its work down) must not delay another's report.
+  std::erase_if(lost, [&](const auto& hold) { return !hold->mark_lost(reason, margin); });
+  for (auto& hold : lost) {
+    try {
+      std::thread([hold] { hold->tell_lost(); }).detach();
+    } catch (...) {
+      hold->tell_lost();  // no thread to be had: tell it here
+    }
+  }
 }
 
 void ServerLease::set_ttl(milliseconds ttl) {
@@ -102,12 +113,19 @@ bool ServerLease::lost() const {
 }
 
 bool ServerLease::expire_if_due(SteadyClock::time_point now) {
+  milliseconds ttl;
+  SteadyClock::time_point server_expiry;
   {
     std::lock_guard lock(mutex_);
-    if (lost_ || confirmed_sent_at_ + ttl_ - margin_for(ttl_) > now) return lost_;
+    if (lost_) return true;
+    ttl = ttl_;
+    server_expiry = confirmed_sent_at_ + ttl_;
+    if (server_expiry - margin_for(ttl_) > now) return false;
   }
-  lose("no renewal was confirmed in time: the server may have expired it (TTL " + std::to_string(ttl().count()) +
-       " ms, reported " + std::to_string(margin().count()) + " ms early)");
+  const auto left = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(server_expiry - now));
+  lose_with_margin("no renewal was confirmed in time: the server may expire it in " + std::to_string(left.count()) +
+                       " ms (TTL " + std::to_string(ttl.count()) + " ms)",
+                   left);
   return true;
 }
 

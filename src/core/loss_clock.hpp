@@ -57,6 +57,7 @@ class ServerLease {
   friend class LossClock;
   // Called by the clock's thread: loses the lease if its deadline has passed.
   bool expire_if_due(SteadyClock::time_point now);
+  void lose_with_margin(const std::string& reason, std::chrono::milliseconds margin);
 
   LossClock& clock_;
   mutable std::mutex mutex_;

@@ -3,6 +3,8 @@
 // Issues 10.2, 10.2b, 10.16, 15.5/15.6, 16.11. Only the network backends have a server lease to
 // lose or a reply to lose; on file:// these tests are skipped.
 #include <algorithm>
+#include <future>
+#include <optional>
 #include <stop_token>
 
 #include "conformance/support.hpp"
@@ -263,6 +265,85 @@ TEST_P(Conformance, AdmittedJoinWhoseReplyIsLostLeavesNoLeaseBehind) {
       proxy, [&] { return semaphore.try_acquire_for(2s).has_value(); }, [&] { return holder_count(semaphore_name) == 1; },
       [&] { return holder_count(semaphore_name) == 0 && waiter_count(semaphore_name) == 0; });
   EXPECT_TRUE(connect().semaphore(semaphore_name, 1).try_acquire_for(4s)) << "the orphaned lease keeps the only permit";
+}
+
+// Red team (rt3.1): holds of one client lose their server lease together; a slow callback of
+// one (a stop_callback winding its work down) must not delay the other's report.
+TEST_P(Conformance, ASlowLossCallbackOfOneHoldDoesNotDelayAnothersReport) {
+  SKIP_WITHOUT_SERVER();
+  TcpProxy proxy(url());
+  auto cut_off = connect_through(proxy, url(), with_ttl(kShortTtl));
+  auto first = cut_off.mutex(name("one"));
+  auto second = cut_off.mutex(name("two"));
+  std::atomic<bool> release_slow{false};
+  std::thread second_holder;
+  std::optional<LossTime> second_lost;
+  std::promise<std::stop_token> second_token;
+  first.lock();
+  // The second hold belongs to another thread (holds are per thread).
+  std::promise<void> done;
+  second_holder = std::thread([&] {
+    second.lock();
+    second_token.set_value(second.lost_token());
+    done.get_future().wait();
+    second.unlock();
+  });
+  OnExit cleanup([&] {
+    release_slow = true;
+    proxy.forward();
+    done.set_value();
+    second_holder.join();
+  });
+  second_lost.emplace(second_token.get_future().get());
+  std::atomic<Clock::rep> first_told{0};
+  auto slow = [&] {
+    first_told = Clock::now().time_since_epoch().count();
+    const auto until = Clock::now() + 4s;
+    while (!release_slow && Clock::now() < until) std::this_thread::sleep_for(10ms);
+  };
+  std::stop_callback slow_callback(first.lost_token(), slow);
+  const auto cut = proxy.blackhole_when_quiet(kQuiet);
+  const auto bound = cut + kShortTtl - loss_margin(kShortTtl);
+  ASSERT_TRUE(eventually([&] { return second_lost->reported() && first_told.load() != 0; }, kShortTtl + 10s))
+      << "a cut-off hold was never reported lost";
+  EXPECT_LE(second_lost->at(), bound + 200ms)
+      << "the second hold was told " << ms(second_lost->at() - cut) << " ms after the cut: held up by the first's callback";
+  release_slow = true;
+  first.unlock();
+}
+
+// Issue 15.4 and red team rt3.4: a downgrade that fails inside unlock() (the link is cut) must
+// neither deadlock a loss callback that looks at the lock nor leave the write entry behind for
+// the client's life: the hold is released whole (in the background once the link is back) and
+// the remaining read is told it is lost.
+TEST_P(Conformance, AFailedDowngradeReleasesTheHoldWholeWithoutDeadlock) {
+  SKIP_WITHOUT_SERVER();
+  TcpProxy proxy(url());
+  auto cut_off = connect_through(proxy, url(), with_ttl(kLongTtl));
+  cut_off.set_error_handler([](const turnstile::Error&) {});
+  const auto lock_name = name("rw");
+  auto rw = cut_off.shared_mutex(lock_name);
+  rw.lock();
+  rw.lock_shared();
+  std::atomic<int> looked{0};
+  std::stop_callback look(rw.lost_token(), [&] {
+    static_cast<void>(rw.owns_shared());  // takes the lock's own mutex: must not deadlock
+    ++looked;
+  });
+  proxy.blackhole();
+  OnExit heal([&] { proxy.forward(); });
+  // On this thread (holds are per thread); a deadlock shows as the test's own timeout.
+  const auto start = Clock::now();
+  rw.unlock();
+  EXPECT_LT(Clock::now() - start, 15s) << "unlock() of a writer holding a read took too long";
+  proxy.forward();
+  ASSERT_EQ(rw.hold_state(), turnstile::HoldState::lost) << "a downgrade over a cut link did not fail";
+  // The downgrade failed: the whole hold was released (retried in the background) and told.
+  EXPECT_TRUE(eventually([&] { return looked.load() == 1; }, 2s));
+  auto writer = connect().shared_mutex(lock_name);
+  EXPECT_TRUE(writer.try_lock_for(8s)) << "the write entry of a failed downgrade stayed behind";
+  if (writer.owns_lock()) writer.unlock();
+  rw.unlock_shared();
 }
 
 }  // namespace conformance
