@@ -206,6 +206,8 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
     endpoint.lease = pb::Lease::NewStub(endpoint.channel);
     endpoint.watch = pb::Watch::NewStub(endpoint.channel);
     endpoint.auth = pb::Auth::NewStub(endpoint.channel);
+    endpoint.key_watch_channel = grpc::CreateCustomChannel("dns:///" + host, credentials, arguments);
+    endpoint.key_watch = pb::Watch::NewStub(endpoint.key_watch_channel);
     endpoints_.push_back(std::move(endpoint));
   }
   if (!settings_.user.empty()) authenticate(SteadyClock::now() + milliseconds(5000));
@@ -217,6 +219,8 @@ Connection::Endpoint& Connection::current() {
 }
 
 pb::Watch::Stub& Connection::watch_stub() { return *current().watch; }
+
+pb::Watch::Stub& Connection::key_watch_stub() { return *current().key_watch; }
 
 void Connection::prepare(grpc::ClientContext& context, Deadline deadline, bool may_wait_for_connection) {
   if (closed_) throw BackendUnavailable("this etcd client was ended at process exit");

@@ -108,6 +108,9 @@ class Connection {
   // deadline) instead of failing fast.
   void prepare(grpc::ClientContext& context, Deadline deadline, bool may_wait_for_connection = true);
   pb::Watch::Stub& watch_stub();
+  // The held keys' watch: a connection of its own (made when first used), so that the thread
+  // reading that long-lived stream never polls, reads and hands over the replies of other calls.
+  pb::Watch::Stub& key_watch_stub();
   // After a failed call: the status as an exception, or nothing when it is worth retrying
   // (the endpoint then moves on to the next one). A re-authentication it needs ends by
   // `deadline`. Throws LeaseGone when etcd said the call's lease does not exist.
@@ -120,6 +123,8 @@ class Connection {
     std::unique_ptr<pb::Lease::Stub> lease;
     std::unique_ptr<pb::Watch::Stub> watch;
     std::unique_ptr<pb::Auth::Stub> auth;
+    std::shared_ptr<grpc::Channel> key_watch_channel;
+    std::unique_ptr<pb::Watch::Stub> key_watch;
   };
 
   template <class Call>

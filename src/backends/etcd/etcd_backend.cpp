@@ -253,6 +253,7 @@ class KeyWatcher {
     std::int64_t from_revision = 0;   // the first revision not yet seen
     std::int64_t watch_id = -1;       // on the current stream, once etcd created the watch
     bool done = false;                // released or lost: no longer watched
+    SteadyClock::time_point not_before;  // its first watch request is sent then
   };
 
   // `lost` runs (on the worker thread) after a hold was told that its key went.
@@ -279,12 +280,17 @@ class KeyWatcher {
     watched->loss = std::move(loss);
     watched->values.push_back(std::move(value));
     watched->from_revision = std::max(seen_revision, create_revision) + 1;
+    watched->not_before = SteadyClock::now() + kFirstWatchDelay;
+    bool wake = false;
     {
       std::lock_guard lock(mutex_);
       watched_.insert(watched);
       if (stream_) creates_.push_back(watched);
+      // A worker already waiting for an earlier create's time comes to this one by itself:
+      // back-to-back short holds cost no wake-up each.
+      wake = !stream_ || !worker_timed_;
     }
-    cv_.notify_all();
+    if (wake) cv_.notify_all();
     return watched;
   }
 
@@ -298,28 +304,32 @@ class KeyWatcher {
   void unwatch(const std::shared_ptr<Watched>& watched) {
     {
       std::lock_guard lock(mutex_);
-      if (watched->done) return;
-      forget_locked(watched);
+      if (watched->done || !forget_locked(watched)) return;
     }
-    cv_.notify_all();
+    cv_.notify_all();  // a cancel to send
   }
 
  private:
   static constexpr auto kStreamLife = std::chrono::seconds(60);
+  // A hold released sooner is never watched (its release still finds a key gone, and reports
+  // the loss): short holds cost etcd no watch. Later holds are watched from the revision at
+  // which they were read as ours, so what happened meanwhile is still seen.
+  static constexpr auto kFirstWatchDelay = milliseconds(20);
 
   bool allowed(const Watched& watched, const mvccpb::KeyValue& kv) const {
     return kv.create_revision() == watched.create_revision && kv.lease() == watched.lease &&
            std::find(watched.values.begin(), watched.values.end(), kv.value()) != watched.values.end();
   }
 
-  // With the mutex held: no longer watched, its watch cancelled.
-  void forget_locked(const std::shared_ptr<Watched>& watched) {
+  // With the mutex held: no longer watched, its watch cancelled; true when a cancel is queued.
+  bool forget_locked(const std::shared_ptr<Watched>& watched) {
     watched->done = true;
     watched_.erase(watched);
-    if (watched->watch_id >= 0) {
-      by_id_.erase(watched->watch_id);
-      if (stream_) cancels_.push_back(watched->watch_id);
-    }
+    if (watched->watch_id < 0) return false;
+    by_id_.erase(watched->watch_id);
+    if (!stream_) return false;
+    cancels_.push_back(watched->watch_id);
+    return true;
   }
 
   // With the mutex held: the hold is told by the worker.
@@ -359,7 +369,7 @@ class KeyWatcher {
     connection_.prepare(context, SteadyClock::now() + kStreamLife);
     GrpcScope scope(&context);
     std::stop_callback cancel(stop, [&context] { context.TryCancel(); });
-    auto stream = connection_.watch_stub().Watch(&context);
+    auto stream = connection_.key_watch_stub().Watch(&context);
     {
       // Every key watched again, each from the first revision not seen yet.
       std::lock_guard lock(mutex_);
@@ -393,14 +403,16 @@ class KeyWatcher {
       auto watched = std::move(in_flight_.front());
       in_flight_.pop_front();
       if (response.canceled()) {
-        if (!watched->done) rechecks_.push_back(watched);
+        if (watched->done) return;
+        rechecks_.push_back(watched);
       } else if (watched->done) {
         cancels_.push_back(response.watch_id());
       } else {
         watched->watch_id = response.watch_id();
         by_id_[response.watch_id()] = watched;
+        return;
       }
-      cv_.notify_all();
+      cv_.notify_all();  // work for the worker
       return;
     }
     const auto found = by_id_.find(response.watch_id());
@@ -427,11 +439,22 @@ class KeyWatcher {
 
   void work_loop(std::stop_token stop) {
     std::unique_lock lock(mutex_);
+    const auto other_work = [&] { return !losses_.empty() || !rechecks_.empty() || (stream_ && !cancels_.empty()); };
     for (;;) {
-      const bool ready = cv_.wait(lock, stop, [&] {
-        return !losses_.empty() || !rechecks_.empty() || (stream_ && (!creates_.empty() || !cancels_.empty()));
-      });
-      if (!ready) return;
+      while (!creates_.empty() && creates_.front()->done) creates_.pop_front();
+      // Creates are queued in the order of their delays (a new stream queues past ones first).
+      const bool create_pending = stream_ && !creates_.empty();
+      if (!other_work() && create_pending && creates_.front()->not_before > SteadyClock::now()) {
+        worker_timed_ = true;
+        cv_.wait_until(lock, stop, creates_.front()->not_before, other_work);
+        worker_timed_ = false;
+        if (stop.stop_requested()) return;
+        continue;
+      }
+      if (!other_work() && !create_pending) {
+        if (!cv_.wait(lock, stop, [&] { return other_work() || (stream_ && !creates_.empty()); })) return;
+        continue;
+      }
       if (!losses_.empty()) {
         auto [watched, reason] = std::move(losses_.front());
         losses_.pop_front();
@@ -493,6 +516,7 @@ class KeyWatcher {
   std::set<std::shared_ptr<Watched>> watched_;
   grpc::ClientReaderWriter<pb::WatchRequest, pb::WatchResponse>* stream_ = nullptr;  // the current one
   bool writing_ = false;
+  bool worker_timed_ = false;  // the worker waits for the first queued create's time
   std::list<std::shared_ptr<Watched>> creates_;    // to send on the current stream
   std::list<std::shared_ptr<Watched>> in_flight_;  // sent, not yet answered `created`
   std::list<std::int64_t> cancels_;
