@@ -19,6 +19,7 @@
 
 #include "conformance/support.hpp"
 #include "support/server_tests.hpp"
+#include "support/tcp_proxy.hpp"
 
 namespace {
 
@@ -61,6 +62,10 @@ class RawZk {
     }
     deallocate_ACL_vector(&acl);
     return result;
+  }
+  int remove(const std::string& path) { return zoo_delete(handle_, path.c_str(), -1); }
+  int set(const std::string& path, const std::string& data) {
+    return zoo_set(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), -1);
   }
   std::string data(const std::string& path) {
     char buffer[1024];
@@ -512,6 +517,210 @@ TEST(ZookeeperSession, ChrootPrefixesEveryPath) {
   mutex.lock();
   EXPECT_EQ(raw.children("/chrooted/" + name).size(), 1u);
   mutex.unlock();
+}
+
+// A chrooted client's names cannot forge entries of the name its chroot is in the namespace
+// without it: the chroot's segments are the names' first ones, mapped alike. (The lock
+// "lock-0000000000" under the chroot "/app" was /app/lock-0000000000, an entry of the lock "app".)
+TEST(ZookeeperSession, AChrootedNameCannotForgeEntriesOfTheChrootsName) {
+  auto root = Client::connect(server_url());
+  for (const std::string leaf : {"lock-0000000000", "__WRIT__0000000000", "_c_01234567-89ab-cdef-0123-456789abcdef-lock-0000000000",
+                                 "locks", "leases", "permits"}) {
+    SCOPED_TRACE(leaf);
+    const auto base = unique_name("app");
+    auto chrooted = Client::connect(server_url() + "/" + base);
+    auto forger = chrooted.mutex(leaf);
+    forger.lock();
+    auto mutex = root.mutex(base);
+    EXPECT_TRUE(mutex.try_lock()) << "its only 'entry' is a node of the chrooted client's name";
+    mutex.unlock();
+    auto lease = root.semaphore(base, 1).try_acquire();
+    EXPECT_TRUE(lease.has_value());
+    if (lease) lease->release();
+    EXPECT_EQ(root.permit_counter(base).add_permits(2), 2);
+    // The chroot is the first segments of the name: the same lock as the full name without it.
+    EXPECT_FALSE(root.mutex(base + "/" + leaf).try_lock());
+    forger.unlock();
+  }
+}
+
+// ---- a hold's nodes changed under it (red team 3) ----
+
+// The one node of `parent` (a hold's entry), or "" when there is not exactly one.
+std::string only_child(RawZk& raw, const std::string& parent) {
+  const auto children = raw.children(parent);
+  return children.size() == 1 ? parent + "/" + children[0] : "";
+}
+
+// A held node deleted by someone else (by hand, zkCli delete) loses that hold at once, and only
+// it, while the session lives on; the watch that tells it is set again after it fired for a
+// downgrade's new data and after a reconnect of the same session. (It stayed "held" for the
+// whole life of the session, while a second client got the lock.)
+TEST(ZookeeperHeldNodes, AHeldNodeDeletedBySomeoneElseLosesThatHoldAtOnce) {
+  const auto url = server_url();
+  turnstile_test::TcpProxy proxy(url);
+  auto client = Client::connect(proxy.url_through(url), with_ttl(20s));  // the session outlives the test
+  auto other = Client::connect(url);
+  RawZk raw;
+  auto bystander = client.mutex(unique_name("bystander"));
+  bystander.lock();
+
+  const auto name = unique_name("deleted");
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  const auto node = only_child(raw, "/" + name);
+  ASSERT_FALSE(node.empty());
+  ASSERT_EQ(raw.remove(node), ZOK);
+  EXPECT_TRUE(eventually([&] { return mutex.lost_token().stop_requested(); }, 5s))
+      << "the holder still says " << turnstile::to_string(mutex.hold_state()) << " after its node was deleted";
+  auto contender = other.mutex(name);
+  EXPECT_TRUE(contender.try_lock()) << "the server's state: the lock is free";
+  contender.unlock();
+  try {
+    mutex.unlock();
+  } catch (const turnstile::Error&) {
+  }
+
+  // Downgraded (the node's data changed: the watch fired and must be set again), then deleted.
+  const auto rw = unique_name("downgraded");
+  auto shared = client.shared_mutex(rw);
+  shared.lock();
+  shared.lock_shared();
+  shared.unlock();  // downgrade
+  const auto rw_node = only_child(raw, "/" + rw);
+  ASSERT_FALSE(rw_node.empty());
+  ASSERT_TRUE(eventually([&] { return raw.data(rw_node).find("downgraded") != std::string::npos; }, 5s));
+  std::this_thread::sleep_for(200ms);  // the data change's watch event has come and gone
+  ASSERT_EQ(shared.hold_state(), turnstile::HoldState::held);
+  ASSERT_EQ(raw.remove(rw_node), ZOK);
+  EXPECT_TRUE(eventually([&] { return shared.lost_token().stop_requested(); }, 5s)) << "no watch after the downgrade";
+  try {
+    shared.unlock_shared();
+  } catch (const turnstile::Error&) {
+  }
+
+  // A Semaphore's lease node; deleted after the connection was reset and the session resumed.
+  const auto sem_name = unique_name("lease");
+  auto lease = client.semaphore(sem_name, 3).acquire(2);
+  const auto leases = raw.children("/" + sem_name + "/leases");
+  ASSERT_EQ(leases.size(), 2u);
+  const auto connections = proxy.accepted();
+  proxy.reset();
+  ASSERT_TRUE(eventually([&] { return proxy.accepted() > connections; }, 10s)) << "no reconnect";
+  std::this_thread::sleep_for(300ms);
+  ASSERT_EQ(lease.hold_state(), turnstile::HoldState::held) << "the same session, connected again";
+  ASSERT_EQ(raw.remove("/" + sem_name + "/leases/" + leases[1]), ZOK);
+  EXPECT_TRUE(eventually([&] { return lease.lost_token().stop_requested(); }, 5s)) << "no watch after the reconnect";
+  try {
+    lease.release();
+  } catch (const turnstile::Error&) {
+  }
+
+  EXPECT_EQ(bystander.hold_state(), turnstile::HoldState::held) << "only the holds whose nodes went are lost";
+  bystander.unlock();
+}
+
+// ---- PermitCounter: a change whose reply was lost, and counts peers pushed out of range ----
+
+// With the reply of the change itself lost, the change is reported as it happened (it was
+// reported failed although applied: 10 -> 6 "failed", 6 -> 106 "failed"); when that cannot be
+// known in time, the error says it may have been applied.
+TEST(ZookeeperCounter, AChangeWhoseReplyWasLostIsReportedAsItHappened) {
+  const auto url = server_url();
+  turnstile_test::TcpProxy proxy(url);
+  auto client = Client::connect(proxy.url_through(url), with_ttl(6s));
+  auto observer = Client::connect(url);
+  const auto name = unique_name("lost-write");
+  auto counter = client.permit_counter(name);
+  auto seen = observer.permit_counter(name);
+  ASSERT_TRUE(seen.try_set_permits(10));
+  ASSERT_EQ(counter.available_permits(), 10);
+
+  // Replies held and passed one at a time until the observer sees the change applied; the next
+  // reply (the change's) is dropped.
+  const auto lose_the_reply = [&](auto call, std::int64_t applied_value) {
+    const auto dropped = proxy.dropped_bytes();
+    proxy.hold_replies();
+    auto result = std::async(std::launch::async, call);
+    const bool applied =
+        eventually([&] { return seen.available_permits() == applied_value || (proxy.pass_one_reply(20ms), false); }, 10s);
+    proxy.drop_next_reply();
+    EXPECT_TRUE(applied) << "the change never reached the server: nothing tested";
+    EXPECT_TRUE(eventually([&] { return proxy.dropped_bytes() > dropped; }, 5s)) << "no reply was lost: nothing tested";
+    EXPECT_EQ(result.wait_for(15s), std::future_status::ready);
+    return result.get();
+  };
+  const auto outcome = [](auto call) {
+    return [call]() -> std::string {
+      try {
+        return std::to_string(call());
+      } catch (const turnstile::Error& error) {
+        return error.what();
+      }
+    };
+  };
+  EXPECT_EQ(lose_the_reply(outcome([&] { return counter.try_acquire_for(3s, 4) ? 1 : 0; }), 6), "1");
+  EXPECT_EQ(seen.available_permits(), 6);
+  EXPECT_EQ(lose_the_reply(outcome([&] { return counter.add_permits(100); }), 106), "106");
+  EXPECT_EQ(seen.available_permits(), 106);
+  EXPECT_EQ(lose_the_reply(outcome([&] { return counter.drain_permits(); }), 0), "106");
+  EXPECT_EQ(seen.available_permits(), 0);
+
+  // Every reply lost until the call gives up at its deadline: it cannot know, and says so.
+  ASSERT_EQ(seen.add_permits(10), 10);
+  proxy.hold_replies();
+  auto undecided = std::async(std::launch::async, outcome([&] { return counter.try_acquire_for(1s, 4) ? 1 : 0; }));
+  EXPECT_TRUE(eventually([&] { return seen.available_permits() == 6 || (proxy.pass_one_reply(20ms), false); }, 10s));
+  proxy.drop_replies();
+  ASSERT_EQ(undecided.wait_for(15s), std::future_status::ready);
+  const auto message = undecided.get();
+  EXPECT_NE(message.find("may or may not have been applied"), std::string::npos) << message;
+  proxy.forward();
+}
+
+// A count a peer pushed beyond +-max_permits (or beyond 64 bits) never wedges the name: it is
+// read (saturated at the 64-bit limits), moved back toward the range, taken from and drained;
+// only changes that take it further out are refused. (Every call threw "does not hold a
+// number" for 99999999999999999999; add_permits(-1) was refused at 10^15.)
+TEST(ZookeeperCounter, ACountAPeerPushedOutOfRangeCanBeMovedBackAndDrained) {
+  auto client = Client::connect(server_url());
+  RawZk raw;
+  const auto name = unique_name("huge");
+  const auto node = "/" + name + "/permits";
+  auto counter = client.permit_counter(name);
+  ASSERT_TRUE(counter.try_set_permits(0));
+
+  ASSERT_EQ(raw.set(node, "1000000000000000"), ZOK);  // 10^15
+  EXPECT_EQ(counter.available_permits(), 1'000'000'000'000'000);
+  EXPECT_EQ(counter.add_permits(-1), 999'999'999'999'999) << "toward the range: allowed";
+  EXPECT_THROW(counter.add_permits(1), turnstile::InvalidArgument);
+  EXPECT_TRUE(counter.try_acquire(9));
+  EXPECT_EQ(raw.data(node), "999999999999990");
+  ASSERT_EQ(raw.set(node, "-1000000000000000"), ZOK);
+  EXPECT_EQ(counter.add_permits(1), -999'999'999'999'999);
+  EXPECT_THROW(counter.add_permits(-1), turnstile::InvalidArgument);
+
+  ASSERT_EQ(raw.set(node, "99999999999999999999"), ZOK);  // beyond 64 bits
+  EXPECT_EQ(counter.available_permits(), std::numeric_limits<std::int64_t>::max());
+  EXPECT_FALSE(counter.try_set_permits(3)) << "it is set";
+  EXPECT_EQ(counter.add_permits(-1), std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(raw.data(node), "99999999999999999998") << "written exactly";
+  EXPECT_TRUE(counter.try_acquire(8));
+  EXPECT_EQ(raw.data(node), "99999999999999999990");
+  EXPECT_EQ(client.inspect(name).permits, std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(counter.drain_permits(), std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(raw.data(node), "0");
+
+  ASSERT_EQ(raw.set(node, "-" + std::string(60, '9')), ZOK);  // too long for exact arithmetic
+  EXPECT_EQ(counter.available_permits(), std::numeric_limits<std::int64_t>::min());
+  EXPECT_THROW(counter.add_permits(1), turnstile::InvalidArgument);
+  EXPECT_EQ(raw.data(node), "-" + std::string(60, '9')) << "nothing changed";
+  EXPECT_EQ(counter.drain_permits(), std::numeric_limits<std::int64_t>::min());
+  EXPECT_EQ(counter.add_permits(5), 5);
+
+  ASSERT_EQ(raw.set(node, "five"), ZOK);  // not a number: refused, not overwritten
+  EXPECT_THROW(counter.add_permits(1), turnstile::BackendUnavailable);
+  EXPECT_EQ(raw.data(node), "five");
 }
 
 // ---- many waiters, each watching only its predecessor, are all served ----

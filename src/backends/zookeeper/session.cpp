@@ -412,6 +412,13 @@ void Connection::handle_event(zhandle_t* handle, int type, int state, const char
     } else {
       early_states_[handle] = state;
     }
+    if (state == ZOO_CONNECTED_STATE) {
+      // Connected again, same session: the C client sets its watches again itself, but a watch
+      // whose setting failed with the old connection is not among them. Set all of them again.
+      for (auto& [node, held] : held_) {
+        if (held.handle == handle) held.watch = true;
+      }
+    }
     session_event_ = true;  // the keeper tells the holds at once
     wake_all_locked();
     return;
@@ -420,6 +427,69 @@ void Connection::handle_event(zhandle_t* handle, int type, int state, const char
   if (const auto it = waiters_.find(path); it != waiters_.end()) {
     for (auto* waiter : it->second) waiter->woken = true;
     cv_.notify_all();
+  }
+  if (const auto it = held_.find(path); it != held_.end() && it->second.handle == handle) {
+    // Deleted: the hold is gone on the server. Anything else (a downgrade's new data) used the
+    // watch up: set it again. The keeper does both (holds' callbacks must not run here).
+    (type == ZOO_DELETED_EVENT ? it->second.gone : it->second.watch) = true;
+    session_event_ = true;
+    cv_.notify_all();
+  }
+}
+
+void Connection::watch_held(const Session& session, const std::vector<std::string>& paths,
+                            std::shared_ptr<LossSignal> loss) {
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& path : paths) held_.insert_or_assign(path, HeldNode{session.handle(), loss});
+    session_event_ = true;  // the keeper sets the watches now
+  }
+  cv_.notify_all();
+}
+
+void Connection::unwatch_held(const std::vector<std::string>& paths) {
+  std::lock_guard lock(mutex_);
+  for (const auto& path : paths) held_.erase(path);
+}
+
+void Connection::held_node_answered(const Session& session, const std::string& path, int rc) {
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = held_.find(path);
+    if (it == held_.end() || it->second.handle != session.handle()) return;
+    if (rc == ZNONODE) {
+      it->second.gone = true;  // deleted before the watch was set (the node was ours: only a deletion)
+      session_event_ = true;
+    } else if (connection_trouble(rc)) {
+      // Set again once connected (a reconnect marks every watch anyway); not at once: the
+      // keeper's next round, so a refusal that repeats never spins.
+      it->second.watch = true;
+      return;
+    } else {
+      return;  // set (ZOK), or the session is gone (its lease tells the holds)
+    }
+  }
+  cv_.notify_all();
+}
+
+void Connection::take_held_work_locked(const Session& session, bool connected, std::vector<std::string>& to_watch,
+                                       std::vector<std::pair<std::string, std::shared_ptr<LossSignal>>>& deleted) {
+  for (auto it = held_.begin(); it != held_.end();) {
+    auto& held = it->second;
+    if (held.handle != session.handle()) {
+      ++it;  // an earlier session's: its lease loses it
+      continue;
+    }
+    if (held.gone) {
+      deleted.emplace_back(it->first, std::move(held.loss));
+      it = held_.erase(it);
+      continue;
+    }
+    if (held.watch && connected) {
+      held.watch = false;
+      to_watch.push_back(it->first);
+    }
+    ++it;
   }
 }
 
@@ -555,7 +625,27 @@ void ping_done(int rc, const Stat*, const void* data) {
   // The session is alive: completions never run once ~Session closed the handle.
   if (const auto ping = in_flight().claim(data)) ping->session->ping_answered(rc, ping->sent_at);
 }
+
+void held_node_watched(int rc, const Stat*, const void* data) {
+  if (const auto call = in_flight().claim(data)) {
+    if (server_answered(rc)) call->session->heard_from_server();
+    call->session->held_node_answered(call->value, rc);
+  }
+}
 }  // namespace
+
+void Session::watch_held_node(const std::string& path) {
+  auto call = std::make_shared<CallState>();
+  call->session = this;
+  call->value = path;
+  void* context = in_flight().add(std::move(call));
+  // watch=1: the watcher of the handle, Connection::on_event, hears of the node's next change.
+  const int rc = zoo_aexists(handle_, path.c_str(), 1, held_node_watched, context);
+  if (rc == ZBADARGUMENTS || rc == ZINVALIDSTATE) in_flight().claim(context);  // see Session::run
+  if (rc != ZOK) held_node_answered(path, ZCONNECTIONLOSS);  // tried again later
+}
+
+void Session::held_node_answered(const std::string& path, int rc) { connection_.held_node_answered(*this, path, rc); }
 
 bool Session::start_ping() {
   // A few at most: the C client fails them all when it declares the connection lost.
@@ -609,7 +699,16 @@ void Connection::keeper_loop(std::stop_token stop) {
     const bool expired = session->expired();
     const bool connected = session->connected();
     const auto pinged = session->ping_confirmed_.exchange(SteadyClock::time_point{});
+    std::vector<std::string> to_watch;
+    std::vector<std::pair<std::string, std::shared_ptr<LossSignal>>> deleted;
+    take_held_work_locked(*session, connected && !expired, to_watch, deleted);
     lock.unlock();
+    // Only the hold whose node went is lost: the session, and its other holds, live on. The
+    // server may already have admitted someone else: told at once.
+    for (auto& [path, loss] : deleted) {
+      loss->lose("its node " + path + " was deleted on the ZooKeeper server by someone else (by hand or by a peer)");
+    }
+    for (const auto& path : to_watch) session->watch_held_node(path);
     // These run holds' callbacks, which may release holds: not under our lock.
     if (expired) {
       session->lease()->lose("its ZooKeeper session expired");

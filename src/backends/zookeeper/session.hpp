@@ -136,6 +136,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // For the completions (the C client's completion thread): the server answered something.
   void heard_from_server() { silent_ = false; }
 
+  // Sets a watch on a held node (exists, so it is set whether or not the node is there); its
+  // answer goes to Connection::held_node_answered. Never waits.
+  void watch_held_node(const std::string& path);
+  void held_node_answered(const std::string& path, int rc);
+
   private:
   friend class Connection;
   Connection& connection_;
@@ -199,6 +204,14 @@ class Connection {
   // deadline passed first.
   bool wait_connected(const Session& session, Deadline deadline);
 
+  // A hold's own nodes (its entry, or its lease nodes), watched while it lives: a node deleted
+  // by anyone but this hold (by hand, by a peer) loses that hold, and only it, at once, although
+  // the session lives on. The watch is set again after it fired for another change (a
+  // downgrade's new data) and after every reconnect. Never blocks.
+  void watch_held(const Session& session, const std::vector<std::string>& paths, std::shared_ptr<LossSignal> loss);
+  // Before the hold deletes its nodes itself (release), and when it ends: no loss.
+  void unwatch_held(const std::vector<std::string>& paths);
+
   // Hands nodes of ours to the janitor (see Orphan). Never blocks.
   void remove_later(Orphan orphan);
   // Orphans not yet removed (for tests and inspect of the client itself).
@@ -218,6 +231,13 @@ class Connection {
   // One attempt at removing an orphan; true when done (removed, or died with its session).
   bool clean(const Orphan& orphan);
   void wake_all_locked();
+  // For Session::watch_held_node's completion: the watch is set (ZOK), the node is gone
+  // (ZNONODE), or it must be set again.
+  void held_node_answered(const Session& session, const std::string& path, int rc);
+  // The keeper's share of the held nodes: the watches to set (connected only) and the holds
+  // whose node went. With mutex_ held.
+  void take_held_work_locked(const Session& session, bool connected, std::vector<std::string>& to_watch,
+                             std::vector<std::pair<std::string, std::shared_ptr<LossSignal>>>& deleted);
 
   Settings settings_;
   LossClock clock_;  // outlives every session (their leases refer to it)
@@ -231,6 +251,13 @@ class Connection {
   std::set<Waiter*> all_waiters_;
   bool session_event_ = false;  // wakes the keeper
   std::vector<Orphan> orphans_;
+  struct HeldNode {
+    zhandle_t* handle;  // of the session that made it: events of another handle are not about it
+    std::shared_ptr<LossSignal> loss;
+    bool watch = true;  // its watch needs setting (again)
+    bool gone = false;  // the server said it is gone
+  };
+  std::map<std::string, HeldNode> held_;  // by path (sequential nodes: one hold each)
   std::condition_variable_any janitor_cv_;
 
   std::jthread janitor_;

@@ -25,6 +25,7 @@
 #include <charconv>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -176,6 +177,69 @@ std::optional<std::int64_t> parse_number(const std::string& text) {
   return value;
 }
 
+// A count as a peer may have written it: any integer. Exact in 128 bits up to 38 digits; of a
+// longer one only the sign is kept (`exact` false): drain resets it, nothing else changes it.
+struct Count {
+  __int128 value = 0;
+  bool exact = true;
+};
+
+std::optional<Count> parse_count(const std::string& text) {
+  std::string_view digits(text);
+  const bool negative = digits.starts_with('-');
+  if (negative) digits.remove_prefix(1);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  while (digits.size() > 1 && digits.front() == '0') digits.remove_prefix(1);
+  Count count;
+  if (digits.size() > 38) {
+    count.exact = false;
+    count.value = 1;
+    for (int i = 0; i < 38; ++i) count.value *= 10;
+  } else {
+    for (const char c : digits) count.value = count.value * 10 + (c - '0');
+  }
+  if (negative) count.value = -count.value;
+  return count;
+}
+
+std::string count_text(__int128 value) {
+  const bool negative = value < 0;
+  unsigned __int128 magnitude = negative ? -static_cast<unsigned __int128>(value) : static_cast<unsigned __int128>(value);
+  std::string text;
+  do {
+    text.insert(text.begin(), static_cast<char>('0' + static_cast<int>(magnitude % 10)));
+    magnitude /= 10;
+  } while (magnitude != 0);
+  return negative ? "-" + text : text;
+}
+
+// What the API returns of a count: counts beyond 64 bits (a peer's) as the nearest 64-bit one
+// ("at least INT64_MAX permits"); every count written is exact.
+std::int64_t saturated(__int128 value) {
+  constexpr auto high = std::numeric_limits<std::int64_t>::max();
+  constexpr auto low = std::numeric_limits<std::int64_t>::min();
+  return value > high ? high : value < low ? low : static_cast<std::int64_t>(value);
+}
+
+// The count a node holds; a node that does not hold one (a peer's, or data too large to read)
+// is refused rather than overwritten.
+Count count_of(const std::string& text, const std::string& name) {
+  const auto count = parse_count(text);
+  if (!count) throw BackendUnavailable("the PermitCounter node of '" + name + "' does not hold a number");
+  return *count;
+}
+
+// Refuses to change a count of more than 38 digits (a peer's): its new value cannot be written
+// exactly. drain_permits() resets it.
+void require_exact(const Count& count, const std::string& name) {
+  if (!count.exact) {
+    throw InvalidArgument("PermitCounter '" + name + "' holds a count of more than 38 digits, which cannot be changed " +
+                          "exactly; drain_permits() resets it. Nothing changed");
+  }
+}
+
 // The semaphore node's data: "limit=N" (turnstile's own record; Curator leaves it empty).
 std::optional<std::int64_t> recorded_limit(const std::string& data) {
   if (!data.starts_with("limit=")) return std::nullopt;
@@ -298,7 +362,13 @@ class ZookeeperBackend final : public Backend {
   Connection& connection() { return connection_; }
 
  private:
-  std::string path_of(const std::string& name) const { return connection_.settings().root + "/" + encode_name(name); }
+  // Under a chroot, the chroot's segments are the first ones of every name: the chroot "/app"
+  // and the name "x" make the node of the name "app/x" (so "lock-0000000000" under "/app" is
+  // app/%6Cock-0000000000, never an entry of the name "app").
+  std::string path_of(const std::string& name) const {
+    const auto& root = connection_.settings().root;
+    return "/" + encode_name(root.empty() ? name : root.substr(root.front() == '/' ? 1 : 0) + "/" + name);
+  }
   // Creates every missing node of `path` (and `path` itself) as a container.
   void ensure_path(Session& session, const std::string& path, Deadline deadline);
   // Creates an ephemeral sequential child PARENT/PREFIX<seq> and returns its name (not path).
@@ -340,6 +410,11 @@ class ZookeeperBackend final : public Backend {
   void inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
                     Inspection& result, Deadline deadline);
   void inspect_semaphore(Session& session, const std::string& path, Inspection& result, Deadline deadline);
+  // One change of a PermitCounter's count (`ops`, to which it adds its marker) whose outcome is
+  // always known: ZOK when applied, kNotApplied (look again) or the server's refusal when not.
+  // Throws BackendUnavailable when that is not known by the deadline.
+  int change_count(Session& session, const std::string& count_path, std::vector<Session::Op> ops, const std::string& what,
+                   Deadline deadline);
 
   std::shared_ptr<Session> session_for(Deadline deadline) { return connection_.session(deadline); }
   // Before a retry after connection trouble: a short pause, then no call until the connection
@@ -369,9 +444,13 @@ ZookeeperHold::ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session>
     : backend_(backend), session_(std::move(session)), paths_(std::move(paths)), token_(token), loss_(std::move(loss)),
       lease_(session_->lease()) {
   lease_->attach(loss_);  // lost at once if the lease is
+  // The session may outlive our nodes (deleted by hand or by a peer): watched, so that this
+  // hold is told at once rather than never.
+  backend_.connection_.watch_held(*session_, paths_, loss_);
 }
 
 ZookeeperHold::~ZookeeperHold() {
+  backend_.connection_.unwatch_held(paths_);
   if (!released_) lease_->detach(loss_.get());  // the core releases first; this guards misuse
 }
 
@@ -399,6 +478,9 @@ void ZookeeperHold::release() {
   if (session_->expired()) {
     rc = ZSESSIONEXPIRED;
   } else if (session_->connected()) {
+    // Our own deletion is no loss. (Not watched again if this attempt fails: the hold is being
+    // given up, and the retry tells a node already gone apart.)
+    backend_.connection_.unwatch_held(paths_);
     // Leases go in one transaction, so a release never leaves some of them behind.
     std::vector<Session::Op> ops;
     for (const auto& path : paths_) ops.push_back(Session::Op::remove(path));
@@ -900,7 +982,9 @@ Inspection ZookeeperBackend::inspect(const std::string& name) {
                std::find(children.begin(), children.end(), "leases") != children.end()) {
       inspect_semaphore(*session, path, result, deadline);
     }
-    if (const auto value = read(*session, path + "/permits", false, deadline)) result.permits = parse_number(*value);
+    if (const auto value = read(*session, path + "/permits", false, deadline)) {
+      if (const auto count = parse_count(*value)) result.permits = saturated(count->value);
+    }
     for (const auto& entry : sorted_entries(list(*session, path + "/permit-waiters", false, deadline))) {
       Stat stat{};
       const auto data = read(*session, path + "/permit-waiters/" + entry.node, false, deadline, &stat);
@@ -913,40 +997,69 @@ Inspection ZookeeperBackend::inspect(const std::string& name) {
   return result;
 }
 
-// PermitCounter: the count is the text of ROOT/NAME/permits, changed only by a set that
-// names the version it read (compare-and-set). Waiters line up as ephemeral sequential
-// nodes; the head watches the count, the others their predecessor.
+// PermitCounter: the count is the text of ROOT/NAME/permits, changed only by a transaction that
+// names the version it read (compare-and-set) and makes a marker node of its own (below), so a
+// change whose reply was lost is known to have happened or not. Waiters line up as ephemeral
+// sequential nodes; the head watches the count, the others their predecessor.
 //
 // A session that expires during a call is BackendUnavailable at this boundary (SessionGone
 // never leaves the backend); calls without a deadline of their own give up after
 // call_deadline().
 
-// The count a node holds; a node that does not hold one (a peer's, or data too large to
-// read) is refused rather than overwritten.
-std::int64_t count_of(const std::string& text, const std::string& name) {
-  const auto value = parse_number(text);
-  if (!value) throw BackendUnavailable("the PermitCounter node of '" + name + "' does not hold a number");
-  return *value;
+// The answer of change_count when a change whose reply was lost turned out not applied: the
+// caller looks again, as after losing a race.
+constexpr int kNotApplied = ZBADVERSION;
+
+int ZookeeperBackend::change_count(Session& session, const std::string& count_path, std::vector<Session::Op> ops,
+                                   const std::string& what, Deadline deadline) {
+  // The marker: an ephemeral child of the count's node, made by the same transaction, so that
+  // after a lost reply its presence (read after a sync) says whether the change was applied.
+  // Nobody else makes it (its name is random) and no name reaches it (a `permits` segment is
+  // encoded). A value and version read back would not do: a peer that read the same version
+  // may have written the same text.
+  const auto marker = count_path + "/_c_" + random_uuid() + "-change";
+  ops.push_back(Session::Op::create(marker, "", ZOO_EPHEMERAL));
+  const int rc = session.multi(ops, deadline);
+  if (rc == ZOK) {
+    remove_quietly(session, marker);
+    return ZOK;
+  }
+  check_session(session, rc);
+  if (!connection_trouble(rc)) return rc;
+  // Unknown outcome. Resent never (it could apply twice): decided by the marker, on the
+  // server's word after a sync; the transaction cannot still be applied after that (a
+  // session's requests are applied in order, and the old connection's are done before the
+  // new one is served).
+  const auto absent = gone(session, marker, deadline);
+  if (!absent) {
+    connection_.remove_later({session.weak_from_this(), marker, "", ""});
+    throw BackendUnavailable("ZooKeeper did not confirm " + what + " in time: it may or may not have been applied");
+  }
+  if (*absent) return kNotApplied;
+  remove_quietly(session, marker);
+  return ZOK;
 }
 
 bool ZookeeperBackend::counter_try_set(const std::string& name, std::int64_t permits) {
   const auto deadline = call_deadline();
   auto session = session_for(deadline);
   const auto path = path_of(name) + "/permits";
+  const auto what = "PermitCounter::try_set_permits(" + std::to_string(permits) + ") of '" + name + "'";
   try {
     for (;;) {
-      const int rc = session->create(path, std::to_string(permits), ZOO_PERSISTENT, deadline);
+      const int rc = change_count(*session, path, {Session::Op::create(path, std::to_string(permits), ZOO_PERSISTENT)},
+                                  what, deadline);
       if (rc == ZOK) return true;
       if (rc == ZNODEEXISTS) return false;
+      if (rc == kNotApplied) continue;
       if (rc == ZNONODE) {
         ensure_path(*session, path_of(name), deadline);
         continue;
       }
-      check_session(*session, rc);
-      fail("create of '" + path + "'", rc);  // not retried: the outcome is unknown
+      fail("create of '" + path + "'", rc);
     }
   } catch (const SessionGone&) {
-    session_expired("PermitCounter::try_set_permits");
+    session_expired("PermitCounter::try_set_permits (the change may or may not have been applied)");
   }
 }
 
@@ -954,32 +1067,31 @@ std::int64_t ZookeeperBackend::counter_add(const std::string& name, std::int64_t
   const auto deadline = call_deadline();
   auto session = session_for(deadline);
   const auto path = path_of(name) + "/permits";
+  const auto what = "PermitCounter::add_permits(" + std::to_string(delta) + ") of '" + name + "'";
   try {
     for (;;) {
       Stat stat{};
       const auto text = read(*session, path, false, deadline, &stat);
-      const std::int64_t value = text ? count_of(*text, name) : 0;
-      std::int64_t sum = 0;
-      if (__builtin_add_overflow(value, delta, &sum) || sum > max_permits || sum < -max_permits) {
+      const Count count = text ? count_of(*text, name) : Count{};
+      require_exact(count, name);
+      const __int128 sum = count.value + delta;  // no overflow: |value| < 10^38, |delta| <= 10^12
+      // A change may not take the count further beyond +-max_permits; one that moves it back
+      // toward that range is always allowed, so a count a peer pushed beyond it never wedges.
+      if ((delta > 0 && sum > max_permits) || (delta < 0 && sum < -max_permits)) {
         throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
-                              std::to_string(value) + " would leave the range of +-" + std::to_string(max_permits));
+                              count_text(count.value) + " would take it beyond +-" + std::to_string(max_permits) +
+                              "; nothing changed");
       }
-      if (!text) {
-        const int rc = session->create(path, std::to_string(sum), ZOO_PERSISTENT, deadline);
-        if (rc == ZOK) return sum;
-        if (rc == ZNODEEXISTS) continue;
-        if (rc == ZNONODE) {
-          ensure_path(*session, path_of(name), deadline);
-          continue;
-        }
-        check_session(*session, rc);
-        fail("create of '" + path + "'", rc);
+      const auto op = text ? Session::Op::set(path, count_text(sum), stat.version)
+                           : Session::Op::create(path, count_text(sum), ZOO_PERSISTENT);
+      const int rc = change_count(*session, path, {op}, what, deadline);
+      if (rc == ZOK) return saturated(sum);
+      if (rc == kNotApplied || rc == ZNODEEXISTS) continue;
+      if (rc == ZNONODE) {
+        if (!text) ensure_path(*session, path_of(name), deadline);
+        continue;
       }
-      const int rc = session->set(path, std::to_string(sum), stat.version, deadline);
-      if (rc == ZOK) return sum;
-      if (rc == ZBADVERSION || rc == ZNONODE) continue;
-      check_session(*session, rc);
-      fail("update of '" + path + "'", rc);  // not retried: the outcome is unknown
+      fail("update of '" + path + "'", rc);
     }
   } catch (const SessionGone&) {
     session_expired("PermitCounter::add_permits (the change may or may not have been applied)");
@@ -993,7 +1105,7 @@ std::optional<std::int64_t> ZookeeperBackend::counter_get(const std::string& nam
     try {
       const auto text = read(*session, path_of(name) + "/permits", false, deadline);
       if (!text) return std::nullopt;
-      return count_of(*text, name);
+      return saturated(count_of(*text, name).value);
     } catch (const SessionGone&) {
       if (past(deadline)) session_expired("PermitCounter::available_permits");
     }
@@ -1004,16 +1116,16 @@ std::int64_t ZookeeperBackend::counter_drain(const std::string& name) {
   const auto deadline = call_deadline();
   auto session = session_for(deadline);
   const auto path = path_of(name) + "/permits";
+  const auto what = "PermitCounter::drain_permits() of '" + name + "'";
   try {
     for (;;) {
       Stat stat{};
       const auto text = read(*session, path, false, deadline, &stat);
       if (!text) return 0;
-      const auto value = count_of(*text, name);
-      const int rc = session->set(path, "0", stat.version, deadline);
-      if (rc == ZOK) return value;
-      if (rc == ZBADVERSION) continue;
-      check_session(*session, rc);
+      const auto count = count_of(*text, name);  // any number: draining resets even a peer's huge count
+      const int rc = change_count(*session, path, {Session::Op::set(path, "0", stat.version)}, what, deadline);
+      if (rc == ZOK) return saturated(count.value);
+      if (rc == kNotApplied || rc == ZNONODE) continue;
       fail("update of '" + path + "'", rc);
     }
   } catch (const SessionGone&) {
@@ -1034,12 +1146,13 @@ bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t per
       if (list(*session, line, false, deadline).empty()) {
         Stat stat{};
         const auto text = read(*session, count_path, false, deadline, &stat);
-        const auto value = text ? count_of(*text, name) : 0;
-        if (text && value >= permits) {
-          const int rc = session->set(count_path, std::to_string(value - permits), stat.version, deadline);
+        const Count count = text ? count_of(*text, name) : Count{};
+        if (text && count.value >= permits) {
+          require_exact(count, name);
+          const int rc = change_count(*session, count_path, {Session::Op::set(count_path, count_text(count.value - permits), stat.version)},
+                                      "PermitCounter::acquire(" + std::to_string(permits) + ") of '" + name + "'", deadline);
           if (rc == ZOK) return true;
-          check_session(*session, rc);
-          if (rc != ZBADVERSION) fail("update of '" + count_path + "'", rc);
+          if (rc != kNotApplied && rc != ZNONODE) fail("update of '" + count_path + "'", rc);
           continue;
         }
         if (try_once) return false;
@@ -1076,10 +1189,11 @@ bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t per
             check_session(*session, rc);
             if (rc == ZOK) continue;
           }
-          const auto value = text ? count_of(*text, name) : 0;
-          if (text && value >= permits) {
+          const Count count = text ? count_of(*text, name) : Count{};
+          if (text && count.value >= permits) {
+            require_exact(count, name);
             // Take them and leave the line in one transaction.
-            const auto left = std::to_string(value - permits);
+            const auto left = count_text(count.value - permits);
             const int rc = session->multi({Session::Op::set(count_path, left, stat.version), Session::Op::remove(my_path)}, deadline);
             if (rc == ZOK) return true;
             check_session(*session, rc);
@@ -1089,8 +1203,8 @@ bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t per
             // after a sync (never twice: a resend could take the permits again).
             const auto applied = gone(*session, my_path, deadline);
             if (!applied) {
-              throw BackendUnavailable("ZooKeeper did not confirm whether PermitCounter '" + name + "' gave " +
-                                       std::to_string(permits) + " permits: they may have been taken");
+              throw BackendUnavailable("ZooKeeper did not confirm PermitCounter::acquire(" + std::to_string(permits) +
+                                       ") of '" + name + "' in time: it may or may not have been applied");
             }
             if (*applied) return true;
             continue;
