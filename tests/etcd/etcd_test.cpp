@@ -168,7 +168,7 @@ TEST_F(Etcd, UrlsAreChecked) {
   // E2.5: malformed hosts and a password without a user are refused before any network.
   EXPECT_THROW(Client::connect("etcd://u:p@[::1:2379"), turnstile::InvalidUrl);
   EXPECT_THROW(Client::connect("etcd://[::1:2379"), turnstile::InvalidUrl);
-  EXPECT_THROW(Client::connect("etcd://127.0.0.1:2379,host name:2379"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("etcd://127.0.0.1:2379,bad!host:2379"), turnstile::InvalidUrl);
   EXPECT_THROW(Client::connect("etcd://:pw@127.0.0.1:2379"), turnstile::InvalidUrl);
   // Nothing listens on port 1.
   EXPECT_THROW(Client::connect("etcd://127.0.0.1:1"), turnstile::BackendUnavailable);
