@@ -80,7 +80,13 @@ class StateChanges {
   StateChanges& operator=(const StateChanges&) = delete;
 
   void record(const HoldStateChange& change) {
-    if (change.state == HoldState::lost) return;
+    if (change.state == HoldState::lost) {
+      // The loss itself comes through the stop token; this says how long is left.
+      std::lock_guard lock(mutex_);
+      loss_margin_ = change.margin;
+      loss_cv_.notify_all();
+      return;
+    }
     {
       std::lock_guard lock(mutex_);
       state_ = change.state;
@@ -90,6 +96,13 @@ class StateChanges {
     (void)!write(fd_, &one, sizeof one);
   }
   int fd() const { return fd_; }
+  // The library's margin for a loss (how long before the server could hand the hold to someone
+  // else), told right after the stop token; nullopt when it did not come within `wait`.
+  std::optional<std::chrono::milliseconds> loss_margin(std::chrono::milliseconds wait) {
+    std::unique_lock lock(mutex_);
+    loss_cv_.wait_for(lock, wait, [this] { return loss_margin_.has_value(); });
+    return loss_margin_;
+  }
   // The latest state and why; clears the wake-up.
   std::pair<HoldState, std::string> take() {
     std::uint64_t count;
@@ -103,6 +116,8 @@ class StateChanges {
   std::mutex mutex_;
   HoldState state_ = HoldState::held;
   std::string reason_;
+  std::condition_variable loss_cv_;
+  std::optional<std::chrono::milliseconds> loss_margin_;
 };
 
 std::string describe_errno(const std::string& what) { return what + ": " + std::strerror(errno); }
@@ -301,9 +316,11 @@ std::optional<std::chrono::milliseconds> known_ttl(const RunOptions& options, st
 }
 
 // On loss, SIGKILL follows SIGTERM after --grace, but never later than half the safety margin
-// max(TTL/10, 50 ms) by which the loss is reported before the server can hand the hold to
-// someone else (the other half is left for the kill itself and the clocks' drift). Without a
-// known TTL: half the margin of the shortest default TTL (etcd's 10 s).
+// by which the loss is reported before the server can hand the hold to someone else (the other
+// half is left for the kill itself and the clocks' drift). The library tells that margin with
+// the loss (HoldStateChange::margin, the granted TTL's); this bound from the TTL turnstile knows,
+// max(TTL/10, 50 ms), is the fallback should it not arrive. Without a known TTL: half the margin
+// of the shortest default TTL (etcd's 10 s).
 LossBounds loss_bounds(const RunOptions& options, std::string_view url) {
   using namespace std::chrono_literals;
   const auto ttl = known_ttl(options, url);
@@ -742,7 +759,13 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
       lost = true;
       complain("the hold on '" + name + "' (fencing token " + std::to_string(hold.token) +
                ") may have been lost; stopping the command");
-      terminate_group(std::min(grace, loss.kill_after));
+      // SIGKILL at the latest half the library's margin after SIGTERM (the other half is left
+      // for the kill itself); without one (none came, or the loss had none to give: the server
+      // said the hold is gone, the embedded backend's state was removed), the bound from the TTL
+      // turnstile knows.
+      const auto margin = changes.loss_margin(std::chrono::milliseconds(20));
+      const bool has_margin = margin && margin->count() > 0;
+      terminate_group(std::min(grace, has_margin ? std::chrono::duration_cast<Clock::duration>(*margin / 2) : loss.kill_after));
     }
   }
   // What is left of the clean-up bound, counted from the SIGKILL or from now (the group is gone).
