@@ -266,26 +266,33 @@ void ClientState::retry_loop(std::stop_token stop) {
     auto due = pending_.front().next_try;
     for (auto& p : pending_) due = std::min(due, p.next_try);
     if (retry_cv_.wait_until(lock, stop, due, [] { return false; }); stop.stop_requested()) break;
+    // The due releases are tried without the mutex: a new failed release must not wait behind
+    // this retry's network round (up to the backend's release patience).
     const auto now = SteadyClock::now();
+    std::vector<PendingRelease> due_now;
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->next_try > now) {
         ++it;
-        continue;
-      }
-      try {
-        it->hold->release();
+      } else {
+        due_now.push_back(std::move(*it));
         it = pending_.erase(it);
-        continue;
+      }
+    }
+    lock.unlock();
+    std::vector<PendingRelease> again;
+    for (auto& pending : due_now) {
+      try {
+        pending.hold->release();
       } catch (const BackendUnavailable&) {
-        it->backoff = std::min(it->backoff * 2, max_backoff);
-        it->next_try = now + it->backoff;
+        pending.backoff = std::min(pending.backoff * 2, max_backoff);
+        pending.next_try = SteadyClock::now() + pending.backoff;
+        again.push_back(std::move(pending));
       } catch (const Error& error) {
         report(error);  // lost or refused: nothing left to release
-        it = pending_.erase(it);
-        continue;
       }
-      ++it;
     }
+    lock.lock();
+    for (auto& pending : again) pending_.push_back(std::move(pending));
   }
 }
 
