@@ -37,6 +37,15 @@ bool secret_parameter(std::string_view key) {
   return false;
 }
 
+// Where the userinfo of `text` ends (its '@'), or npos. The last '@' ends it, so a password may
+// hold an unencoded '/', '?', '#' or '@'; an '@' in a query value must then be written %40.
+// file:// has no userinfo (a path may hold '@').
+std::size_t userinfo_end(std::string_view text, std::size_t authority_start, std::string_view scheme) {
+  if (scheme == "file") return std::string_view::npos;
+  const auto at = text.rfind('@');
+  return at == std::string_view::npos || at < authority_start ? std::string_view::npos : at;
+}
+
 }  // namespace
 
 std::string redact_url(std::string_view text) {
@@ -44,11 +53,9 @@ std::string redact_url(std::string_view text) {
   const auto authority_start = scheme_end == std::string_view::npos ? 0 : scheme_end + 3;
   const auto scheme = text.substr(0, scheme_end == std::string_view::npos ? 0 : scheme_end);
   std::string out(text.substr(0, authority_start));
-  // The last '@' ends the userinfo even when an unencoded '/', '?' or '#' in a password would
-  // end the authority earlier. A userinfo without ':' is a password or token on some schemes
-  // (redis://PASSWORD@, consul://TOKEN@): all of it is hidden. file:// has no userinfo.
-  auto at = scheme == "file" ? std::string_view::npos : text.rfind('@');
-  if (at != std::string_view::npos && at < authority_start) at = std::string_view::npos;
+  // A userinfo without ':' is a password or token on some schemes (redis://PASSWORD@,
+  // consul://TOKEN@): all of it is hidden.
+  const auto at = userinfo_end(text, authority_start, scheme);
   auto host_start = authority_start;
   if (at != std::string_view::npos) {
     const auto userinfo = text.substr(authority_start, at - authority_start);
@@ -104,6 +111,15 @@ BackendUrl parse_url(std::string_view raw) {
     c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   }
   auto rest = text.substr(scheme_end + 3);
+  // The userinfo first, by the same rule as redact_url: a password never reaches the parsing
+  // (and the messages) of the host, path or query.
+  if (const auto at = userinfo_end(rest, 0, url.scheme); at != std::string_view::npos) {
+    const auto userinfo = rest.substr(0, at);
+    rest = rest.substr(at + 1);
+    const auto colon = userinfo.find(':');
+    url.user = percent_decode(userinfo.substr(0, colon), shown);
+    if (colon != std::string_view::npos) url.password = percent_decode(userinfo.substr(colon + 1), shown);
+  }
   if (const auto hash = rest.find('#'); hash != std::string_view::npos) fail("fragments are not allowed");
   if (const auto q = rest.find('?'); q != std::string_view::npos) {
     auto query = rest.substr(q + 1);
@@ -121,13 +137,6 @@ BackendUrl parse_url(std::string_view raw) {
   const auto slash = rest.find('/');
   auto authority = rest.substr(0, slash);
   if (slash != std::string_view::npos) url.path = percent_decode(rest.substr(slash), shown);
-  if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
-    const auto userinfo = authority.substr(0, at);
-    authority = authority.substr(at + 1);
-    const auto colon = userinfo.find(':');
-    url.user = percent_decode(userinfo.substr(0, colon), shown);
-    if (colon != std::string_view::npos) url.password = percent_decode(userinfo.substr(colon + 1), shown);
-  }
   while (!authority.empty()) {
     const auto comma = authority.find(',');
     const auto host = authority.substr(0, comma);

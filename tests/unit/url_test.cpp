@@ -47,6 +47,11 @@ TEST(UrlRedaction, ParseErrorsNeverCarryThePassword) {
                                 std::string("redis://") + kSecret + "@h:1/abc",
                                 std::string("redis://:") + kSecret + "/x@h:1",
                                 std::string("redis://") + kSecret + "@h:1?eviction=x",
+                                // Refused before connecting: each names a bad part after the host.
+                                std::string("redis://S3c/") + kSecret + "@127.0.0.1:1/notadb",
+                                std::string("redis://u:S3c/") + kSecret + "@127.0.0.1:1/x",
+                                std::string("etcd://u:") + kSecret + "/x@127.0.0.1:1/path",
+                                std::string("zk://u:") + kSecret + "/x@127.0.0.1:1?bogus=1",
                                 std::string("redis://u:") + kSecret + "@h:1?k",
                                 std::string("redis://u:") + kSecret + "@h:1/%zz",
                                 std::string("redis://u:") + kSecret + "@h:99999",
@@ -96,6 +101,9 @@ TEST(UrlParsing, EveryPartInOneTable) {
       {"zk://a:1,b:2,c:3/chroot/x", "zk", "", "", "/chroot/x", {"a:1", "b:2", "c:3"}, {}},
       {"etcds://h:2379?cacert=%2Fetc%2Fca.pem&ttl=3", "etcds", "", "", "", {"h:2379"}, {{"cacert", "/etc/ca.pem"}, {"ttl", "3"}}},
       {"consul://token@h:8500", "consul", "token", "", "", {"h:8500"}, {}},
+      // Unencoded '/', '?', '#', '@' in a password: the last '@' ends the userinfo.
+      {"redis://u:S3c/re?t#P@W@h:1/2", "redis", "u", "S3c/re?t#P@W", "/2", {"h:1"}, {}},
+      {"file:///tmp/a@b", "file", "", "", "/tmp/a@b", {}, {}},
   };
   for (const auto& row : rows) {
     const auto url = parse_url(row.text);
