@@ -21,7 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "core/loss_signal.hpp"
+#include "turnstile/deadline.hpp"
 
 namespace turnstile::detail {
 

@@ -1,7 +1,8 @@
 // The one queue algorithm behind every primitive: who holds, and whom a waiter waits for.
 #include <algorithm>
 
-#include "core/backend.hpp"
+#include "core/queue.hpp"
+#include "turnstile/error.hpp"
 
 namespace turnstile::detail {
 

@@ -2,7 +2,8 @@
 #include <charconv>
 #include <cstdio>
 
-#include "core/backend.hpp"
+#include "core/url.hpp"
+#include "turnstile/error.hpp"
 
 namespace turnstile::detail {
 namespace {

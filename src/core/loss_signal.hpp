@@ -1,0 +1,63 @@
+// A hold's state machine (held, suspended, lost) and how its holder is told (client.cpp).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+
+#include "turnstile/client.hpp"
+
+namespace turnstile::detail {
+
+// How a hold learns its state: lost (final; a stop_source the holder's stop_token watches) or
+// suspended (the backend cannot confirm it now, but it may be alive), plus the client's
+// callbacks. Backends call lose(), suspend() and resume(); each is idempotent, and the last two
+// do nothing once lost. Made on every acquire, so it is cheap: the stop state is allocated
+// only when someone asks for a token, and the callbacks are shared with the client.
+class LossSignal {
+ public:
+  struct Callbacks {
+    ErrorHandler on_lost;
+    HoldStateHandler on_state;
+  };
+  LossSignal(std::string name, std::shared_ptr<const Callbacks> callbacks)
+      : name_(std::move(name)), callbacks_(std::move(callbacks)) {}
+  void lose(const std::string& reason, std::chrono::milliseconds margin = std::chrono::milliseconds(0)) noexcept;
+  // lose() in two steps, so that many holds can all be marked lost before any one's callbacks
+  // run (a slow callback must not delay another hold's report): mark_lost() changes the state
+  // (false when it was lost already), tell_lost() signals the token and calls the callbacks.
+  // `margin`: how long before the server could hand the hold to someone else (0: it may have).
+  bool mark_lost(const std::string& reason, std::chrono::milliseconds margin) noexcept;
+  void tell_lost() noexcept;
+  void suspend(const std::string& reason) noexcept;
+  void resume() noexcept;
+  HoldState state() const noexcept { return state_.load(std::memory_order_acquire); }
+  bool lost() const noexcept { return state() == HoldState::lost; }
+  std::string reason() const;  // why it was lost
+  std::stop_token token() const;
+  // Called once the hold exists, while the backend's watcher may already be calling lose().
+  void set_fencing_token(std::uint64_t token) { fencing_token_.store(token, std::memory_order_relaxed); }
+
+ private:
+  // Moves to `next` unless lost; false when nothing changed.
+  bool change_state(HoldState next) noexcept;
+  void tell(HoldState state, const std::string& reason, std::chrono::milliseconds margin = {}) noexcept;
+
+  std::string name_;
+  std::shared_ptr<const Callbacks> callbacks_;
+  std::atomic<std::uint64_t> fencing_token_{0};
+  std::atomic<HoldState> state_{HoldState::held};
+  mutable std::mutex mutex_;
+  mutable std::stop_source source_{std::nostopstate};  // made by the first token()
+  std::string reason_;
+  std::chrono::milliseconds margin_{0};
+  // Held from a change through its callbacks, so a hold's changes are told in order.
+  // Recursive: a callback may release the hold, and the release may find it lost.
+  std::recursive_mutex tell_mutex_;
+};
+
+}  // namespace turnstile::detail
