@@ -122,9 +122,9 @@ class Client {
 
   void set_error_handler(ErrorHandler handler);
 
-  explicit Client(std::shared_ptr<detail::ClientState> state);
-
  private:
+  explicit Client(std::shared_ptr<detail::ClientState> state);  // made by connect()
+
   std::shared_ptr<detail::ClientState> state_;
 };
 

@@ -51,9 +51,10 @@ class PermitCounter {
   class Lockable;
   Lockable lockable(std::int64_t n = 1) const;
 
+ private:
+  friend class Client;  // made by Client::permit_counter()
   PermitCounter(std::shared_ptr<detail::ClientState> client, std::string name);
 
- private:
   bool acquire_until(Deadline deadline, std::int64_t n);
 
   std::shared_ptr<detail::ClientState> client_;

@@ -85,9 +85,10 @@ class Semaphore {
   class Lockable;
   Lockable lockable(std::int64_t n = 1) const;
 
+ private:
+  friend class Client;  // made by Client::semaphore()
   Semaphore(std::shared_ptr<detail::ClientState> client, std::string name, std::int64_t limit);
 
- private:
   std::optional<Lease> acquire_until(Deadline deadline, std::int64_t n, std::stop_token stop = {});
 
   std::shared_ptr<detail::ClientState> client_;
