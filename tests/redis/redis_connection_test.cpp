@@ -27,10 +27,6 @@ using turnstile::Client;
 namespace redis = turnstile::detail::redis;
 using Clock = std::chrono::steady_clock;
 
-std::string redis_cli(const std::string& url, const std::string& arguments) {
-  return shell("redis-cli -u " + quoted(url) + " " + arguments);
-}
-
 redis::Settings settings_for(const std::string& url) {
   return redis::parse_settings(turnstile::detail::parse_url(url), turnstile::ClientOptions{});
 }

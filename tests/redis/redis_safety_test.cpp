@@ -27,10 +27,6 @@ using namespace std::chrono_literals;
 using turnstile::Client;
 using namespace server_tests;
 
-std::string redis_cli(const std::string& url, const std::string& arguments) {
-  return shell("redis-cli -u " + quoted(url) + " " + arguments);
-}
-
 // The name's one key (see the README's Redis section).
 std::string state_key(const std::string& name) { return "turnstile:{" + name + "}:q"; }
 

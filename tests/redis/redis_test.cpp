@@ -28,11 +28,6 @@ using namespace std::chrono_literals;
 using turnstile::Client;
 using namespace server_tests;
 
-// redis-cli against the server of a redis:// URL.
-std::string redis_cli(const std::string& url, const std::string& arguments) {
-  return shell("redis-cli -u " + quoted(url) + " " + arguments);
-}
-
 
 class Redis : public ::testing::Test {
  protected:

@@ -55,6 +55,11 @@ inline std::string quoted(const std::string& text) {
   return out + "'";
 }
 
+// redis-cli against the server of a redis:// URL (the redis tests' peer for raw commands).
+inline std::string redis_cli(const std::string& url, const std::string& arguments) {
+  return shell("redis-cli -u " + quoted(url) + " " + arguments);
+}
+
 // Polls until `predicate` holds or `timeout` passes; returns its last value.
 inline bool eventually(const std::function<bool()>& predicate, std::chrono::milliseconds timeout = 10s) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
