@@ -11,6 +11,7 @@
 
 #include "core/loss_signal.hpp"
 #include "core/queue.hpp"
+#include "core/queue_store.hpp"
 #include "core/url.hpp"
 #include "turnstile/client.hpp"
 #include "turnstile/deadline.hpp"
@@ -29,22 +30,31 @@ class BackendHold {
   virtual void release() = 0;
 };
 
-class Backend {
+// A backend is storage for the core's queue algorithm (queue_store.hpp) plus the PermitCounter's
+// plain operations and inspection.
+class Backend : public QueueStore, public CounterStore {
  public:
-  virtual ~Backend() = default;
+  ~Backend() override = default;
 
-  // Joins the queue and waits until admitted (nullptr when the deadline passes first; the
-  // entry has then left). Throws KindMismatch, LimitMismatch, QueueFull, BackendUnavailable.
+  // TRANSITIONAL (issue 11, removed once every backend is storage only): a backend not yet
+  // converted overrides acquire/counter_acquire; a converted one overrides join/counter_line.
   virtual std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
-                                               std::shared_ptr<LossSignal> loss) = 0;
+                                               std::shared_ptr<LossSignal> loss) {
+    return acquire_in_queue(*this, request, deadline, std::move(loss));
+  }
+  virtual bool counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) {
+    return acquire_from_counter(*this, name, permits, deadline, {});
+  }
+  std::unique_ptr<QueuePlace> join(const QueueRequest&, bool, Deadline, Standing&) override { return nullptr; }
+  std::unique_ptr<CounterLine> counter_line(const std::string&, std::int64_t) override { return nullptr; }
+
   virtual Inspection inspect(const std::string& name) = 0;
 
-  // PermitCounter: a number changed atomically, waiters served in arrival order.
+  // PermitCounter: a number changed atomically; its waiters are served by the core's loop.
   virtual bool counter_try_set(const std::string& name, std::int64_t permits) = 0;
   virtual std::int64_t counter_add(const std::string& name, std::int64_t delta) = 0;
   virtual std::optional<std::int64_t> counter_get(const std::string& name) = 0;
   virtual std::int64_t counter_drain(const std::string& name) = 0;
-  virtual bool counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) = 0;
 };
 
 using BackendFactory = std::unique_ptr<Backend> (*)(const BackendUrl& url, const ClientOptions& options);

@@ -43,7 +43,7 @@ bool LockCore::acquire_exclusive(LockFlavor flavor, Deadline deadline, std::stop
                           "'; asking for the write lock would deadlock (upgrades are not supported)");
     }
   }
-  auto record = client_->acquire({name_, EntryKind::exclusive, 1, 0, flavor == LockFlavor::read_write, std::move(stop)}, deadline);
+  auto record = client_->acquire({name_, EntryKind::exclusive, 1, 0, flavor == LockFlavor::read_write ? Primitive::shared_mutex : Primitive::mutex, std::move(stop)}, deadline);
   if (!record) return false;
   std::lock_guard lock(mutex_);
   holds_.emplace_back(std::this_thread::get_id(), ThreadHold{std::move(record), flavor, 1, 0});
@@ -95,7 +95,7 @@ bool LockCore::acquire_shared(Deadline deadline, std::stop_token stop) {
       return true;
     }
   }
-  auto record = client_->acquire({name_, EntryKind::shared, 1, 0, true, std::move(stop)}, deadline);
+  auto record = client_->acquire({name_, EntryKind::shared, 1, 0, Primitive::shared_mutex, std::move(stop)}, deadline);
   if (!record) return false;
   std::lock_guard lock(mutex_);
   holds_.emplace_back(std::this_thread::get_id(), ThreadHold{std::move(record), LockFlavor::read_write, 0, 1});

@@ -49,13 +49,31 @@ Verdict evaluate_queue(const std::vector<QueueEntryView>& entries, std::size_t m
   return {};
 }
 
-void check_queue_mode(const QueueRequest& request, const std::string& mode, std::int64_t limit) {
-  if (mode.empty()) return;
+const char* to_string(QueueMode mode) {
+  switch (mode) {
+    case QueueMode::none: return "";
+    case QueueMode::lock: return "lock";
+    case QueueMode::semaphore: return "semaphore";
+  }
+  return "unknown";
+}
+
+QueueMode mode_of(const QueueRequest& request) {
+  return request.kind == EntryKind::lease ? QueueMode::semaphore : QueueMode::lock;
+}
+
+CounterWait evaluate_counter_line(std::size_t ahead, std::optional<std::int64_t> value, std::int64_t permits) {
+  if (ahead > 0) return CounterWait::predecessor;
+  return value && *value >= permits ? CounterWait::nothing : CounterWait::value;
+}
+
+void check_queue_mode(const QueueRequest& request, QueueMode mode, std::int64_t limit) {
+  if (mode == QueueMode::none) return;
   const bool wants_semaphore = request.kind == EntryKind::lease;
-  if (wants_semaphore && mode != "semaphore") {
+  if (wants_semaphore && mode != QueueMode::semaphore) {
     throw KindMismatch("'" + request.name + "' is in use as a lock; it cannot be a Semaphore at the same time");
   }
-  if (!wants_semaphore && mode != "lock") {
+  if (!wants_semaphore && mode != QueueMode::lock) {
     throw KindMismatch("'" + request.name + "' is in use as a Semaphore; it cannot be a lock at the same time");
   }
   if (wants_semaphore && limit != request.limit) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <vector>
@@ -13,15 +14,24 @@ enum class EntryKind : std::uint8_t { exclusive = 1, shared = 2, lease = 3 };
 
 const char* to_string(EntryKind kind);
 
+// Which public primitive a request comes from. The queue is the same for all; a backend that
+// shares its layout with a peer may name entries after it (Curator names a read/write lock's
+// nodes differently from a mutex's).
+enum class Primitive : std::uint8_t { mutex, shared_mutex, semaphore };
+
+// What a queue is used as while it has entries: one name is never a lock and a Semaphore at
+// once, nor a Semaphore with two limits.
+enum class QueueMode : std::uint8_t { none, lock, semaphore };
+
+const char* to_string(QueueMode mode);
+
 // One contender joining a name's queue.
 struct QueueRequest {
   std::string name;
   EntryKind kind = EntryKind::exclusive;
   std::int64_t permits = 1;  // leases only
   std::int64_t limit = 0;    // leases only: the Semaphore's limit
-  // Asked through a SharedMutex (a writer or a reader) rather than a Mutex: same queue, but
-  // peers like Curator name a read/write lock's nodes differently.
-  bool shared_mutex = false;
+  Primitive primitive = Primitive::mutex;
   // Requested by the caller (a signal in the CLI, a shutting-down service): the waiter leaves
   // the queue and acquire returns nullptr, as on a deadline. Backends wake on it while waiting.
   std::stop_token stop;
@@ -51,8 +61,20 @@ struct Verdict {
 // entries[0..mine] are the live entries up to and including ours, in queue order.
 Verdict evaluate_queue(const std::vector<QueueEntryView>& entries, std::size_t mine, std::int64_t limit);
 
-// Checks a request against a queue that already has `mode` ("lock"/"semaphore"/"") and limit.
+// The mode a request puts an empty queue in.
+QueueMode mode_of(const QueueRequest& request);
+
+// Checks a request against a queue that already has `mode` (with `limit`, for a semaphore).
 // Throws KindMismatch or LimitMismatch.
-void check_queue_mode(const QueueRequest& request, const std::string& mode, std::int64_t limit);
+void check_queue_mode(const QueueRequest& request, QueueMode mode, std::int64_t limit);
+
+// PermitCounter: a line of waiters in arrival order; the first takes its permits once the value
+// has them, the others wait for the one just ahead (so a large request is not starved).
+enum class CounterWait {
+  nothing,      // take the permits now
+  value,        // the value changing (we are first in line, or the line is empty)
+  predecessor,  // the waiter just ahead leaving
+};
+CounterWait evaluate_counter_line(std::size_t ahead, std::optional<std::int64_t> value, std::int64_t permits);
 
 }  // namespace turnstile::detail

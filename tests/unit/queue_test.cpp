@@ -66,6 +66,7 @@ TEST(QueuePredicate, AFirstRequestAboveANonsenseLimitWaitsAndNeverIndexesBeforeT
 namespace {
 
 using turnstile::detail::check_queue_mode;
+using turnstile::detail::QueueMode;
 using turnstile::detail::QueueRequest;
 
 // One row: a queue written as kinds and permits ("x" exclusive, "s" shared, "l3" a lease of 3),
@@ -128,14 +129,14 @@ TEST(QueueMode, LocksSemaphoresAndLimitsDoNotMix) {
   const auto lock = request(EntryKind::exclusive, 0);
   const auto reader = request(EntryKind::shared, 0);
   const auto lease = request(EntryKind::lease, 5);
-  for (const auto* request : {&lock, &reader, &lease}) EXPECT_NO_THROW(check_queue_mode(*request, "", 0));
-  EXPECT_NO_THROW(check_queue_mode(lock, "lock", 0));
-  EXPECT_NO_THROW(check_queue_mode(reader, "lock", 0));
-  EXPECT_NO_THROW(check_queue_mode(lease, "semaphore", 5));
-  EXPECT_THROW(check_queue_mode(lock, "semaphore", 5), turnstile::KindMismatch);
-  EXPECT_THROW(check_queue_mode(reader, "semaphore", 5), turnstile::KindMismatch);
-  EXPECT_THROW(check_queue_mode(lease, "lock", 0), turnstile::KindMismatch);
-  EXPECT_THROW(check_queue_mode(lease, "semaphore", 4), turnstile::LimitMismatch);
+  for (const auto* request : {&lock, &reader, &lease}) EXPECT_NO_THROW(check_queue_mode(*request, QueueMode::none, 0));
+  EXPECT_NO_THROW(check_queue_mode(lock, QueueMode::lock, 0));
+  EXPECT_NO_THROW(check_queue_mode(reader, QueueMode::lock, 0));
+  EXPECT_NO_THROW(check_queue_mode(lease, QueueMode::semaphore, 5));
+  EXPECT_THROW(check_queue_mode(lock, QueueMode::semaphore, 5), turnstile::KindMismatch);
+  EXPECT_THROW(check_queue_mode(reader, QueueMode::semaphore, 5), turnstile::KindMismatch);
+  EXPECT_THROW(check_queue_mode(lease, QueueMode::lock, 0), turnstile::KindMismatch);
+  EXPECT_THROW(check_queue_mode(lease, QueueMode::semaphore, 4), turnstile::LimitMismatch);
 }
 
 }  // namespace

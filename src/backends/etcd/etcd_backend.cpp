@@ -165,7 +165,7 @@ Entry parse_entry(const mvccpb::KeyValue& kv) {
   return entry;
 }
 
-std::string queue_mode(const Entry& head) { return head.kind == EntryKind::lease ? "semaphore" : "lock"; }
+QueueMode queue_mode(const Entry& head) { return head.kind == EntryKind::lease ? QueueMode::semaphore : QueueMode::lock; }
 
 // --- request builders ----------------------------------------------------------------------
 
@@ -1343,7 +1343,7 @@ Inspection EtcdBackend::inspect(const std::string& name) {
   result.name = name;
   const auto entries = entries_of(answer.responses(0).response_range(), prefix);
   if (!entries.empty()) {
-    result.mode = queue_mode(entries[0]);
+    result.mode = to_string(queue_mode(entries[0]));
     if (result.mode == "semaphore") result.limit = entries[0].limit;
   }
   for (std::size_t i = 0; i < entries.size(); ++i) {

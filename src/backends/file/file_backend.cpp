@@ -1438,7 +1438,7 @@ std::unique_ptr<BackendHold> FileBackend::acquire_in(const std::shared_ptr<NameF
       nf.check_intact();
       auto& h = nf.header();
       const auto mode_text = [&] {
-        return h.mode == Mode::lock ? std::string("lock") : h.mode == Mode::semaphore ? std::string("semaphore") : std::string();
+        return h.mode == Mode::lock ? QueueMode::lock : h.mode == Mode::semaphore ? QueueMode::semaphore : QueueMode::none;
       };
       try {
         check_queue_mode(request, mode_text(), h.limit);

@@ -516,8 +516,8 @@ std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, 
                                    try_once ? "1" : "0", request_id, identity_},
                                   deadline, true, nullptr, request.stop);
     const auto status = integer_at(reply.get(), 0);
-    if (status == -1) check_queue_mode(request, string_at(reply.get(), 1), 0);
-    if (status == -2) check_queue_mode(request, "semaphore", integer_at(reply.get(), 1));
+    if (status == -1) check_queue_mode(request, string_at(reply.get(), 1) == "lock" ? QueueMode::lock : QueueMode::semaphore, 0);
+    if (status == -2) check_queue_mode(request, QueueMode::semaphore, integer_at(reply.get(), 1));
     if (status == 0) return status;
     if (status != 1 && status != 2) throw BackendUnavailable("redis answered acquire with status " + std::to_string(status));
     seq = token_at(reply.get(), 1);

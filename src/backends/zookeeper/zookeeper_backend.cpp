@@ -690,7 +690,7 @@ void ZookeeperBackend::check_lease_request(const QueueRequest& request, const st
 // A SharedMutex writer's node is named as Curator's write lock names it (__WRIT__), a Mutex's
 // as InterProcessMutex's (lock-).
 bool is_shared_mutex_writer(const QueueRequest& request) {
-  return request.kind == EntryKind::exclusive && request.shared_mutex;
+  return request.kind == EntryKind::exclusive && request.primitive == Primitive::shared_mutex;
 }
 
 void ZookeeperBackend::refuse_semaphore_users(Session& session, const std::string& path,
@@ -704,7 +704,7 @@ void ZookeeperBackend::refuse_semaphore_users(Session& session, const std::strin
     if (rc == ZOK && stat.numChildren > 0) {
       Stat parent{};
       const auto data = read(session, path, false, deadline, &parent);
-      check_queue_mode(request, "semaphore", data ? recorded_limit(*data).value_or(0) : 0);
+      check_queue_mode(request, QueueMode::semaphore, data ? recorded_limit(*data).value_or(0) : 0);
     }
   }
 }
@@ -793,7 +793,7 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
     // A lock on the same name is a kind mismatch (joined first, then looked).
     for (const auto& entry : sorted_entries(list(session, path, false, deadline))) {
       (void)entry;
-      check_queue_mode(request, "lock", 0);
+      check_queue_mode(request, QueueMode::lock, 0);
     }
     bool limit_checked = false;
     for (;;) {
@@ -807,7 +807,7 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
           const auto data = read(session, path, false, deadline);
           const auto limit = data ? recorded_limit(*data) : std::nullopt;
           if (limit && *limit != request.limit && !list(session, leases, false, deadline).empty()) {
-            check_queue_mode(request, "semaphore", *limit);
+            check_queue_mode(request, QueueMode::semaphore, *limit);
           }
         }
         if (try_once || !wait_for_change(session, line + "/" + entries[me - 1].node, deadline, request.stop)) {
@@ -831,7 +831,7 @@ std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, c
       } unwatch{connection_, leases, &waiter};
       const auto held = list(session, leases, !try_once, deadline);
       const auto held_leases = sorted_entries(held).size();
-      if (held_leases > 0 && limit && *limit != request.limit) check_queue_mode(request, "semaphore", *limit);
+      if (held_leases > 0 && limit && *limit != request.limit) check_queue_mode(request, QueueMode::semaphore, *limit);
       // More leases held than our limit allows: someone with a larger limit took them (Curator's
       // InterProcessSemaphoreV2 records no limit and checks none). Contenders that agree with
       // us cannot get here: only the head of the line adds leases, within its limit (turnstile:

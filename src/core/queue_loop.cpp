@@ -1,0 +1,104 @@
+// The one queue algorithm's loops, over any backend's storage (queue_store.hpp).
+#include "core/backend.hpp"
+#include "core/queue_store.hpp"
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail {
+namespace {
+
+bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
+
+// Leaves the queue (or the counter's line) unless the acquire ended with our entry kept.
+template <typename Place>
+struct LeaveUnlessKept {
+  Place* place;
+  ~LeaveUnlessKept() {
+    if (place) place->leave();
+  }
+};
+
+}  // namespace
+
+QueueStep next_queue_step(const QueueRequest& request, const Standing& standing, bool may_wait) {
+  check_queue_mode(request, standing.mode, standing.limit);
+  const Verdict verdict = standing.decided ? *standing.decided
+                                           : evaluate_queue(standing.entries, standing.entries.size() - 1, request.limit);
+  if (verdict.admitted()) return {QueueStep::Action::hold, verdict};
+  if (!may_wait) return {QueueStep::Action::give_up, verdict};
+  return {QueueStep::Action::wait, verdict};
+}
+
+std::unique_ptr<BackendHold> acquire_in_queue(QueueStore& store, const QueueRequest& request, Deadline deadline,
+                                              std::shared_ptr<LossSignal> loss) {
+  const bool try_once = passed(deadline);
+  const auto may_wait = [&] { return !try_once && !passed(deadline) && !request.stop.stop_requested(); };
+  // Each round joins at the back; a round ends when our entry vanished without our leaving
+  // (nothing was held: join again, as Curator does) or the admission excluded nobody.
+  for (;;) {
+    if (request.stop.stop_requested()) return nullptr;
+    try {
+      Standing standing;
+      auto place = store.join(request, try_once, deadline, standing);
+      if (!place) return nullptr;
+      LeaveUnlessKept<QueuePlace> leave_unless_kept{place.get()};
+      for (;;) {
+        const auto step = next_queue_step(request, standing, may_wait());
+        if (step.action == QueueStep::Action::hold) {
+          if (auto hold = place->hold(loss)) {
+            leave_unless_kept.place = nullptr;  // the hold owns the entry now
+            return hold;
+          }
+          break;  // the entry has left: join again
+        }
+        if (step.action == QueueStep::Action::give_up) return nullptr;
+        place->wait(step.verdict, deadline, request.stop);
+        standing = place->look(deadline);
+      }
+    } catch (const QueueEntryGone&) {
+      if (try_once || passed(deadline)) return nullptr;
+    }
+  }
+}
+
+bool acquire_from_counter(CounterStore& store, const std::string& name, std::int64_t permits, Deadline deadline,
+                          const std::stop_token& stop) {
+  const bool try_once = passed(deadline);
+  const auto last_try = [&] { return try_once || passed(deadline) || stop.stop_requested(); };
+  for (;;) {
+    auto line = store.counter_line(name, permits);
+    LeaveUnlessKept<CounterLine> leave_unless_kept{line.get()};
+    try {
+      for (;;) {
+        const bool last = last_try();
+        const auto standing = line->look(last, deadline);
+        if (standing.taken) {
+          leave_unless_kept.place = nullptr;
+          return true;
+        }
+        const auto wait = evaluate_counter_line(standing.ahead, standing.value, permits);
+        if (wait == CounterWait::nothing) {
+          if (line->take(standing, deadline)) {
+            leave_unless_kept.place = nullptr;
+            return true;
+          }
+          continue;  // changed meanwhile: look again
+        }
+        if (last) return false;
+        if (!standing.in_line) {
+          line->join(deadline);
+          continue;  // look again from our place
+        }
+        line->wait(wait, deadline, stop);
+      }
+    } catch (const QueueEntryGone&) {
+      if (last_try()) return false;
+    } catch (const BackendUnavailable&) {
+      // A lost reply may have taken the permits: the storage says so when we leave.
+      leave_unless_kept.place = nullptr;
+      if (line->leave()) return true;
+      throw;
+    }
+  }
+}
+
+}  // namespace turnstile::detail
