@@ -1,0 +1,420 @@
+// The core's one queue algorithm (queue_loop.cpp) over an in-memory storage: the rules every
+// backend now shares (try-once, deadline and stop leave the queue, errors leave, a vanished
+// entry joins again at the back, mode checks after the join, the counter's line) and, with
+// threads, that the loop never admits two exclusive holders. The storage is a plain queue in
+// this process, not a model of any server: what is tested is the loop's part.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "core/backend.hpp"
+#include "core/queue_store.hpp"
+#include "turnstile/error.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using turnstile::SteadyClock;
+using namespace turnstile::detail;
+
+// A queue of entries in memory, with counters of what the loop asked for and faults to inject.
+class MemoryQueue : public QueueStore, public CounterStore {
+ public:
+  struct Item {
+    std::uint64_t id;
+    EntryKind kind;
+    std::int64_t permits;
+  };
+
+  // Faults, each used once.
+  std::atomic<int> vanish_on_look{0};         // the next looks throw QueueEntryGone
+  std::atomic<int> fail_on_look{0};           // the next looks throw BackendUnavailable
+  std::atomic<int> hold_excludes_nobody{0};   // the next holds leave and return nullptr
+  QueueMode foreign_mode = QueueMode::none;  // what the others set the queue to
+  std::int64_t foreign_limit = 0;
+
+  std::atomic<int> joins{0}, looks{0}, waits{0}, leaves{0}, holds{0};
+
+  std::uint64_t add(EntryKind kind, std::int64_t permits = 1) {
+    std::lock_guard lock(mutex_);
+    items_.push_back({++next_id_, kind, permits});
+    changed();
+    return next_id_;
+  }
+  void remove(std::uint64_t id) {
+    std::lock_guard lock(mutex_);
+    std::erase_if(items_, [&](const Item& item) { return item.id == id; });
+    changed();
+  }
+  void set_value(std::int64_t permits) {
+    std::lock_guard lock(mutex_);
+    value = permits;
+    changed();
+  }
+  // Sleeps until something changes, at most until `deadline` and never more than 100 ms (a
+  // change between the loop's look and this wait is then seen late, not missed).
+  void sleep(turnstile::Deadline deadline, const std::stop_token& stop) {
+    ++sleeping_;
+    std::unique_lock lock(mutex_);
+    auto until = SteadyClock::now() + 100ms;
+    if (deadline) until = std::min(until, *deadline);
+    const auto seen = version_;
+    changed_.wait_until(lock, stop, until, [&] { return version_ != seen; });
+    --sleeping_;
+  }
+  std::size_t size() {
+    std::lock_guard lock(mutex_);
+    return items_.size();
+  }
+  // How many threads are inside wait() right now: proof that a waiter really waits.
+  int sleeping() { return sleeping_.load(); }
+
+  std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool, turnstile::Deadline, Standing& first) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) override;
+
+  // PermitCounter state.
+  std::optional<std::int64_t> value;
+  std::atomic<int> lose_take_reply{0};  // the next take applies but "loses its reply"
+
+ private:
+  friend class MemoryPlace;
+  friend class MemoryLine;
+  Standing standing_of(std::uint64_t id) {
+    std::lock_guard lock(mutex_);
+    Standing standing;
+    standing.mode = foreign_mode;
+    standing.limit = foreign_limit;
+    for (const auto& item : items_) {
+      standing.entries.push_back({item.kind, item.permits});
+      if (item.id == id) return standing;
+    }
+    throw QueueEntryGone{};
+  }
+
+  std::mutex mutex_;
+  std::condition_variable_any changed_;
+  std::vector<Item> items_;
+  std::uint64_t next_id_ = 0;
+  std::uint64_t version_ = 0;
+  std::atomic<int> sleeping_{0};
+  void changed() {
+    ++version_;
+    changed_.notify_all();
+  }
+  std::vector<std::uint64_t> line_;  // counter waiters
+};
+
+class MemoryHold : public BackendHold {
+ public:
+  MemoryHold(MemoryQueue& queue, std::uint64_t id) : queue_(queue), id_(id) {}
+  std::uint64_t fencing_token() const override { return id_; }
+  void downgrade() override {}
+  void release() override { queue_.remove(id_); }
+
+ private:
+  MemoryQueue& queue_;
+  std::uint64_t id_;
+};
+
+class MemoryPlace : public QueuePlace {
+ public:
+  MemoryPlace(MemoryQueue& queue, std::uint64_t id) : queue_(queue), id_(id) {}
+  Standing look(turnstile::Deadline) override {
+    ++queue_.looks;
+    if (queue_.vanish_on_look.fetch_sub(1) > 0) {
+      queue_.remove(id_);
+      throw QueueEntryGone{};
+    }
+    if (queue_.fail_on_look.fetch_sub(1) > 0) throw turnstile::BackendUnavailable("no answer (injected)");
+    return queue_.standing_of(id_);
+  }
+  void wait(const Verdict&, turnstile::Deadline deadline, const std::stop_token& stop) override {
+    ++queue_.waits;
+    queue_.sleep(deadline, stop);
+  }
+  std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal>) override {
+    ++queue_.holds;
+    if (queue_.hold_excludes_nobody.fetch_sub(1) > 0) {
+      leave();
+      return nullptr;
+    }
+    return std::make_unique<MemoryHold>(queue_, id_);
+  }
+  void leave() noexcept override {
+    ++queue_.leaves;
+    queue_.remove(id_);
+  }
+
+ private:
+  MemoryQueue& queue_;
+  std::uint64_t id_;
+};
+
+std::unique_ptr<QueuePlace> MemoryQueue::join(const QueueRequest& request, bool, turnstile::Deadline, Standing& first) {
+  ++joins;
+  const auto id = add(request.kind, request.permits);
+  first = standing_of(id);
+  return std::make_unique<MemoryPlace>(*this, id);
+}
+
+class MemoryLine : public CounterLine {
+ public:
+  MemoryLine(MemoryQueue& queue, std::int64_t permits) : queue_(queue), permits_(permits) {}
+  CounterStanding look(bool, turnstile::Deadline) override {
+    ++queue_.looks;
+    std::lock_guard lock(queue_.mutex_);
+    CounterStanding standing;
+    standing.value = queue_.value;
+    standing.in_line = id_ != 0;
+    const auto& line = queue_.line_;
+    if (!standing.in_line) {
+      standing.ahead = line.size();
+    } else {
+      const auto at = std::find(line.begin(), line.end(), id_);
+      if (at == line.end()) throw QueueEntryGone{};
+      standing.ahead = static_cast<std::size_t>(at - line.begin());
+    }
+    return standing;
+  }
+  bool take(const CounterStanding& seen, turnstile::Deadline) override {
+    {
+      std::lock_guard lock(queue_.mutex_);
+      if (queue_.value != seen.value) return false;
+      *queue_.value -= permits_;
+      std::erase(queue_.line_, id_);
+      taken_ = true;
+      queue_.changed();
+    }
+    if (queue_.lose_take_reply.fetch_sub(1) > 0) throw turnstile::BackendUnavailable("reply lost (injected)");
+    return true;
+  }
+  void join(turnstile::Deadline) override {
+    std::lock_guard lock(queue_.mutex_);
+    id_ = ++queue_.next_id_;
+    queue_.line_.push_back(id_);
+  }
+  void wait(CounterWait, turnstile::Deadline deadline, const std::stop_token& stop) override {
+    ++queue_.waits;
+    queue_.sleep(deadline, stop);
+  }
+  bool leave() noexcept override {
+    ++queue_.leaves;
+    std::lock_guard lock(queue_.mutex_);
+    std::erase(queue_.line_, id_);
+    queue_.changed();
+    return taken_;
+  }
+
+ private:
+  MemoryQueue& queue_;
+  std::int64_t permits_;
+  std::uint64_t id_ = 0;
+  bool taken_ = false;
+};
+
+std::unique_ptr<CounterLine> MemoryQueue::counter_line(const std::string&, std::int64_t permits) {
+  return std::make_unique<MemoryLine>(*this, permits);
+}
+
+QueueRequest lock_request(EntryKind kind = EntryKind::exclusive) {
+  QueueRequest request;
+  request.name = "n";
+  request.kind = kind;
+  return request;
+}
+
+std::shared_ptr<LossSignal> no_signal() { return nullptr; }
+
+TEST(QueueLoop, AFreeQueueAdmitsAtTheJoinWithoutWaiting) {
+  MemoryQueue queue;
+  auto hold = acquire_in_queue(queue, lock_request(), std::nullopt, no_signal());
+  ASSERT_NE(hold, nullptr);
+  EXPECT_EQ(queue.joins, 1);
+  EXPECT_EQ(queue.waits, 0);
+  EXPECT_EQ(queue.leaves, 0);
+  EXPECT_EQ(queue.size(), 1u);
+  hold->release();
+  EXPECT_EQ(queue.size(), 0u);
+}
+
+TEST(QueueLoop, ATryOnceThatIsNotAdmittedLeavesWithoutWaiting) {
+  MemoryQueue queue;
+  queue.add(EntryKind::exclusive);
+  EXPECT_EQ(acquire_in_queue(queue, lock_request(), SteadyClock::now(), no_signal()), nullptr);
+  EXPECT_EQ(queue.waits, 0);
+  EXPECT_EQ(queue.leaves, 1);
+  EXPECT_EQ(queue.size(), 1u) << "the try-once entry stayed in the queue";
+}
+
+TEST(QueueLoop, ADeadlineWhileWaitingLeavesTheQueue) {
+  MemoryQueue queue;
+  queue.add(EntryKind::exclusive);
+  EXPECT_EQ(acquire_in_queue(queue, lock_request(), SteadyClock::now() + 200ms, no_signal()), nullptr);
+  EXPECT_GE(queue.waits, 1) << "it never waited";
+  EXPECT_EQ(queue.leaves, 1);
+  EXPECT_EQ(queue.size(), 1u);
+}
+
+TEST(QueueLoop, AStopWhileWaitingLeavesTheQueue) {
+  MemoryQueue queue;
+  queue.add(EntryKind::exclusive);
+  std::stop_source stop;
+  auto request = lock_request();
+  request.stop = stop.get_token();
+  auto waiter = std::async(std::launch::async, [&] { return acquire_in_queue(queue, request, std::nullopt, no_signal()); });
+  while (queue.sleeping() == 0) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(queue.size(), 2u);
+  stop.request_stop();
+  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready) << "the stop did not end the wait";
+  EXPECT_EQ(waiter.get(), nullptr);
+  EXPECT_EQ(queue.size(), 1u) << "the stopped waiter stayed in the queue";
+}
+
+TEST(QueueLoop, AWaiterIsAdmittedWhenTheEntryAheadLeaves) {
+  MemoryQueue queue;
+  const auto holder = queue.add(EntryKind::exclusive);
+  auto waiter = std::async(std::launch::async, [&] { return acquire_in_queue(queue, lock_request(), std::nullopt, no_signal()); });
+  while (queue.sleeping() == 0) std::this_thread::sleep_for(1ms);
+  EXPECT_NE(waiter.wait_for(50ms), std::future_status::ready) << "admitted while the holder held";
+  queue.remove(holder);
+  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
+  EXPECT_NE(waiter.get(), nullptr);
+}
+
+TEST(QueueLoop, AnEntryThatVanishedWhileWaitingJoinsAgainAtTheBack) {
+  MemoryQueue queue;
+  const auto holder = queue.add(EntryKind::exclusive);
+  queue.vanish_on_look = 1;
+  auto waiter = std::async(std::launch::async, [&] { return acquire_in_queue(queue, lock_request(), std::nullopt, no_signal()); });
+  // It waits, looks, finds its entry gone, joins again and waits again: never admitted meanwhile.
+  while (queue.joins < 2 || queue.sleeping() == 0) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(queue.size(), 2u);
+  queue.remove(holder);
+  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
+  EXPECT_NE(waiter.get(), nullptr);
+}
+
+TEST(QueueLoop, AnAdmissionThatExcludedNobodyJoinsAgain) {
+  MemoryQueue queue;
+  queue.hold_excludes_nobody = 1;
+  auto hold = acquire_in_queue(queue, lock_request(), std::nullopt, no_signal());
+  ASSERT_NE(hold, nullptr);
+  EXPECT_EQ(queue.joins, 2);
+  EXPECT_EQ(queue.size(), 1u);
+}
+
+TEST(QueueLoop, AnErrorWhileWaitingLeavesTheQueueAndIsReported) {
+  MemoryQueue queue;
+  queue.add(EntryKind::exclusive);
+  queue.fail_on_look = 1;
+  EXPECT_THROW(acquire_in_queue(queue, lock_request(), SteadyClock::now() + 5s, no_signal()), turnstile::BackendUnavailable);
+  EXPECT_GE(queue.waits, 1);
+  EXPECT_EQ(queue.leaves, 1);
+  EXPECT_EQ(queue.size(), 1u) << "the failed waiter stayed in the queue";
+}
+
+TEST(QueueLoop, AKindOrLimitMismatchFoundAfterTheJoinLeavesTheQueue) {
+  MemoryQueue queue;
+  queue.foreign_mode = QueueMode::semaphore;
+  queue.foreign_limit = 3;
+  EXPECT_THROW(acquire_in_queue(queue, lock_request(), std::nullopt, no_signal()), turnstile::KindMismatch);
+  auto lease = lock_request(EntryKind::lease);
+  lease.limit = 4;
+  EXPECT_THROW(acquire_in_queue(queue, lease, std::nullopt, no_signal()), turnstile::LimitMismatch);
+  EXPECT_EQ(queue.size(), 0u);
+  EXPECT_EQ(queue.leaves, 2);
+}
+
+TEST(QueueLoop, AStorageVerdictIsTakenAsIs) {
+  // A storage that decides atomically (the embedded backend, Redis) reports its verdict.
+  struct Decided : MemoryQueue {
+    std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, turnstile::Deadline deadline,
+                                     Standing& first) override {
+      auto place = MemoryQueue::join(request, try_once, deadline, first);
+      first.decided = Verdict{WaitFor::leave, 0};  // "wait", whatever the entries say
+      return place;
+    }
+  } queue;
+  EXPECT_EQ(acquire_in_queue(queue, lock_request(), SteadyClock::now(), no_signal()), nullptr);
+}
+
+TEST(QueueLoop, ManyThreadsOnOneMutexNeverHoldTogether) {
+  MemoryQueue queue;
+  std::atomic<int> inside{0}, most{0}, done{0};
+  std::vector<std::jthread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        auto hold = acquire_in_queue(queue, lock_request(), std::nullopt, no_signal());
+        const int now = ++inside;
+        most = std::max(most.load(), now);
+        --inside;
+        hold->release();
+        // Wakes the waiter behind (the memory storage's leave notifies, release does via remove).
+      }
+      ++done;
+    });
+  }
+  threads.clear();
+  EXPECT_EQ(done, 8);
+  EXPECT_EQ(most, 1) << "two holders at once";
+  EXPECT_EQ(queue.size(), 0u);
+}
+
+TEST(CounterLoop, TheFirstInLineTakesOnceTheValueHasThePermits) {
+  MemoryQueue queue;
+  queue.value = 1;
+  auto waiter = std::async(std::launch::async, [&] { return acquire_from_counter(queue, "n", 3, std::nullopt, {}); });
+  while (queue.sleeping() == 0) std::this_thread::sleep_for(1ms);
+  EXPECT_NE(waiter.wait_for(50ms), std::future_status::ready) << "took 3 of 1";
+  queue.set_value(3);
+  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(waiter.get());
+  EXPECT_EQ(queue.value, 0);
+}
+
+TEST(CounterLoop, ATryOnceDoesNotJoinTheLine) {
+  MemoryQueue queue;
+  queue.value = 1;
+  EXPECT_FALSE(acquire_from_counter(queue, "n", 2, SteadyClock::now(), {}));
+  EXPECT_EQ(queue.waits, 0);
+  EXPECT_TRUE(acquire_from_counter(queue, "n", 1, SteadyClock::now(), {}));
+  EXPECT_EQ(queue.value, 0);
+}
+
+TEST(CounterLoop, AStopWhileWaitingLeavesTheLine) {
+  MemoryQueue queue;
+  std::stop_source stop;
+  auto waiter = std::async(std::launch::async, [&] { return acquire_from_counter(queue, "n", 1, std::nullopt, stop.get_token()); });
+  while (queue.sleeping() == 0) std::this_thread::sleep_for(1ms);
+  stop.request_stop();
+  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
+  EXPECT_FALSE(waiter.get());
+  EXPECT_GE(queue.leaves, 1);
+  // Nobody is left in line: a try-once finds the permits once they are there.
+  queue.value = 1;
+  EXPECT_TRUE(acquire_from_counter(queue, "n", 1, SteadyClock::now(), {}));
+}
+
+TEST(CounterLoop, ATakeWhoseReplyWasLostCountsAsTaken) {
+  MemoryQueue queue;
+  queue.value = 2;
+  queue.lose_take_reply = 1;
+  EXPECT_TRUE(acquire_from_counter(queue, "n", 2, std::nullopt, {}));
+  EXPECT_EQ(queue.value, 0);
+}
+
+TEST(CounterLine, FirstInLineWaitsForTheValueOthersForTheOneAhead) {
+  EXPECT_EQ(evaluate_counter_line(0, 5, 5), CounterWait::nothing);
+  EXPECT_EQ(evaluate_counter_line(0, 4, 5), CounterWait::value);
+  EXPECT_EQ(evaluate_counter_line(0, std::nullopt, 1), CounterWait::value);
+  EXPECT_EQ(evaluate_counter_line(1, 100, 1), CounterWait::predecessor) << "a waiter ahead is served first";
+  EXPECT_EQ(evaluate_counter_line(3, std::nullopt, 1), CounterWait::predecessor);
+}
+
+}  // namespace
