@@ -44,7 +44,14 @@ std::unique_ptr<BackendHold> acquire_in_queue(QueueStore& store, const QueueRequ
       for (;;) {
         const auto step = next_queue_step(request, standing, may_wait());
         if (step.action == QueueStep::Action::hold) {
-          if (auto hold = place->hold(loss)) {
+          std::unique_ptr<BackendHold> hold;
+          try {
+            hold = place->hold(loss);
+          } catch (const QueueChanged&) {
+            standing = place->look(deadline);  // still in line: decide again
+            continue;
+          }
+          if (hold) {
             leave_unless_kept.place = nullptr;  // the hold owns the entry now
             return hold;
           }

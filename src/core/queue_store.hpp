@@ -32,6 +32,13 @@ struct QueueEntryGone : std::exception {
   const char* what() const noexcept override { return "the queue entry vanished"; }
 };
 
+// Thrown by QueuePlace::hold when the storage's state moved on since the look that admitted us
+// (a versioned write lost a race, a reply was lost and the write found not applied): nothing
+// was taken and our entry keeps its place, so the core looks again rather than joining again.
+struct QueueChanged : std::exception {
+  const char* what() const noexcept override { return "the queue changed since the look"; }
+};
+
 // Where our entry stands, as one read of the storage saw it.
 struct Standing {
   // The live entries up to and including ours (the last), in queue order: the core evaluates.
@@ -55,7 +62,7 @@ class QueuePlace {
   virtual void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) = 0;
   // The entry was admitted: it becomes the hold, which owns it from now on. nullptr when the
   // admission excluded nobody (the state it was in moved away) and the entry has left: the core
-  // joins again.
+  // joins again. Throws QueueChanged when the admission no longer stands (the core looks again).
   virtual std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) = 0;
   // Leaves the queue. Never throws and does nothing the second time; what it cannot remove now
   // (no answer in time) it removes in the background, never leaving it to hold up the name.
