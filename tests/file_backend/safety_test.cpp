@@ -224,7 +224,7 @@ void head_lease_waiter_with_fake_pids(const std::string& url, const std::string&
     StateFile file(state);
     ASSERT_TRUE(file);
     ASSERT_EQ(file->count, 2u);
-    for (std::uint32_t i = 0; i < file->count; ++i) file->entries[i].pid = fake_pid;
+    for (std::uint32_t i = 0; i < file->count; ++i) file->slots[i].pid = fake_pid;
   }
   Child waiter([&] {
     auto client = Client::connect(url);
@@ -567,7 +567,7 @@ TEST_F(FileSafety, RepairNeverKeepsATornCopyOfAnEntry) {
         reader->lock_shared();
         return std::shared_ptr<void>(reader);
       },
-      [](layout::Header& h) { h.entries[0].seq = h.entries[1].seq; }, writer);
+      [](layout::Header& h) { h.slots[0].seq = h.slots[1].seq; }, writer);
   if (!held) return;
   auto other = Client::connect(url_).shared_mutex("rw");
   EXPECT_FALSE(other.try_lock_shared()) << "a reader was admitted beside the writer (repair kept the torn entry)";
@@ -588,8 +588,8 @@ TEST_F(FileSafety, RepairDropsASlotCaughtMidRewrite) {
         return std::shared_ptr<void>(holder);
       },
       [](layout::Header& h) {
-        h.entries[0].seq = 0;
-        h.entries[0].kind = h.entries[1].kind;
+        h.slots[0].seq = 0;
+        h.slots[0].kind = h.slots[1].kind;
       },
       mutex);
   if (!held) return;

@@ -15,7 +15,7 @@ constexpr std::uint32_t kMagic = 0x54534C31;  // "TSL1"
 constexpr std::uint32_t kVersion = 2;
 constexpr std::size_t kCapacity = 1024;
 constexpr std::size_t kMaxName = 256;
-constexpr std::uint8_t kCounterWaiter = 9;  // an entry of the PermitCounter's own queue
+constexpr std::uint8_t kCounterWaiter = 9;  // a slot of the PermitCounter's own line
 
 // Each entry owns OFD locks on bytes far beyond the end of the file, at 2^40 + 4·seq + byte.
 constexpr off_t kByteBase = off_t{1} << 40;
@@ -28,7 +28,7 @@ enum class Mode : std::uint32_t { none = 0, lock = 1, semaphore = 2 };
 
 // seq 0 marks a slot being rewritten: an entry is complete exactly when its seq is not 0
 // (removal writes seq last), so a process killed mid-copy leaves a slot repair can recognise.
-struct Entry {
+struct Slot {
   std::uint64_t seq;
   std::int64_t permits;
   std::int64_t since_ns;  // CLOCK_REALTIME, for inspect
@@ -52,7 +52,7 @@ struct Header {
   std::uint32_t name_length;
   char name[kMaxName];
   std::uint32_t count;
-  Entry entries[kCapacity];
+  Slot slots[kCapacity];  // the queue, in arrival order: slots[0..count)
 };
 
 }  // namespace turnstile::detail::file_state

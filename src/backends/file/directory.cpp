@@ -1,0 +1,207 @@
+#include "backends/file/directory.hpp"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail::file_state {
+namespace {
+
+std::string parent_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+std::string mode_text(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
+// Whether only this user can be in group `gid`: our own group with no other listed member.
+bool private_group(gid_t gid) {
+  if (gid != getegid()) return false;
+  std::vector<char> buffer(16384);
+  group entry {};
+  group* found = nullptr;
+  if (getgrgid_r(gid, &entry, buffer.data(), buffer.size(), &found) != 0 || !found) return false;
+  passwd user {};
+  passwd* me = nullptr;
+  std::vector<char> user_buffer(16384);
+  if (getpwuid_r(geteuid(), &user, user_buffer.data(), user_buffer.size(), &me) != 0 || !me) return false;
+  for (char** member = found->gr_mem; *member; ++member) {
+    if (std::strcmp(*member, me->pw_name) != 0) return false;
+  }
+  return true;
+}
+
+void check_above(const std::string& root, const std::string& dir) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) fail_io("cannot look at " + dir);
+  const bool writable = (st.st_mode & S_IWOTH) || ((st.st_mode & S_IWGRP) && !private_group(st.st_gid));
+  if (writable && !(st.st_mode & S_ISVTX)) {
+    throw AccessDenied("refusing " + root + ": " + dir + " above it may be written by its group or others (mode " +
+                       mode_text(st.st_mode) + ", no sticky bit), who could rename it away and put another in its "
+                       "place; chmod go-w or +t " + dir + ", or use another directory");
+  }
+}
+
+// `dir` and every directory above it, along the path given and along the real one (symbolic
+// links among them are followed, as by any program): one that others may write to without the
+// sticky bit lets them rename the backend directory (or one above it) away and put their own in
+// its place, so it is refused (AccessDenied). A sticky one (/tmp) lets only owners rename.
+void check_ancestors(const std::string& root, const std::string& dir) {
+  std::vector<std::string> paths{dir};
+  char real[PATH_MAX] = {};
+  if (realpath(dir.c_str(), real) != nullptr && real != dir) paths.emplace_back(real);
+  for (const auto& path : paths) {
+    for (std::string at = path;; at = parent_of(at)) {
+      check_above(root, at);
+      if (at == "/") break;
+    }
+  }
+}
+
+// Creates the missing parts of `root` private to this user, but only inside a directory owned
+// by this user or by root: root with a user's XDG_RUNTIME_DIR (sudo -E) must not plant a
+// root-owned directory that locks the user out. The ancestors are checked before anything is
+// created.
+void create_missing(const std::string& root) {
+  bool checked = false;
+  for (std::size_t slash = 1; slash != std::string::npos;) {
+    slash = root.find('/', slash + 1);
+    const std::string prefix = root.substr(0, slash);
+    struct stat st {};
+    if (lstat(prefix.c_str(), &st) == 0) continue;
+    if (errno != ENOENT) fail_io("cannot look at " + prefix);
+    const std::string parent = parent_of(prefix);
+    struct stat up {};
+    if (stat(parent.c_str(), &up) != 0) fail_io("cannot look at " + parent);
+    if (up.st_uid != geteuid() && up.st_uid != 0) {
+      throw AccessDenied("refusing to create " + prefix + " inside " + parent + ", which belongs to uid " +
+                         std::to_string(up.st_uid) + " (this is uid " + std::to_string(geteuid()) + ")");
+    }
+    if (!checked) check_ancestors(root, parent);
+    checked = true;
+    if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) fail_io("cannot create " + prefix);
+  }
+}
+
+// Refuses a directory owned by someone else, or one its group or others may write to (they
+// could remove or replace the state files).
+void check_opened(const Fd& fd, const std::string& root) {
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) fail_io("stat " + root);
+  if (st.st_uid != geteuid()) {
+    throw AccessDenied("refusing " + root + ": it is owned by uid " + std::to_string(st.st_uid) +
+                       ", not by this user (uid " + std::to_string(geteuid()) + ")");
+  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    throw AccessDenied("refusing " + root + ": its group or others may write to it (mode " + mode_text(st.st_mode) +
+                       "); make it private (chmod go-w) or use another directory");
+  }
+  check_ancestors(root, parent_of(root));
+}
+
+// State files belong in a directory of their own, never among the system's (as root, nothing
+// else would stop file:///etc).
+bool system_directory(const std::string& root) {
+  static const std::set<std::string> directories{
+      "/",         "/bin",      "/boot",      "/dev",      "/dev/shm",  "/etc",       "/home",     "/lib",
+      "/lib32",    "/lib64",    "/libx32",    "/media",    "/mnt",      "/opt",       "/proc",     "/root",
+      "/run",      "/run/lock", "/run/user",  "/sbin",     "/srv",      "/sys",       "/tmp",      "/usr",
+      "/usr/bin",  "/usr/lib",  "/usr/local", "/usr/sbin", "/usr/share", "/var",      "/var/cache", "/var/lib",
+      "/var/lock", "/var/log",  "/var/run",   "/var/spool", "/var/tmp"};
+  return directories.count(root) != 0;
+}
+
+}  // namespace
+
+std::string root_of(const BackendUrl& url) {
+  if (!url.hosts.empty() && url.hosts != std::vector<std::string>{"localhost"}) {
+    throw InvalidUrl("file:// URLs name a local directory by absolute path, e.g. file:///run/turnstile; got '" +
+                     url.text + "'");
+  }
+  if (url.path.empty() || url.path.front() != '/') {
+    throw InvalidUrl("file:// URL '" + url.text + "' has no absolute directory path");
+  }
+  if (!url.query.empty()) {
+    throw InvalidUrl("file:// URLs take no parameters; got '?" + url.query.begin()->first + "=...'");
+  }
+  if (!url.user.empty()) throw InvalidUrl("file:// URLs take no user name");
+  // A directory is named one way only: '.' and '..' would create directories along the way.
+  for (std::size_t start = 1; start < url.path.size();) {
+    const auto end = std::min(url.path.find('/', start), url.path.size());
+    const auto segment = url.path.substr(start, end - start);
+    if (segment == "." || segment == "..") {
+      throw InvalidUrl("file:// URL '" + url.text + "' has a '.' or '..' segment; give the directory's plain path");
+    }
+    start = end + 1;
+  }
+  std::string root = url.path;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  if (system_directory(root)) {
+    throw InvalidUrl("file:// URL '" + url.text + "' names the system directory " + root +
+                     "; give a directory of its own, e.g. file:///run/turnstile");
+  }
+  return root;
+}
+
+Fd open_root(const std::string& root) {
+  create_missing(root);
+  Fd fd(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ELOOP || errno == ENOTDIR) {
+      throw AccessDenied("refusing " + root + ": it is a symbolic link or not a directory");
+    }
+    fail_io("cannot open " + root);
+  }
+  check_opened(fd, root);
+  return fd;
+}
+
+bool unlinked_dir(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) != 0 || st.st_nlink == 0;
+}
+
+// ---- pins ----------------------------------------------------------------------------------
+
+off_t DirectoryPins::byte_of(const std::string& name) {
+  return static_cast<off_t>(fnv1a(name) & ((std::uint64_t{1} << 62) - 1));
+}
+
+void DirectoryPins::pin(off_t byte) {
+  std::lock_guard lock(mutex_);
+  if (!fd_) {
+    fd_ = Fd(openat(root_fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd_) fail_io("cannot open the backend directory");
+  }
+  auto& count = counts_[byte];
+  if (count == 0) set_lock(fd_.get(), F_RDLCK, byte, 1, false);  // read locks never conflict: no wait
+  ++count;
+}
+
+void DirectoryPins::unpin(off_t byte) {
+  if (generation_ != current_generation()) return;  // a parent's pin: closed at the fork
+  std::lock_guard lock(mutex_);
+  auto it = counts_.find(byte);
+  if (it == counts_.end()) return;
+  if (--it->second == 0) {
+    counts_.erase(it);
+    set_lock(fd_.get(), F_UNLCK, byte, 1, false);
+  }
+}
+
+}  // namespace turnstile::detail::file_state
