@@ -1,0 +1,89 @@
+#!/bin/sh
+# Starts or stops the Consul HTTP API TEST STAND-IN (consul_server.py beside this script, not
+# Consul: none can be installed here) on a free port of 127.0.0.1, for tests.
+#   consul.sh start DIR     state, log and pid under DIR; writes consul://127.0.0.1:PORT to DIR/url
+#                           (consul://TOKEN@127.0.0.1:PORT when CONSUL_TEST_ACL_TOKEN is set: then
+#                           every request needs that token)
+#   consul.sh stop DIR
+#   consul.sh restart DIR   the same port and Raft state (KV, sessions, index), as a Consul server
+#                           restarted with its data dir; session TTL timers start again
+#   consul.sh pause DIR     SIGSTOP: the server answers nothing until resumed
+#   consul.sh resume DIR    SIGCONT
+set -eu
+action=$1
+dir=$2
+server="$(cd "$(dirname "$0")" && pwd)/consul_server.py"
+
+launch() {  # port (0: any free one)
+  rm -f "$dir/port"
+  # shellcheck disable=SC2086
+  /usr/bin/python3 "$server" --bind 127.0.0.1 --port "$1" --port-file "$dir/port" \
+    --data-dir "$dir/data" $acl </dev/null >>"$dir/consul.log" 2>&1 &
+  echo $! > "$dir/consul.pid"
+  for _ in $(seq 1 100); do
+    [ -s "$dir/port" ] && return 0
+    kill -0 "$(cat "$dir/consul.pid")" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+acl=""
+if [ -n "${CONSUL_TEST_ACL_TOKEN:-}" ]; then
+  acl="--acl-token $CONSUL_TEST_ACL_TOKEN"
+elif [ -f "$dir/acl_token" ] && [ "$action" = restart ]; then
+  acl="--acl-token $(cat "$dir/acl_token")"
+fi
+
+case "$action" in
+start)
+  # A server left running by an interrupted run would be orphaned by a new pid file.
+  "$0" stop "$dir"
+  mkdir -p "$dir"
+  rm -rf "$dir/url" "$dir/data" "$dir/acl_token"
+  if launch 0; then
+    port=$(cat "$dir/port")
+    if [ -n "${CONSUL_TEST_ACL_TOKEN:-}" ]; then
+      printf '%s\n' "$CONSUL_TEST_ACL_TOKEN" > "$dir/acl_token"
+      echo "consul://$CONSUL_TEST_ACL_TOKEN@127.0.0.1:$port" > "$dir/url"
+    else
+      echo "consul://127.0.0.1:$port" > "$dir/url"
+    fi
+    echo "Consul test stand-in ready on 127.0.0.1:$port"
+    exit 0
+  fi
+  echo "could not start the Consul test stand-in; log:" >&2
+  tail -n 50 "$dir/consul.log" >&2 || true
+  exit 1
+  ;;
+stop)
+  if [ -f "$dir/consul.pid" ]; then
+    pid=$(cat "$dir/consul.pid")
+    kill -CONT "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+    # Like common.sh's stop_process, but a zombie counts as gone: it has let go of the port,
+    # and its new parent may take seconds to reap it.
+    for _ in $(seq 1 50); do
+      case "$(ps -o stat= -p "$pid" 2>/dev/null)" in ''|Z*) break ;; esac
+      sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$dir/consul.pid"
+  fi
+  ;;
+restart)
+  port=$(sed 's/.*://' "$dir/url")
+  "$0" stop "$dir"
+  launch "$port"
+  ;;
+pause)
+  kill -STOP "$(cat "$dir/consul.pid")"
+  ;;
+resume)
+  kill -CONT "$(cat "$dir/consul.pid")"
+  ;;
+*)
+  echo "usage: $0 start|stop|restart|pause|resume DIR" >&2
+  exit 64
+  ;;
+esac

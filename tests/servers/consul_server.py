@@ -1,0 +1,1099 @@
+#!/usr/bin/python3
+"""A TEST STAND-IN for a Consul agent's HTTP API. It is NOT Consul.
+
+No Consul can be installed on the machines this project is built on, so the consul:// backend is
+tested against this single-file server, written from Consul's documentation and from reading its
+sources (hashicorp/consul: agent/kvs_endpoint.go, agent/session_endpoint.go, agent/txn_endpoint.go,
+agent/consul/kvs_endpoint.go, agent/consul/session_endpoint.go, agent/consul/session_ttl.go,
+agent/consul/state/kvs.go, agent/consul/state/session.go, agent/consul/state/txn.go,
+agent/consul/rpc.go (blockingQuery), api/lock.go, api/semaphore.go). It reimplements only what a
+lock or semaphore client uses; what Consul does that is not listed here, it does not do.
+
+Implemented (one datacenter, one server that is always the leader):
+  * One Raft-like index, bumped by every write that Consul would put through Raft, including a
+    CAS or an acquire that answers false (the FSM decides those); a lock refused because of a
+    lock-delay is decided before Raft and bumps nothing. The first index is --initial-index (10).
+    Table indexes as in the state store: a KV read answers the KV table's index, a session read
+    the sessions table's.
+  * X-Consul-Index (never 0), X-Consul-KnownLeader: true, X-Consul-LastContact: 0 on reads.
+  * Blocking queries (?index=N&wait=D) on KV GET (one key, ?recurse, ?keys) and on session
+    info/list: answered at once while the index is above N; otherwise the query is run again
+    each time something it watches changes (the key; the prefix; the session; the session table)
+    and answers once its index is above N, or when wait (default 5 min, at most 10 min, plus a
+    random jitter of up to wait/16) runs out, with the same index. An index that went backwards
+    is simply above nothing: the client resets, as Consul's documentation says.
+    One key: the index is its ModifyIndex, or the KV table index (at least 1) when missing.
+    A prefix: the highest ModifyIndex or tombstone under it, else the KV table index.
+  * KV: GET (JSON array of LockIndex, Key, Flags, Value (base64, null when empty), Session (only
+    when locked), CreateIndex, ModifyIndex; 404 with X-Consul-Index when missing), ?recurse,
+    ?keys with ?separator, ?raw. PUT with a body, ?flags= (a PUT without it writes Flags 0),
+    ?cas= (0: only if absent), ?acquire=, ?release=; answers true/false. DELETE with ?recurse or
+    ?cas= (true when the key is already gone). As in kvsSetTxn: a write equal to what is stored
+    changes nothing (no index); a plain or CAS PUT keeps the Session but writes LockIndex 0;
+    an acquire by a new session bumps LockIndex, by the holder keeps it; a release writes the
+    request's value and flags. Keys are checked as current Consul's validateKVKey does
+    (letters, digits and ,-_./; no "../"; no file-like ending such as .json) unless --lax-keys.
+  * Sessions: PUT /v1/session/create (JSON, keys matched case-insensitively like Go's
+    encoding/json: Name, Node, TTL "15s" (10s..86400s or 0), Behavior release|delete,
+    LockDelay "15s" or nanoseconds (values below 1000 taken as seconds, as FixupLockDelay does),
+    Checks/NodeChecks/ServiceChecks stored, not checked), renew (the session in an array; 404
+    "Session id 'X' not found"), destroy, info/ID, list, node/NODE. A TTL session is invalidated
+    when not renewed for TTL x 2 (SessionTTLMultiplier). Invalidation or destroy: Behavior
+    release clears the Session of every key it holds (a write, ModifyIndex bumped), delete
+    deletes them; either way each key gets a lock-delay of min(LockDelay, 60 s) during which
+    ?acquire answers false for every session.
+  * /v1/txn (PUT, at most 64 operations) with KV verbs set, cas, lock, unlock, get,
+    get-or-empty, get-tree, check-index, check-session, check-not-exists, delete, delete-cas,
+    delete-tree: all or nothing; 200 {"Results":[{"KV":...}],"Errors":null} (values only for
+    get verbs), or 409 {"Results":null,"Errors":[{"OpIndex":i,"What":"..."}]}. Node, service
+    and check operations are not implemented (400).
+  * ACL: with --acl-token (or CONSUL_TEST_ACL_TOKEN), every request except /v1/status/* needs
+    that token (X-Consul-Token header, Authorization: Bearer, or ?token=): none is the anonymous
+    token, 403 "Permission denied" (a ?recurse/?keys listing is filtered to 404 instead, as
+    Consul filters lists); any other token 403 "ACL not found". Without a token, open.
+  * /v1/status/leader, /v1/status/peers, /v1/agent/self (Config.NodeName, Config.Datacenter).
+  * ?dc= other than --datacenter (dc1): 500 "No path to datacenter".
+  * --data-dir DIR: the Raft state (index, KV, tombstones, sessions) is written there after
+    every write and read back on start, as a restarted server keeps its Raft log; on start the
+    index moves on by one (a new leader's barrier) and every session's TTL timer starts again
+    (initializeSessionTimers). Lock-delays are in memory only.
+  * Pausing: send SIGSTOP / SIGCONT to the process (tests/servers/consul.sh pause|resume).
+
+Not implemented: catalog, health, agent services and checks (session checks are never
+evaluated), events, prepared queries, namespaces/partitions, ?consistent/?stale differences
+(both accepted), hash-based blocking, tombstone reaping, TLS, gzip, ?pretty.
+Standard library only; run it with /usr/bin/python3.
+"""
+
+import argparse
+import base64
+import http.server
+import json
+import os
+import random
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+import uuid
+
+SESSION_TTL_MIN = 10.0            # seconds (config SessionTTLMin default)
+SESSION_TTL_MAX = 86400.0         # structs.SessionTTLMax
+SESSION_TTL_MULTIPLIER = 2        # structs.SessionTTLMultiplier
+MAX_LOCK_DELAY = 60.0             # structs.MaxLockDelay
+DEFAULT_LOCK_DELAY = 15.0         # SessionCreate default
+DEFAULT_QUERY_TIME = 300.0        # defaultQueryTime
+MAX_QUERY_TIME = 600.0            # maxQueryTime
+JITTER_FRACTION = 16              # jitterFraction
+MAX_TXN_OPS = 64                  # maxTxnOps
+KV_MAX_VALUE_SIZE = 512 * 1024    # kv_max_value_size default
+LOCK_DELAY_MIN_THRESHOLD = 1000   # lockDelayMinThreshold (nanoseconds)
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0,
+          "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+
+
+def parse_go_duration(text):
+    """Seconds from a Go time.ParseDuration string ("15s", "1m30s", "0"); ValueError if bad."""
+    s = text
+    sign = 1.0
+    if s[:1] in "+-" and s:
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if s == "0":
+        return 0.0
+    if not s:
+        raise ValueError('time: invalid duration "%s"' % text)
+    total = 0.0
+    pos = 0
+    while pos < len(s):
+        m = _DURATION_PART.match(s, pos)
+        if not m:
+            if re.match(r"(\d+\.?\d*|\.\d+)", s[pos:]):
+                raise ValueError('time: missing unit in duration "%s"' % text)
+            raise ValueError('time: invalid duration "%s"' % text)
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    return sign * total
+
+
+def go_duration_string(seconds):
+    """Go's Duration.String() for the few values printed in error messages."""
+    if seconds == 0:
+        return "0s"
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    if h:
+        return "%dh%dm%gs" % (h, m, s)
+    if m:
+        return "%dm%gs" % (m, s)
+    return "%gs" % s
+
+
+_KEY_CHARS = re.compile(r"[a-zA-Z0-9,\-_./]*")
+_SUSPICIOUS_EXTENSIONS = (
+    ".js", ".css", ".html", ".htm", ".xml", ".json", ".txt", ".log", ".php", ".asp", ".jsp",
+    ".cgi", ".pl", ".py", ".rb", ".sh", ".exe", ".dll", ".bat", ".cmd", ".com", ".scr", ".vbs",
+    ".pdf", ".doc", ".docx", ".xls", ".xlsx", ".ppt", ".pptx", ".zip", ".rar", ".tar", ".gz",
+    ".7z", ".bz2", ".jpg", ".jpeg", ".png", ".gif", ".svg", ".ico", ".bmp", ".mp3", ".mp4",
+    ".avi", ".mov", ".wmv", ".flv", ".swf", ".woff", ".woff2", ".ttf", ".eot", ".otf")
+
+
+def key_error(key):
+    """What current Consul's validateKVKey says about a non-empty key, or None."""
+    if key.startswith("/"):
+        return "key must not begin with a '/'"
+    m = _KEY_CHARS.match(key)
+    if m.end() != len(key):
+        return ("key contains invalid character '%s' at position %d. Only alphanumeric "
+                "characters and ,-_./ are allowed" % (key[m.end()], len(key[:m.end()].encode())))
+    if "../" in key:
+        return "key contains path traversal sequence"
+    lower = key.lower()
+    for ext in _SUSPICIOUS_EXTENSIONS:
+        if lower.endswith(ext):
+            return ("key contains suspicious file extension '%s' that may be cached by proxies"
+                    % ext)
+    return None
+
+
+class ConsulError(Exception):
+    """An error answered as an HTTP status with a text body."""
+
+    def __init__(self, status, text):
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+class TxnAbort(Exception):
+    pass
+
+
+class State:
+    """The Raft state of one server (always the leader), guarded by one lock.
+
+    KV entries and sessions are treated as immutable dicts: a write stores a new dict, so a
+    transaction rolls back by putting the old maps back.
+    """
+
+    def __init__(self, args):
+        self.args = args
+        self.cond = threading.Condition(threading.Lock())
+        self.raft_index = args.initial_index
+        self.kvs = {}            # key -> entry dict (Value: bytes or None)
+        self.tombstones = {}     # key -> index of its deletion (the graveyard)
+        self.kvs_index = 0       # max of the kvs and tombstones table indexes
+        self.sessions = {}       # id -> session dict
+        self.sessions_index = 0
+        self.lock_delays = {}    # key -> time.monotonic() when the delay ends
+        self.deadlines = {}      # session id -> time.monotonic() of invalidation
+        # What changed, for blocking queries: (kind, name), kind "kv" or "session".
+        self.changes = []
+        self.changes_base = 0
+        self.data_file = None
+        if args.data_dir:
+            os.makedirs(args.data_dir, exist_ok=True)
+            self.data_file = os.path.join(args.data_dir, "raft.json")
+            self._load()
+
+    # ---- persistence -------------------------------------------------------------------------
+
+    def _load(self):
+        try:
+            with open(self.data_file) as f:
+                saved = json.load(f)
+        except FileNotFoundError:
+            return
+        self.raft_index = saved["raft_index"] + 1   # the new leader's barrier entry
+        self.kvs_index = saved["kvs_index"]
+        self.sessions_index = saved["sessions_index"]
+        self.tombstones = saved["tombstones"]
+        for e in saved["kvs"]:
+            e = dict(e)
+            e["Value"] = None if e["Value"] is None else base64.b64decode(e["Value"])
+            self.kvs[e["Key"]] = e
+        self.sessions = {s["ID"]: s for s in saved["sessions"]}
+        now = time.monotonic()
+        for s in self.sessions.values():
+            self._reset_timer(s, now)
+
+    def _save(self):
+        if not self.data_file:
+            return
+        saved = {
+            "raft_index": self.raft_index, "kvs_index": self.kvs_index,
+            "sessions_index": self.sessions_index, "tombstones": self.tombstones,
+            "kvs": [self.entry_json(e) for e in self.kvs.values()],
+            "sessions": list(self.sessions.values()),
+        }
+        tmp = self.data_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(saved, f)
+        os.replace(tmp, self.data_file)
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    @staticmethod
+    def entry_json(e, with_value=True):
+        out = {"LockIndex": e["LockIndex"], "Key": e["Key"], "Flags": e["Flags"],
+               "Value": None}
+        if with_value and e["Value"] is not None:
+            out["Value"] = base64.b64encode(e["Value"]).decode()
+        if e["Session"]:
+            out["Session"] = e["Session"]
+        out["CreateIndex"] = e["CreateIndex"]
+        out["ModifyIndex"] = e["ModifyIndex"]
+        return out
+
+    def _changed(self, kind, name):
+        self.changes.append((kind, name))
+        if len(self.changes) > 20000:
+            drop = 10000
+            del self.changes[:drop]
+            self.changes_base += drop
+
+    def _commit(self):
+        """After a Raft write: persist and wake every blocking query and the reaper."""
+        self._save()
+        self.cond.notify_all()
+
+    def _next_index(self):
+        self.raft_index += 1
+        return self.raft_index
+
+    # ---- KV state operations (as agent/consul/state/kvs.go) ---------------------------------
+
+    def _set(self, idx, entry, update_session):
+        """kvsSetTxn: CreateIndex kept, Session kept unless update_session; equal: no write."""
+        existing = self.kvs.get(entry["Key"])
+        entry = dict(entry)
+        entry["CreateIndex"] = existing["CreateIndex"] if existing else idx
+        if not update_session:
+            entry["Session"] = existing["Session"] if existing else ""
+        if existing is not None and all(
+                existing[f] == entry[f] for f in ("LockIndex", "Key", "Flags", "Value", "Session")):
+            return existing
+        entry["ModifyIndex"] = idx
+        self.kvs[entry["Key"]] = entry
+        self.kvs_index = idx
+        self._changed("kv", entry["Key"])
+        return entry
+
+    def _delete(self, idx, key):
+        if key not in self.kvs:
+            return
+        del self.kvs[key]
+        self.tombstones[key] = idx
+        self.kvs_index = idx
+        self._changed("kv", key)
+
+    def _delete_cas(self, idx, cas, key):
+        e = self.kvs.get(key)
+        if e is None or e["ModifyIndex"] != cas:
+            return e is None
+        self._delete(idx, key)
+        return True
+
+    def _delete_tree(self, idx, prefix):
+        doomed = [k for k in self.kvs if k.startswith(prefix)]
+        if not doomed:
+            return
+        for k in doomed:
+            del self.kvs[k]
+            self._changed("kv", k)
+        self.tombstones[prefix] = idx
+        self.kvs_index = idx
+
+    def _cas(self, idx, entry, cas):
+        existing = self.kvs.get(entry["Key"])
+        if cas == 0 and existing is not None:
+            return None
+        if cas != 0 and (existing is None or existing["ModifyIndex"] != cas):
+            return None
+        return self._set(idx, entry, False)
+
+    def _lock(self, idx, entry):
+        session = entry["Session"]
+        if not session:
+            raise ConsulError(500, "missing session")
+        if session not in self.sessions:
+            raise ConsulError(500, 'invalid session "%s"' % session)
+        entry = dict(entry)
+        existing = self.kvs.get(entry["Key"])
+        if existing is not None:
+            if existing["Session"] == session:
+                entry["LockIndex"] = existing["LockIndex"]
+            elif existing["Session"]:
+                return None
+            else:
+                entry["LockIndex"] = existing["LockIndex"] + 1
+        else:
+            entry["LockIndex"] = 1
+        return self._set(idx, entry, True)
+
+    def _unlock(self, idx, entry):
+        if not entry["Session"]:
+            raise ConsulError(500, "missing session")
+        existing = self.kvs.get(entry["Key"])
+        if existing is None or existing["Session"] != entry["Session"]:
+            return None
+        entry = dict(entry)
+        entry["Session"] = ""
+        entry["LockIndex"] = existing["LockIndex"]
+        return self._set(idx, entry, True)
+
+    def lock_delayed(self, key):
+        end = self.lock_delays.get(key)
+        if end is None:
+            return False
+        if end > time.monotonic():
+            return True
+        del self.lock_delays[key]
+        return False
+
+    def kv_write(self, op, entry, cas=None):
+        """One KVS.Apply: answers True/False, or raises ConsulError."""
+        with self.cond:
+            if op == "lock" and self.lock_delayed(entry["Key"]):
+                return False             # kvsPreApply: refused before Raft
+            idx = self._next_index()
+            try:
+                if op == "set":
+                    self._set(idx, entry, False)
+                    return True
+                if op == "cas":
+                    return self._cas(idx, entry, cas) is not None
+                if op == "lock":
+                    return self._lock(idx, entry) is not None
+                if op == "unlock":
+                    return self._unlock(idx, entry) is not None
+                if op == "delete":
+                    self._delete(idx, entry["Key"])
+                    return True
+                if op == "delete-cas":
+                    return self._delete_cas(idx, cas, entry["Key"])
+                if op == "delete-tree":
+                    self._delete_tree(idx, entry["Key"])
+                    return True
+                raise ConsulError(500, "unknown op")
+            finally:
+                self._commit()
+
+    # ---- KV reads (as agent/consul/kvs_endpoint.go + state) ---------------------------------
+
+    def kv_get(self, key):
+        e = self.kvs.get(key)
+        if e is None:
+            return max(self.kvs_index, 1), None
+        return e["ModifyIndex"], e
+
+    def kv_list(self, prefix):
+        entries = sorted((e for k, e in self.kvs.items() if k.startswith(prefix)),
+                         key=lambda e: e["Key"])
+        if prefix:
+            lindex = max([e["ModifyIndex"] for e in entries] +
+                         [i for k, i in self.tombstones.items() if k.startswith(prefix)] + [0])
+        else:
+            lindex = self.kvs_index
+        idx = lindex if lindex else self.kvs_index
+        return max(idx, 1), entries
+
+    # ---- sessions (as agent/consul/state/session.go, session_ttl.go) ------------------------
+
+    def _reset_timer(self, s, now=None):
+        ttl = s.get("_ttl_seconds", 0)
+        if ttl:
+            self.deadlines[s["ID"]] = (now or time.monotonic()) + ttl * SESSION_TTL_MULTIPLIER
+
+    def session_create(self, s):
+        with self.cond:
+            sid = str(uuid.uuid4())
+            while sid in self.sessions:
+                sid = str(uuid.uuid4())
+            idx = self._next_index()
+            s = dict(s, ID=sid, CreateIndex=idx, ModifyIndex=idx)
+            self.sessions[sid] = s
+            self.sessions_index = idx
+            self._changed("session", sid)
+            self._reset_timer(s)
+            self._commit()
+            return sid
+
+    def _invalidate(self, sid, idx):
+        """deleteSessionTxn: the session goes; its keys are released or deleted, lock-delayed."""
+        s = self.sessions.pop(sid, None)
+        self.deadlines.pop(sid, None)
+        if s is None:
+            return
+        self.sessions_index = idx
+        self._changed("session", sid)
+        delay = min(s["LockDelay"] / 1e9, MAX_LOCK_DELAY)
+        now = time.monotonic()
+        held = [e for e in self.kvs.values() if e["Session"] == sid]
+        for e in held:
+            if s["Behavior"] == "delete":
+                self._delete(idx, e["Key"])
+            else:
+                self._set(idx, dict(e, Session=""), True)
+            if delay > 0:
+                self.lock_delays[e["Key"]] = now + delay
+
+    def session_destroy(self, sid):
+        with self.cond:
+            idx = self._next_index()
+            self._invalidate(sid, idx)
+            self._commit()
+
+    def session_renew(self, sid):
+        with self.cond:
+            s = self.sessions.get(sid)
+            if s is not None:
+                self._reset_timer(s)
+            return s
+
+    def public_session(self, s):
+        return {k: v for k, v in s.items() if not k.startswith("_")}
+
+    def reaper(self):
+        """The leader's session timers: invalidate what was not renewed within TTL x 2."""
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                expired = [sid for sid, t in self.deadlines.items() if t <= now]
+                for sid in expired:
+                    idx = self._next_index()
+                    self._invalidate(sid, idx)
+                    log("session %s invalidated: TTL x %d without renewal"
+                        % (sid, SESSION_TTL_MULTIPLIER))
+                if expired:
+                    self._commit()
+                nxt = min(self.deadlines.values(), default=now + 1.0)
+                self.cond.wait(max(0.005, min(nxt - time.monotonic(), 1.0)))
+
+    # ---- blocking queries (as agent/consul/rpc.go blockingQuery) ----------------------------
+
+    def blocking(self, min_index, wait, run, watches):
+        """run() -> (index, result) under the lock; watches(kind, name) -> bool."""
+        with self.cond:
+            index, result = run()
+            index = max(index, 1)
+            if min_index == 0 or index > min_index:
+                return index, result
+            if wait > MAX_QUERY_TIME:
+                wait = MAX_QUERY_TIME
+            elif wait <= 0:
+                wait = DEFAULT_QUERY_TIME
+            wait += random.uniform(0, wait / JITTER_FRACTION)
+            deadline = time.monotonic() + wait
+            seen = self.changes_base + len(self.changes)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return index, result
+                self.cond.wait(remaining)
+                start = seen - self.changes_base
+                now_seen = self.changes_base + len(self.changes)
+                if now_seen == seen:
+                    continue
+                fired = start < 0 or any(watches(k, n) for k, n in self.changes[start:])
+                seen = now_seen
+                if fired:
+                    index, result = run()
+                    index = max(index, 1)
+                    if index > min_index:
+                        return index, result
+
+    # ---- transactions (as agent/txn_endpoint.go, agent/consul/txn_endpoint.go, state/txn.go) -
+
+    def txn(self, ops, writes):
+        with self.cond:
+            errors = []
+            for i, op in enumerate(ops):      # preCheck
+                if not op["Key"] and op["Verb"] != "delete-tree":
+                    errors.append({"OpIndex": i, "What": "Must provide key"})
+                elif op["Verb"] == "lock" and self.lock_delayed(op["Key"]):
+                    errors.append({"OpIndex": i, "What": 'failed to lock key "%s" due to lock delay'
+                                   % op["Key"]})
+            if errors:
+                return None, errors
+            idx = self._next_index() if writes else 0
+            saved = (dict(self.kvs), dict(self.tombstones), self.kvs_index, len(self.changes),
+                     self.changes_base)
+            results, errors = [], []
+            for i, op in enumerate(ops):
+                try:
+                    results.extend(self._txn_op(idx, op))
+                except (TxnAbort, ConsulError) as err:
+                    errors.append({"OpIndex": i, "What": str(err)})
+            if errors:
+                self.kvs, self.tombstones, self.kvs_index = saved[0], saved[1], saved[2]
+                if self.changes_base == saved[4]:
+                    del self.changes[saved[3]:]
+                if writes:
+                    self._commit()
+                return None, errors
+            if writes:
+                self._commit()
+            return results, None
+
+    def _txn_op(self, idx, op):
+        verb, key = op["Verb"], op["Key"]
+        entry = {"Key": key, "Value": op["Value"], "Flags": op["Flags"], "Session": op["Session"],
+                 "LockIndex": 0}
+        out = None
+        if verb == "set":
+            out = self._set(idx, entry, False)
+        elif verb == "delete":
+            self._delete(idx, key)
+        elif verb == "delete-cas":
+            if not self._delete_cas(idx, op["Index"], key):
+                raise TxnAbort('failed to delete key "%s", index is stale' % key)
+        elif verb == "delete-tree":
+            self._delete_tree(idx, key)
+        elif verb == "cas":
+            out = self._cas(idx, entry, op["Index"])
+            if out is None:
+                raise TxnAbort('failed to set key "%s", index is stale' % key)
+        elif verb == "lock":
+            out = self._lock(idx, entry)
+            if out is None:
+                raise TxnAbort('failed to lock key "%s", lock is already held' % key)
+        elif verb == "unlock":
+            out = self._unlock(idx, entry)
+            if out is None:
+                raise TxnAbort('failed to unlock key "%s", lock isn\'t held, or is held by '
+                               'another session' % key)
+        elif verb in ("get", "get-or-empty"):
+            e = self.kvs.get(key)
+            if e is None:
+                if verb == "get":
+                    raise TxnAbort('key "%s" doesn\'t exist' % key)
+                e = dict(entry, Value=None, CreateIndex=0, ModifyIndex=op["Index"])
+            return [{"KV": self.entry_json(e)}]
+        elif verb == "get-tree":
+            return [{"KV": self.entry_json(e)} for e in self.kv_list(key)[1]]
+        elif verb in ("check-session", "check-index"):
+            what = verb[len("check-"):]
+            out = self.kvs.get(key)
+            if out is None:
+                raise TxnAbort('failed to check %s, key "%s" doesn\'t exist' % (what, key))
+            field, want, label, form = (("Session", op["Session"], "session", '"%s"')
+                                        if what == "session" else
+                                        ("ModifyIndex", op["Index"], "modify index", "%d"))
+            if out[field] != want:
+                message = 'failed %s check for key "%%s", current %s %s != %s' % (
+                    what, label, form, form)
+                raise TxnAbort(message % (key, out[field], want))
+        elif verb == "check-not-exists":
+            if key in self.kvs:
+                raise TxnAbort('key "%s" exists' % key)
+        else:
+            raise TxnAbort('unknown KV verb "%s"' % verb)
+        return [{"KV": self.entry_json(out, with_value=False)}] if out is not None else []
+
+
+TXN_WRITE_VERBS = {"set", "delete", "delete-cas", "delete-tree", "cas", "lock", "unlock"}
+
+
+def log(message):
+    sys.stderr.write("%s consul-test-server: %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), message))
+    sys.stderr.flush()
+
+
+def ci_get(obj, name, default=None):
+    """A JSON object member matched case-insensitively, as Go's encoding/json does."""
+    if name in obj:
+        return obj[name]
+    lower = name.lower()
+    for k, v in obj.items():
+        if k.lower() == lower:
+            return v
+    return default
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "consul-test-stand-in"
+    sys_version = ""
+
+    def setup(self):
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, fmt, *args):
+        if self.server.args.verbose:
+            log("%s %s" % (self.address_string(), fmt % args))
+
+    # ---- plumbing ----------------------------------------------------------------------------
+
+    def send(self, status, body=b"", content_type="application/json", headers=None):
+        if isinstance(body, str):
+            body = body.encode()
+        reason = http.server.BaseHTTPRequestHandler.responses.get(status, ("",))[0]
+        lines = ["HTTP/1.1 %d %s" % (status, reason),
+                 "Date: " + self.date_time_string(),
+                 "Content-Length: %d" % len(body)]
+        if body or content_type != "application/json":
+            lines.append("Content-Type: " + content_type)
+        for k, v in (headers or {}).items():
+            lines.append("%s: %s" % (k, v))
+        self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        self.log_request(status, len(body))
+
+    def send_json(self, status, obj, headers=None):
+        self.send(status, json.dumps(obj, separators=(",", ":")), headers=headers)
+
+    def read_body(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            return b"".join(chunks)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def meta(self, index):
+        return {"X-Consul-Index": str(index), "X-Consul-KnownLeader": "true",
+                "X-Consul-LastContact": "0"}
+
+    def do_GET(self):
+        self.dispatch("GET")
+
+    def do_PUT(self):
+        self.dispatch("PUT")
+
+    def do_POST(self):
+        self.dispatch("POST")
+
+    def do_DELETE(self):
+        self.dispatch("DELETE")
+
+    def dispatch(self, method):
+        self.state = self.server.state
+        try:
+            body = self.read_body()
+            url = urllib.parse.urlsplit(self.path)
+            self.params = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+            path = urllib.parse.unquote(url.path)
+            self.route(method, path, body)
+        except ConsulError as err:
+            self.send(err.status, err.text, content_type="text/plain; charset=utf-8")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as err:  # a bug here: answer 500 and say it in the log
+            log("internal error on %s %s: %r" % (method, self.path, err))
+            self.send(500, "test server internal error: %r" % err, content_type="text/plain")
+
+    def param(self, name, default=None):
+        values = self.params.get(name)
+        return values[-1] if values else default
+
+    def has(self, name):
+        return name in self.params
+
+    def uint_param(self, name, what):
+        try:
+            value = int(self.param(name), 10)
+            if value < 0 or value >= 1 << 64:
+                raise ValueError
+            return value
+        except (TypeError, ValueError):
+            raise ConsulError(400, what)
+
+    # ---- ACL ---------------------------------------------------------------------------------
+
+    def token_state(self):
+        """None: allowed; "anonymous": no token; "unknown": a token that is not the one."""
+        want = self.server.args.acl_token
+        if not want:
+            return None
+        token = self.headers.get("X-Consul-Token") or ""
+        auth = self.headers.get("Authorization") or ""
+        if not token and auth.lower().startswith("bearer "):
+            token = auth[7:].strip()
+        if not token:
+            token = self.param("token", "") or ""
+        if not token:
+            return "anonymous"
+        return None if token == want else "unknown"
+
+    # ---- routes ------------------------------------------------------------------------------
+
+    def route(self, method, path, body):
+        if path.startswith("/v1/status/"):
+            if path == "/v1/status/leader":
+                return self.send_json(200, "127.0.0.1:8300")
+            if path == "/v1/status/peers":
+                return self.send_json(200, ["127.0.0.1:8300"])
+            raise ConsulError(404, "")
+        acl = self.token_state()
+        self.check_query_options()
+        is_list = path.startswith("/v1/kv/") and method == "GET" and (
+            self.has("recurse") or self.has("keys"))
+        if acl == "unknown":
+            raise ConsulError(403, "ACL not found")
+        if acl == "anonymous":
+            if is_list:
+                self.anonymous_list = True
+            else:
+                raise ConsulError(403, "Permission denied")
+        else:
+            self.anonymous_list = False
+        if path.startswith("/v1/kv/") or path == "/v1/kv":
+            return self.kv(method, path[len("/v1/kv/"):], body)
+        if path.startswith("/v1/session/"):
+            return self.session(method, path[len("/v1/session/"):], body)
+        if path == "/v1/txn":
+            if method != "PUT":
+                raise ConsulError(405, "method %s not allowed" % method)
+            return self.txn(body)
+        if path == "/v1/agent/self":
+            args = self.server.args
+            return self.send_json(200, {
+                "Config": {"NodeName": args.node_name, "Datacenter": args.datacenter,
+                           "Server": True, "Version": "test-stand-in"},
+                "Member": {"Name": args.node_name, "Addr": "127.0.0.1", "Port": 8301},
+                "Meta": {"consul-test-stand-in": "true"}})
+        raise ConsulError(404, "no such endpoint in the Consul test stand-in: %s" % path)
+
+    def check_query_options(self):
+        dc = self.param("dc")
+        if dc and dc != self.server.args.datacenter:
+            raise ConsulError(500, "No path to datacenter")
+        if self.has("stale") and self.has("consistent"):
+            raise ConsulError(400, "Cannot specify ?stale with ?consistent, conflicting semantics.")
+
+    def blocking_options(self):
+        min_index = 0
+        wait = 0.0
+        if self.has("index"):
+            min_index = self.uint_param("index", "Invalid index")
+        if self.has("wait"):
+            try:
+                wait = parse_go_duration(self.param("wait"))
+            except ValueError:
+                raise ConsulError(400, "Invalid wait time")
+        return min_index, wait
+
+    # ---- KV ----------------------------------------------------------------------------------
+
+    def kv(self, method, key, body):
+        if key and not self.server.args.lax_keys:
+            problem = key_error(key)
+            if problem:
+                raise ConsulError(400, problem)
+        if method == "GET":
+            return self.kv_get(key)
+        if method == "PUT":
+            return self.kv_put(key, body)
+        if method == "DELETE":
+            return self.kv_delete(key)
+        raise ConsulError(405, "method %s not allowed" % method)
+
+    def kv_get(self, key):
+        state = self.state
+        min_index, wait = self.blocking_options()
+        if self.has("keys"):
+            sep = self.param("separator", self.param("seperator", "")) or ""
+
+            def run():
+                idx, entries = state.kv_list(key)
+                if self.anonymous_list:
+                    entries = []
+                keys, seen = [], set()
+                for e in entries:
+                    if not sep:
+                        keys.append(e["Key"])
+                        continue
+                    after = e["Key"][len(key):]
+                    cut = after.find(sep)
+                    k = e["Key"][:len(key) + cut + len(sep)] if cut >= 0 else e["Key"]
+                    if k not in seen:
+                        seen.add(k)
+                        keys.append(k)
+                return idx, keys
+            index, keys = state.blocking(min_index, wait, run,
+                                         lambda kind, n: kind == "kv" and n.startswith(key))
+            headers = self.meta(index)
+            if self.anonymous_list:
+                headers["X-Consul-Results-Filtered-By-ACLs"] = "true"
+            if not keys and key:
+                return self.send(404, headers=headers)
+            return self.send_json(200, keys, headers)
+        if self.has("recurse"):
+            def run():
+                idx, entries = state.kv_list(key)
+                return idx, ([] if self.anonymous_list else
+                             [state.entry_json(e) for e in entries])
+            index, entries = state.blocking(min_index, wait, run,
+                                            lambda kind, n: kind == "kv" and n.startswith(key))
+            headers = self.meta(index)
+            if self.anonymous_list:
+                headers["X-Consul-Results-Filtered-By-ACLs"] = "true"
+            if not entries:
+                return self.send(404, headers=headers)
+            return self.send_json(200, entries, headers)
+        if not key:
+            raise ConsulError(400, "Missing key name")
+
+        def run():
+            idx, e = state.kv_get(key)
+            return idx, e
+        index, e = state.blocking(min_index, wait, run,
+                                  lambda kind, n: kind == "kv" and n == key)
+        if e is None:
+            return self.send(404, headers=self.meta(index))
+        if self.has("raw"):
+            headers = self.meta(index)
+            headers["X-Content-Type-Options"] = "nosniff"
+            headers["Content-Security-Policy"] = "sandbox"
+            return self.send(200, e["Value"] or b"", content_type="text/plain", headers=headers)
+        return self.send_json(200, [state.entry_json(e)], self.meta(index))
+
+    def conflicting(self, *names):
+        if sum(1 for n in names if self.has(n)) > 1:
+            raise ConsulError(400, "Conflicting flags: %s\n" % urllib.parse.urlencode(
+                sorted((k, v) for k, vs in self.params.items() for v in vs)))
+
+    def kv_put(self, key, body):
+        if not key:
+            raise ConsulError(400, "Missing key name")
+        self.conflicting("cas", "acquire", "release")
+        entry = {"Key": key, "Flags": 0, "Value": body or None, "Session": "", "LockIndex": 0}
+        op, cas = "set", None
+        if self.has("flags"):
+            entry["Flags"] = self.uint_param("flags", 'strconv.ParseUint: parsing "%s": invalid '
+                                             'syntax' % self.param("flags"))
+        if self.has("cas"):
+            cas = self.uint_param("cas", 'strconv.ParseUint: parsing "%s": invalid syntax'
+                                  % self.param("cas"))
+            op = "cas"
+        if self.has("acquire"):
+            entry["Session"] = self.param("acquire")
+            op = "lock"
+        if self.has("release"):
+            entry["Session"] = self.param("release")
+            op = "unlock"
+        if len(body) > KV_MAX_VALUE_SIZE:
+            raise ConsulError(413, "Request body(%d bytes) too large, max size: %d bytes."
+                              % (len(body), KV_MAX_VALUE_SIZE))
+        ok = self.state.kv_write(op, entry, cas)
+        self.send_json(200, True if op == "set" else ok)
+
+    def kv_delete(self, key):
+        self.conflicting("recurse", "cas")
+        entry = {"Key": key}
+        op, cas = "delete", None
+        if self.has("recurse"):
+            op = "delete-tree"
+        elif not key:
+            raise ConsulError(400, "Missing key name")
+        if self.has("cas"):
+            cas = self.uint_param("cas", 'strconv.ParseUint: parsing "%s": invalid syntax'
+                                  % self.param("cas"))
+            op = "delete-cas"
+        ok = self.state.kv_write(op, entry, cas)
+        self.send_json(200, ok if op == "delete-cas" else True)
+
+    # ---- sessions ----------------------------------------------------------------------------
+
+    def session(self, method, rest, body):
+        state = self.state
+        action, _, arg = rest.partition("/")
+        if action == "create":
+            if method != "PUT":
+                raise ConsulError(405, "method %s not allowed" % method)
+            return self.session_create(body)
+        if action in ("destroy", "renew"):
+            if method != "PUT":
+                raise ConsulError(405, "method %s not allowed" % method)
+            if not arg:
+                raise ConsulError(400, "Missing session")
+            if action == "destroy":
+                state.session_destroy(arg)
+                return self.send_json(200, True)
+            s = state.session_renew(arg)
+            if s is None:
+                raise ConsulError(404, "Session id '%s' not found" % arg)
+            return self.send_json(200, [state.public_session(s)])
+        if action in ("info", "list", "node"):
+            if method != "GET":
+                raise ConsulError(405, "method %s not allowed" % method)
+            if action != "list" and not arg:
+                raise ConsulError(400, "Missing session" if action == "info" else
+                                  "Missing node name")
+            min_index, wait = self.blocking_options()
+
+            def run():
+                if action == "info":
+                    s = state.sessions.get(arg)
+                    found = [s] if s else []
+                elif action == "node":
+                    found = [s for s in state.sessions.values() if s["Node"] == arg]
+                else:
+                    found = list(state.sessions.values())
+                found.sort(key=lambda s: s["ID"])
+                return state.sessions_index, [state.public_session(s) for s in found]
+            if action == "info":
+                def watches(kind, name):
+                    return kind == "session" and name == arg
+            else:
+                def watches(kind, name):
+                    return kind == "session"
+            index, found = state.blocking(min_index, wait, run, watches)
+            return self.send_json(200, found, self.meta(index))
+        raise ConsulError(404, "no such endpoint in the Consul test stand-in: /v1/session/" + rest)
+
+    def session_create(self, body):
+        args = self.server.args
+        req = {}
+        if body:
+            try:
+                req = json.loads(body)
+            except ValueError as err:
+                raise ConsulError(400, "Request decode failed: %s" % err)
+            if not isinstance(req, dict):
+                raise ConsulError(400, "Request decode failed: not a JSON object")
+        lock_delay = DEFAULT_LOCK_DELAY * 1e9
+        raw = ci_get(req, "LockDelay")
+        if isinstance(raw, str):
+            try:
+                lock_delay = parse_go_duration(raw) * 1e9
+            except ValueError as err:
+                raise ConsulError(400, "Request decode failed: %s" % err)
+        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            lock_delay = float(raw)
+        if lock_delay < LOCK_DELAY_MIN_THRESHOLD:
+            lock_delay *= 1e9
+        behavior = ci_get(req, "Behavior") or "release"
+        if behavior not in ("release", "delete"):
+            raise ConsulError(500, "Invalid Behavior setting '%s'" % behavior)
+        ttl = ci_get(req, "TTL") or ""
+        ttl_seconds = 0.0
+        if ttl:
+            try:
+                ttl_seconds = parse_go_duration(ttl)
+            except ValueError as err:
+                raise ConsulError(500, "Session TTL '%s' invalid: %s" % (ttl, err))
+            if ttl_seconds != 0 and not SESSION_TTL_MIN <= ttl_seconds <= SESSION_TTL_MAX:
+                raise ConsulError(500, "Invalid Session TTL '%d', must be between [%s=%s]" % (
+                    round(ttl_seconds * 1e9), go_duration_string(SESSION_TTL_MIN),
+                    go_duration_string(SESSION_TTL_MAX)))
+        checks = ["serfHealth"]
+        node_checks = ci_get(req, "NodeChecks")
+        if ci_get(req, "Checks") is not None:
+            checks = ci_get(req, "Checks")
+        elif node_checks is not None:
+            checks = node_checks
+        elif any(k.lower() == "checks" for k in req):
+            checks = []
+        s = {
+            "Name": ci_get(req, "Name") or "",
+            "Node": ci_get(req, "Node") or args.node_name,
+            "LockDelay": int(round(lock_delay)),
+            "Behavior": behavior,
+            "TTL": ttl,
+            "NodeChecks": checks,
+            "ServiceChecks": ci_get(req, "ServiceChecks"),
+            "_ttl_seconds": ttl_seconds,
+        }
+        sid = self.state.session_create(s)
+        self.send_json(200, {"ID": sid})
+
+    # ---- transactions ------------------------------------------------------------------------
+
+    def txn(self, body):
+        try:
+            raw_ops = json.loads(body or b"null")
+            if not isinstance(raw_ops, list):
+                raise ValueError("a transaction is a JSON array of operations")
+        except ValueError as err:
+            raise ConsulError(400, "Failed to parse body: %s" % err)
+        if len(raw_ops) > MAX_TXN_OPS:
+            raise ConsulError(413, "Transaction contains too many operations (%d > %d)"
+                              % (len(raw_ops), MAX_TXN_OPS))
+        ops, writes = [], 0
+        for raw in raw_ops:
+            kv = ci_get(raw, "KV") if isinstance(raw, dict) else None
+            if not isinstance(kv, dict):
+                raise ConsulError(400, "the Consul test stand-in implements KV operations only")
+            value = ci_get(kv, "Value")
+            try:
+                value = base64.b64decode(value, validate=True) if value is not None else None
+            except (ValueError, TypeError) as err:
+                raise ConsulError(400, "Failed to parse body: failed to decode value: %s" % err)
+            op = {"Verb": ci_get(kv, "Verb") or "", "Key": ci_get(kv, "Key") or "",
+                  "Value": value or None, "Flags": int(ci_get(kv, "Flags") or 0),
+                  "Index": int(ci_get(kv, "Index") or 0), "Session": ci_get(kv, "Session") or ""}
+            if op["Key"] and not self.server.args.lax_keys and key_error(op["Key"]):
+                raise ConsulError(400, key_error(op["Key"]))
+            if op["Verb"] in TXN_WRITE_VERBS:
+                writes += 1
+            ops.append(op)
+        results, errors = self.state.txn(ops, writes)
+        headers = {"X-Consul-KnownLeader": "true", "X-Consul-LastContact": "0"} if not writes \
+            else None
+        if errors:
+            return self.send_json(409, {"Results": None, "Errors": errors}, headers)
+        return self.send_json(200, {"Results": results, "Errors": None}, headers)
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description="A Consul HTTP API TEST STAND-IN (not Consul) for turnstile's tests.")
+    parser.add_argument("--bind", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8500, help="0: any free port")
+    parser.add_argument("--port-file", help="write the port listened on here once ready")
+    parser.add_argument("--data-dir", help="keep the Raft state here across restarts")
+    parser.add_argument("--acl-token", default=os.environ.get("CONSUL_TEST_ACL_TOKEN", ""),
+                        help="the management token; every request needs it")
+    parser.add_argument("--node-name", default="consul-test-node")
+    parser.add_argument("--datacenter", default="dc1")
+    parser.add_argument("--initial-index", type=int, default=10)
+    parser.add_argument("--lax-keys", action="store_true",
+                        help="accept any key, as Consul before its key validation did")
+    parser.add_argument("--verbose", action="store_true", help="log every request")
+    args = parser.parse_args()
+
+    state = State(args)
+    server = Server((args.bind, args.port), Handler)
+    server.state = state
+    server.args = args
+    threading.Thread(target=state.reaper, daemon=True, name="session-ttl").start()
+
+    def stop(signum, frame):
+        threading.Thread(target=server.shutdown, daemon=True).start()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    port = server.server_address[1]
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("%d\n" % port)
+        os.replace(tmp, args.port_file)
+    log("Consul HTTP API test stand-in (not Consul) listening on %s:%d, index %d%s"
+        % (args.bind, port, state.raft_index, ", ACLs enforced" if args.acl_token else ""))
+    server.serve_forever(poll_interval=0.2)
+    log("stopped")
+
+
+if __name__ == "__main__":
+    main()
