@@ -73,7 +73,7 @@ std::shared_ptr<ServerLease> Session::lease() const {
   return lease_;
 }
 
-milliseconds Session::short_wait() const { return std::clamp(timeout() / 3, milliseconds(500), milliseconds(2000)); }
+milliseconds Session::short_wait() const { return std::clamp(timeout() / 3, kShortWaitMin, kShortWaitMax); }
 
 // One call's completion state, owned jointly by the caller and the call's entry in the registry
 // of calls in flight (below), which its completion claims. The C client runs the completion of
@@ -211,7 +211,7 @@ int Session::run(Deadline bound, const std::shared_ptr<CallState>& call, Start s
       silent_ = true;
       return ZOPERATIONTIMEOUT;  // the completion still comes, to a state that is still alive
     }
-    auto until = SteadyClock::now() + milliseconds(250);  // to see the session gone
+    auto until = SteadyClock::now() + kExpiryPoll;  // to see the session gone
     if (bound) until = std::min(until, *bound);
     call->cv.wait_until(lock, until);
   }
@@ -322,7 +322,7 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
   {
     std::unique_lock lock(mutex_);
     adopt_locked(first);
-    const auto wait = std::max(milliseconds(5000), std::min(settings_.session_timeout, milliseconds(15000)));
+    const auto wait = std::max(kMinCallWait, std::min(settings_.session_timeout, kMaxConnectWait));
     cv_.wait_for(lock, wait, [&] { return first->connected() || first->expired(); });
     if (!first->connected()) {
       session_.reset();
@@ -361,7 +361,7 @@ std::shared_ptr<Session> Connection::open_session() {
   // twice per request, half its CPU per lock+unlock): at most once a minute instead. (-1,
   // "never during normal operation", raced with the first resolution and could leave a new
   // handle with no address to connect to.)
-  zoo_set_servers_resolution_delay(handle, 60'000);
+  zoo_set_servers_resolution_delay(handle, static_cast<int>(kResolutionDelay.count()));
   auto session = std::make_shared<Session>(*this, handle, std::move(lease));
   if (!settings_.user.empty()) {
     const auto credentials = settings_.user + ":" + settings_.password;
@@ -496,8 +496,8 @@ void Connection::take_held_work_locked(const Session& session, bool connected, s
 std::shared_ptr<Session> Connection::session(Deadline deadline) {
   std::unique_lock lock(mutex_);
   // Waiting for a reconnect is bounded even without a deadline: the caller reports trouble.
-  auto until = SteadyClock::now() + std::max(settings_.session_timeout, milliseconds(5000));
-  if (deadline) until = std::min(until, std::max(*deadline, SteadyClock::now() + milliseconds(1000)));
+  auto until = SteadyClock::now() + std::max(settings_.session_timeout, kMinCallWait);
+  if (deadline) until = std::min(until, std::max(*deadline, SteadyClock::now() + kMinSessionWait));
   cv_.wait_until(lock, until, [&] { return session_ && session_->connected() && !session_->expired(); });
   if (!session_ || session_->expired()) throw BackendUnavailable("the ZooKeeper session at " + settings_.description + " is being replaced");
   // Still connecting: hand it out, its calls wait for the connection or fail with trouble.
@@ -536,6 +536,14 @@ bool Connection::sleep(Waiter& waiter, Deadline deadline, const std::stop_token&
   waiter.woken = false;
   return !stop.stop_requested();
 }
+
+PathWatch::PathWatch(Connection& connection, std::string path) : connection_(connection), path_(std::move(path)) {
+  connection_.watch(path_, &waiter_);
+}
+
+PathWatch::~PathWatch() { connection_.unwatch(path_, &waiter_); }
+
+bool PathWatch::sleep(Deadline deadline, const std::stop_token& stop) { return connection_.sleep(waiter_, deadline, stop); }
 
 bool Connection::wait_connected(const Session& session, Deadline deadline) {
   std::unique_lock lock(mutex_);
@@ -616,7 +624,7 @@ void Connection::janitor_loop(std::stop_token stop) {
     for (std::size_t i = work.size(); i-- > 0;) {
       if (finished[i]) orphans_.erase(orphans_.begin() + static_cast<std::ptrdiff_t>(i));
     }
-    if (!orphans_.empty()) cv_.wait_for(lock, stop, milliseconds(200), [] { return false; });
+    if (!orphans_.empty()) cv_.wait_for(lock, stop, kJanitorRetry, [] { return false; });
   }
 }
 
@@ -649,7 +657,8 @@ void Session::held_node_answered(const std::string& path, int rc) { connection_.
 
 bool Session::start_ping() {
   // A few at most: the C client fails them all when it declares the connection lost.
-  if (pings_in_flight_.load() >= 8) return false;
+  constexpr int kMaxPingsInFlight = 8;
+  if (pings_in_flight_.load() >= kMaxPingsInFlight) return false;
   auto ping = std::make_shared<CallState>();
   ping->session = this;
   ping->sent_at = SteadyClock::now();
@@ -690,7 +699,7 @@ void Connection::keeper_loop(std::stop_token stop) {
   bool was_connected = true;
   while (!stop.stop_requested()) {
     auto session = session_;
-    const auto period = std::clamp(session->timeout() / 3, milliseconds(50), milliseconds(1000));
+    const auto period = std::clamp(session->timeout() / 3, kPingPeriodMin, kPingPeriodMax);
     const auto wake = session->connected() ? last_ping + period : SteadyClock::now() + period;
     cv_.wait_until(lock, stop, wake, [&] { return session_event_; });
     session_event_ = false;

@@ -54,6 +54,31 @@ struct Settings {
 
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
 
+// The backend's fixed waits, all in one place.
+// A housekeeping call (release, downgrade, removals, the janitor's, a try-once acquire's) waits
+// a third of the granted timeout for its reply, within these: long enough for a busy server,
+// short enough that an unlock never hangs on a silent link.
+inline constexpr milliseconds kShortWaitMin{500};
+inline constexpr milliseconds kShortWaitMax{2000};
+// Calls without a deadline of their own (counters, inspect, the first connection, waiting for a
+// new session) wait a session timeout, and at least this: a reconnect takes the C client seconds.
+inline constexpr milliseconds kMinCallWait{5000};
+// The first connection waits at most this (unless the session timeout is shorter).
+inline constexpr milliseconds kMaxConnectWait{15000};
+// A caller whose deadline has passed still waits this long for a new session, for its one try.
+inline constexpr milliseconds kMinSessionWait{1000};
+// Between attempts after connection trouble: no busy loop while the link is down.
+inline constexpr milliseconds kRetryPause{50};
+// A call waiting for its reply looks this often whether its session expired meanwhile.
+inline constexpr milliseconds kExpiryPoll{250};
+// The keeper pings every third of the granted timeout, within these.
+inline constexpr milliseconds kPingPeriodMin{50};
+inline constexpr milliseconds kPingPeriodMax{1000};
+// The janitor tries again this often to remove orphans it could not remove.
+inline constexpr milliseconds kJanitorRetry{200};
+// The C client resolves the host list at most this often (see Connection::open_session).
+inline constexpr milliseconds kResolutionDelay{60'000};
+
 // The most node data we read: turnstile's entries carry a short line; larger data (a hostile
 // server or peer) reads as empty, i.e. a foreign node.
 inline constexpr std::size_t kMaxNodeData = 64 * 1024;
@@ -167,6 +192,23 @@ int own_children(Session& session, const std::string& parent, const std::string&
 // A thread sleeping until a watched path changes or the session's state does.
 struct Waiter {
   bool woken = false;
+};
+
+// A Waiter registered for events on one path while it lives: registered before the call that
+// sets the ZooKeeper watch, so no event between the two is missed.
+class PathWatch {
+ public:
+  PathWatch(Connection& connection, std::string path);
+  ~PathWatch();
+  PathWatch(const PathWatch&) = delete;
+  PathWatch& operator=(const PathWatch&) = delete;
+  // Until an event on the path or the session, the deadline or a stop; false on the last two.
+  bool sleep(Deadline deadline, const std::stop_token& stop);
+
+ private:
+  Connection& connection_;
+  std::string path_;
+  Waiter waiter_;
 };
 
 // Nodes of ours whose removal (or whose creation) could not be confirmed: the janitor thread

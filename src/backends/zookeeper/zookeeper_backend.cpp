@@ -24,7 +24,6 @@
 #include <cctype>
 #include <charconv>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <random>
 #include <thread>
@@ -65,7 +64,7 @@ std::string host_name() {
 }
 
 // One child of a queue's parent, parsed from its name.
-struct Entry {
+struct EntryNode {
   std::string node;  // the child's name
   std::uint64_t seq = 0;
   EntryKind kind = EntryKind::exclusive;
@@ -86,9 +85,9 @@ bool is_uuid(std::string_view text) {
 // else (the semaphore's `locks`, a nested name's node, a peer's stray node) is not an entry;
 // and encode_name never makes a name's node look like one (see there), so one name cannot
 // forge another's entries.
-std::optional<Entry> parse_entry(const std::string& node) {
+std::optional<EntryNode> parse_entry(const std::string& node) {
   std::string_view rest(node);
-  Entry entry;
+  EntryNode entry;
   if (rest.starts_with("_c_")) {
     if (rest.size() < 3 + kUuidLength + 1 || !is_uuid(rest.substr(3, kUuidLength)) || rest[3 + kUuidLength] != '-') {
       return std::nullopt;
@@ -117,17 +116,17 @@ std::optional<Entry> parse_entry(const std::string& node) {
   return entry;
 }
 
-std::vector<Entry> sorted_entries(const std::vector<std::string>& children) {
-  std::vector<Entry> entries;
+std::vector<EntryNode> sorted_entries(const std::vector<std::string>& children) {
+  std::vector<EntryNode> entries;
   entries.reserve(children.size());
   for (const auto& child : children) {
     if (auto entry = parse_entry(child)) entries.push_back(std::move(*entry));
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.seq < b.seq; });
+  std::sort(entries.begin(), entries.end(), [](const EntryNode& a, const EntryNode& b) { return a.seq < b.seq; });
   return entries;
 }
 
-std::size_t index_of(const std::vector<Entry>& entries, const std::string& node) {
+std::size_t index_of(const std::vector<EntryNode>& entries, const std::string& node) {
   for (std::size_t i = 0; i < entries.size(); ++i) {
     if (entries[i].node == node) return i;
   }
@@ -294,17 +293,56 @@ std::string encode_name(const std::string& name) {
   return path;
 }
 
-std::string describe(int rc) { return zerror(rc); }
 
 bool past(Deadline deadline) { return deadline && SteadyClock::now() >= *deadline; }
 
-[[noreturn]] void fail(const std::string& what, int rc) {
-  if (rc == ZNOAUTH || rc == ZAUTHFAILED) throw AccessDenied("ZooKeeper refused " + what + ": " + describe(rc));
-  throw BackendUnavailable("ZooKeeper " + what + " failed: " + describe(rc));
+// ---- The one place where ZooKeeper's answers become exceptions ----
+
+// Thrown inside the backend when its session went away. It never leaves the backend: a queue
+// step makes it QueueEntryGone (our ephemeral entry went with the session: the core joins again,
+// on a new one), any other call BackendUnavailable.
+struct SessionGone {};
+
+void check_session(const Session& session, int rc) {
+  if (session_gone(rc) || session.expired()) throw SessionGone{};
 }
 
+// `what` answered with `rc` (not ZOK, the session alive). `consequence` says what became of the
+// call's effects, where that is not obvious.
+[[noreturn]] void throw_error(const std::string& what, int rc, const std::string& consequence = "") {
+  if (rc == ZNOAUTH || rc == ZAUTHFAILED) throw AccessDenied("ZooKeeper refused " + what + ": " + zerror(rc));
+  throw BackendUnavailable("ZooKeeper " + what + " failed: " + zerror(rc) + consequence);
+}
+
+// A change whose reply was lost and whose effect could not be read back in time.
+[[noreturn]] void unconfirmed(const std::string& what, const std::string& consequence) {
+  throw BackendUnavailable("ZooKeeper did not confirm " + what + " in time: " + consequence);
+}
+
+// Runs one step of a queue or counter line.
+template <class Step>
+auto queue_step(Step&& step) {
+  try {
+    return step();
+  } catch (const SessionGone&) {
+    throw QueueEntryGone{};
+  }
+}
+
+// Runs a call that is no queue step (inspect, the counter's changes).
+template <class Call>
+auto outside_queue(const std::string& what, Call&& call) {
+  try {
+    return call();
+  } catch (const SessionGone&) {
+    throw BackendUnavailable("the ZooKeeper session expired during " + what + "; a new one is being opened");
+  }
+}
+
+// ----
+
 // What inspect shows of one node: its token, its creator (from its data) and its creation time.
-EntryInfo entry_info(const Entry& entry, const NodeInfo& node, const Stat& stat, std::string kind) {
+EntryInfo entry_info(const EntryNode& entry, const NodeInfo& node, const Stat& stat, std::string kind) {
   EntryInfo info;
   info.fencing_token = entry.seq + 1;
   info.kind = std::move(kind);
@@ -315,13 +353,8 @@ EntryInfo entry_info(const Entry& entry, const NodeInfo& node, const Stat& stat,
   return info;
 }
 
-// Thrown inside the backend when its session went away: an acquire starts over on a new one;
-// at the backend's boundary everything else translates it (session_expired()), never lets it out.
-struct SessionGone {};
-
-[[noreturn]] void session_expired(const std::string& what) {
-  throw BackendUnavailable("the ZooKeeper session expired during " + what + "; a new one is being opened");
-}
+// A writer's node whose data does not say it was downgraded blocks the readers behind it.
+bool still_writing(const std::string& data) { return !parse_node_data(data).downgraded; }
 
 class ZookeeperBackend;
 
@@ -346,22 +379,23 @@ class ZookeeperHold final : public BackendHold {
   bool unconfirmed_release_ = false;  // a release attempt's outcome was unknown
 };
 
+// Storage for the core's queue loop: join makes our entry node and hands out its place (below);
+// the storage calls here retry over connection losses and throw SessionGone.
 class ZookeeperBackend final : public Backend {
  public:
   explicit ZookeeperBackend(Settings settings) : connection_(std::move(settings)) {}
 
-  std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
-                                       std::shared_ptr<LossSignal> loss) override;
+  std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
+                                   Standing& first) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) override;
   Inspection inspect(const std::string& name) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
   std::int64_t counter_drain(const std::string& name) override;
-  bool counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) override;
 
   Connection& connection() { return connection_; }
-
- private:
+  std::shared_ptr<Session> session_for(Deadline deadline) { return connection_.session(deadline); }
   // Under a chroot, the chroot's segments are the first ones of every name: the chroot "/app"
   // and the name "x" make the node of the name "app/x" (so "lock-0000000000" under "/app" is
   // app/%6Cock-0000000000, never an entry of the name "app").
@@ -369,75 +403,66 @@ class ZookeeperBackend final : public Backend {
     const auto& root = connection_.settings().root;
     return "/" + encode_name(root.empty() ? name : root.substr(root.front() == '/' ? 1 : 0) + "/" + name);
   }
+  // The bound of a step's calls: the caller's deadline, or once it has passed (a try-once
+  // acquire, the last look after a wait) a short wait, so the step still gets its answer.
+  static Deadline call_bound(const Session& session, Deadline deadline) {
+    return past(deadline) ? Deadline(SteadyClock::now() + session.short_wait()) : deadline;
+  }
+
   // Creates every missing node of `path` (and `path` itself) as a container.
   void ensure_path(Session& session, const std::string& path, Deadline deadline);
   // Creates an ephemeral sequential child PARENT/PREFIX<seq> and returns its name (not path).
   // After a connection loss it looks for its own node by the protection prefix.
   std::string create_entry(Session& session, const std::string& parent, const std::string& prefix,
                            const std::string& uuid, const std::string& data, Deadline deadline);
-  // Reads, retried over connection losses; throws SessionGone or BackendUnavailable.
-  std::vector<std::string> list(Session& session, const std::string& path, bool watch, Deadline deadline,
-                                bool missing_is_empty = true);
+  // Reads, retried over connection losses.
+  std::vector<std::string> list(Session& session, const std::string& path, bool watch, Deadline deadline);
   std::optional<std::string> read(Session& session, const std::string& path, bool watch, Deadline deadline,
                                   Stat* stat = nullptr);
-  // After a create whose reply was lost: our node, if the server made it, found by the
-  // protection id; nullopt when it was not made. When that stays unknown past the deadline,
-  // hands the look-up to the janitor (which removes the node) and throws BackendUnavailable.
-  std::optional<std::string> find_own(Session& session, const std::string& parent, const std::string& uuid,
-                                      Deadline deadline);
-  // Deletes our node; when the connection is down, the janitor does it once it is back (an
-  // entry we gave up on must never stay in line, CURATOR-678). Never blocks past one call.
-  void remove_quietly(Session& session, const std::string& path) noexcept;
-
-  std::unique_ptr<BackendHold> acquire_lock(Session& session, const QueueRequest& request, Deadline deadline,
-                                            std::shared_ptr<LossSignal>& loss);
-  std::unique_ptr<BackendHold> acquire_lease(Session& session, const QueueRequest& request, Deadline deadline,
-                                             std::shared_ptr<LossSignal>& loss);
+  // Deletes a node of ours; when the connection is down, the janitor does it once it is back
+  // (an entry we gave up on must never stay in line, CURATOR-678). Never blocks past one call.
+  void remove_eventually(Session& session, const std::string& path) noexcept;
   // Whether a node of ours is gone, after a write whose reply was lost: read after a sync, so a
   // lagging ensemble member cannot answer from before the write. nullopt when the server did
   // not answer by the deadline.
   std::optional<bool> gone(Session& session, const std::string& path, Deadline deadline);
+  // Sleeps until `path` changes, the deadline or a stop. At once when the node is already gone
+  // or `still_blocks` says its data (read with the watch, so no change is missed) no longer does.
+  void wait_for_change(Session& session, const std::string& path, Deadline deadline, const std::stop_token& stop,
+                       bool (*still_blocks)(const std::string&) = nullptr);
   // Throws InvalidArgument when a lease request cannot be one ZooKeeper transaction.
   void check_lease_request(const QueueRequest& request, const std::string& lease_prefix, const std::string& lease_data);
-  // Throws KindMismatch when the semaphore children of a lock path have entries.
-  void refuse_semaphore_users(Session& session, const std::string& path, const std::vector<std::string>& children,
-                              const QueueRequest& request, Deadline deadline);
-  // Waits on `path` (registered before the watch is set) until it changes; false on the
-  // deadline or a stop. Returns true at once when the node is already gone, or when
-  // `still_blocks` says its data (read with the watch) no longer blocks us.
-  bool wait_for_change(Session& session, const std::string& path, Deadline deadline, const std::stop_token& stop = {},
-                       const std::function<bool(const std::string&)>& still_blocks = {});
-  void inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
-                    Inspection& result, Deadline deadline);
-  void inspect_semaphore(Session& session, const std::string& path, Inspection& result, Deadline deadline);
   // One change of a PermitCounter's count (`ops`, to which it adds its marker) whose outcome is
   // always known: ZOK when applied, kNotApplied (look again) or the server's refusal when not.
   // Throws BackendUnavailable when that is not known by the deadline.
   int change_count(Session& session, const std::string& count_path, std::vector<Session::Op> ops, const std::string& what,
                    Deadline deadline);
 
-  std::shared_ptr<Session> session_for(Deadline deadline) { return connection_.session(deadline); }
-  // Before a retry after connection trouble: a short pause, then no call until the connection
-  // is back (a call made while it is down waits inside the C client, past any deadline). False
-  // when the deadline passed first.
-  bool retry_pause(Session& session, Deadline deadline) {
-    std::this_thread::sleep_for(milliseconds(50));
+ private:
+  // After a failed call: true when another attempt is worth it (connection trouble, and the
+  // connection back before the deadline). Throws SessionGone when the session is gone.
+  bool retry_after(Session& session, int rc, Deadline deadline) {
+    check_session(session, rc);
+    if (!connection_trouble(rc)) return false;
+    // A short pause, then no call until the connection is back (a call made while it is down
+    // waits inside the C client, past any deadline).
+    std::this_thread::sleep_for(kRetryPause);
     return connection_.wait_connected(session, deadline) && !past(deadline);
   }
-  // For calls that have no deadline of their own (counters, inspect): a session timeout,
-  // at least 5 s.
+  // For calls that have no deadline of their own (counters, inspect): a session timeout, at
+  // least kMinCallWait.
   Deadline call_deadline() const {
-    return SteadyClock::now() + std::max(milliseconds(5000), connection_.settings().session_timeout);
+    return SteadyClock::now() + std::max(kMinCallWait, connection_.settings().session_timeout);
   }
+  std::optional<std::string> find_own(Session& session, const std::string& parent, const std::string& uuid,
+                                      Deadline deadline);
+  void inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
+                    Inspection& result, Deadline deadline);
+  void inspect_semaphore(Session& session, const std::string& path, Inspection& result, Deadline deadline);
 
   Connection connection_;
   std::atomic<bool> containers_supported_{true};
-  friend class ZookeeperHold;
 };
-
-void check_session(Session& session, int rc) {
-  if (session_gone(rc) || session.expired()) throw SessionGone{};
-}
 
 ZookeeperHold::ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session> session, std::vector<std::string> paths,
                              std::uint64_t token, std::shared_ptr<LossSignal> loss)
@@ -446,11 +471,11 @@ ZookeeperHold::ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session>
   lease_->attach(loss_);  // lost at once if the lease is
   // The session may outlive our nodes (deleted by hand or by a peer): watched, so that this
   // hold is told at once rather than never.
-  backend_.connection_.watch_held(*session_, paths_, loss_);
+  backend_.connection().watch_held(*session_, paths_, loss_);
 }
 
 ZookeeperHold::~ZookeeperHold() {
-  backend_.connection_.unwatch_held(paths_);
+  backend_.connection().unwatch_held(paths_);
   if (!released_) lease_->detach(loss_.get());  // the core releases first; this guards misuse
 }
 
@@ -466,7 +491,7 @@ void ZookeeperHold::downgrade() {
   // Connection trouble: the set may or may not have been applied. Either way the entry is
   // consistent (a writer's or a downgraded one, same place, same token) and setting it again
   // is idempotent: the core retries, or releases the hold whole.
-  fail("downgrade of '" + paths_.front() + "'", rc);
+  throw_error("downgrade of '" + paths_.front() + "'", rc);
 }
 
 void ZookeeperHold::release() {
@@ -480,7 +505,7 @@ void ZookeeperHold::release() {
   } else if (session_->connected()) {
     // Our own deletion is no loss. (Not watched again if this attempt fails: the hold is being
     // given up, and the retry tells a node already gone apart.)
-    backend_.connection_.unwatch_held(paths_);
+    backend_.connection().unwatch_held(paths_);
     // Leases go in one transaction, so a release never leaves some of them behind.
     std::vector<Session::Op> ops;
     for (const auto& path : paths_) ops.push_back(Session::Op::remove(path));
@@ -503,7 +528,7 @@ void ZookeeperHold::release() {
   if (connection_trouble(rc)) {
     if (session_->connected()) unconfirmed_release_ = true;
     // The core retries later (BackendUnavailable); the node stays ours meanwhile.
-    throw BackendUnavailable("ZooKeeper release of '" + paths_.front() + "' failed: " + describe(rc));
+    throw_error("release of '" + paths_.front() + "'", rc);
   }
   released_ = true;
   lease_->detach(loss_.get());
@@ -515,7 +540,7 @@ void ZookeeperHold::release() {
     loss_->lose("its ZooKeeper session expired before the release");
     return;
   }
-  fail("release of '" + paths_.front() + "'", rc);
+  throw_error("release of '" + paths_.front() + "'", rc);
 }
 
 void ZookeeperBackend::ensure_path(Session& session, const std::string& path, Deadline deadline) {
@@ -530,9 +555,7 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path, De
         containers_supported_ = false;  // a server before 3.5: persistent parents, as Curator does
         continue;
       }
-      check_session(session, rc);
-      if (connection_trouble(rc) && retry_pause(session, deadline)) continue;
-      fail("create of '" + prefix + "'", rc);
+      if (!retry_after(session, rc, deadline)) throw_error("create of '" + prefix + "'", rc);
     }
     if (slash == std::string::npos) break;
   }
@@ -550,42 +573,41 @@ std::string ZookeeperBackend::create_entry(Session& session, const std::string& 
       continue;
     }
     check_session(session, rc);
-    if (!connection_trouble(rc)) fail("create under '" + parent + "'", rc);
+    if (!connection_trouble(rc)) throw_error("create under '" + parent + "'", rc);
     if (auto mine = find_own(session, parent, uuid, deadline)) return *mine;
     // Not made: create it again (same protection id, so a second loss is resolved alike).
   }
 }
 
+// After a create whose reply was lost: our node, if the server made it, found by the protection
+// id; nullopt when it was not made. When that stays unknown past the deadline, hands the
+// look-up to the janitor (which removes the node) and throws BackendUnavailable.
 std::optional<std::string> ZookeeperBackend::find_own(Session& session, const std::string& parent, const std::string& uuid,
                                                       Deadline deadline) {
   for (;;) {
     std::vector<std::string> mine;
     // Past the deadline (the create itself waited that long): the janitor's job, not the caller's.
-    const int rc = past(deadline)             ? ZOPERATIONTIMEOUT
+    const int rc = past(deadline)        ? ZOPERATIONTIMEOUT
                    : session.connected() ? own_children(session, parent, uuid, deadline, &mine)
                                          : ZCONNECTIONLOSS;
     if (rc == ZOK) return mine.empty() ? std::nullopt : std::optional(mine.front());
-    check_session(session, rc);
-    if (!connection_trouble(rc) || !retry_pause(session, deadline)) {
+    if (!retry_after(session, rc, deadline)) {
       // Still unknown: the janitor finds and removes it once the connection is back, so it
       // never waits in line (or holds) for nobody.
       connection_.remove_later({session.weak_from_this(), "", parent, uuid});
-      throw BackendUnavailable("ZooKeeper did not confirm a create under '" + parent + "' (" + describe(rc) +
-                               "); its node, if it was made, is removed once the connection is back");
+      unconfirmed("a create under '" + parent + "' (" + zerror(rc) + ")",
+                  "its node, if it was made, is removed once the connection is back");
     }
-    std::this_thread::sleep_for(milliseconds(50));
   }
 }
 
-std::vector<std::string> ZookeeperBackend::list(Session& session, const std::string& path, bool watch, Deadline deadline,
-                                                bool missing_is_empty) {
+std::vector<std::string> ZookeeperBackend::list(Session& session, const std::string& path, bool watch, Deadline deadline) {
   for (;;) {
     std::vector<std::string> children;
     const int rc = session.children(path, watch, deadline, &children);
     if (rc == ZOK) return children;
-    if (rc == ZNONODE && missing_is_empty) return {};
-    check_session(session, rc);
-    if (!connection_trouble(rc) || !retry_pause(session, deadline)) fail("listing of '" + path + "'", rc);
+    if (rc == ZNONODE) return {};
+    if (!retry_after(session, rc, deadline)) throw_error("listing of '" + path + "'", rc);
   }
 }
 
@@ -596,12 +618,11 @@ std::optional<std::string> ZookeeperBackend::read(Session& session, const std::s
     const int rc = session.get(path, watch, deadline, &data, stat);
     if (rc == ZOK) return data;
     if (rc == ZNONODE) return std::nullopt;
-    check_session(session, rc);
-    if (!connection_trouble(rc) || !retry_pause(session, deadline)) fail("read of '" + path + "'", rc);
+    if (!retry_after(session, rc, deadline)) throw_error("read of '" + path + "'", rc);
   }
 }
 
-void ZookeeperBackend::remove_quietly(Session& session, const std::string& path) noexcept {
+void ZookeeperBackend::remove_eventually(Session& session, const std::string& path) noexcept {
   // On a link that just left a call unanswered, the delete is sent but not waited for: the
   // janitor confirms it (its own delete finds the node gone, or removes it).
   const auto bound = SteadyClock::now() + (session.silent() ? milliseconds(0) : session.short_wait());
@@ -614,41 +635,6 @@ void ZookeeperBackend::remove_quietly(Session& session, const std::string& path)
   }
 }
 
-bool ZookeeperBackend::wait_for_change(Session& session, const std::string& path, Deadline deadline,
-                                       const std::stop_token& stop,
-                                       const std::function<bool(const std::string&)>& still_blocks) {
-  Waiter waiter;
-  connection_.watch(path, &waiter);
-  struct Unwatch {
-    Connection& connection;
-    const std::string& path;
-    Waiter* waiter;
-    ~Unwatch() { connection.unwatch(path, waiter); }
-  } unwatch{connection_, path, &waiter};
-  // getData, not exists: a node already gone leaves no watch behind. The read that sets the
-  // watch is the one that decides: a change between a first look and the watch is not missed.
-  const auto data = read(session, path, true, deadline);
-  if (!data || (still_blocks && !still_blocks(*data))) return true;
-  const bool in_time = connection_.sleep(waiter, deadline, stop);
-  check_session(session, ZOK);
-  return in_time;
-}
-
-std::unique_ptr<BackendHold> ZookeeperBackend::acquire(const QueueRequest& request, Deadline deadline,
-                                                       std::shared_ptr<LossSignal> loss) {
-  // A session that expires while we wait took our entry with it: join again on the new one.
-  for (;;) {
-    if (request.stop.stop_requested()) return nullptr;
-    auto session = session_for(deadline);
-    try {
-      return request.kind == EntryKind::lease ? acquire_lease(*session, request, deadline, loss)
-                                              : acquire_lock(*session, request, deadline, loss);
-    } catch (const SessionGone&) {
-      if (past(deadline)) return nullptr;
-    }
-  }
-}
-
 std::optional<bool> ZookeeperBackend::gone(Session& session, const std::string& path, Deadline deadline) {
   for (;;) {
     if (past(deadline)) return std::nullopt;  // the janitor's job now
@@ -656,9 +642,19 @@ std::optional<bool> ZookeeperBackend::gone(Session& session, const std::string& 
     if (rc == ZOK) rc = session.exists(path, false, deadline);
     if (rc == ZOK) return false;
     if (rc == ZNONODE) return true;
-    check_session(session, rc);
-    if (!connection_trouble(rc) || !retry_pause(session, deadline)) return std::nullopt;
+    if (!retry_after(session, rc, deadline)) return std::nullopt;
   }
+}
+
+void ZookeeperBackend::wait_for_change(Session& session, const std::string& path, Deadline deadline,
+                                       const std::stop_token& stop, bool (*still_blocks)(const std::string&)) {
+  PathWatch watch(connection_, path);
+  // getData, not exists: a node already gone leaves no watch behind. The read that sets the
+  // watch is the one that decides: a change between the look and the watch is not missed.
+  const auto data = read(session, path, true, call_bound(session, deadline));
+  if (!data || (still_blocks && !still_blocks(*data))) return;
+  watch.sleep(deadline, stop);
+  check_session(session, ZOK);
 }
 
 // One lease node per permit, all made in one multi (Curator's layout): the request must fit
@@ -687,233 +683,561 @@ void ZookeeperBackend::check_lease_request(const QueueRequest& request, const st
   }
 }
 
-// A SharedMutex writer's node is named as Curator's write lock names it (__WRIT__), a Mutex's
-// as InterProcessMutex's (lock-).
-bool is_shared_mutex_writer(const QueueRequest& request) {
-  return request.kind == EntryKind::exclusive && request.primitive == Primitive::shared_mutex;
-}
+// ---- The queues: our entry node, from join until it becomes a hold or leaves ----
 
-void ZookeeperBackend::refuse_semaphore_users(Session& session, const std::string& path,
-                                              const std::vector<std::string>& children, const QueueRequest& request,
-                                              Deadline deadline) {
-  for (const auto& child : children) {
-    if (child != "locks" && child != "leases") continue;
-    Stat stat{};
-    const int rc = session.exists(path + "/" + child, false, deadline, &stat);
-    check_session(session, rc);
-    if (rc == ZOK && stat.numChildren > 0) {
-      Stat parent{};
-      const auto data = read(session, path, false, deadline, &parent);
-      check_queue_mode(request, QueueMode::semaphore, data ? recorded_limit(*data).value_or(0) : 0);
-    }
+class EntryPlace : public QueuePlace {
+ public:
+  // Makes our node (ephemeral sequential, named PARENT/_c_<uuid>-<label><seq>).
+  void enter(Deadline deadline) {
+    node_ = backend_.create_entry(*session_, parent_, "_c_" + uuid_ + "-" + label_, uuid_, data_,
+                                  ZookeeperBackend::call_bound(*session_, deadline));
   }
-}
+  // Waits for the entry the verdict names, by its node: its deletion, or (exclusive_end) also
+  // its downgrade.
+  void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override {
+    queue_step([&] {
+      backend_.wait_for_change(*session_, parent_ + "/" + nodes_.at(verdict.index), deadline, stop,
+                               verdict.wait == WaitFor::exclusive_end ? still_writing : nullptr);
+    });
+  }
+  void leave() noexcept override {
+    if (left_ || node_.empty()) return;
+    left_ = true;
+    backend_.remove_eventually(*session_, parent_ + "/" + node_);
+  }
 
-std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lock(Session& session, const QueueRequest& request, Deadline deadline,
-                                                            std::shared_ptr<LossSignal>& loss) {
-  const bool try_once = deadline && *deadline <= SteadyClock::now();
-  if (try_once) deadline = SteadyClock::now() + session.short_wait();  // for the calls: it never waits in line
-  const auto path = path_of(request.name);
-  const auto uuid = random_uuid();
-  const char* label = request.kind == EntryKind::shared ? kReadLabel
-                      : is_shared_mutex_writer(request) ? kWriteLabel
-                                                        : kMutexLabel;
-  const auto mine = create_entry(session, path, "_c_" + uuid + "-" + label, uuid,
-                                 node_data(request.kind == EntryKind::shared ? "shared" : "exclusive"), deadline);
-  const auto my_path = path + "/" + mine;
-  try {
-    for (;;) {
-      auto children = list(session, path, false, deadline);
+ protected:
+  EntryPlace(ZookeeperBackend& backend, std::shared_ptr<Session> session, const QueueRequest& request,
+             std::string parent, const char* label, std::string data)
+      : backend_(backend), session_(std::move(session)), request_(request), path_(backend.path_of(request.name)),
+        parent_(std::move(parent)), label_(label), data_(std::move(data)) {}
+
+  // Of our parent's `children`, the live entries up to ours, in queue order.
+  std::vector<EntryNode> entries_up_to_ours(const std::vector<std::string>& children) const {
+    auto entries = sorted_entries(children);
+    const auto me = index_of(entries, node_);
+    if (me == entries.size()) throw QueueEntryGone{};  // our ephemeral node is gone
+    entries.resize(me + 1);
+    return entries;
+  }
+  void remember(const std::vector<EntryNode>& entries) {
+    nodes_.clear();
+    for (const auto& entry : entries) nodes_.push_back(entry.node);
+  }
+
+  ZookeeperBackend& backend_;
+  std::shared_ptr<Session> session_;
+  QueueRequest request_;
+  std::string path_;    // the name's node
+  std::string parent_;  // our node's parent: the name's node, or a semaphore's line
+  const char* label_;
+  std::string data_;
+  std::string uuid_ = random_uuid();
+  std::string node_;                // ours
+  std::vector<std::string> nodes_;  // the last look's entries up to ours
+  bool left_ = false;
+};
+
+// Mutex, RecursiveMutex, SharedMutex: Curator's lock nodes, children of the name's node.
+class LockPlace final : public EntryPlace {
+ public:
+  LockPlace(ZookeeperBackend& backend, std::shared_ptr<Session> session, const QueueRequest& request)
+      : EntryPlace(backend, session, request, backend.path_of(request.name), label_of(request),
+                   node_data(request.kind == EntryKind::shared ? "shared" : "exclusive")) {}
+
+  Standing look(Deadline deadline) override {
+    return queue_step([&] {
+      const auto bound = ZookeeperBackend::call_bound(*session_, deadline);
+      const auto children = backend_.list(*session_, path_, false, bound);
+      auto entries = entries_up_to_ours(children);
+      if (request_.kind == EntryKind::shared) present_downgrades(entries, bound);
+      Standing standing;
+      standing.mode = entries.size() > 1 ? QueueMode::lock : QueueMode::none;
       // A semaphore on the same name is a kind mismatch (we joined first, then looked: of two
       // racing contenders at least one sees the other).
-      refuse_semaphore_users(session, path, children, request, deadline);
-      auto entries = sorted_entries(children);
-      const auto me = index_of(entries, mine);
-      if (me == entries.size()) throw SessionGone{};  // our ephemeral node is gone
-      // Whom we wait for: an exclusive entry waits for the one just ahead; a shared one for
-      // the nearest exclusive entry ahead that was not downgraded.
-      std::optional<std::string> blocker;
-      std::function<bool(const std::string&)> still_blocks;
-      bool stale = false;  // an entry we looked at left meanwhile: list again
-      if (request.kind == EntryKind::exclusive) {
-        if (me > 0) blocker = path + "/" + entries[me - 1].node;
+      if (semaphore_in_use(children, bound)) standing.mode = QueueMode::semaphore;
+      for (const auto& entry : entries) standing.entries.push_back({entry.kind, 1});
+      seq_ = entries.back().seq;
+      remember(entries);
+      return standing;
+    });
+  }
+  std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
+    return std::make_unique<ZookeeperHold>(backend_, session_, std::vector<std::string>{path_ + "/" + node_}, seq_ + 1,
+                                           std::move(loss));
+  }
+
+ private:
+  // A SharedMutex's nodes are named as Curator's InterProcessReadWriteLock names them, a
+  // Mutex's as InterProcessMutex's.
+  static const char* label_of(const QueueRequest& request) {
+    if (request.kind == EntryKind::shared) return kReadLabel;
+    return request.primitive == Primitive::shared_mutex ? kWriteLabel : kMutexLabel;
+  }
+  // A reader waits for the nearest writer ahead that has not downgraded (its node's data says
+  // so): the writers ahead are read, nearest first, until one still writes. Downgraded ones are
+  // presented as shared, ones gone meanwhile not at all; those further ahead as their names say
+  // (the predicate looks no further than the first writer).
+  void present_downgrades(std::vector<EntryNode>& entries, Deadline bound) {
+    for (std::size_t i = entries.size() - 1; i-- > 0;) {
+      if (entries[i].kind != EntryKind::exclusive) continue;
+      const auto data = backend_.read(*session_, path_ + "/" + entries[i].node, false, bound);
+      if (!data) {
+        entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (still_writing(*data)) {
+        return;
       } else {
-        for (std::size_t i = me; i-- > 0;) {
-          if (entries[i].kind != EntryKind::exclusive) continue;
-          const auto ahead = path + "/" + entries[i].node;
-          const auto data = read(session, ahead, false, deadline);
-          if (!data) {
-            stale = true;
-            break;
-          }
-          if (parse_node_data(*data).downgraded) continue;
-          blocker = ahead;
-          // Decided again from the data read with the watch: a downgrade between this look
-          // and the watch must not leave us waiting for a change that already happened.
-          still_blocks = [](const std::string& now) { return !parse_node_data(now).downgraded; };
-          break;
-        }
-      }
-      if (stale) continue;
-      if (!blocker) {
-        return std::make_unique<ZookeeperHold>(*this, session.shared_from_this(), std::vector<std::string>{my_path},
-                                               entries[me].seq + 1, std::move(loss));
-      }
-      // A long queue's listing is not kept while we sleep: memory per waiter stays constant.
-      decltype(children)().swap(children);
-      decltype(entries)().swap(entries);
-      if (try_once || !wait_for_change(session, *blocker, deadline, request.stop, still_blocks)) {
-        remove_quietly(session, my_path);
-        return nullptr;
+        entries[i].kind = EntryKind::shared;
       }
     }
-  } catch (const SessionGone&) {
-    throw;
-  } catch (...) {
-    remove_quietly(session, my_path);
-    throw;
   }
+  bool semaphore_in_use(const std::vector<std::string>& children, Deadline bound) {
+    for (const auto& child : children) {
+      if (child != "locks" && child != "leases") continue;
+      Stat stat{};
+      const int rc = session_->exists(path_ + "/" + child, false, bound, &stat);
+      check_session(*session_, rc);
+      if (rc == ZOK && stat.numChildren > 0) return true;
+    }
+    return false;
+  }
+
+  std::uint64_t seq_ = 0;  // ours
+};
+
+// Semaphore: InterProcessSemaphoreV2's layout. The line `locks` is a mutex whose head alone may
+// add leases (one node of `leases` per permit), so the transaction that adds ours and leaves the
+// line is atomic with the count it was decided on. Presented to the core in two stages: in line,
+// the line up to ours as exclusive entries (wait for the one just ahead to leave); at its head,
+// the held leases (one permit each) followed by ours, under the limit.
+class LeasePlace final : public EntryPlace {
+ public:
+  LeasePlace(ZookeeperBackend& backend, std::shared_ptr<Session> session, const QueueRequest& request, bool try_once)
+      : EntryPlace(backend, session, request, backend.path_of(request.name) + "/locks", kMutexLabel,
+                   node_data("lease", request.permits)),
+        leases_(path_ + "/leases"), lease_prefix_(leases_ + "/_c_" + uuid_ + "-" + kLeaseLabel), try_once_(try_once) {
+    backend.check_lease_request(request, lease_prefix_, data_);
+  }
+
+  Standing look(Deadline deadline) override {
+    return queue_step([&] {
+      deadline_ = deadline;
+      const auto bound = ZookeeperBackend::call_bound(*session_, deadline);
+      // A lock on the same name is a kind mismatch (joined first, then looked).
+      const bool lock_in_use = !lock_checked_ && !sorted_entries(backend_.list(*session_, path_, false, bound)).empty();
+      lock_checked_ = true;
+      const auto line = entries_up_to_ours(backend_.list(*session_, parent_, false, bound));
+      remember(line);
+      auto standing = line.size() > 1 ? look_in_line(line.size(), bound) : look_at_head(bound);
+      if (lock_in_use) standing.mode = QueueMode::lock;
+      return standing;
+    });
+  }
+  void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override {
+    if (verdict.wait != WaitFor::any_holder_leave) return EntryPlace::wait(verdict, deadline, stop);
+    queue_step([&] {
+      if (leases_watch_) leases_watch_->sleep(deadline, stop);
+      leases_watch_.reset();
+      check_session(*session_, ZOK);
+    });
+  }
+  std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
+    return queue_step([&] {
+      leases_watch_.reset();
+      auto& session = *session_;
+      const auto bound = ZookeeperBackend::call_bound(session, deadline_);
+      std::vector<std::string> created;
+      const int rc = session.multi(admission(), bound, &created);
+      if (rc == ZOK) return make_hold(std::move(created), loss);
+      if (rc == ZBADVERSION) throw QueueChanged{};  // someone else recorded a limit meanwhile
+      if (rc == ZNONODE) {
+        backend_.ensure_path(session, leases_, bound);  // the empty container was reaped
+        throw QueueChanged{};
+      }
+      check_session(session, rc);
+      if (!connection_trouble(rc)) throw_error("lease of '" + path_ + "'", rc);
+      return hold_after_lost_reply(bound, loss);
+    });
+  }
+
+ private:
+  Standing look_in_line(std::size_t entries, Deadline bound) {
+    Standing standing;
+    standing.entries.assign(entries, {EntryKind::exclusive, 1});
+    if (!limit_checked_) {
+      // Queued behind others: a disagreeing limit is refused now rather than after the wait.
+      limit_checked_ = true;
+      const auto data = backend_.read(*session_, path_, false, bound);
+      const auto limit = data ? recorded_limit(*data) : std::nullopt;
+      if (limit && *limit != request_.limit && !backend_.list(*session_, leases_, false, bound).empty()) {
+        standing.mode = QueueMode::semaphore;
+        standing.limit = *limit;
+      }
+    }
+    return standing;
+  }
+  Standing look_at_head(Deadline bound) {
+    Stat stat{};
+    const auto data = backend_.read(*session_, path_, false, bound, &stat);
+    if (!data) throw QueueEntryGone{};  // the parent of our line cannot be gone while we live
+    recorded_ = recorded_limit(*data);
+    version_ = stat.version;
+    leases_watch_.reset();
+    if (!try_once_) leases_watch_.emplace(backend_.connection(), leases_);  // before the read that sets it
+    const auto held = static_cast<std::int64_t>(sorted_entries(backend_.list(*session_, leases_, !try_once_, bound)).size());
+    Standing standing;
+    if (held > 0 && recorded_) {
+      standing.mode = QueueMode::semaphore;
+      standing.limit = *recorded_;
+    }
+    // More leases held than our limit allows: someone with a larger limit took them (Curator's
+    // InterProcessSemaphoreV2 records no limit and checks none). Contenders that agree with us
+    // cannot get here: only the head of the line adds leases, within its limit (turnstile: in
+    // the transaction that leaves the line; Curator: its lease node exists before its count
+    // check only while it heads the line), and we are the head now. Waiting would starve us
+    // silently behind a disagreement, so refuse it as a recorded one is refused. (One blind
+    // spot: a Curator contender that timed out during a connection loss retries the deletes of
+    // its lease and of its line node in the background, in either order.)
+    if (held > request_.limit) {
+      throw LimitMismatch("Semaphore '" + request_.name + "' has " + std::to_string(held) +
+                          " leases held, more than this contender's limit " + std::to_string(request_.limit) +
+                          ": another contender (e.g. Curator's InterProcessSemaphoreV2) uses a larger limit");
+    }
+    standing.entries.assign(static_cast<std::size_t>(held), {EntryKind::lease, 1});
+    standing.entries.push_back({EntryKind::lease, request_.permits});
+    return standing;
+  }
+  // One transaction: record the limit (if it changes), add our leases, leave the line. Nothing
+  // half-done can leak (CURATOR-315 and kin).
+  std::vector<Session::Op> admission() const {
+    std::vector<Session::Op> ops;
+    ops.reserve(static_cast<std::size_t>(request_.permits) + 2);
+    if (recorded_ != request_.limit) {
+      ops.push_back(Session::Op::set(path_, "limit=" + std::to_string(request_.limit), version_));
+    }
+    for (std::int64_t i = 0; i < request_.permits; ++i) {
+      ops.push_back(Session::Op::create(lease_prefix_, data_, ZOO_EPHEMERAL_SEQUENTIAL));
+    }
+    ops.push_back(Session::Op::remove(parent_ + "/" + node_));
+    return ops;
+  }
+  // The admission's reply was lost: it was applied iff our place in line is gone (and our
+  // leases exist). "Gone" only on the server's word (after a sync), never on a failed look.
+  std::unique_ptr<BackendHold> hold_after_lost_reply(Deadline bound, std::shared_ptr<LossSignal>& loss) {
+    auto& session = *session_;
+    // Whatever it made of ours is removed once the connection is back (the line node by
+    // leave()), never left to hold for nobody.
+    const auto orphan_leases = [&] { backend_.connection().remove_later({session.weak_from_this(), "", leases_, uuid_}); };
+    const auto applied = backend_.gone(session, parent_ + "/" + node_, bound);
+    if (!applied) {
+      orphan_leases();
+      unconfirmed("the leases of '" + request_.name + "'", "any it made are removed once the connection is back");
+    }
+    if (!*applied) throw QueueChanged{};  // still heading the line
+    std::vector<std::string> paths;
+    try {
+      for (const auto& lease : sorted_entries(backend_.list(session, leases_, false, bound))) {
+        if (lease.uuid == uuid_) paths.push_back(leases_ + "/" + lease.node);
+      }
+    } catch (const BackendUnavailable&) {
+      orphan_leases();
+      throw;
+    }
+    if (paths.empty()) throw QueueEntryGone{};  // our line node was removed under us
+    return make_hold(std::move(paths), loss);
+  }
+  // Our lease nodes become the hold; the first one's sequence number is its token.
+  std::unique_ptr<BackendHold> make_hold(std::vector<std::string> paths, std::shared_ptr<LossSignal>& loss) {
+    left_ = true;  // the transaction left the line
+    std::uint64_t first_seq = ~0ULL;
+    for (const auto& path : paths) {
+      if (auto lease = parse_entry(path.substr(path.rfind('/') + 1))) first_seq = std::min(first_seq, lease->seq);
+    }
+    return std::make_unique<ZookeeperHold>(backend_, session_, std::move(paths), first_seq + 1, std::move(loss));
+  }
+
+  std::string leases_;
+  std::string lease_prefix_;
+  bool try_once_;
+  Deadline deadline_;                    // the last look's: the admission's calls are bounded by it
+  std::optional<std::int64_t> recorded_; // the limit recorded when we last looked from the head
+  int version_ = -1;                     // of the name's node then
+  std::optional<PathWatch> leases_watch_;
+  bool lock_checked_ = false;
+  bool limit_checked_ = false;
+};
+
+std::unique_ptr<QueuePlace> ZookeeperBackend::join(const QueueRequest& request, bool try_once, Deadline deadline,
+                                                   Standing& first) {
+  return queue_step([&] {
+    auto session = session_for(deadline);  // a live one: the last one's expiry may be why we join again
+    std::unique_ptr<EntryPlace> place;
+    if (request.kind == EntryKind::lease) place = std::make_unique<LeasePlace>(*this, std::move(session), request, try_once);
+    else place = std::make_unique<LockPlace>(*this, std::move(session), request);
+    place->enter(deadline);
+    try {
+      first = place->look(deadline);
+    } catch (...) {
+      place->leave();
+      throw;
+    }
+    return std::unique_ptr<QueuePlace>(std::move(place));
+  });
 }
 
-std::unique_ptr<BackendHold> ZookeeperBackend::acquire_lease(Session& session, const QueueRequest& request, Deadline deadline,
-                                                             std::shared_ptr<LossSignal>& loss) {
-  const bool try_once = deadline && *deadline <= SteadyClock::now();
-  if (try_once) deadline = SteadyClock::now() + session.short_wait();  // for the calls: it never waits in line
-  const auto path = path_of(request.name);
-  const auto line = path + "/locks";
-  const auto leases = path + "/leases";
-  const auto uuid = random_uuid();
-  const auto lease_prefix = leases + "/_c_" + uuid + "-" + kLeaseLabel;
-  const auto lease_data = node_data("lease", request.permits);
-  check_lease_request(request, lease_prefix, lease_data);
-  // The line is InterProcessSemaphoreV2's `locks` mutex: its head alone may add leases.
-  const auto mine = create_entry(session, line, "_c_" + uuid + "-" + kMutexLabel, uuid, node_data("lease", request.permits), deadline);
-  const auto my_path = line + "/" + mine;
-  try {
-    // A lock on the same name is a kind mismatch (joined first, then looked).
-    for (const auto& entry : sorted_entries(list(session, path, false, deadline))) {
-      (void)entry;
-      check_queue_mode(request, QueueMode::lock, 0);
-    }
-    bool limit_checked = false;
-    for (;;) {
-      const auto entries = sorted_entries(list(session, line, false, deadline));
-      const auto me = index_of(entries, mine);
-      if (me == entries.size()) throw SessionGone{};
-      if (me > 0) {
-        if (!limit_checked) {
-          // Queued behind others: refuse a disagreeing limit now rather than after the wait.
-          limit_checked = true;
-          const auto data = read(session, path, false, deadline);
-          const auto limit = data ? recorded_limit(*data) : std::nullopt;
-          if (limit && *limit != request.limit && !list(session, leases, false, deadline).empty()) {
-            check_queue_mode(request, QueueMode::semaphore, *limit);
-          }
-        }
-        if (try_once || !wait_for_change(session, line + "/" + entries[me - 1].node, deadline, request.stop)) {
-          remove_quietly(session, my_path);
-          return nullptr;
-        }
-        continue;
+// ---- PermitCounter ----
+//
+// The count is the text of ROOT/NAME/permits, changed only by a transaction that names the
+// version it read (compare-and-set) and makes a marker node of its own (change_count), so a
+// change whose reply was lost is known to have happened or not. Waiters line up as ephemeral
+// sequential nodes in ROOT/NAME/permit-waiters; the head watches the count, the others their
+// predecessor.
+
+// The answer of change_count when a change whose reply was lost turned out not applied: the
+// caller looks again, as after losing a race.
+constexpr int kNotApplied = ZBADVERSION;
+
+// One PermitCounter acquire: outside the line, then (once it has to wait) with a node in it.
+class PermitLine final : public CounterLine {
+ public:
+  PermitLine(ZookeeperBackend& backend, const std::string& name, std::int64_t permits)
+      : backend_(backend), name_(name), permits_(permits), count_path_(backend.path_of(name) + "/permits"),
+        line_(backend.path_of(name) + "/permit-waiters") {}
+
+  CounterStanding look(bool last_try, Deadline deadline) override {
+    return queue_step([&] {
+      auto& session = this->session(deadline);
+      const auto bound = ZookeeperBackend::call_bound(session, deadline);
+      CounterStanding standing;
+      standing.in_line = !node_.empty();
+      const auto line = sorted_entries(backend_.list(session, line_, false, bound));
+      standing.ahead = standing.in_line ? index_of(line, node_) : line.size();
+      if (standing.in_line && standing.ahead == line.size()) throw QueueEntryGone{};
+      if (standing.ahead > 0) {
+        predecessor_ = line[standing.ahead - 1].node;  // the count does not matter yet
+        return standing;
       }
-      // At the head of the line: count the leases, watching them for a release.
-      Stat semaphore_stat{};
-      const auto data = read(session, path, false, deadline, &semaphore_stat);
-      if (!data) throw SessionGone{};  // the parent of our node cannot be gone while we live
-      const auto limit = recorded_limit(*data);
-      Waiter waiter;
-      connection_.watch(leases, &waiter);
-      struct Unwatch {
-        Connection& connection;
-        const std::string& path;
-        Waiter* waiter;
-        ~Unwatch() { connection.unwatch(path, waiter); }
-      } unwatch{connection_, leases, &waiter};
-      const auto held = list(session, leases, !try_once, deadline);
-      const auto held_leases = sorted_entries(held).size();
-      if (held_leases > 0 && limit && *limit != request.limit) check_queue_mode(request, QueueMode::semaphore, *limit);
-      // More leases held than our limit allows: someone with a larger limit took them (Curator's
-      // InterProcessSemaphoreV2 records no limit and checks none). Contenders that agree with
-      // us cannot get here: only the head of the line adds leases, within its limit (turnstile:
-      // in the transaction that leaves the line; Curator: its lease node exists before its
-      // count check only while it heads the line), and we are the head now. Waiting would
-      // starve us silently behind a disagreement, so refuse it as a recorded one is refused.
-      // (One blind spot: a Curator contender that timed out during a connection loss retries
-      // the deletes of its lease and of its line node in the background, in either order.)
-      if (static_cast<std::int64_t>(held_leases) > request.limit) {
-        throw LimitMismatch("Semaphore '" + request.name + "' has " + std::to_string(held_leases) +
-                            " leases held, more than this contender's limit " + std::to_string(request.limit) +
-                            ": another contender (e.g. Curator's InterProcessSemaphoreV2) uses a larger limit");
-      }
-      if (static_cast<std::int64_t>(held_leases) + request.permits <= request.limit) {
-        // One transaction: record the limit (if it changes), add our leases, leave the line.
-        // Nothing half-done can leak (CURATOR-315 and kin).
-        const auto limit_text = "limit=" + std::to_string(request.limit);
-        std::vector<Session::Op> ops;
-        ops.reserve(static_cast<std::size_t>(request.permits) + 2);
-        if (limit != request.limit) ops.push_back(Session::Op::set(path, limit_text, semaphore_stat.version));
-        for (std::int64_t i = 0; i < request.permits; ++i) {
-          ops.push_back(Session::Op::create(lease_prefix, lease_data, ZOO_EPHEMERAL_SEQUENTIAL));
-        }
-        ops.push_back(Session::Op::remove(my_path));
-        std::vector<std::string> created;
-        const int rc = session.multi(ops, deadline, &created);
-        if (rc == ZBADVERSION) continue;  // someone else recorded a limit meanwhile: look again
-        if (rc == ZNONODE) {
-          ensure_path(session, leases, deadline);
-          continue;
-        }
-        check_session(session, rc);
-        if (connection_trouble(rc)) {
-          // Unknown outcome: applied iff our place in line is gone (and our leases exist).
-          // "Gone" only on the server's word (ZNONODE after a sync), never on a failed look.
-          const auto applied = gone(session, my_path, deadline);
-          if (!applied) {
-            // Still unknown: whatever the multi left of ours is removed once the connection
-            // is back (the line node by the catch below), never left to hold for nobody.
-            connection_.remove_later({session.weak_from_this(), "", leases, uuid});
-            throw BackendUnavailable("ZooKeeper did not confirm the leases of '" + request.name +
-                                     "'; any it made are removed once the connection is back");
-          }
-          if (!*applied) continue;  // not applied: still heading the line
-          std::vector<std::string> paths;
-          std::uint64_t first_seq = ~0ULL;
-          try {
-            for (const auto& entry : sorted_entries(list(session, leases, false, deadline))) {
-              if (entry.uuid != uuid) continue;
-              paths.push_back(leases + "/" + entry.node);
-              first_seq = std::min(first_seq, entry.seq);
-            }
-          } catch (const BackendUnavailable&) {
-            connection_.remove_later({session.weak_from_this(), "", leases, uuid});
-            throw;
-          }
-          if (paths.empty()) throw SessionGone{};  // our line node was removed under us
-          return std::make_unique<ZookeeperHold>(*this, session.shared_from_this(), std::move(paths), first_seq + 1,
-                                                 std::move(loss));
-        }
-        if (rc != ZOK) fail("lease of '" + path + "'", rc);
-        std::vector<std::string> paths;
-        std::uint64_t first_seq = ~0ULL;
-        for (auto& lease : created) {
-          if (auto entry = parse_entry(lease.substr(lease.rfind('/') + 1))) first_seq = std::min(first_seq, entry->seq);
-          paths.push_back(std::move(lease));
-        }
-        return std::make_unique<ZookeeperHold>(*this, session.shared_from_this(), std::move(paths), first_seq + 1,
-                                               std::move(loss));
-      }
-      if (try_once || !connection_.sleep(waiter, deadline, request.stop)) {
-        remove_quietly(session, my_path);
-        return nullptr;
-      }
-      check_session(session, ZOK);
-    }
-  } catch (const SessionGone&) {
-    throw;
-  } catch (...) {
-    remove_quietly(session, my_path);
-    throw;
+      read_count(standing.in_line && !last_try, bound);
+      if (has_count_) standing.value = saturated(count_.value);
+      return standing;
+    });
   }
+  bool take(const CounterStanding&, Deadline deadline) override {
+    return queue_step([&] {
+      auto& session = this->session(deadline);
+      const auto bound = ZookeeperBackend::call_bound(session, deadline);
+      require_exact(count_, name_);
+      const auto what = "PermitCounter::acquire(" + std::to_string(permits_) + ") of '" + name_ + "'";
+      const auto left = Session::Op::set(count_path_, count_text(count_.value - permits_), version_);
+      if (node_.empty()) {
+        const int rc = backend_.change_count(session, count_path_, {left}, what, bound);
+        if (rc == ZOK) return true;
+        if (rc == kNotApplied || rc == ZNONODE) return false;
+        throw_error("update of '" + count_path_ + "'", rc);
+      }
+      // Take them and leave the line in one transaction.
+      const int rc = session.multi({left, Session::Op::remove(line_ + "/" + node_)}, bound);
+      if (rc == ZOK || rc == ZBADVERSION) {
+        if (rc == ZOK) node_.clear();
+        return rc == ZOK;
+      }
+      check_session(session, rc);
+      if (!connection_trouble(rc)) throw_error("update of '" + count_path_ + "'", rc);
+      // Unknown outcome: applied iff our place in line is gone, on the server's word after a
+      // sync (never resent: it could take the permits twice).
+      const auto applied = backend_.gone(session, line_ + "/" + node_, bound);
+      if (!applied) {
+        take_unconfirmed_ = true;  // leave() may still find out
+        unconfirmed(what, "it may or may not have been applied");
+      }
+      if (*applied) node_.clear();
+      return *applied;
+    });
+  }
+  void join(Deadline deadline) override {
+    queue_step([&] {
+      auto& session = this->session(deadline);
+      const auto uuid = random_uuid();
+      node_ = backend_.create_entry(session, line_, "_c_" + uuid + "-" + kWaitLabel, uuid, node_data("permits", permits_),
+                                    ZookeeperBackend::call_bound(session, deadline));
+    });
+  }
+  void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) override {
+    queue_step([&] {
+      if (wait == CounterWait::predecessor) {
+        backend_.wait_for_change(*session_, line_ + "/" + predecessor_, deadline, stop);
+      } else if (count_watch_) {
+        count_watch_->sleep(deadline, stop);
+        check_session(*session_, ZOK);
+      }
+      count_watch_.reset();
+    });
+  }
+  bool leave() noexcept override {
+    if (node_.empty()) return false;
+    const auto path = line_ + "/" + node_;
+    node_.clear();
+    if (take_unconfirmed_ && session_->connected()) {
+      // A take whose reply was lost: our node gone means it was applied (nobody else removes
+      // it); found still there, it is removed, and the take cannot apply after that.
+      const int rc = session_->remove(path, SteadyClock::now() + session_->short_wait());
+      if (rc == ZNONODE) return true;
+      if (!connection_trouble(rc)) return false;
+    }
+    backend_.remove_eventually(*session_, path);
+    return false;
+  }
+
+ private:
+  Session& session(Deadline deadline) {
+    if (!session_) session_ = backend_.session_for(deadline);
+    return *session_;
+  }
+  // Reads the count (and its version) for the head of the line; `watch`: and watches it, or its
+  // creation, for the wait.
+  void read_count(bool watch, Deadline bound) {
+    count_watch_.reset();
+    if (watch) count_watch_.emplace(backend_.connection(), count_path_);
+    for (;;) {
+      Stat stat{};
+      const auto text = backend_.read(*session_, count_path_, watch, bound, &stat);
+      has_count_ = text.has_value();
+      count_ = text ? count_of(*text, name_) : Count{};
+      version_ = stat.version;
+      if (text || !watch) return;
+      const int rc = session_->exists(count_path_, true, bound);  // a watch for its creation
+      check_session(*session_, rc);
+      if (rc != ZOK) return;  // still missing (or no answer: the session's events still wake us)
+    }
+  }
+
+  ZookeeperBackend& backend_;
+  std::string name_;
+  std::int64_t permits_;
+  std::string count_path_;
+  std::string line_;
+  std::shared_ptr<Session> session_;  // the live one at the first call
+  std::string node_;                  // ours in line, "" outside it
+  std::string predecessor_;           // the last look's waiter just ahead
+  bool has_count_ = false;            // the last look's count, as read from the head
+  Count count_;
+  int version_ = -1;
+  std::optional<PathWatch> count_watch_;
+  bool take_unconfirmed_ = false;
+};
+
+std::unique_ptr<CounterLine> ZookeeperBackend::counter_line(const std::string& name, std::int64_t permits) {
+  return std::make_unique<PermitLine>(*this, name, permits);
+}
+
+int ZookeeperBackend::change_count(Session& session, const std::string& count_path, std::vector<Session::Op> ops,
+                                   const std::string& what, Deadline deadline) {
+  // The marker: an ephemeral child of the count's node, made by the same transaction, so that
+  // after a lost reply its presence (read after a sync) says whether the change was applied.
+  // Nobody else makes it (its name is random) and no name reaches it (a `permits` segment is
+  // encoded). A value and version read back would not do: a peer that read the same version
+  // may have written the same text.
+  const auto marker = count_path + "/_c_" + random_uuid() + "-change";
+  ops.push_back(Session::Op::create(marker, "", ZOO_EPHEMERAL));
+  const int rc = session.multi(ops, deadline);
+  if (rc == ZOK) {
+    remove_eventually(session, marker);
+    return ZOK;
+  }
+  check_session(session, rc);
+  if (!connection_trouble(rc)) return rc;
+  // Unknown outcome. Resent never (it could apply twice): decided by the marker, on the
+  // server's word after a sync; the transaction cannot still be applied after that (a
+  // session's requests are applied in order, and the old connection's are done before the
+  // new one is served).
+  const auto absent = gone(session, marker, deadline);
+  if (!absent) {
+    connection_.remove_later({session.weak_from_this(), marker, "", ""});
+    unconfirmed(what, "it may or may not have been applied");
+  }
+  if (*absent) return kNotApplied;
+  remove_eventually(session, marker);
+  return ZOK;
+}
+
+bool ZookeeperBackend::counter_try_set(const std::string& name, std::int64_t permits) {
+  const auto deadline = call_deadline();
+  auto session = session_for(deadline);
+  const auto path = path_of(name) + "/permits";
+  const auto what = "PermitCounter::try_set_permits(" + std::to_string(permits) + ") of '" + name + "'";
+  return outside_queue("PermitCounter::try_set_permits (the change may or may not have been applied)", [&] {
+    for (;;) {
+      const int rc = change_count(*session, path, {Session::Op::create(path, std::to_string(permits), ZOO_PERSISTENT)},
+                                  what, deadline);
+      if (rc == ZOK) return true;
+      if (rc == ZNODEEXISTS) return false;
+      if (rc == ZNONODE) ensure_path(*session, path_of(name), deadline);
+      else if (rc != kNotApplied) throw_error("create of '" + path + "'", rc);
+    }
+  });
+}
+
+std::int64_t ZookeeperBackend::counter_add(const std::string& name, std::int64_t delta) {
+  const auto deadline = call_deadline();
+  auto session = session_for(deadline);
+  const auto path = path_of(name) + "/permits";
+  const auto what = "PermitCounter::add_permits(" + std::to_string(delta) + ") of '" + name + "'";
+  return outside_queue("PermitCounter::add_permits (the change may or may not have been applied)", [&] {
+    for (;;) {
+      Stat stat{};
+      const auto text = read(*session, path, false, deadline, &stat);
+      const Count count = text ? count_of(*text, name) : Count{};
+      require_exact(count, name);
+      const __int128 sum = count.value + delta;  // no overflow: |value| < 10^38, |delta| <= 10^12
+      // A change may not take the count further beyond +-max_permits; one that moves it back
+      // toward that range is always allowed, so a count a peer pushed beyond it never wedges.
+      if ((delta > 0 && sum > max_permits) || (delta < 0 && sum < -max_permits)) {
+        throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
+                              count_text(count.value) + " would take it beyond +-" + std::to_string(max_permits) +
+                              "; nothing changed");
+      }
+      const auto op = text ? Session::Op::set(path, count_text(sum), stat.version)
+                           : Session::Op::create(path, count_text(sum), ZOO_PERSISTENT);
+      const int rc = change_count(*session, path, {op}, what, deadline);
+      if (rc == ZOK) return saturated(sum);
+      if (rc == ZNONODE && !text) ensure_path(*session, path_of(name), deadline);
+      else if (rc != kNotApplied && rc != ZNODEEXISTS && rc != ZNONODE) throw_error("update of '" + path + "'", rc);
+    }
+  });
+}
+
+std::optional<std::int64_t> ZookeeperBackend::counter_get(const std::string& name) {
+  const auto deadline = call_deadline();
+  return outside_queue("PermitCounter::available_permits", [&]() -> std::optional<std::int64_t> {
+    for (;;) {
+      auto session = session_for(deadline);
+      try {
+        const auto text = read(*session, path_of(name) + "/permits", false, deadline);
+        if (!text) return std::nullopt;
+        return saturated(count_of(*text, name).value);
+      } catch (const SessionGone&) {
+        if (past(deadline)) throw;  // a read changes nothing: asked again on the new session until then
+      }
+    }
+  });
+}
+
+std::int64_t ZookeeperBackend::counter_drain(const std::string& name) {
+  const auto deadline = call_deadline();
+  auto session = session_for(deadline);
+  const auto path = path_of(name) + "/permits";
+  const auto what = "PermitCounter::drain_permits() of '" + name + "'";
+  return outside_queue("PermitCounter::drain_permits (the change may or may not have been applied)", [&]() -> std::int64_t {
+    for (;;) {
+      Stat stat{};
+      const auto text = read(*session, path, false, deadline, &stat);
+      if (!text) return 0;
+      const auto count = count_of(*text, name);  // any number: draining resets even a peer's huge count
+      const int rc = change_count(*session, path, {Session::Op::set(path, "0", stat.version)}, what, deadline);
+      if (rc == ZOK) return saturated(count.value);
+      if (rc != kNotApplied && rc != ZNONODE) throw_error("update of '" + path + "'", rc);
+    }
+  });
 }
 
 void ZookeeperBackend::inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
@@ -970,10 +1294,10 @@ void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& pa
 Inspection ZookeeperBackend::inspect(const std::string& name) {
   const auto deadline = call_deadline();
   auto session = session_for(deadline);
-  Inspection result;
-  result.name = name;
   const auto path = path_of(name);
-  try {
+  return outside_queue("inspect", [&] {
+    Inspection result;
+    result.name = name;
     const auto children = list(*session, path, false, deadline);
     if (!sorted_entries(children).empty()) {
       result.mode = "lock";
@@ -991,240 +1315,8 @@ Inspection ZookeeperBackend::inspect(const std::string& name) {
       if (!data) continue;
       result.waiters.push_back(entry_info(entry, parse_node_data(*data), stat, "permits"));
     }
-  } catch (const SessionGone&) {
-    throw BackendUnavailable("the ZooKeeper session expired during inspect");
-  }
-  return result;
-}
-
-// PermitCounter: the count is the text of ROOT/NAME/permits, changed only by a transaction that
-// names the version it read (compare-and-set) and makes a marker node of its own (below), so a
-// change whose reply was lost is known to have happened or not. Waiters line up as ephemeral
-// sequential nodes; the head watches the count, the others their predecessor.
-//
-// A session that expires during a call is BackendUnavailable at this boundary (SessionGone
-// never leaves the backend); calls without a deadline of their own give up after
-// call_deadline().
-
-// The answer of change_count when a change whose reply was lost turned out not applied: the
-// caller looks again, as after losing a race.
-constexpr int kNotApplied = ZBADVERSION;
-
-int ZookeeperBackend::change_count(Session& session, const std::string& count_path, std::vector<Session::Op> ops,
-                                   const std::string& what, Deadline deadline) {
-  // The marker: an ephemeral child of the count's node, made by the same transaction, so that
-  // after a lost reply its presence (read after a sync) says whether the change was applied.
-  // Nobody else makes it (its name is random) and no name reaches it (a `permits` segment is
-  // encoded). A value and version read back would not do: a peer that read the same version
-  // may have written the same text.
-  const auto marker = count_path + "/_c_" + random_uuid() + "-change";
-  ops.push_back(Session::Op::create(marker, "", ZOO_EPHEMERAL));
-  const int rc = session.multi(ops, deadline);
-  if (rc == ZOK) {
-    remove_quietly(session, marker);
-    return ZOK;
-  }
-  check_session(session, rc);
-  if (!connection_trouble(rc)) return rc;
-  // Unknown outcome. Resent never (it could apply twice): decided by the marker, on the
-  // server's word after a sync; the transaction cannot still be applied after that (a
-  // session's requests are applied in order, and the old connection's are done before the
-  // new one is served).
-  const auto absent = gone(session, marker, deadline);
-  if (!absent) {
-    connection_.remove_later({session.weak_from_this(), marker, "", ""});
-    throw BackendUnavailable("ZooKeeper did not confirm " + what + " in time: it may or may not have been applied");
-  }
-  if (*absent) return kNotApplied;
-  remove_quietly(session, marker);
-  return ZOK;
-}
-
-bool ZookeeperBackend::counter_try_set(const std::string& name, std::int64_t permits) {
-  const auto deadline = call_deadline();
-  auto session = session_for(deadline);
-  const auto path = path_of(name) + "/permits";
-  const auto what = "PermitCounter::try_set_permits(" + std::to_string(permits) + ") of '" + name + "'";
-  try {
-    for (;;) {
-      const int rc = change_count(*session, path, {Session::Op::create(path, std::to_string(permits), ZOO_PERSISTENT)},
-                                  what, deadline);
-      if (rc == ZOK) return true;
-      if (rc == ZNODEEXISTS) return false;
-      if (rc == kNotApplied) continue;
-      if (rc == ZNONODE) {
-        ensure_path(*session, path_of(name), deadline);
-        continue;
-      }
-      fail("create of '" + path + "'", rc);
-    }
-  } catch (const SessionGone&) {
-    session_expired("PermitCounter::try_set_permits (the change may or may not have been applied)");
-  }
-}
-
-std::int64_t ZookeeperBackend::counter_add(const std::string& name, std::int64_t delta) {
-  const auto deadline = call_deadline();
-  auto session = session_for(deadline);
-  const auto path = path_of(name) + "/permits";
-  const auto what = "PermitCounter::add_permits(" + std::to_string(delta) + ") of '" + name + "'";
-  try {
-    for (;;) {
-      Stat stat{};
-      const auto text = read(*session, path, false, deadline, &stat);
-      const Count count = text ? count_of(*text, name) : Count{};
-      require_exact(count, name);
-      const __int128 sum = count.value + delta;  // no overflow: |value| < 10^38, |delta| <= 10^12
-      // A change may not take the count further beyond +-max_permits; one that moves it back
-      // toward that range is always allowed, so a count a peer pushed beyond it never wedges.
-      if ((delta > 0 && sum > max_permits) || (delta < 0 && sum < -max_permits)) {
-        throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
-                              count_text(count.value) + " would take it beyond +-" + std::to_string(max_permits) +
-                              "; nothing changed");
-      }
-      const auto op = text ? Session::Op::set(path, count_text(sum), stat.version)
-                           : Session::Op::create(path, count_text(sum), ZOO_PERSISTENT);
-      const int rc = change_count(*session, path, {op}, what, deadline);
-      if (rc == ZOK) return saturated(sum);
-      if (rc == kNotApplied || rc == ZNODEEXISTS) continue;
-      if (rc == ZNONODE) {
-        if (!text) ensure_path(*session, path_of(name), deadline);
-        continue;
-      }
-      fail("update of '" + path + "'", rc);
-    }
-  } catch (const SessionGone&) {
-    session_expired("PermitCounter::add_permits (the change may or may not have been applied)");
-  }
-}
-
-std::optional<std::int64_t> ZookeeperBackend::counter_get(const std::string& name) {
-  const auto deadline = call_deadline();
-  for (;;) {
-    auto session = session_for(deadline);
-    try {
-      const auto text = read(*session, path_of(name) + "/permits", false, deadline);
-      if (!text) return std::nullopt;
-      return saturated(count_of(*text, name).value);
-    } catch (const SessionGone&) {
-      if (past(deadline)) session_expired("PermitCounter::available_permits");
-    }
-  }
-}
-
-std::int64_t ZookeeperBackend::counter_drain(const std::string& name) {
-  const auto deadline = call_deadline();
-  auto session = session_for(deadline);
-  const auto path = path_of(name) + "/permits";
-  const auto what = "PermitCounter::drain_permits() of '" + name + "'";
-  try {
-    for (;;) {
-      Stat stat{};
-      const auto text = read(*session, path, false, deadline, &stat);
-      if (!text) return 0;
-      const auto count = count_of(*text, name);  // any number: draining resets even a peer's huge count
-      const int rc = change_count(*session, path, {Session::Op::set(path, "0", stat.version)}, what, deadline);
-      if (rc == ZOK) return saturated(count.value);
-      if (rc == kNotApplied || rc == ZNONODE) continue;
-      fail("update of '" + path + "'", rc);
-    }
-  } catch (const SessionGone&) {
-    session_expired("PermitCounter::drain_permits (the change may or may not have been applied)");
-  }
-}
-
-bool ZookeeperBackend::counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) {
-  const bool try_once = deadline && *deadline <= SteadyClock::now();
-  if (try_once) deadline = SteadyClock::now() + session_for(deadline)->short_wait();  // for the calls: it never waits
-  const auto base = path_of(name);
-  const auto count_path = base + "/permits";
-  const auto line = base + "/permit-waiters";
-  for (;;) {
-    auto session = session_for(deadline);
-    try {
-      // Nobody in line: take the permits at once if they are there.
-      if (list(*session, line, false, deadline).empty()) {
-        Stat stat{};
-        const auto text = read(*session, count_path, false, deadline, &stat);
-        const Count count = text ? count_of(*text, name) : Count{};
-        if (text && count.value >= permits) {
-          require_exact(count, name);
-          const int rc = change_count(*session, count_path, {Session::Op::set(count_path, count_text(count.value - permits), stat.version)},
-                                      "PermitCounter::acquire(" + std::to_string(permits) + ") of '" + name + "'", deadline);
-          if (rc == ZOK) return true;
-          if (rc != kNotApplied && rc != ZNONODE) fail("update of '" + count_path + "'", rc);
-          continue;
-        }
-        if (try_once) return false;
-      } else if (try_once) {
-        return false;
-      }
-      const auto uuid = random_uuid();
-      const auto mine = create_entry(*session, line, "_c_" + uuid + "-" + kWaitLabel, uuid, node_data("permits", permits), deadline);
-      const auto my_path = line + "/" + mine;
-      try {
-        for (;;) {
-          const auto entries = sorted_entries(list(*session, line, false, deadline));
-          const auto me = index_of(entries, mine);
-          if (me == entries.size()) throw SessionGone{};
-          if (me > 0) {
-            if (!wait_for_change(*session, line + "/" + entries[me - 1].node, deadline)) {
-              remove_quietly(*session, my_path);
-              return false;
-            }
-            continue;
-          }
-          Waiter waiter;
-          connection_.watch(count_path, &waiter);
-          struct Unwatch {
-            Connection& connection;
-            const std::string& path;
-            Waiter* waiter;
-            ~Unwatch() { connection.unwatch(path, waiter); }
-          } unwatch{connection_, count_path, &waiter};
-          Stat stat{};
-          const auto text = read(*session, count_path, true, deadline, &stat);
-          if (!text) {
-            const int rc = session->exists(count_path, true, deadline);  // a watch for its creation
-            check_session(*session, rc);
-            if (rc == ZOK) continue;
-          }
-          const Count count = text ? count_of(*text, name) : Count{};
-          if (text && count.value >= permits) {
-            require_exact(count, name);
-            // Take them and leave the line in one transaction.
-            const auto left = count_text(count.value - permits);
-            const int rc = session->multi({Session::Op::set(count_path, left, stat.version), Session::Op::remove(my_path)}, deadline);
-            if (rc == ZOK) return true;
-            check_session(*session, rc);
-            if (rc == ZBADVERSION) continue;
-            if (!connection_trouble(rc)) fail("update of '" + count_path + "'", rc);
-            // Unknown outcome: applied iff our place in line is gone, on the server's word
-            // after a sync (never twice: a resend could take the permits again).
-            const auto applied = gone(*session, my_path, deadline);
-            if (!applied) {
-              throw BackendUnavailable("ZooKeeper did not confirm PermitCounter::acquire(" + std::to_string(permits) +
-                                       ") of '" + name + "' in time: it may or may not have been applied");
-            }
-            if (*applied) return true;
-            continue;
-          }
-          if (!connection_.sleep(waiter, deadline)) {
-            remove_quietly(*session, my_path);
-            return false;
-          }
-          check_session(*session, ZOK);
-        }
-      } catch (const SessionGone&) {
-        throw;
-      } catch (...) {
-        remove_quietly(*session, my_path);
-        throw;
-      }
-    } catch (const SessionGone&) {
-      if (past(deadline)) return false;
-    }
-  }
+    return result;
+  });
 }
 
 }  // namespace
