@@ -10,7 +10,8 @@ PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev
             libzookeeper-mt-dev zookeeper default-jdk-headless \
             libcurator-recipes-java libcurator-framework-java libcurator-client-java \
             libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
-            etcd-server etcd-client openssl locales
+            etcd-server etcd-client openssl locales \
+            python3 python3-consul python3-requests libcurl4-openssl-dev
 JOBS := $(shell nproc 2>/dev/null || echo 2)
 CLI := build/tools/turnstile/turnstile
 
