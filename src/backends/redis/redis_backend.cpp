@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "backends/redis/connection.hpp"
 #include "backends/redis/scripts.hpp"
@@ -172,9 +173,35 @@ EvictionRule take_eviction_rule(BackendUrl& url) {
 
 class RedisBackend;
 
-// How long a release waits for the server (see RedisHold::release and the README).
+// Every inline wait of this backend, in one place.
+// A call outside any acquire (downgrade, inspect, counter changes): one reply timeout.
+constexpr milliseconds kCallPatience = kReplyTimeout;
+// How long a release waits for the server (see RedisHold::release and the README); a hold
+// already reported lost gets one short try.
 constexpr milliseconds kReleasePatience{1000};
 constexpr milliseconds kLostReleasePatience{250};
+// Leaving a queue or a counter's line: bounded, so a giving-up waiter returns soon; what fails
+// is left to the watchdog (queues) or to the entry's lease (counter lines).
+constexpr milliseconds kLeavePatience{1000};
+// An orphan (an entry whose removal failed) is retried until TTL + this: gone on the server by then.
+constexpr milliseconds kOrphanSlack{5000};
+// How long a waiter waits for the server to confirm its SUBSCRIBE; unconfirmed, its periodic
+// look covers what it may miss.
+constexpr milliseconds kSubscribeConfirm{1000};
+// A waiter asks the server at least this often (and every TTL/3), so no lost message strands it.
+constexpr milliseconds kMaxRecheck{2000};
+// Renewals: every TTL/3 but not more often than this; a round unanswered is retried after
+// kMaxRenewalRetry at most (also the renewal connection's longest reconnect backoff, so a
+// server back after a restart is found within it); a round waits kRenewalPatience at most.
+constexpr milliseconds kMinRenewalPeriod{100};
+constexpr milliseconds kMaxRenewalRetry{250};
+constexpr milliseconds kRenewalPatience{1000};
+// A counter acquire's last look still gets this to be answered.
+constexpr milliseconds kLastTryPatience{1000};
+// The eviction-policy check at connect: a connect timeout's worth.
+constexpr milliseconds kEvictionCheckPatience = kConnectTimeout;
+// A release is remembered at least this long (and 2 TTLs), so a resend after a lost reply is recognised.
+constexpr milliseconds kMinReleaseMemory{60'000};
 
 // What the watchdog shares with a hold: its lease, and whether its release has begun. Once it
 // has, no renewal speaks for the hold: a renewal that crossed the release finds the entry gone
@@ -212,6 +239,137 @@ class RedisHold final : public BackendHold {
   std::uint64_t fork_generation_ = fork_generation();  // a child's copy touches nothing
 };
 
+// This process's waiters, by channel. A message only wakes a waiter: it then asks the server.
+class Waiters {
+ public:
+  enum class Line { queue, counter };
+  struct Waiter {
+    std::string seq;          // queue waiters: our entry, "" until known (every message wakes us)
+    std::uint64_t place = 0;  // counter waiters: our place in line, 0 until known (likewise)
+    bool poked = false;
+  };
+
+  void add(Line line, const std::string& channel, Waiter& waiter) {
+    std::lock_guard lock(mutex_);
+    table(line)[channel].insert(&waiter);
+  }
+  void remove(Line line, const std::string& channel, Waiter& waiter) {
+    std::lock_guard lock(mutex_);
+    auto& waiters = table(line)[channel];
+    waiters.erase(&waiter);
+    if (waiters.empty()) table(line).erase(channel);
+  }
+  // Changes what the waiter answers to, or clears its poke before it looks.
+  template <typename Change>
+  void update(Waiter& waiter, Change change) {
+    std::lock_guard lock(mutex_);
+    change(waiter);
+  }
+  // A queue message names the seqs it admitted; a counter message wakes the first in line.
+  void on_message(const std::string& channel, const std::string& payload) {
+    std::lock_guard lock(mutex_);
+    if (const auto queue = queue_.find(channel); queue != queue_.end()) {
+      std::set<std::string> named;
+      std::istringstream seqs(payload);
+      for (std::string seq; seqs >> seq;) named.insert(seq);
+      for (auto* waiter : queue->second) {
+        if (waiter->seq.empty() || named.count(waiter->seq)) waiter->poked = true;
+      }
+    }
+    if (const auto counter = counter_.find(channel); counter != counter_.end()) {
+      Waiter* first = nullptr;
+      for (auto* waiter : counter->second) {
+        if (waiter->place == 0) waiter->poked = true;
+        else if (!first || waiter->place < first->place) first = waiter;
+      }
+      if (first) first->poked = true;
+    }
+    changed_.notify_all();
+  }
+  // The local counter waiter first in line (place `head`) looks again.
+  void poke_counter_head(const std::string& channel, std::uint64_t head) {
+    std::lock_guard lock(mutex_);
+    if (const auto counter = counter_.find(channel); counter != counter_.end()) {
+      for (auto* waiter : counter->second) {
+        if (waiter->place == head) waiter->poked = true;
+      }
+    }
+    changed_.notify_all();
+  }
+  void poke_all() {
+    std::lock_guard lock(mutex_);
+    for (auto* line : {&queue_, &counter_}) {
+      for (auto& [channel, waiters] : *line) {
+        for (auto* waiter : waiters) waiter->poked = true;
+      }
+    }
+    changed_.notify_all();
+  }
+  // Sleeps until the waiter is poked, `until`, or a stop.
+  void sleep(Waiter& waiter, SteadyClock::time_point until, const std::stop_token& stop) {
+    std::unique_lock lock(mutex_);
+    changed_.wait_until(lock, stop, until, [&] { return waiter.poked; });
+  }
+
+ private:
+  std::map<std::string, std::set<Waiter*>>& table(Line line) { return line == Line::queue ? queue_ : counter_; }
+
+  std::mutex mutex_;
+  std::condition_variable_any changed_;
+  std::map<std::string, std::set<Waiter*>> queue_;    // channel -> waiters
+  std::map<std::string, std::set<Waiter*>> counter_;  // channel -> waiters
+};
+
+// One acquire's waiter: registered before its first script runs, so that a message published
+// between that script's reply and our reading it still wakes it (to look: it proves nothing by
+// itself); subscribed once it has to wait.
+class Listener {
+ public:
+  Listener(Waiters& waiters, Subscriber& subscriber, Waiters::Line line, std::string channel)
+      : waiters_(waiters), subscriber_(subscriber), line_(line), channel_(std::move(channel)),
+        was_listening_(subscriber.listening(channel_)) {
+    waiters_.add(line_, channel_, waiter);
+  }
+  ~Listener() {
+    waiters_.remove(line_, channel_, waiter);
+    if (subscribed_) subscriber_.unsubscribe(channel_);
+  }
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  // Subscribes the first time. True when the waiter should look now rather than sleep: the
+  // subscription is new, so a message published before it took was missed (when the channel
+  // was listened to before our first script ran, every message since reached us).
+  bool subscribe(Deadline deadline, const std::stop_token& stop) {
+    if (subscribed_) return false;
+    auto confirm_until = SteadyClock::now() + kSubscribeConfirm;
+    if (deadline) confirm_until = std::min(confirm_until, *deadline);
+    subscriber_.subscribe(channel_, confirm_until, stop);
+    subscribed_ = true;
+    return !was_listening_;
+  }
+  // Before a look: a message from now on wakes the next sleep.
+  void unpoke() {
+    waiters_.update(waiter, [](Waiters::Waiter& w) { w.poked = false; });
+  }
+  // Until a message names us, the re-check interval passes, the deadline, or a stop.
+  void sleep(milliseconds recheck, Deadline deadline, const std::stop_token& stop) {
+    auto until = SteadyClock::now() + recheck;
+    if (deadline) until = std::min(until, *deadline);
+    waiters_.sleep(waiter, until, stop);
+  }
+
+  Waiters::Waiter waiter;
+
+ private:
+  Waiters& waiters_;
+  Subscriber& subscriber_;
+  Waiters::Line line_;
+  std::string channel_;
+  bool was_listening_;
+  bool subscribed_ = false;
+};
+
 class RedisBackend final : public Backend {
  public:
   RedisBackend(Settings settings, EvictionRule eviction, ErrorHandler warn)
@@ -220,7 +378,7 @@ class RedisBackend final : public Backend {
         wake_fd_(make_wake_fd()),
         connection_(settings, all_scripts(), [this] { renew_soon(); }),
         renewals_(settings, all_scripts(), [this] { renew_soon(); }, renewal_retry()),
-        subscriber_(settings, [this](const std::string& channel, const std::string& payload) { on_message(channel, payload); },
+        subscriber_(settings, [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
                     [this] { on_subscriber_reset(); }) {
     check_eviction_policy(eviction, warn);
     watchdog_ = std::jthread([this](std::stop_token stop) { watchdog_loop(stop); });
@@ -232,21 +390,20 @@ class RedisBackend final : public Backend {
     // jthread members join next; the eventfd outlives them (declared first).
   }
 
-  std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
-                                       std::shared_ptr<LossSignal> loss) override;
+  std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
+                                   Standing& first) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) override;
   Inspection inspect(const std::string& name) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
   std::int64_t counter_drain(const std::string& name) override;
-  bool counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) override;
 
   Connection& connection() { return connection_; }
-  const Settings& settings() const { return settings_; }
   QueueKeys keys_of(const std::string& name) const { return queue_keys(name, settings_.db); }
   // How long a release is remembered, so a resend after a lost reply is recognised.
   std::string release_memory_ms() const {
-    return std::to_string(std::max<long long>(2 * settings_.ttl.count(), 60'000));
+    return std::to_string(std::max<long long>(2 * settings_.ttl.count(), kMinReleaseMemory.count()));
   }
   void track(RedisHold* hold) {
     std::lock_guard lock(holds_mutex_);
@@ -258,36 +415,24 @@ class RedisBackend final : public Backend {
   }
 
  private:
-  // One waiter in this process. A message only wakes it: it then asks the server.
-  struct Waiter {
-    std::string seq;         // queue waiters: our entry, "" until the acquire reply came
-    std::uint64_t place = 0; // counter waiters: our place in line, 0 until known
-    bool poked = false;
-  };
+  friend class RedisPlace;
+  friend class RedisCounterLine;
 
-  milliseconds recheck_interval() const { return std::min(milliseconds(2000), settings_.ttl / 3); }
-  milliseconds renewal_period() const { return std::max(milliseconds(100), settings_.ttl / 3); }
-  // How soon a renewal round that got no answer is tried again; also the renewal connection's
-  // longest reconnect backoff, so a server back after a restart is found within it.
-  milliseconds renewal_retry() const { return std::min(renewal_period(), milliseconds(250)); }
+  milliseconds recheck_interval() const { return std::min(kMaxRecheck, settings_.ttl / 3); }
+  milliseconds renewal_period() const { return std::max(kMinRenewalPeriod, settings_.ttl / 3); }
+  milliseconds renewal_retry() const { return std::min(renewal_period(), kMaxRenewalRetry); }
   static int make_wake_fd() {
     const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fd < 0) throw BackendUnavailable("eventfd failed");
     return fd;
   }
   void check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn);
-  void on_message(const std::string& channel, const std::string& payload);
   void on_subscriber_reset();
   void renew_soon();
   void watchdog_loop(std::stop_token stop);
-  void poke(Waiter& waiter);
-  // Sleeps until the waiter is poked, the re-check interval passes, or the deadline.
-  void sleep_as(Waiter& waiter, Deadline deadline);
   // Takes the entry of `request` out of the queue (by seq when known), bounded; when that
   // fails, the watchdog keeps trying (an entry left behind would hold the name up for a TTL).
   void leave(const std::string& name, const std::string& seq, const std::string& request) noexcept;
-  // Counters: the local waiter first in line looks again; every waiter not yet placed too.
-  void poke_counter_head(const std::string& channel, std::uint64_t head);
 
   Settings settings_;
   std::string identity_;  // "<pid> <host>", for inspect
@@ -300,11 +445,7 @@ class RedisBackend final : public Backend {
   LossClock loss_clock_;  // before every hold's lease
   Connection connection_;
   Connection renewals_;  // the watchdog's own: renewals never queue behind other calls
-
-  std::mutex waiters_mutex_;
-  std::condition_variable waiters_cv_;
-  std::map<std::string, std::set<Waiter*>> queue_waiters_;    // channel -> waiters
-  std::map<std::string, std::set<Waiter*>> counter_waiters_;  // channel -> waiters
+  Waiters waiters_;
 
   // Entries whose removal failed (or whose creation's outcome is unknown), until removed.
   struct Orphan {
@@ -339,7 +480,7 @@ RedisHold::~RedisHold() {
 void RedisHold::downgrade() {
   const auto keys = backend_.keys_of(name_);
   auto reply = backend_.connection().eval(scripts::downgrade, keys.keys, {keys.channel, std::to_string(seq_), request_},
-                                          SteadyClock::now() + milliseconds(5000), true);
+                                          SteadyClock::now() + kCallPatience, true);
   if (integer_of(reply) == 0) lease_->lose("its entry expired or the redis server forgot it");
 }
 
@@ -371,7 +512,7 @@ void RedisHold::release() {
 void RedisBackend::check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn) {
   Reply reply;
   try {
-    reply = connection_.command({"CONFIG", "GET", "maxmemory-policy"}, SteadyClock::now() + milliseconds(2000));
+    reply = connection_.command({"CONFIG", "GET", "maxmemory-policy"}, SteadyClock::now() + kEvictionCheckPatience);
   } catch (const AccessDenied&) {
     return;  // CONFIG not allowed to this user (or renamed away): nothing to check
   } catch (const BackendUnavailable&) {
@@ -395,68 +536,18 @@ void RedisBackend::check_eviction_policy(const EvictionRule& rule, const ErrorHa
   }
 }
 
-void RedisBackend::poke(Waiter& waiter) { waiter.poked = true; }
-
-void RedisBackend::on_message(const std::string& channel, const std::string& payload) {
-  std::lock_guard lock(waiters_mutex_);
-  if (const auto queue = queue_waiters_.find(channel); queue != queue_waiters_.end()) {
-    std::set<std::string> named;
-    std::istringstream seqs(payload);
-    for (std::string seq; seqs >> seq;) named.insert(seq);
-    // A waiter still reading its acquire reply does not know its seq yet: it looks too.
-    for (auto* waiter : queue->second) {
-      if (waiter->seq.empty() || named.count(waiter->seq)) poke(*waiter);
-    }
-  }
-  if (const auto counter = counter_waiters_.find(channel); counter != counter_waiters_.end()) {
-    Waiter* first = nullptr;
-    for (auto* waiter : counter->second) {
-      if (waiter->place == 0) poke(*waiter);
-      else if (!first || waiter->place < first->place) first = waiter;
-    }
-    if (first) poke(*first);
-  }
-  waiters_cv_.notify_all();
-}
-
-void RedisBackend::poke_counter_head(const std::string& channel, std::uint64_t head) {
-  std::lock_guard lock(waiters_mutex_);
-  if (const auto counter = counter_waiters_.find(channel); counter != counter_waiters_.end()) {
-    for (auto* waiter : counter->second) {
-      if (waiter->place == head) poke(*waiter);
-    }
-  }
-  waiters_cv_.notify_all();
-}
-
 void RedisBackend::on_subscriber_reset() {
-  {
-    std::lock_guard lock(waiters_mutex_);
-    for (auto& [channel, waiters] : queue_waiters_) {
-      for (auto* waiter : waiters) poke(*waiter);
-    }
-    for (auto& [channel, waiters] : counter_waiters_) {
-      for (auto* waiter : waiters) poke(*waiter);
-    }
-    waiters_cv_.notify_all();
-  }
+  waiters_.poke_all();
   // The subscriber lost its connection and made a new one: the server may have restarted
   // without the holds' entries. One renewal round finds out.
   renew_soon();
-}
-
-void RedisBackend::sleep_as(Waiter& waiter, Deadline deadline) {
-  auto until = SteadyClock::now() + recheck_interval();
-  if (deadline) until = std::min(until, *deadline);
-  std::unique_lock lock(waiters_mutex_);
-  waiters_cv_.wait_until(lock, until, [&] { return waiter.poked; });
 }
 
 void RedisBackend::leave(const std::string& name, const std::string& seq, const std::string& request) noexcept {
   try {
     const auto keys = keys_of(name);
     auto reply = connection_.eval(scripts::release, keys.keys, {keys.channel, seq, request, release_memory_ms()},
-                                  SteadyClock::now() + milliseconds(1000), true);
+                                  SteadyClock::now() + kLeavePatience, true);
     integer_of(reply);
     return;
   } catch (...) {
@@ -464,146 +555,206 @@ void RedisBackend::leave(const std::string& name, const std::string& seq, const 
   try {
     {
       std::lock_guard lock(holds_mutex_);
-      orphans_.push_back({name, seq, request, SteadyClock::now() + settings_.ttl + milliseconds(5000)});
+      orphans_.push_back({name, seq, request, SteadyClock::now() + settings_.ttl + kOrphanSlack});
     }
     renew_soon();
   } catch (...) {
   }
 }
 
-std::unique_ptr<BackendHold> RedisBackend::acquire(const QueueRequest& request, Deadline deadline,
-                                                   std::shared_ptr<LossSignal> loss) {
-  const auto keys = keys_of(request.name);
-  const bool try_once = deadline && *deadline <= SteadyClock::now();
-  // One request id for every entry this call makes: whatever its seq, a release by request id
-  // finds it (an entry whose reply was lost, or the fresh one of a waiter that lost its place).
-  const auto request_id = request_ids_.next();
-  // Registered before the acquire script runs, so a message published between its reply and
-  // our reading it still wakes us (to look: it proves nothing by itself).
-  Waiter waiter;
-  struct Registration {
-    RedisBackend& backend;
-    const std::string& channel;
-    Waiter& waiter;
-    bool subscribed = false;
-    Registration(RedisBackend& b, const std::string& c, Waiter& w) : backend(b), channel(c), waiter(w) {
-      std::lock_guard lock(backend.waiters_mutex_);
-      backend.queue_waiters_[channel].insert(&waiter);
+// Our entry in a name's queue. The Lua scripts evaluate the queue atomically (admit()), so every
+// look answers with the verdict itself: admitted or waiting.
+class RedisPlace final : public QueuePlace {
+ public:
+  RedisPlace(RedisBackend& backend, const QueueRequest& request, bool may_wait)
+      : backend_(backend), name_(request.name), keys_(backend.keys_of(request.name)),
+        request_id_(backend.request_ids_.next()), stop_(request.stop) {
+    if (may_wait) listener_.emplace(backend.waiters_, backend.subscriber_, Waiters::Line::queue, keys_.channel);
+  }
+
+  // Runs the acquire script: admitted or not; none when no entry stays (not admitted on a
+  // try-once, or a stop during the call, after which the entry it may have made has left).
+  std::optional<bool> join(const QueueRequest& request, bool try_once, Deadline deadline) {
+    const auto sent_at = SteadyClock::now();
+    Reply reply;
+    try {
+      reply = backend_.connection_.eval(
+          scripts::acquire, keys_.keys,
+          {keys_.channel, std::string(1, kind_code(request.kind)), std::to_string(request.permits),
+           std::to_string(request.limit), std::to_string(backend_.settings_.ttl.count()), try_once ? "1" : "0",
+           request_id_, backend_.identity_},
+          deadline, true, nullptr, stop_);
+    } catch (const BackendUnavailable&) {
+      // The script may have run and its reply been lost: take out the entry it may have made
+      // (found by our request id) rather than leave it to hold up the name for a TTL.
+      leave();
+      if (stop_.stop_requested()) return std::nullopt;
+      throw;
     }
-    ~Registration() {
-      {
-        std::lock_guard lock(backend.waiters_mutex_);
-        auto& waiters = backend.queue_waiters_[channel];
-        waiters.erase(&waiter);
-        if (waiters.empty()) backend.queue_waiters_.erase(channel);
-      }
-      if (subscribed) backend.subscriber_.unsubscribe(channel);
-    }
-  };
-  std::optional<Registration> registration;
-  if (!try_once) registration.emplace(*this, keys.channel, waiter);
-  const bool was_listening = !try_once && subscriber_.listening(keys.channel);
-  const auto stopped = [&] { return request.stop.stop_requested(); };
-  auto sent_at = SteadyClock::now();
-  // Joins the queue at its back; every wait of the call ends at once on a stop. Returns the
-  // status (1 admitted, 2 waiting; 0 not admitted on a try-once) and sets `seq`.
-  std::uint64_t seq = 0;
-  const auto join = [&] {
-    sent_at = SteadyClock::now();
-    auto reply = connection_.eval(scripts::acquire, keys.keys,
-                                  {keys.channel, std::string(1, kind_code(request.kind)), std::to_string(request.permits),
-                                   std::to_string(request.limit), std::to_string(settings_.ttl.count()),
-                                   try_once ? "1" : "0", request_id, identity_},
-                                  deadline, true, nullptr, request.stop);
     const auto status = integer_at(reply.get(), 0);
     if (status == -1) check_queue_mode(request, string_at(reply.get(), 1) == "lock" ? QueueMode::lock : QueueMode::semaphore, 0);
     if (status == -2) check_queue_mode(request, QueueMode::semaphore, integer_at(reply.get(), 1));
-    if (status == 0) return status;
+    if (status == 0) return std::nullopt;
     if (status != 1 && status != 2) throw BackendUnavailable("redis answered acquire with status " + std::to_string(status));
-    seq = token_at(reply.get(), 1);
-    return status;
-  };
-  const auto admitted = [&] {
-    return std::make_unique<RedisHold>(*this, request.name, seq, request_id, std::move(loss),
-                                       loss_clock_.watch(settings_.ttl, sent_at));
-  };
-  long long status;
-  try {
-    status = join();
-  } catch (const BackendUnavailable&) {
-    // The script may have run and its reply been lost: take out the entry it may have made
-    // (found by our request id) rather than leave it to hold up the name for a TTL.
-    leave(request.name, "", request_id);
-    if (stopped()) return nullptr;
-    throw;
+    seq_ = token_at(reply.get(), 1);
+    if (listener_) backend_.waiters_.update(listener_->waiter, [&](Waiters::Waiter& w) { w.seq = std::to_string(seq_); });
+    if (status == 1) admitted_at_ = sent_at;
+    return status == 1;
   }
-  if (status == 0) return nullptr;
-  if (status == 1) return admitted();
 
-  // Waiting in line: woken by a message naming us (or a stop, or the subscriber reconnecting),
-  // we ask the server where we stand; we also ask now and then, so no lost message strands us.
-  std::string seq_text = std::to_string(seq);  // "" while unknown
-  const auto set_seq = [&](const std::string& text) {
-    std::lock_guard lock(waiters_mutex_);
-    waiter.seq = text;  // "": every message on the channel wakes us
-  };
-  set_seq(seq_text);
-  std::stop_callback on_stop(request.stop, [&] {
-    std::lock_guard lock(waiters_mutex_);
-    poke(waiter);
-    waiters_cv_.notify_all();
-  });
-  auto confirm_until = SteadyClock::now() + milliseconds(1000);
-  if (deadline) confirm_until = std::min(confirm_until, *deadline);
-  subscriber_.subscribe(keys.channel, confirm_until, request.stop);
-  registration->subscribed = true;
-  // Subscribed before the acquire script ran: every message since reached us. Otherwise one
-  // look now covers a message published before the subscription took.
-  bool look = !was_listening;
-  try {
-    for (;;) {
-      {
-        std::lock_guard lock(waiters_mutex_);
-        look = look || waiter.poked;
-        waiter.poked = false;
-      }
-      if (stopped()) {
-        leave(request.name, seq_text, request_id);
-        return nullptr;
-      }
-      if (look) {
-        sent_at = SteadyClock::now();
-        auto state = connection_.eval(scripts::renew, keys.keys,
-                                      {keys.channel, std::to_string(settings_.ttl.count()), seq_text, request_id},
-                                      deadline, true, nullptr, request.stop);
-        const auto where = integer_at(state.get(), 0);
-        if (where == 2) break;
-        if (where == 0) {
-          // Our entry is gone (we were paused past the TTL, or the server lost the name's
-          // state): nothing was held, so we queue again, at the back, as a newcomer would.
-          if (deadline && *deadline <= SteadyClock::now()) return nullptr;
-          seq_text.clear();
-          set_seq(seq_text);
-          if (join() == 1) return admitted();
-          seq_text = std::to_string(seq);
-          set_seq(seq_text);  // a message meanwhile woke us (seq ""): poked, we look
-          look = false;
-          continue;
-        }
-      }
-      look = true;  // every wake-up, and every re-check interval, asks the server
-      if (deadline && *deadline <= SteadyClock::now()) {
-        leave(request.name, seq_text, request_id);
-        return nullptr;
-      }
-      sleep_as(waiter, deadline);
+  Standing look(Deadline deadline) override {
+    // A stop ends the wait without asking: the core gives up on "waiting" and leaves.
+    if (stop_.stop_requested()) return standing(false);
+    if (listener_) listener_->unpoke();
+    const auto sent_at = SteadyClock::now();
+    Reply reply;
+    try {
+      reply = backend_.connection_.eval(
+          scripts::renew, keys_.keys,
+          {keys_.channel, std::to_string(backend_.settings_.ttl.count()), std::to_string(seq_), request_id_}, deadline,
+          true, nullptr, stop_);
+    } catch (const BackendUnavailable&) {
+      if (stop_.stop_requested()) return standing(false);
+      throw;
     }
-  } catch (...) {
-    leave(request.name, seq_text, request_id);
-    if (stopped()) return nullptr;
-    throw;
+    const auto where = integer_at(reply.get(), 0);
+    if (where == 0) {
+      // Gone (we were paused past the TTL, or the server lost the name's state): nothing to leave.
+      left_ = true;
+      throw QueueEntryGone();
+    }
+    if (where == 2) admitted_at_ = sent_at;
+    return standing(where == 2);
   }
-  return admitted();
+
+  // Whatever the verdict names, the script that admits us publishes our seq: we sleep until a
+  // message names us (or the subscriber reconnects), and ask the server now and then anyway.
+  void wait(const Verdict&, Deadline deadline, const std::stop_token& stop) override {
+    if (!listener_ || listener_->subscribe(deadline, stop)) return;
+    listener_->sleep(backend_.recheck_interval(), deadline, stop);
+  }
+
+  std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
+    left_ = true;  // the hold owns the entry now
+    // The lease counts from the send time of the script that found us admitted.
+    return std::make_unique<RedisHold>(backend_, name_, seq_, request_id_, std::move(loss),
+                                       backend_.loss_clock_.watch(backend_.settings_.ttl, admitted_at_));
+  }
+
+  void leave() noexcept override {
+    if (std::exchange(left_, true)) return;
+    // By request id alone while the seq is unknown (the acquire's reply was lost).
+    backend_.leave(name_, seq_ ? std::to_string(seq_) : std::string(), request_id_);
+  }
+
+  // The script decided; the queue is in our mode (it refuses a request of another).
+  Standing standing(bool admitted) const {
+    Standing standing;
+    standing.decided = admitted ? Verdict{} : Verdict{WaitFor::admission, 0};
+    return standing;
+  }
+
+ private:
+  RedisBackend& backend_;
+  std::string name_;
+  QueueKeys keys_;
+  // One id per entry: a release by request id finds it even when the acquire's reply was lost.
+  std::string request_id_;
+  std::stop_token stop_;
+  std::optional<Listener> listener_;  // none on a try-once: it never waits
+  std::uint64_t seq_ = 0;             // 0 until the acquire answered
+  SteadyClock::time_point admitted_at_{};
+  bool left_ = false;
+};
+
+std::unique_ptr<QueuePlace> RedisBackend::join(const QueueRequest& request, bool try_once, Deadline deadline,
+                                               Standing& first) {
+  auto place = std::make_unique<RedisPlace>(*this, request, !try_once);
+  const auto admitted = place->join(request, try_once, deadline);
+  if (!admitted) return nullptr;
+  first = place->standing(*admitted);
+  return place;
+}
+
+// One PermitCounter acquire. counter_acquire.lua decides in one step: it takes the permits when
+// we are first in line (or the line is empty) and the count has them, else places us in line.
+class RedisCounterLine final : public CounterLine {
+ public:
+  RedisCounterLine(RedisBackend& backend, const std::string& name, std::int64_t permits)
+      : backend_(backend), keys_(counter_keys(name)), permits_(permits), request_id_(backend.request_ids_.next()),
+        listener_(backend.waiters_, backend.subscriber_, Waiters::Line::counter, keys_.channel) {}
+
+  CounterStanding look(bool last_try, Deadline deadline) override {
+    // The last try (the deadline passed, or a stop) still gets kLastTryPatience to be answered.
+    const auto patience = SteadyClock::now() + kLastTryPatience;
+    if (last_try) return run("1", patience);
+    return run("0", deadline ? std::max(*deadline, patience) : deadline);
+  }
+  bool take(const CounterStanding& seen, Deadline deadline) override {
+    return run(seen.in_line ? "0" : "1", deadline).taken;
+  }
+  // A look already placed us in line; otherwise this does (a take by it shows at the next look).
+  void join(Deadline deadline) override {
+    if (!in_line_) run("0", deadline);
+  }
+  void wait(CounterWait, Deadline deadline, const std::stop_token& stop) override {
+    if (listener_.subscribe(deadline, stop)) return;
+    listener_.sleep(backend_.recheck_interval(), deadline, stop);
+  }
+  bool leave() noexcept override {
+    if (settled_) return false;
+    bool taken = false;
+    try {
+      taken = run("2", SteadyClock::now() + kLeavePatience).taken;
+    } catch (...) {
+      // Our place expires with its lease.
+    }
+    settled_ = true;
+    return taken;
+  }
+
+ private:
+  // Runs counter_acquire in `mode`: "0" take or wait in line, "1" take or leave, "2" only leave.
+  // The script remembers a take by our request id, so a resend after a lost reply says taken.
+  CounterStanding run(const char* mode, Deadline until) {
+    listener_.unpoke();
+    settled_ = false;  // until answered, a lost reply may have placed us or taken the permits
+    auto reply = backend_.connection_.eval(scripts::counter_acquire, keys_.keys,
+                                           {keys_.channel, std::to_string(permits_),
+                                            std::to_string(backend_.settings_.ttl.count()), mode, backend_.identity_,
+                                            request_id_},
+                                           until, true);
+    CounterStanding standing;
+    const auto status = integer_at(reply.get(), 0);
+    if (status == 0 || status == 1) {
+      settled_ = true;
+      in_line_ = false;
+      standing.taken = status == 1;
+      return standing;  // not taken: out of the line, and the count was short (value unknown)
+    }
+    if (status != 2) throw BackendUnavailable("redis answered counter_acquire with status " + std::to_string(status));
+    const auto place = token_at(reply.get(), 1);
+    const auto head = token_at(reply.get(), 2);
+    backend_.waiters_.update(listener_.waiter, [&](Waiters::Waiter& w) { w.place = place; });
+    // The message that woke us may have been meant for the first in line: if that is one of
+    // ours, it looks now rather than at its next re-check.
+    if (head != place) backend_.waiters_.poke_counter_head(keys_.channel, head);
+    in_line_ = standing.in_line = true;
+    standing.ahead = head == place ? 0 : 1;  // the script tells first or not, not how many
+    return standing;
+  }
+
+  RedisBackend& backend_;
+  QueueKeys keys_;
+  std::int64_t permits_;
+  std::string request_id_;  // the same for every look: a resend finds our place or our take
+  Listener listener_;       // registered before the first look
+  bool in_line_ = false;
+  bool settled_ = true;  // known out of the line (or taken): leave() has nothing to do
+};
+
+std::unique_ptr<CounterLine> RedisBackend::counter_line(const std::string& name, std::int64_t permits) {
+  return std::make_unique<RedisCounterLine>(*this, name, permits);
 }
 
 void RedisBackend::renew_soon() {
@@ -625,7 +776,7 @@ void RedisBackend::renew_soon() {
 void RedisBackend::watchdog_loop(std::stop_token stop) {
   const auto period = renewal_period();
   const auto retry = renewal_retry();
-  const auto patience = std::min(period, milliseconds(1000));
+  const auto patience = std::min(period, kRenewalPatience);
   auto wait = period;
   while (!stop.stop_requested()) {
     const auto until = SteadyClock::now() + wait;
@@ -752,7 +903,7 @@ Inspection RedisBackend::inspect(const std::string& name) {
   } catch (const InvalidArgument&) {
     counter = false;  // a lock name that no counter may use
   }
-  auto replies = connection_.eval_pipelined(calls, SteadyClock::now() + milliseconds(5000));
+  auto replies = connection_.eval_pipelined(calls, SteadyClock::now() + kCallPatience);
   for (const auto& reply : replies) {
     if (reply->type == REDIS_REPLY_ERROR) throw BackendUnavailable("redis inspect failed: " + std::string(reply->str, reply->len));
     if (reply->type != REDIS_REPLY_ARRAY) throw BackendUnavailable("redis answered inspect unexpectedly");
@@ -806,7 +957,7 @@ Inspection RedisBackend::inspect(const std::string& name) {
 bool RedisBackend::counter_try_set(const std::string& name, std::int64_t permits) {
   const auto keys = counter_keys(name);
   auto reply = connection_.eval(scripts::counter_try_set, keys.keys, {keys.channel, std::to_string(permits), request_ids_.next()},
-                                SteadyClock::now() + milliseconds(5000), true);
+                                SteadyClock::now() + kCallPatience, true);
   return integer_of(reply) == 1;
 }
 
@@ -815,7 +966,7 @@ std::int64_t RedisBackend::counter_add(const std::string& name, std::int64_t del
   try {
     auto reply = connection_.eval(scripts::counter_add, keys.keys,
                                   {keys.channel, std::to_string(delta), request_ids_.next(), std::to_string(max_permits)},
-                                  SteadyClock::now() + milliseconds(5000), true);
+                                  SteadyClock::now() + kCallPatience, true);
     return integer_of(reply);
   } catch (const BackendUnavailable& error) {
     const std::string what = error.what();
@@ -829,7 +980,7 @@ std::int64_t RedisBackend::counter_add(const std::string& name, std::int64_t del
 
 std::optional<std::int64_t> RedisBackend::counter_get(const std::string& name) {
   check_counter_name(name);
-  auto reply = connection_.command({"GET", name}, SteadyClock::now() + milliseconds(5000));
+  auto reply = connection_.command({"GET", name}, SteadyClock::now() + kCallPatience);
   if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
   try {
     if (reply->type == REDIS_REPLY_STRING) return std::stoll(std::string(reply->str, reply->len));
@@ -841,86 +992,9 @@ std::optional<std::int64_t> RedisBackend::counter_get(const std::string& name) {
 std::int64_t RedisBackend::counter_drain(const std::string& name) {
   const auto keys = counter_keys(name);
   auto reply = connection_.eval(scripts::counter_drain, keys.keys, {keys.channel, request_ids_.next()},
-                                SteadyClock::now() + milliseconds(5000), true);
+                                SteadyClock::now() + kCallPatience, true);
   return integer_of(reply);
 }
-
-bool RedisBackend::counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) {
-  const auto keys = counter_keys(name);
-  // One request id for every look of this call: a resend finds our place, or learns that the
-  // permits were taken already.
-  const auto request_id = request_ids_.next();
-  const auto look = [&](const char* mode, Deadline until) {
-    return connection_.eval(scripts::counter_acquire, keys.keys,
-                            {keys.channel, std::to_string(permits), std::to_string(settings_.ttl.count()), mode, identity_,
-                             request_id},
-                            until, true);
-  };
-  Waiter waiter;
-  {
-    std::lock_guard lock(waiters_mutex_);
-    counter_waiters_[keys.channel].insert(&waiter);
-  }
-  bool subscribed = false;
-  const auto unregister = [&] {
-    {
-      std::lock_guard lock(waiters_mutex_);
-      auto& line = counter_waiters_[keys.channel];
-      line.erase(&waiter);
-      if (line.empty()) counter_waiters_.erase(keys.channel);
-    }
-    if (subscribed) subscriber_.unsubscribe(keys.channel);
-  };
-  try {
-    for (;;) {
-      const bool last_try = deadline && *deadline <= SteadyClock::now();
-      {
-        std::lock_guard lock(waiters_mutex_);
-        waiter.poked = false;
-      }
-      // The last try still gets a second to be answered.
-      auto reply = look(last_try ? "1" : "0", deadline ? std::max(*deadline, SteadyClock::now() + milliseconds(1000)) : deadline);
-      const auto status = integer_at(reply.get(), 0);
-      if (status == 1 || status == 0) {
-        unregister();
-        return status == 1;
-      }
-      const auto place = static_cast<std::uint64_t>(integer_at(reply.get(), 1));
-      const auto head = static_cast<std::uint64_t>(integer_at(reply.get(), 2));
-      {
-        std::lock_guard lock(waiters_mutex_);
-        waiter.place = place;
-      }
-      // The message that woke us may have been meant for the first in line: if that is one of
-      // ours, it looks now rather than at its next re-check.
-      if (head != place) poke_counter_head(keys.channel, head);
-      if (!subscribed) {
-        auto confirm_until = SteadyClock::now() + milliseconds(1000);
-        if (deadline) confirm_until = std::min(confirm_until, *deadline);
-        subscriber_.subscribe(keys.channel, confirm_until);
-        subscribed = true;
-        continue;  // look once more now that no release can go unheard
-      }
-      sleep_as(waiter, deadline);
-    }
-  } catch (const BackendUnavailable&) {
-    // Leave the line, bounded; if the lost reply had taken the permits, say so instead.
-    try {
-      auto reply = look("2", SteadyClock::now() + milliseconds(1000));
-      if (integer_at(reply.get(), 0) == 1) {
-        unregister();
-        return true;
-      }
-    } catch (...) {
-    }
-    unregister();
-    throw;
-  } catch (...) {
-    unregister();
-    throw;
-  }
-}
-
 }  // namespace
 }  // namespace turnstile::detail::redis
 
