@@ -1242,19 +1242,22 @@ std::int64_t ZookeeperBackend::counter_drain(const std::string& name) {
 
 void ZookeeperBackend::inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
                                     Inspection& result, Deadline deadline) {
-  bool exclusive_ahead = false;
-  bool first = true;
+  // Who holds is the core's predicate's answer for each entry, downgraded writers as readers.
+  std::vector<QueueEntryView> queue;
+  std::vector<EntryInfo> infos;
   for (const auto& entry : sorted_entries(children)) {
     Stat stat{};
     const auto data = read(session, path + "/" + entry.node, false, deadline, &stat);
     if (!data) continue;  // left meanwhile
     const auto node = parse_node_data(*data);
-    auto info = entry_info(entry, node, stat, entry.kind == EntryKind::shared || node.downgraded ? "shared" : "exclusive");
-    info.permits = 1;
-    info.holding = info.kind == "exclusive" ? first : !exclusive_ahead;
-    if (info.kind == "exclusive") exclusive_ahead = true;
-    first = false;
-    (info.holding ? result.holders : result.waiters).push_back(std::move(info));
+    const auto kind = entry.kind == EntryKind::shared || node.downgraded ? EntryKind::shared : EntryKind::exclusive;
+    queue.push_back({kind, 1});
+    infos.push_back(entry_info(entry, node, stat, to_string(kind)));
+    infos.back().permits = 1;
+  }
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    infos[i].holding = evaluate_queue(queue, i, 0).admitted();
+    (infos[i].holding ? result.holders : result.waiters).push_back(std::move(infos[i]));
   }
 }
 
