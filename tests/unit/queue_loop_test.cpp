@@ -35,6 +35,7 @@ class MemoryQueue : public QueueStore, public CounterStore {
   std::atomic<int> vanish_on_look{0};         // the next looks throw QueueEntryGone
   std::atomic<int> fail_on_look{0};           // the next looks throw BackendUnavailable
   std::atomic<int> hold_excludes_nobody{0};   // the next holds leave and return nullptr
+  std::atomic<int> hold_finds_change{0};      // the next holds throw QueueChanged (entry kept)
   QueueMode foreign_mode = QueueMode::none;  // what the others set the queue to
   std::int64_t foreign_limit = 0;
 
@@ -139,6 +140,7 @@ class MemoryPlace : public QueuePlace {
   }
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal>) override {
     ++queue_.holds;
+    if (queue_.hold_finds_change.fetch_sub(1) > 0) throw QueueChanged{};
     if (queue_.hold_excludes_nobody.fetch_sub(1) > 0) {
       leave();
       return nullptr;
@@ -240,6 +242,18 @@ TEST(QueueLoop, AFreeQueueAdmitsAtTheJoinWithoutWaiting) {
   EXPECT_EQ(queue.size(), 1u);
   hold->release();
   EXPECT_EQ(queue.size(), 0u);
+}
+
+TEST(QueueLoop, AHoldThatFindsTheQueueChangedLooksAgainKeepingItsEntry) {
+  MemoryQueue queue;
+  queue.hold_finds_change = 2;
+  auto hold = acquire_in_queue(queue, lock_request(), SteadyClock::now(), no_signal());
+  ASSERT_NE(hold, nullptr) << "a try-once gave up on a changed queue although it was still admitted";
+  EXPECT_EQ(queue.joins, 1) << "it joined again instead of looking again";
+  EXPECT_EQ(queue.holds, 3);
+  EXPECT_EQ(queue.looks, 2);
+  EXPECT_EQ(queue.leaves, 0);
+  EXPECT_EQ(queue.size(), 1u);
 }
 
 TEST(QueueLoop, ATryOnceThatIsNotAdmittedLeavesWithoutWaiting) {
