@@ -302,6 +302,41 @@ std::exception_ptr reply_error(const Settings& settings, const std::string& call
   return std::make_exception_ptr(BackendUnavailable(message));
 }
 
+void unexpected_reply(const std::string& call) {
+  throw BackendUnavailable("redis answered " + call + " with an unexpected reply");
+}
+
+long long integer_at(const redisReply* reply, std::size_t index) {
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements <= index) unexpected_reply("a script");
+  const auto* element = reply->element[index];
+  if (element->type == REDIS_REPLY_INTEGER) return element->integer;
+  long long value = 0;
+  if (element->type == REDIS_REPLY_STRING) {
+    const auto [end, error] = std::from_chars(element->str, element->str + element->len, value);
+    if (error == std::errc() && end == element->str + element->len) return value;
+  }
+  unexpected_reply("a script");
+}
+
+std::uint64_t token_at(const redisReply* reply, std::size_t index) {
+  const auto value = integer_at(reply, index);
+  if (value < 1 || value > kMaxToken) {
+    throw BackendUnavailable("redis answered a script with an impossible fencing token " + std::to_string(value));
+  }
+  return static_cast<std::uint64_t>(value);
+}
+
+std::string string_at(const redisReply* reply, std::size_t index) {
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements <= index) return {};
+  const auto* element = reply->element[index];
+  return element->str ? std::string(element->str, element->len) : std::string();
+}
+
+long long integer_of(const Reply& reply) {
+  if (!reply || reply->type != REDIS_REPLY_INTEGER) unexpected_reply("a script");
+  return reply->integer;
+}
+
 Reply Result::take() {
   if (error) std::rethrow_exception(error);
   return std::move(reply);

@@ -139,6 +139,11 @@ bool read_available(redisContext* context);
 // reply over kMaxReplyBytes.
 bool next_reply(redisContext* context, Reply& reply);
 
+// What a server answers becomes a turnstile exception here and only here (the model is
+// redis-plus-plus's throw_error(context, reply)): error replies by their code (reply_error), and
+// replies of a shape no script gives (the readers below); failures of the connection itself
+// become BackendUnavailable in Connection. Callers never look into an exception's text.
+//
 // The typed error an error reply (or an array holding one) stands for; null when it is none.
 // `call` names what was asked, for the message. NOPERM/NOAUTH/WRONGPASS and ACL refusals inside
 // scripts are AccessDenied; everything else (OOM, READONLY, BUSY, MOVED, script errors...) is
@@ -146,6 +151,19 @@ bool next_reply(redisContext* context, Reply& reply);
 std::exception_ptr reply_error(const Settings& settings, const std::string& call, const redisReply* reply);
 // A server's text made safe to show: bounded, printable, the password masked.
 std::string redacted(const Settings& settings, std::string_view text);
+
+// Throws BackendUnavailable: redis answered `call` with a reply of a shape it never gives.
+[[noreturn]] void unexpected_reply(const std::string& call);
+// Fencing tokens and places in line stay below 2^53 (the scripts refuse to hand out more), so
+// Lua's doubles carry them exactly; anything else in a reply is not a token.
+inline constexpr long long kMaxToken = (1LL << 53) - 1;
+// Element `index` of a script's array reply: an integer (or decimal text), a token in
+// 1..kMaxToken, or text ("" when absent). The first two throw on anything else.
+long long integer_at(const redisReply* reply, std::size_t index);
+std::uint64_t token_at(const redisReply* reply, std::size_t index);
+std::string string_at(const redisReply* reply, std::size_t index);
+// A script's integer reply.
+long long integer_of(const Reply& reply);
 
 // One script call's outcome in a pipeline: the reply, or the typed error the server answered.
 struct Result {

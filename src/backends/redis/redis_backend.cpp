@@ -105,45 +105,6 @@ std::string host_name() {
   return buffer;
 }
 
-// A script's reply: an array whose element `index` is an integer (or decimal text).
-long long integer_at(const redisReply* reply, std::size_t index) {
-  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements <= index) {
-    throw BackendUnavailable("redis answered a script with an unexpected reply");
-  }
-  const auto* element = reply->element[index];
-  if (element->type == REDIS_REPLY_INTEGER) return element->integer;
-  if (element->type == REDIS_REPLY_STRING) {
-    try {
-      return std::stoll(std::string(element->str, element->len));
-    } catch (const std::exception&) {
-    }
-  }
-  throw BackendUnavailable("redis answered a script with an unexpected reply");
-}
-
-// Fencing tokens and places in line stay below 2^53 (the scripts refuse to hand out more), so
-// Lua's doubles carry them exactly; anything else in a reply is not a token.
-constexpr long long kMaxToken = (1LL << 53) - 1;
-
-std::uint64_t token_at(const redisReply* reply, std::size_t index) {
-  const auto value = integer_at(reply, index);
-  if (value < 1 || value > kMaxToken) {
-    throw BackendUnavailable("redis answered a script with an impossible fencing token " + std::to_string(value));
-  }
-  return static_cast<std::uint64_t>(value);
-}
-
-std::string string_at(const redisReply* reply, std::size_t index) {
-  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements <= index) return {};
-  const auto* element = reply->element[index];
-  return element->str ? std::string(element->str, element->len) : std::string();
-}
-
-long long integer_of(const Reply& reply) {
-  if (reply->type != REDIS_REPLY_INTEGER) throw BackendUnavailable("redis answered a script with an unexpected reply");
-  return reply->integer;
-}
-
 char kind_code(EntryKind kind) {
   switch (kind) {
     case EntryKind::exclusive: return 'x';
@@ -430,6 +391,16 @@ class RedisBackend final : public Backend {
   void on_subscriber_reset();
   void renew_soon();
   void watchdog_loop(std::stop_token stop);
+  // What the watchdog renews: a hold's lease, by seq and request id.
+  struct Renewal {
+    std::shared_ptr<HoldLease> state;
+    std::string seq, request;
+  };
+  // One pipelined round of renewals and orphan removals. False when something went unanswered
+  // (the next round comes after renewal_retry()).
+  bool renewal_round();
+  // Applies a name's renewal reply to its holds. False when it confirmed nothing for one of them.
+  bool settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at);
   // Takes the entry of `request` out of the queue (by seq when known), bounded; when that
   // fails, the watchdog keeps trying (an entry left behind would hold the name up for a TTL).
   void leave(const std::string& name, const std::string& seq, const std::string& request) noexcept;
@@ -774,10 +745,7 @@ void RedisBackend::renew_soon() {
 // connection finds another run_id. Entries whose removal failed (orphans) are removed in the
 // same round trips until done.
 void RedisBackend::watchdog_loop(std::stop_token stop) {
-  const auto period = renewal_period();
-  const auto retry = renewal_retry();
-  const auto patience = std::min(period, kRenewalPatience);
-  auto wait = period;
+  auto wait = renewal_period();
   while (!stop.stop_requested()) {
     const auto until = SteadyClock::now() + wait;
     while (!stop.stop_requested() && SteadyClock::now() < until) {
@@ -785,111 +753,105 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
       std::uint64_t count;
       if (read(wake_fd_.fd, &count, sizeof count) > 0) break;  // renew_soon(), or stop
     }
-    wait = period;
     if (stop.stop_requested()) break;
-    // A snapshot (leases are shared: a hold may be released and destroyed meanwhile).
-    struct Renewal {
-      std::shared_ptr<HoldLease> state;
-      std::string seq, request;
-    };
-    std::map<std::string, std::vector<Renewal>> by_name;
-    std::vector<Orphan> orphans;
-    {
-      std::lock_guard lock(holds_mutex_);
-      for (auto* hold : holds_) {
-        // A hold being released is still renewed (a release that failed is retried later and
-        // its entry must not expire under it meanwhile), but its answers are ignored below.
-        if (!hold->state()->lease->lost()) {
-          by_name[hold->name()].push_back({hold->state(), std::to_string(hold->seq()), hold->request()});
-        }
+    wait = renewal_round() ? renewal_period() : renewal_retry();
+  }
+}
+
+bool RedisBackend::renewal_round() {
+  // A snapshot (leases are shared: a hold may be released and destroyed meanwhile).
+  std::map<std::string, std::vector<Renewal>> by_name;
+  std::vector<Orphan> orphans;
+  {
+    std::lock_guard lock(holds_mutex_);
+    for (auto* hold : holds_) {
+      // A hold being released is still renewed (a release that failed is retried later and
+      // its entry must not expire under it meanwhile), but its answers are ignored.
+      if (!hold->state()->lease->lost()) {
+        by_name[hold->name()].push_back({hold->state(), std::to_string(hold->seq()), hold->request()});
       }
-      const auto now = SteadyClock::now();
-      std::erase_if(orphans_, [&](const Orphan& orphan) { return orphan.give_up <= now; });
-      orphans = orphans_;
     }
-    if (by_name.empty() && orphans.empty()) continue;
-    std::vector<ScriptCall> calls;
-    std::vector<std::vector<std::shared_ptr<HoldLease>>> groups;
+    const auto now = SteadyClock::now();
+    std::erase_if(orphans_, [&](const Orphan& orphan) { return orphan.give_up <= now; });
+    orphans = orphans_;
+  }
+  if (by_name.empty() && orphans.empty()) return true;
+  std::vector<ScriptCall> calls;
+  for (auto& [name, holds] : by_name) {
+    const auto keys = keys_of(name);
+    std::vector<std::string> args{keys.channel, std::to_string(settings_.ttl.count())};
+    for (auto& renewal : holds) {
+      args.push_back(renewal.seq);
+      args.push_back(renewal.request);
+    }
+    calls.emplace_back(&scripts::renew, keys.keys, std::move(args));
+  }
+  // Orphans ride in the same round trip, after the renewals.
+  for (const auto& orphan : orphans) {
+    const auto keys = keys_of(orphan.name);
+    calls.emplace_back(&scripts::release, keys.keys,
+                       std::vector<std::string>{keys.channel, orphan.seq, orphan.request, release_memory_ms()});
+  }
+  const auto sent_at = SteadyClock::now();
+  std::vector<Result> results;
+  try {
+    results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience));
+  } catch (const std::exception&) {
     for (auto& [name, holds] : by_name) {
-      const auto keys = keys_of(name);
-      std::vector<std::string> args{keys.channel, std::to_string(settings_.ttl.count())};
-      groups.emplace_back();
       for (auto& renewal : holds) {
-        args.push_back(renewal.seq);
-        args.push_back(renewal.request);
-        groups.back().push_back(renewal.state);
+        if (!renewal.state->releasing) renewal.state->lease->unconfirmed("the renewal did not reach redis; its entry may still be alive");
       }
-      calls.emplace_back(&scripts::renew, keys.keys, std::move(args));
     }
-    // Orphans ride in the same round trip, after the renewals.
+    return false;  // orphans too are tried again then
+  }
+  bool settled = true;
+  std::size_t at = 0;
+  for (auto& [name, holds] : by_name) settled = settle_renewals(holds, results[at++], sent_at) && settled;
+  if (!orphans.empty()) {
+    std::set<std::string> removed;
     for (const auto& orphan : orphans) {
-      const auto keys = keys_of(orphan.name);
-      calls.emplace_back(&scripts::release, keys.keys,
-                         std::vector<std::string>{keys.channel, orphan.seq, orphan.request, release_memory_ms()});
+      if (results[at++].ok()) removed.insert(orphan.request);
     }
-    const auto sent_at = SteadyClock::now();
-    std::vector<Result> results;
+    std::lock_guard lock(holds_mutex_);
+    std::erase_if(orphans_, [&](const Orphan& orphan) { return removed.count(orphan.request) > 0; });
+    settled = settled && orphans_.empty();
+  }
+  return settled;
+}
+
+bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at) {
+  // An error reply (OOM, READONLY, BUSY...) confirms nothing, and proves no loss either.
+  std::string trouble = "redis answered the renewal unexpectedly";
+  if (result.error) {
     try {
-      results = renewals_.eval_each(calls, sent_at + patience);
-    } catch (const std::exception&) {
-      for (auto& group : groups) {
-        for (auto& state : group) {
-          if (!state->releasing) state->lease->unconfirmed("the renewal did not reach redis; its entry may still be alive");
-        }
-      }
-      wait = retry;  // orphans too are tried again then
-      continue;
-    }
-    if (!orphans.empty()) {
-      std::set<std::string> removed;
-      for (std::size_t i = 0; i < orphans.size(); ++i) {
-        const auto at = groups.size() + i;
-        if (at < results.size() && results[at].ok()) removed.insert(orphans[i].request);
-      }
-      std::lock_guard lock(holds_mutex_);
-      std::erase_if(orphans_, [&](const Orphan& orphan) { return removed.count(orphan.request) > 0; });
-      if (!orphans_.empty()) wait = retry;
-    }
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      // An error reply (OOM, READONLY, BUSY...) confirms nothing, and proves no loss either.
-      std::string trouble = "redis answered the renewal unexpectedly";
-      const redisReply* reply = nullptr;
-      if (g < results.size() && results[g].ok()) {
-        reply = results[g].reply.get();
-      } else if (g < results.size()) {
-        try {
-          std::rethrow_exception(results[g].error);
-        } catch (const std::exception& error) {
-          trouble = std::string("redis answered the renewal with an error: ") + error.what();
-        }
-      }
-      const bool usable = reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == groups[g].size();
-      for (std::size_t i = 0; i < groups[g].size(); ++i) {
-        // Read after the answer came: a release sent before the server ran this renewal set
-        // it before sending, so a renewal that crossed a release is never taken for a loss.
-        if (groups[g][i]->releasing) continue;
-        auto& lease = groups[g][i]->lease;
-        long long where = -1;
-        if (usable) {
-          try {
-            where = integer_at(reply, i);
-          } catch (const Error&) {
-          }
-        }
-        if (where == 2) {
-          lease->confirmed(sent_at);
-        } else if (where == 0 || where == 1) {
-          // Gone, not ours, or no longer admitted: the server's state is not the one that
-          // admitted us (evicted, deleted, restarted from an older snapshot).
-          lease->lose("its entry expired or the redis server no longer has it as admitted (evicted, deleted, or "
-                      "restarted without it)");
-        } else {
-          lease->unconfirmed(trouble);
-          wait = retry;
-        }
-      }
+      std::rethrow_exception(result.error);
+    } catch (const std::exception& error) {
+      trouble = std::string("redis answered the renewal with an error: ") + error.what();
     }
   }
+  const auto* reply = result.ok() ? result.reply.get() : nullptr;
+  const bool usable = reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == holds.size();
+  bool settled = true;
+  for (std::size_t i = 0; i < holds.size(); ++i) {
+    // Read after the answer came: a release sent before the server ran this renewal set it
+    // before sending, so a renewal that crossed a release is never taken for a loss.
+    if (holds[i].state->releasing) continue;
+    auto& lease = holds[i].state->lease;
+    long long where = -1;
+    if (usable && reply->element[i]->type == REDIS_REPLY_INTEGER) where = reply->element[i]->integer;
+    if (where == 2) {
+      lease->confirmed(sent_at);
+    } else if (where == 0 || where == 1) {
+      // Gone, not ours, or no longer admitted: the server's state is not the one that
+      // admitted us (evicted, deleted, restarted from an older snapshot).
+      lease->lose("its entry expired or the redis server no longer has it as admitted (evicted, deleted, or "
+                  "restarted without it)");
+    } else {
+      lease->unconfirmed(trouble);
+      settled = false;
+    }
+  }
+  return settled;
 }
 
 Inspection RedisBackend::inspect(const std::string& name) {
@@ -905,8 +867,7 @@ Inspection RedisBackend::inspect(const std::string& name) {
   }
   auto replies = connection_.eval_pipelined(calls, SteadyClock::now() + kCallPatience);
   for (const auto& reply : replies) {
-    if (reply->type == REDIS_REPLY_ERROR) throw BackendUnavailable("redis inspect failed: " + std::string(reply->str, reply->len));
-    if (reply->type != REDIS_REPLY_ARRAY) throw BackendUnavailable("redis answered inspect unexpectedly");
+    if (reply->type != REDIS_REPLY_ARRAY) unexpected_reply("inspect");
   }
   Inspection result;
   result.name = name;
@@ -963,19 +924,15 @@ bool RedisBackend::counter_try_set(const std::string& name, std::int64_t permits
 
 std::int64_t RedisBackend::counter_add(const std::string& name, std::int64_t delta) {
   const auto keys = counter_keys(name);
-  try {
-    auto reply = connection_.eval(scripts::counter_add, keys.keys,
-                                  {keys.channel, std::to_string(delta), request_ids_.next(), std::to_string(max_permits)},
-                                  SteadyClock::now() + kCallPatience, true);
-    return integer_of(reply);
-  } catch (const BackendUnavailable& error) {
-    const std::string what = error.what();
-    if (const auto at = what.find("RANGE "); at != std::string::npos) {
-      throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would take the count beyond ±" +
-                            std::to_string(max_permits) + " (" + what.substr(at + 6) + "); nothing changed");
-    }
-    throw;
+  auto reply = connection_.eval(scripts::counter_add, keys.keys,
+                                {keys.channel, std::to_string(delta), request_ids_.next(), std::to_string(max_permits)},
+                                SteadyClock::now() + kCallPatience, true);
+  if (integer_at(reply.get(), 0) == 0) {
+    throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would take the count beyond ±" +
+                          std::to_string(max_permits) + " (the count is " + redacted(settings_, string_at(reply.get(), 1)) +
+                          "); nothing changed");
   }
+  return integer_at(reply.get(), 1);
 }
 
 std::optional<std::int64_t> RedisBackend::counter_get(const std::string& name) {
