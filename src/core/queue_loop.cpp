@@ -59,6 +59,8 @@ std::unique_ptr<BackendHold> acquire_in_queue(QueueStore& store, const QueueRequ
         }
         if (step.action == QueueStep::Action::give_up) return nullptr;
         place->wait(step.verdict, deadline, request.stop);
+        // A deadline or stop that ended the wait ends the acquire: no look past the deadline.
+        if (!may_wait()) return nullptr;
         standing = place->look(deadline);
       }
     } catch (const QueueEntryGone&) {
