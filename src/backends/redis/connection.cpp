@@ -421,6 +421,105 @@ std::string exchange(redisContext* context, const std::vector<Command>& commands
   return "";
 }
 
+namespace {
+
+// What a new connection sends at once, in one round trip: credentials, database, INFO (for the
+// run_id) and, for a command connection, the scripts and the permission probes.
+struct Hello {
+  std::vector<Command> commands;
+  std::size_t info_at = 0;     // INFO's index (AUTH and SELECT come before)
+  std::size_t scripts_at = 0;  // the first SCRIPT LOAD's; the probes follow the scripts
+};
+
+Hello hello_commands(const Settings& settings, const redisContext* context, const std::vector<const Script*>* scripts) {
+  Hello hello;
+  auto& commands = hello.commands;
+  if (!settings.password.empty()) {
+    commands.push_back(settings.user.empty() ? Command{"AUTH", settings.password}
+                                             : Command{"AUTH", settings.user, settings.password});
+  }
+  if (settings.db != 0) commands.push_back({"SELECT", std::to_string(settings.db)});
+  hello.info_at = commands.size();
+  commands.push_back({"INFO", "server"});
+  hello.scripts_at = commands.size();
+  if (!scripts) return hello;
+  for (const auto* script : *scripts) commands.push_back({"SCRIPT", "LOAD", script->body});
+  // What the scripts do besides running: publish wake-ups, read and write turnstile's keys;
+  // and the subscriber connection's SUBSCRIBE. A user lacking any of them is refused here,
+  // before anything is written, rather than by a script halfway through.
+  commands.push_back({"PUBLISH", std::string(kProbeQueueChannel), ""});
+  commands.push_back({"PUBLISH", std::string(kProbeCounterChannel), ""});
+  commands.push_back({"EVAL", std::string(kProbeScript), "1", std::string(kProbeKey)});
+  // One reply each. Channels of this connection's own (nobody else knows them, so no
+  // message can arrive in between and add a reply), under the same two patterns.
+  const auto own = ":" + std::to_string(reinterpret_cast<std::uintptr_t>(context)) + "-" +
+                   std::to_string(SteadyClock::now().time_since_epoch().count());
+  for (const auto channel : {kProbeQueueChannel, kProbeCounterChannel}) {
+    commands.push_back({"SUBSCRIBE", std::string(channel) + own});
+  }
+  for (const auto channel : {kProbeQueueChannel, kProbeCounterChannel}) {
+    commands.push_back({"UNSUBSCRIBE", std::string(channel) + own});
+  }
+  return hello;
+}
+
+// Reads the replies to hello_commands into `opened`; throws AccessDenied for what the user may
+// not do, BackendUnavailable for a server that does not answer like Redis.
+void read_hello(const Settings& settings, const Hello& hello, const std::vector<Reply>& replies,
+                const std::vector<const Script*>* scripts, Opened& opened) {
+  const auto who = user_of(settings);
+  const auto check = [&](std::size_t index, const std::string& needs) {
+    const auto* reply = replies[index].get();
+    if (auto error = reply_error(settings, hello.commands[index].front(), reply)) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const AccessDenied&) {
+        throw AccessDenied("redis at " + settings.description + " does not let " + who + " " + needs + ": " +
+                           redacted(settings, reply_view(reply)));
+      }
+    }
+  };
+  for (std::size_t i = 0; i < hello.info_at; ++i) {
+    if (hello.commands[i].front() == "AUTH" && replies[i]->type == REDIS_REPLY_ERROR) {
+      // WRONGPASS, or a password given to a server that has none: our credentials are wrong.
+      throw AccessDenied("redis at " + settings.description + " refused " + who + ": " +
+                         redacted(settings, reply_view(replies[i].get())));
+    }
+    check(i, "select database " + std::to_string(settings.db));
+  }
+  // INFO may be refused to a restricted user: the run_id is then unknown, which is no error.
+  if (const auto* info_reply = replies[hello.info_at].get(); !is_error(info_reply, "NOPERM")) {
+    check(hello.info_at, "run INFO");
+    const auto info = reply_view(info_reply);
+    const auto at = info.find("run_id:");
+    if (info_reply->type != REDIS_REPLY_STRING || at == std::string::npos) {
+      throw BackendUnavailable("the server at " + settings.description + " does not look like Redis (no run_id)");
+    }
+    opened.run_id = std::string(info.substr(at + 7, info.find_first_of("\r\n", at) - at - 7));
+  }
+  if (!scripts) return;
+  for (std::size_t i = hello.scripts_at; i < hello.scripts_at + scripts->size(); ++i) {
+    check(i, "run scripts");
+    if (replies[i]->type != REDIS_REPLY_STRING) {
+      throw BackendUnavailable("the server at " + settings.description + " answered SCRIPT LOAD oddly");
+    }
+    opened.shas.emplace_back(reply_view(replies[i].get()));
+  }
+  const auto probes = hello.scripts_at + scripts->size();
+  check(probes, "publish on turnstile's channels (turnstile:*)");
+  check(probes + 1, "publish on PermitCounter's channels (redisson_sc:*)");
+  check(probes + 2, "read and write turnstile's keys (turnstile:*) from scripts");
+  for (std::size_t i = probes + 3; i < probes + 7; ++i) {
+    check(i, "subscribe to turnstile's channels (turnstile:*, redisson_sc:*)");
+    const auto* reply = replies[i].get();
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 || reply->element[0]->type != REDIS_REPLY_STRING) {
+      throw BackendUnavailable("the server at " + settings.description + " answered (UN)SUBSCRIBE oddly");
+    }
+  }
+}
+
+}  // namespace
+
 Opened open_context(const Settings& settings, const Wait& wait, const std::vector<const Script*>* scripts, int cancel_fd) {
   Opened opened;
   const int fd = connect_socket(settings, wait.connect_until(), cancel_fd);
@@ -433,91 +532,15 @@ Opened open_context(const Settings& settings, const Wait& wait, const std::vecto
   context->flags &= ~REDIS_BLOCK;  // we wait in poll(), with deadlines, never in read()/write()
   bound_replies(context);
   redisEnableKeepAlive(context);
-
-  std::vector<Command> hello;
-  if (!settings.password.empty()) {
-    hello.push_back(settings.user.empty() ? Command{"AUTH", settings.password}
-                                          : Command{"AUTH", settings.user, settings.password});
-  }
-  if (settings.db != 0) hello.push_back({"SELECT", std::to_string(settings.db)});
-  const auto info_at = hello.size();
-  hello.push_back({"INFO", "server"});
-  const auto scripts_at = hello.size();
-  if (scripts) {
-    for (const auto* script : *scripts) hello.push_back({"SCRIPT", "LOAD", script->body});
-    // What the scripts do besides running: publish wake-ups, read and write turnstile's keys;
-    // and the subscriber connection's SUBSCRIBE. A user lacking any of them is refused here,
-    // before anything is written, rather than by a script halfway through.
-    hello.push_back({"PUBLISH", std::string(kProbeQueueChannel), ""});
-    hello.push_back({"PUBLISH", std::string(kProbeCounterChannel), ""});
-    hello.push_back({"EVAL", std::string(kProbeScript), "1", std::string(kProbeKey)});
-    // One reply each. Channels of this connection's own (nobody else knows them, so no
-    // message can arrive in between and add a reply), under the same two patterns.
-    const auto own = ":" + std::to_string(reinterpret_cast<std::uintptr_t>(context)) + "-" +
-                     std::to_string(SteadyClock::now().time_since_epoch().count());
-    for (const auto channel : {kProbeQueueChannel, kProbeCounterChannel}) {
-      hello.push_back({"SUBSCRIBE", std::string(channel) + own});
-    }
-    for (const auto channel : {kProbeQueueChannel, kProbeCounterChannel}) {
-      hello.push_back({"UNSUBSCRIBE", std::string(channel) + own});
-    }
-  }
+  const auto hello = hello_commands(settings, context, scripts);
   std::vector<Reply> replies;
-  if (const auto why = exchange(context, hello, replies, wait.reply_until(), cancel_fd); !why.empty()) {
+  if (const auto why = exchange(context, hello.commands, replies, wait.reply_until(), cancel_fd); !why.empty()) {
     if (context->err == REDIS_ERR_PROTOCOL) {
       throw BackendUnavailable("the server at " + settings.description + " does not speak the Redis protocol");
     }
     throw BackendUnavailable("redis at " + settings.description + " did not answer: " + why);
   }
-  const auto who = user_of(settings);
-  const auto check = [&](std::size_t index, const std::string& needs) {
-    const auto* reply = replies[index].get();
-    if (auto error = reply_error(settings, hello[index].front(), reply)) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const AccessDenied&) {
-        throw AccessDenied("redis at " + settings.description + " does not let " + who + " " + needs + ": " +
-                           redacted(settings, reply_view(reply)));
-      }
-    }
-  };
-  for (std::size_t i = 0; i < info_at; ++i) {
-    if (hello[i].front() == "AUTH" && replies[i]->type == REDIS_REPLY_ERROR) {
-      // WRONGPASS, or a password given to a server that has none: our credentials are wrong.
-      throw AccessDenied("redis at " + settings.description + " refused " + who + ": " +
-                         redacted(settings, reply_view(replies[i].get())));
-    }
-    check(i, "select database " + std::to_string(settings.db));
-  }
-  // INFO may be refused to a restricted user: the run_id is then unknown, which is no error.
-  if (!is_error(replies[info_at].get(), "NOPERM")) {
-    check(info_at, "run INFO");
-    const auto info = reply_view(replies[info_at].get());
-    const auto at = info.find("run_id:");
-    if (replies[info_at]->type != REDIS_REPLY_STRING || at == std::string::npos) {
-      throw BackendUnavailable("the server at " + settings.description + " does not look like Redis (no run_id)");
-    }
-    opened.run_id = std::string(info.substr(at + 7, info.find_first_of("\r\n", at) - at - 7));
-  }
-  if (!scripts) return opened;
-  for (std::size_t i = scripts_at; i < scripts_at + scripts->size(); ++i) {
-    check(i, "run scripts");
-    if (replies[i]->type != REDIS_REPLY_STRING) {
-      throw BackendUnavailable("the server at " + settings.description + " answered SCRIPT LOAD oddly");
-    }
-    opened.shas.emplace_back(reply_view(replies[i].get()));
-  }
-  const auto probes = scripts_at + scripts->size();
-  check(probes, "publish on turnstile's channels (turnstile:*)");
-  check(probes + 1, "publish on PermitCounter's channels (redisson_sc:*)");
-  check(probes + 2, "read and write turnstile's keys (turnstile:*) from scripts");
-  for (std::size_t i = probes + 3; i < probes + 7; ++i) {
-    check(i, "subscribe to turnstile's channels (turnstile:*, redisson_sc:*)");
-    const auto* reply = replies[i].get();
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 || reply->element[0]->type != REDIS_REPLY_STRING) {
-      throw BackendUnavailable("the server at " + settings.description + " answered (UN)SUBSCRIBE oddly");
-    }
-  }
+  read_hello(settings, hello, replies, scripts, opened);
   return opened;
 }
 
