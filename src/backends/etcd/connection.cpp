@@ -12,10 +12,10 @@
 #include <sstream>
 #include <thread>
 
+#include "backends/etcd/timeouts.hpp"
+
 namespace turnstile::detail::etcd {
 namespace {
-
-using std::chrono::milliseconds;
 
 // --- fork handling -------------------------------------------------------------------------
 // gRPC 1.51 can hand a forked child a working library (grpc_prefork / grpc_postfork_child:
@@ -45,12 +45,12 @@ void before_fork() {
     state.forking = true;
     for (auto* context : state.streams) context->TryCancel();
     cancelled = !state.streams.empty();
-    state.changed.wait_for(lock, milliseconds(3000), [&] { return state.active == 0; });
+    state.changed.wait_for(lock, kForkQuiesce, [&] { return state.active == 0; });
   }
   // A cancelled stream's call is torn down on gRPC's executor threads after our caller has
   // returned. grpc_prefork joins those threads while forbidding new ExecCtx, so a teardown still
   // running then deadlocks it (seen with Debian's 1.51). Give the teardown time to finish.
-  if (cancelled) std::this_thread::sleep_for(milliseconds(50));
+  if (cancelled) std::this_thread::sleep_for(kForkTeardown);
   grpc_prefork();
 }
 
@@ -194,9 +194,9 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
   for (const auto& host : settings_.endpoints) {
     grpc::ChannelArguments arguments;
     // Reconnect quickly after a restart or fail-over: waiters and keep-alives depend on it.
-    arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(kReconnectFirst.count()));
+    arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(kReconnectFirst.count()));
+    arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(kReconnectLast.count()));
     // A connection of its own per client: gRPC otherwise shares one per target process-wide,
     // and a forked child would write into its parent's HTTP/2 stream.
     arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
@@ -210,7 +210,7 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
     endpoint.key_watch = pb::Watch::NewStub(endpoint.key_watch_channel);
     endpoints_.push_back(std::move(endpoint));
   }
-  if (!settings_.user.empty()) authenticate(SteadyClock::now() + milliseconds(5000));
+  if (!settings_.user.empty()) authenticate(SteadyClock::now() + kConnectAuthentication);
 }
 
 Connection::Endpoint& Connection::current() {
@@ -235,45 +235,88 @@ void Connection::prepare(grpc::ClientContext& context, Deadline deadline, bool m
   if (!token_.empty()) context.AddMetadata("token", token_);
 }
 
-void Connection::check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline) {
+namespace {
+
+// `authenticating`: the status of an Authenticate call, which answers wrong credentials with
+// INVALID_ARGUMENT.
+Failure classify(const grpc::Status& status, bool authenticating = false) {
   switch (status.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return authenticating ? Failure::unauthenticated : Failure::failed;
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
     case grpc::StatusCode::CANCELLED:
     case grpc::StatusCode::INTERNAL:
-      if (endpoints_.size() > 1) {
-        std::lock_guard lock(mutex_);
-        current_ = (current_ + 1) % endpoints_.size();
-      }
-      return;
+      return Failure::transient;
     case grpc::StatusCode::UNAUTHENTICATED:
-      // An expired or revoked token: authenticate again, then retry.
-      if (!settings_.user.empty()) {
-        authenticate(std::max(deadline, SteadyClock::now() + milliseconds(100)));
-        return;
-      }
-      throw AccessDenied(std::string("etcd refused ") + what + ": " + describe(status));
+      return Failure::unauthenticated;
     case grpc::StatusCode::PERMISSION_DENIED:
-      // No user name: credentials never appear in messages.
-      throw AccessDenied(std::string("etcd refused ") + what + " to this client's user: " + describe(status));
+      return Failure::refused;
     case grpc::StatusCode::NOT_FOUND:
-      if (status.error_message().find("lease not found") != std::string::npos) {
-        throw LeaseGone(std::string("etcd no longer knows the lease of ") + what + ": " + describe(status));
-      }
-      throw BackendUnavailable(std::string("etcd failed ") + what + " at " + settings_.description + ": " + describe(status));
+      // etcd has no code of its own for this: its Go client also tells its errors by their
+      // description (rpctypes.ErrLeaseNotFound).
+      return status.error_message().find("lease not found") != std::string::npos ? Failure::lease_gone : Failure::failed;
     default:
-      throw BackendUnavailable(std::string("etcd failed ") + what + " at " + settings_.description + ": " + describe(status));
+      return Failure::failed;
   }
+}
+
+// A transient failure of a call that was never sent (the connection could not be made): such a
+// call may be resent even when it is not idempotent.
+bool never_sent(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE && status.error_message().find("connect") != std::string::npos;
+}
+
+}  // namespace
+
+// The one place where a failed call's status becomes a turnstile exception. No user name nor
+// password appears in a message.
+void Connection::throw_error(Failure failure, const grpc::Status& status, std::string_view what) const {
+  const auto detail = std::string(what) + ": " + describe(status);
+  switch (failure) {
+    case Failure::unauthenticated:
+      throw AccessDenied("etcd refused " + detail);
+    case Failure::refused:
+      throw AccessDenied("etcd refused to this client's user " + detail);
+    case Failure::lease_gone:
+      throw LeaseGone("etcd no longer knows the lease of " + detail);
+    case Failure::outcome_unknown:
+      throw BackendUnavailable("etcd did not confirm (its outcome is unknown) " + detail);
+    case Failure::transient:
+      throw BackendUnavailable("no etcd at " + settings_.description + " answered " + detail);
+    case Failure::failed:
+      break;
+  }
+  throw BackendUnavailable("etcd at " + settings_.description + " failed " + detail);
+}
+
+void Connection::check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline) {
+  const auto failure = classify(status);
+  switch (failure) {
+    case Failure::transient:
+      next_endpoint();
+      return;
+    case Failure::unauthenticated:
+      if (settings_.user.empty()) break;
+      authenticate(std::max(deadline, SteadyClock::now() + kReauthenticateFloor));
+      return;
+    default:
+      break;
+  }
+  throw_error(failure, status, what);
+}
+
+void Connection::next_endpoint() {
+  std::lock_guard lock(mutex_);
+  current_ = (current_ + 1) % endpoints_.size();
 }
 
 template <class Call>
 void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what) {
-  auto backoff = milliseconds(25);
+  auto pause = kRetryFirstPause;
   for (;;) {
-    // Each attempt gets at most 2 s, so that a stuck endpoint gives way to the next one.
-    const auto attempt_deadline = std::min(deadline, SteadyClock::now() + milliseconds(2000));
     grpc::ClientContext context;
-    prepare(context, attempt_deadline, idempotent);
+    prepare(context, std::min(deadline, SteadyClock::now() + kAttemptCap), idempotent);
     grpc::Status status;
     {
       GrpcScope scope;
@@ -281,15 +324,10 @@ void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempot
     }
     if (status.ok()) return;
     check_retryable(status, what, deadline);
-    const bool unsent = status.error_code() == grpc::StatusCode::UNAVAILABLE && status.error_message().find("connect") != std::string::npos;
-    if (!idempotent && !unsent) {
-      throw BackendUnavailable(std::string("etcd did not confirm ") + what + " (its outcome is unknown): " + describe(status));
-    }
-    if (SteadyClock::now() + backoff >= deadline) {
-      throw BackendUnavailable(std::string("no etcd answered ") + what + " at " + settings_.description + ": " + describe(status));
-    }
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, milliseconds(500));
+    if (!idempotent && !never_sent(status)) throw_error(Failure::outcome_unknown, status, what);
+    if (SteadyClock::now() + pause >= deadline) throw_error(Failure::transient, status, what);
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, kRetryLastPause);
   }
 }
 
@@ -297,10 +335,10 @@ void Connection::authenticate(SteadyClock::time_point deadline) {
   pb::AuthenticateRequest request;
   request.set_name(settings_.user);
   request.set_password(settings_.password);
-  for (auto backoff = milliseconds(25);; backoff = std::min(backoff * 2, milliseconds(500))) {
+  for (auto pause = kRetryFirstPause;; pause = std::min(pause * 2, kRetryLastPause)) {
     pb::AuthenticateResponse response;
     grpc::ClientContext context;
-    context.set_deadline(system_deadline(std::min(deadline, SteadyClock::now() + milliseconds(2000))));
+    context.set_deadline(system_deadline(std::min(deadline, SteadyClock::now() + kAttemptCap)));
     grpc::Status status;
     {
       GrpcScope scope;
@@ -311,24 +349,14 @@ void Connection::authenticate(SteadyClock::time_point deadline) {
       token_ = response.token();
       return;
     }
-    switch (status.error_code()) {
-      case grpc::StatusCode::FAILED_PRECONDITION:  // authentication is not enabled: no token needed
-        return;
-      case grpc::StatusCode::INVALID_ARGUMENT:
-      case grpc::StatusCode::PERMISSION_DENIED:
-      case grpc::StatusCode::UNAUTHENTICATED:
-        throw AccessDenied("etcd refused the client's credentials: " + describe(status));
-      default:
-        break;
+    // Authentication is not enabled: no token needed.
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) return;
+    const auto failure = classify(status, true);
+    if (failure != Failure::transient || SteadyClock::now() + pause >= deadline) {
+      throw_error(failure, status, "the client's credentials");
     }
-    if (SteadyClock::now() + backoff >= deadline) {
-      throw BackendUnavailable("no etcd answered at " + settings_.description + ": " + describe(status));
-    }
-    if (endpoints_.size() > 1) {
-      std::lock_guard lock(mutex_);
-      current_ = (current_ + 1) % endpoints_.size();
-    }
-    std::this_thread::sleep_for(backoff);
+    next_endpoint();
+    std::this_thread::sleep_for(pause);
   }
 }
 
@@ -379,7 +407,7 @@ std::int64_t Connection::keep_alive(std::int64_t lease, SteadyClock::time_point 
   const auto status = stream->Finish();
   if (answered) return response.ttl();
   check_retryable(status, "a lease keep-alive", deadline);
-  throw BackendUnavailable("no etcd answered a lease keep-alive at " + settings_.description + ": " + describe(status));
+  throw_error(Failure::transient, status, "a lease keep-alive");
 }
 
 // --- WatchStream ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -24,6 +25,16 @@ namespace pb = etcdserverpb;
 class LeaseGone : public BackendUnavailable {
  public:
   using BackendUnavailable::BackendUnavailable;
+};
+
+// What a failed call's status means (Connection::throw_error makes it an exception).
+enum class Failure {
+  transient,        // no answer (yet): worth resending, to the next endpoint
+  outcome_unknown,  // no answer to a call that may have been applied: not resent
+  unauthenticated,  // the auth token expired or was revoked, or the credentials are wrong
+  refused,          // not allowed to this client's user
+  lease_gone,       // the call's lease does not exist (expired or revoked)
+  failed,           // anything else etcd said
 };
 
 struct Settings {
@@ -115,6 +126,8 @@ class Connection {
   // (the endpoint then moves on to the next one). A re-authentication it needs ends by
   // `deadline`. Throws LeaseGone when etcd said the call's lease does not exist.
   void check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline);
+  // The one place where a failed call's status becomes a turnstile exception.
+  [[noreturn]] void throw_error(Failure failure, const grpc::Status& status, std::string_view what) const;
 
  private:
   struct Endpoint {
@@ -131,6 +144,7 @@ class Connection {
   void unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what);
   Endpoint& current();
   void authenticate(SteadyClock::time_point deadline);
+  void next_endpoint();
 
   Settings settings_;
   std::vector<Endpoint> endpoints_;

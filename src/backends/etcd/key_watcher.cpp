@@ -1,0 +1,273 @@
+#include "backends/etcd/key_watcher.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include "backends/etcd/timeouts.hpp"
+
+namespace turnstile::detail::etcd {
+
+KeyWatcher::KeyWatcher(Connection& connection, std::function<void()> lost)
+    : connection_(connection), lost_(std::move(lost)),
+      reader_([this](std::stop_token stop) { read_loop(stop); }),
+      worker_([this](std::stop_token stop) { work_loop(stop); }) {}
+
+void KeyWatcher::stop() {
+  reader_.request_stop();
+  worker_.request_stop();
+  if (reader_.joinable()) reader_.join();
+  if (worker_.joinable()) worker_.join();
+}
+
+std::shared_ptr<KeyWatcher::Watched> KeyWatcher::watch(std::string key, std::int64_t create_revision, std::int64_t lease,
+                                                       std::string value, std::int64_t seen_revision,
+                                                       std::shared_ptr<LossSignal> loss) {
+  auto watched = std::make_shared<Watched>();
+  watched->key = std::move(key);
+  watched->create_revision = create_revision;
+  watched->lease = lease;
+  watched->loss = std::move(loss);
+  watched->values.push_back(std::move(value));
+  watched->from_revision = std::max(seen_revision, create_revision) + 1;
+  watched->not_before = SteadyClock::now() + kFirstKeyWatchDelay;
+  bool wake = false;
+  {
+    std::lock_guard lock(mutex_);
+    watched_.insert(watched);
+    if (stream_) creates_.push_back(watched);
+    // A worker already waiting for an earlier create's time comes to this one by itself:
+    // back-to-back short holds cost no wake-up each.
+    wake = !stream_ || !worker_timed_;
+  }
+  if (wake) cv_.notify_all();
+  return watched;
+}
+
+void KeyWatcher::allow(Watched& watched, std::string value) {
+  std::lock_guard lock(mutex_);
+  watched.values.push_back(std::move(value));
+}
+
+void KeyWatcher::unwatch(const std::shared_ptr<Watched>& watched) {
+  {
+    std::lock_guard lock(mutex_);
+    if (watched->done || !unwatch_locked(watched)) return;
+  }
+  cv_.notify_all();  // a cancel to send
+}
+
+bool KeyWatcher::allowed(const Watched& watched, const mvccpb::KeyValue& kv) const {
+  return kv.create_revision() == watched.create_revision && kv.lease() == watched.lease &&
+         std::find(watched.values.begin(), watched.values.end(), kv.value()) != watched.values.end();
+}
+
+bool KeyWatcher::unwatch_locked(const std::shared_ptr<Watched>& watched) {
+  watched->done = true;
+  watched_.erase(watched);
+  if (watched->watch_id < 0) return false;
+  by_id_.erase(watched->watch_id);
+  if (!stream_) return false;
+  cancels_.push_back(watched->watch_id);
+  return true;
+}
+
+void KeyWatcher::lose_locked(const std::shared_ptr<Watched>& watched, std::string reason) {
+  unwatch_locked(watched);
+  losses_.emplace_back(watched, std::move(reason));
+  cv_.notify_all();
+}
+
+// --- the reader ----------------------------------------------------------------------------
+
+void KeyWatcher::read_loop(std::stop_token stop) {
+  while (!stop.stop_requested()) {
+    {
+      std::unique_lock lock(mutex_);
+      if (!cv_.wait(lock, stop, [&] { return !watched_.empty(); })) return;
+    }
+    const auto opened = SteadyClock::now();
+    try {
+      const auto status = run_stream(stop);
+      // An expired auth token is renewed here, outside the stream's GrpcScope.
+      if (!status.ok() && !stop.stop_requested()) {
+        connection_.check_retryable(status, "a watch", SteadyClock::now() + kBackgroundTry);
+      }
+    } catch (...) {
+      // Refused, or the client ended at exit: tried again below unless stopped.
+    }
+    // A stream that ended at once (etcd down or restarting, a fork) is not reopened in a loop.
+    if (SteadyClock::now() - opened < kKeyWatchShortLife) {
+      std::unique_lock lock(mutex_);
+      cv_.wait_for(lock, stop, kWatchRetryPause, [] { return false; });
+    }
+  }
+}
+
+grpc::Status KeyWatcher::run_stream(const std::stop_token& stop) {
+  grpc::ClientContext context;
+  // Bounded, so that no watch depends on one connection forever.
+  connection_.prepare(context, SteadyClock::now() + kKeyWatchLife);
+  GrpcScope scope(&context);
+  std::stop_callback cancel(stop, [&context] { context.TryCancel(); });
+  auto stream = connection_.key_watch_stub().Watch(&context);
+  {
+    // Every key watched again, each from the first revision not seen yet.
+    std::lock_guard lock(mutex_);
+    stream_ = stream.get();
+    in_flight_.clear();
+    by_id_.clear();
+    cancels_.clear();
+    creates_.clear();
+    for (const auto& watched : watched_) {
+      watched->watch_id = -1;
+      creates_.push_back(watched);
+    }
+  }
+  cv_.notify_all();
+  pb::WatchResponse response;
+  while (stream->Read(&response)) handle(response);
+  context.TryCancel();
+  {
+    std::unique_lock lock(mutex_);
+    stream_ = nullptr;
+    cv_.wait(lock, [&] { return !writing_; });  // Finish must not overlap a Write
+  }
+  return stream->Finish();
+}
+
+void KeyWatcher::handle_created(const pb::WatchResponse& response) {
+  // etcd answers a stream's create requests in order.
+  if (in_flight_.empty()) return;
+  auto watched = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  if (response.canceled()) {
+    if (watched->done) return;
+    rechecks_.push_back(watched);
+  } else if (watched->done) {
+    cancels_.push_back(response.watch_id());
+  } else {
+    watched->watch_id = response.watch_id();
+    by_id_[response.watch_id()] = watched;
+    return;
+  }
+  cv_.notify_all();  // work for the worker
+}
+
+void KeyWatcher::handle(const pb::WatchResponse& response) {
+  std::lock_guard lock(mutex_);
+  if (response.created()) return handle_created(response);
+  const auto found = by_id_.find(response.watch_id());
+  if (found == by_id_.end()) return;
+  const auto watched = found->second;
+  for (const auto& event : response.events()) {
+    if (event.kv().key() != watched->key) continue;
+    watched->from_revision = std::max(watched->from_revision, event.kv().mod_revision() + 1);
+    if (event.type() == mvccpb::Event::DELETE) {
+      return lose_locked(watched, "its etcd key was deleted (by hand, or with its lease, revoked or expired)");
+    }
+    if (!allowed(*watched, event.kv())) {
+      return lose_locked(watched, "its etcd key was overwritten by another writer");
+    }
+  }
+  if (response.canceled() || response.compact_revision() != 0) {
+    // Events may have been compacted away: the key is read again before a new watch.
+    by_id_.erase(found);
+    watched->watch_id = -1;
+    rechecks_.push_back(watched);
+    cv_.notify_all();
+  }
+}
+
+// --- the worker ----------------------------------------------------------------------------
+
+void KeyWatcher::work_loop(std::stop_token stop) {
+  Lock lock(mutex_);
+  while (wait_for_work(lock, stop)) {
+    if (!losses_.empty()) {
+      tell_loss(lock);
+    } else if (stream_ && (!creates_.empty() || !cancels_.empty())) {
+      send_request(lock);
+    } else {
+      recheck(lock);
+    }
+  }
+}
+
+bool KeyWatcher::other_work() const { return !losses_.empty() || !rechecks_.empty() || (stream_ && !cancels_.empty()); }
+
+bool KeyWatcher::wait_for_work(Lock& lock, const std::stop_token& stop) {
+  for (;;) {
+    if (stop.stop_requested()) return false;
+    while (!creates_.empty() && creates_.front()->done) creates_.pop_front();
+    if (other_work()) return true;
+    // Creates are queued in the order of their delays (a new stream queues past ones first).
+    if (!stream_ || creates_.empty()) {
+      cv_.wait(lock, stop, [&] { return other_work() || (stream_ && !creates_.empty()); });
+      continue;
+    }
+    const auto due = creates_.front()->not_before;
+    if (due <= SteadyClock::now()) return true;
+    worker_timed_ = true;
+    cv_.wait_until(lock, stop, due, [&] { return other_work(); });
+    worker_timed_ = false;
+  }
+}
+
+void KeyWatcher::tell_loss(Lock& lock) {
+  auto [watched, reason] = std::move(losses_.front());
+  losses_.pop_front();
+  lock.unlock();
+  watched->loss->lose(reason);
+  lost_();
+  lock.lock();
+}
+
+void KeyWatcher::send_request(Lock& lock) {
+  pb::WatchRequest request;
+  if (!cancels_.empty()) {
+    request.mutable_cancel_request()->set_watch_id(cancels_.front());
+    cancels_.pop_front();
+  } else {
+    auto watched = std::move(creates_.front());
+    creates_.pop_front();
+    if (watched->done) return;
+    auto* create = request.mutable_create_request();
+    create->set_key(watched->key);
+    create->set_start_revision(watched->from_revision);
+    in_flight_.push_back(std::move(watched));  // before the answer can come
+  }
+  // The reader's scope covers the stream; a failed write means it is ending, and the next
+  // stream watches every key again.
+  auto* stream = stream_;
+  writing_ = true;
+  lock.unlock();
+  stream->Write(request);
+  lock.lock();
+  writing_ = false;
+  cv_.notify_all();
+}
+
+void KeyWatcher::recheck(Lock& lock) {
+  auto watched = std::move(rechecks_.front());
+  rechecks_.pop_front();
+  if (watched->done) return;
+  lock.unlock();
+  std::optional<pb::RangeResponse> now;
+  try {
+    pb::RangeRequest read;
+    read.set_key(watched->key);
+    now = connection_.range(read, SteadyClock::now() + kBackgroundTry);
+  } catch (...) {
+    // Not read: watched again from where it was; etcd cancels it again if need be.
+  }
+  lock.lock();
+  if (watched->done) return;
+  if (now && (now->kvs_size() == 0 || !allowed(*watched, now->kvs(0)))) {
+    return lose_locked(watched, now->kvs_size() == 0 ? "its etcd key was deleted (by hand, or with its lease)"
+                                                     : "its etcd key was overwritten by another writer");
+  }
+  if (now) watched->from_revision = std::max(watched->from_revision, now->header().revision() + 1);
+  if (stream_) creates_.push_back(watched);  // otherwise the next stream watches it
+}
+
+}  // namespace turnstile::detail::etcd

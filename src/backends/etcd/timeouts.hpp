@@ -1,0 +1,79 @@
+// Every time limit of the etcd backend, in one place, with the reason for its value.
+#pragma once
+
+#include <chrono>
+
+namespace turnstile::detail::etcd {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// --- calls -------------------------------------------------------------------------------
+// Every call ends within kCallCap and by the caller's deadline: long enough for a fail-over to
+// the next endpoint, short enough that an untimed caller hears of an outage.
+constexpr milliseconds kCallCap{5000};
+// A call that must reach etcd once to mean anything (a try-once join, a grant) gets this much
+// even when its caller's deadline has passed.
+constexpr milliseconds kOneShot{1000};
+// The look after a wait, when the deadline has passed meanwhile: one round trip.
+constexpr milliseconds kLastLook{250};
+// One attempt of a call: a stuck endpoint gives way to the next one this soon.
+constexpr milliseconds kAttemptCap{2000};
+// Resent idempotent calls back off from the first to the last pause, doubling.
+constexpr milliseconds kRetryFirstPause{25};
+constexpr milliseconds kRetryLastPause{500};
+// A re-authentication in the middle of a call whose own deadline has passed still gets this.
+constexpr milliseconds kReauthenticateFloor{100};
+// Connecting with a user name authenticates at once: the caller learns of wrong credentials.
+constexpr milliseconds kConnectAuthentication{5000};
+// gRPC reconnects after a restart or fail-over within these (its defaults wait up to 2 min):
+// waiters and keep-alives depend on the connection.
+constexpr milliseconds kReconnectFirst{100};
+constexpr milliseconds kReconnectLast{1000};
+
+// --- fork --------------------------------------------------------------------------------
+// fork() waits this long for calls in flight (all have deadlines) before forking anyway.
+constexpr milliseconds kForkQuiesce{3000};
+// A cancelled stream is torn down on gRPC's executor threads; grpc_prefork deadlocks if that
+// is still running (Debian's 1.51), so fork waits this long after cancelling streams.
+constexpr milliseconds kForkTeardown{50};
+
+// --- clean-up ----------------------------------------------------------------------------
+// How long a leave or a clean-up is tried in the caller's thread before the background
+// thread takes it over: a caller is not held up by an outage.
+constexpr milliseconds kLeaveTry{500};
+// One background attempt, and the pauses between attempts (doubling from first to last).
+constexpr milliseconds kBackgroundTry{2000};
+constexpr milliseconds kCleanupFirstPause{100};
+constexpr milliseconds kCleanupLastPause{2000};
+// A release of a hold already reported lost: its caller is not kept waiting on a dead link
+// (the core retries it in the background). Other releases get a call attempt's time.
+constexpr milliseconds kLostReleaseTry{250};
+constexpr milliseconds kReleaseTry{2000};
+// The client's end revokes its lease (its keys go at once rather than after the TTL) within.
+constexpr milliseconds kRevokeAtEnd{1000};
+
+// --- keep-alive --------------------------------------------------------------------------
+// A keep-alive round every TTL/3 (etcd's own client's period), but not more often than this.
+constexpr milliseconds kKeepAliveShortestPeriod{200};
+// A round unanswered after min(period, this) suspends the holds; tried again after the pause.
+constexpr milliseconds kKeepAlivePatience{1000};
+constexpr milliseconds kKeepAliveRetryPause{100};
+
+// --- watches -----------------------------------------------------------------------------
+// A waiter's watch is renewed this often, so that no wait depends on one connection forever.
+constexpr seconds kWaitWatchLife{30};
+// A wait's watch that ended sooner than this (etcd restarting, a fork) is followed by a pause,
+// so that a waiter does not spin.
+constexpr milliseconds kWatchEndedAtOnce{50};
+constexpr milliseconds kWatchRetryPause{100};
+// The held keys' watch stream is renewed this often, for the same reason as a wait's.
+constexpr seconds kKeyWatchLife{60};
+// A held keys' stream that lived shorter than this is not reopened at once.
+constexpr seconds kKeyWatchShortLife{1};
+// A hold released sooner is never watched (its release still finds a key gone, and reports
+// the loss): short holds cost etcd no watch. Later holds are watched from the revision at
+// which they were read as ours, so what happened meanwhile is still seen.
+constexpr milliseconds kFirstKeyWatchDelay{20};
+
+}  // namespace turnstile::detail::etcd
