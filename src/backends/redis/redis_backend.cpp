@@ -6,7 +6,6 @@
 // script once they run out. Waiters sleep until a message names them, then ask the server: a
 // message only wakes, the scripts alone admit. PermitCounter keeps Redisson's RSemaphore layout
 // so Java and C++ share permits.
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
