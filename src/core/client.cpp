@@ -231,7 +231,7 @@ std::shared_ptr<LockCore> ClientState::lock_core(const std::string& name) {
 std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, Deadline deadline) {
   if (request.stop.stop_requested()) return nullptr;  // never joins a queue it would leave at once
   auto loss = new_loss_signal(request.name);
-  auto hold = backend().acquire(request, deadline, loss);
+  auto hold = acquire_in_queue(backend(), request, deadline, loss);
   if (!hold) return nullptr;
   return std::make_unique<HoldRecord>(shared_from_this(), request.name, request.permits,
                                       std::move(hold), std::move(loss));
@@ -324,7 +324,7 @@ std::string family_of(const std::string& scheme) {
   if (scheme == "redis" || scheme == "rediss") return "redis";
   if (scheme == "zk") return "zookeeper";
   if (scheme == "etcd" || scheme == "etcds") return "etcd";
-  if (scheme == "consul") return "consul";
+  if (scheme == "consul" || scheme == "consuls") return "consul";
   return {};
 }
 

@@ -18,7 +18,7 @@ launch() {  # port (0: any free one)
   rm -f "$dir/port"
   # shellcheck disable=SC2086
   /usr/bin/python3 "$server" --bind 127.0.0.1 --port "$1" --port-file "$dir/port" \
-    --data-dir "$dir/data" $acl </dev/null >>"$dir/consul.log" 2>&1 &
+    --data-dir "$dir/data" $acl $extra </dev/null >>"$dir/consul.log" 2>&1 &
   echo $! > "$dir/consul.pid"
   for _ in $(seq 1 100); do
     [ -s "$dir/port" ] && return 0
@@ -29,6 +29,13 @@ launch() {  # port (0: any free one)
 }
 
 acl=""
+# CONSUL_TEST_SESSION_TTL_MIN at start (Consul's session_ttl_min, e.g. 1s) stays for restarts.
+extra=""
+if [ "$action" = start ] && [ -n "${CONSUL_TEST_SESSION_TTL_MIN:-}" ]; then
+  extra="--session-ttl-min $CONSUL_TEST_SESSION_TTL_MIN"
+elif [ "$action" = restart ] && [ -f "$dir/extra_options" ]; then
+  extra=$(cat "$dir/extra_options")
+fi
 if [ -n "${CONSUL_TEST_ACL_TOKEN:-}" ]; then
   acl="--acl-token $CONSUL_TEST_ACL_TOKEN"
 elif [ -f "$dir/acl_token" ] && [ "$action" = restart ]; then
@@ -41,6 +48,7 @@ start)
   "$0" stop "$dir"
   mkdir -p "$dir"
   rm -rf "$dir/url" "$dir/data" "$dir/acl_token"
+  printf '%s\n' "$extra" > "$dir/extra_options"
   if launch 0; then
     port=$(cat "$dir/port")
     if [ -n "${CONSUL_TEST_ACL_TOKEN:-}" ]; then
@@ -48,6 +56,10 @@ start)
       echo "consul://$CONSUL_TEST_ACL_TOKEN@127.0.0.1:$port" > "$dir/url"
     else
       echo "consul://127.0.0.1:$port" > "$dir/url"
+    fi
+    # The URL turnstile's tests use: the same, with CONSUL_TEST_URL_QUERY (e.g. lock_delay=1).
+    if [ -n "${CONSUL_TEST_URL_QUERY:-}" ]; then
+      echo "$(cat "$dir/url")?$CONSUL_TEST_URL_QUERY" > "$dir/turnstile_url"
     fi
     echo "Consul test stand-in ready on 127.0.0.1:$port"
     exit 0

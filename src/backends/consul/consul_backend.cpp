@@ -1,0 +1,334 @@
+#include "backends/consul/consul_backend.hpp"
+
+#include <unistd.h>
+
+#include <curl/curl.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail::consul {
+namespace {
+
+std::string env(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::optional<std::int64_t> counter_value(const std::vector<KvEntry>& entries) {
+  if (entries.empty()) return std::nullopt;
+  return std::strtoll(entries.front().value.c_str(), nullptr, 10);
+}
+
+}  // namespace
+
+// consul://[TOKEN@]host:port[?ttl=&lock_delay=&dc=], consuls:// with cacert=; no host: Consul's
+// own environment (CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_HTTP_SSL, CONSUL_CACERT).
+Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
+  Settings settings;
+  bool tls = url.scheme == "consuls";
+  std::string address;
+  if (url.hosts.size() > 1) throw InvalidUrl("one Consul agent per URL, got several hosts in '" + url.text + "'");
+  if (!url.hosts.empty()) {
+    address = url.hosts.front();
+  } else {
+    address = env("CONSUL_HTTP_ADDR");
+    for (const std::string scheme : {"http://", "https://"}) {
+      if (address.rfind(scheme, 0) == 0) {
+        tls = scheme == "https://";
+        address = address.substr(scheme.size());
+      }
+    }
+    if (env("CONSUL_HTTP_SSL") == "true" || env("CONSUL_HTTP_SSL") == "1") tls = true;
+    if (address.empty()) address = "127.0.0.1:8500";
+  }
+  const auto host = parse_host_port(address, 8500, url);
+  settings.endpoint.base = std::string(tls ? "https://" : "http://") + host.host + ":" + std::to_string(host.port);
+  settings.endpoint.token = !url.password.empty() ? url.password : !url.user.empty() ? url.user : env("CONSUL_HTTP_TOKEN");
+  settings.endpoint.cacert = url.hosts.empty() ? env("CONSUL_CACERT") : "";
+  settings.endpoint.shown = url.text;
+  for (const auto& [key, value] : url.query) {
+    // The TTL's lower bound is the server's (session_ttl_min, 10 s by default): it refuses less.
+    if (key == "ttl") settings.session.ttl = parse_seconds(key, value, 1, 86400);
+    else if (key == "lock_delay") settings.session.lock_delay = parse_seconds(key, value, 0, 60);
+    else if (key == "dc") settings.endpoint.dc = value;
+    else if (key == "cacert") settings.endpoint.cacert = value;
+    else throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected ttl, lock_delay, dc, cacert)");
+  }
+  if (options.ttl.count() > 0) settings.session.ttl = options.ttl;
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  settings.session.name = "turnstile " + std::string(name) + " " + std::to_string(getpid());
+  return settings;
+}
+
+// --- background removals -----------------------------------------------------------------
+
+Cleanup::Cleanup() : thread_([this](std::stop_token stop) { run(stop); }) {}
+
+Cleanup::~Cleanup() {
+  thread_.request_stop();
+  wake_.notify_all();
+}
+
+void Cleanup::add(std::function<bool()> job) {
+  std::lock_guard lock(mutex_);
+  jobs_.push_back({std::move(job), SteadyClock::now() + kCleanupGiveUp});
+  wake_.notify_all();
+}
+
+void Cleanup::run(std::stop_token stop) {
+  while (!stop.stop_requested()) {
+    std::deque<Job> round;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, stop, [&] { return !jobs_.empty(); });
+      round.swap(jobs_);
+    }
+    std::deque<Job> again;
+    for (auto& job : round) {
+      bool done = false;
+      try {
+        done = job.work();
+      } catch (...) {
+        done = false;
+      }
+      if (!done && SteadyClock::now() < job.give_up) again.push_back(std::move(job));
+    }
+    if (again.empty()) continue;
+    std::unique_lock lock(mutex_);
+    for (auto& job : again) jobs_.push_back(std::move(job));
+    wake_.wait_for(lock, stop, kCleanupRetry, [] { return false; });
+  }
+}
+
+// --- calls ---------------------------------------------------------------------------------
+
+milliseconds call_timeout(Deadline deadline, milliseconds floor) {
+  if (!deadline) return kCallCap;
+  const auto left = std::chrono::duration_cast<milliseconds>(*deadline - SteadyClock::now());
+  return std::clamp(left, floor, kCallCap);
+}
+
+nlohmann::json kv_op(const char* verb, const std::string& key) { return {{"KV", {{"Verb", verb}, {"Key", key}}}}; }
+
+nlohmann::json kv_lock(const std::string& key, const std::string& value, std::uint64_t flags, const std::string& session) {
+  auto op = kv_op("lock", key);
+  op["KV"]["Value"] = base64_encode(value);
+  op["KV"]["Flags"] = flags;
+  op["KV"]["Session"] = session;
+  return op;
+}
+
+ConsulBackend::ConsulBackend(Settings settings)
+    : http_(settings.endpoint), sessions_(settings.endpoint, http_, settings.session) {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  host_ = name;
+  // Reaches Consul once, so a wrong address or token is reported by connect.
+  sessions_.main(kCallCap);
+}
+
+ConsulBackend::~ConsulBackend() = default;
+
+std::vector<KvEntry> ConsulBackend::read(const std::string& key, bool recurse, milliseconds timeout,
+                                         std::uint64_t* index) {
+  const auto reply = http_.call("GET", "/v1/kv/" + url_escape(key) + (recurse ? "?recurse" : ""), "", timeout);
+  if (index) *index = reply.index;
+  if (reply.status == 404) return {};
+  if (reply.status != 200) throw_error("reading " + key, reply, http_.endpoint());
+  return parse_entries(nlohmann::json::parse(reply.body, nullptr, false));
+}
+
+std::optional<std::vector<KvEntry>> ConsulBackend::txn(const nlohmann::json& ops, milliseconds timeout,
+                                                       const std::string& context) {
+  const auto reply = http_.call("PUT", "/v1/txn", ops.dump(), timeout);
+  if (reply.status == 409) return std::nullopt;
+  if (reply.status != 200) throw_error(context, reply, http_.endpoint());
+  return parse_txn_results(nlohmann::json::parse(reply.body, nullptr, false));
+}
+
+bool ConsulBackend::write(const char* method, const std::string& path, const std::string& body, milliseconds timeout,
+                          const std::string& context) {
+  const auto reply = http_.call(method, path, body, timeout);
+  if (reply.status != 200) throw_error(context, reply, http_.endpoint());
+  return reply.body.find("true") != std::string::npos;
+}
+
+void ConsulBackend::block(const WaitTarget& target, Deadline deadline, const std::stop_token& stop) {
+  if (target.index == 0 || stop.stop_requested()) return;
+  auto wait = target.retry ? kLockDelayRetry : kBlockingWaitMax;
+  if (deadline) {
+    const auto left = std::chrono::duration_cast<milliseconds>(*deadline - SteadyClock::now());
+    if (left <= milliseconds(0)) return;
+    wait = std::min(wait, left);
+  }
+  const auto path = "/v1/kv/" + url_escape(target.key) + "?index=" + std::to_string(target.index) +
+                    "&wait=" + std::to_string(wait.count()) + "ms" + (target.recurse ? "&recurse" : "");
+  bool stopped = false;
+  const auto reply = http_.call("GET", path, "", wait + wait / 16 + kBlockingSlack, stop, &stopped);
+  if (stopped || reply.status == 200 || reply.status == 404) return;
+  throw_error("waiting on " + target.key, reply, http_.endpoint());
+}
+
+EntryValue ConsulBackend::new_value(const QueueRequest& request) const {
+  EntryValue value;
+  value.kind = request.kind;
+  value.permits = request.permits;
+  value.limit = request.limit;
+  value.pid = getpid();
+  value.host = host_;
+  value.since_ms = now_ms();
+  return value;
+}
+
+std::unique_ptr<QueuePlace> ConsulBackend::join(const QueueRequest& request, bool, Deadline deadline, Standing& first) {
+  if (request.kind == EntryKind::lease && request.permits > kMaxLeasePermits) {
+    throw InvalidArgument("Semaphore '" + request.name + "': the Consul backend holds at most " +
+                          std::to_string(kMaxLeasePermits) + " permits per lease (one Consul session each)");
+  }
+  return make_place(*this, request, deadline, first);
+}
+
+std::unique_ptr<CounterLine> ConsulBackend::counter_line(const std::string& name, std::int64_t permits) {
+  return make_counter_line(*this, name, permits);
+}
+
+// --- inspection ----------------------------------------------------------------------------
+
+namespace {
+
+EntryInfo info_of(const KvEntry& entry, const EntryValue& value, bool holding) {
+  EntryInfo info;
+  info.fencing_token = holding ? entry.modify_index : entry.create_index;
+  info.kind = to_string(value.kind);
+  info.permits = value.permits;
+  info.holding = holding;
+  info.pid = value.pid;
+  info.host = value.host;
+  info.since = std::chrono::system_clock::time_point(milliseconds(value.since_ms));
+  return info;
+}
+
+}  // namespace
+
+Inspection ConsulBackend::inspect(const std::string& name) {
+  Inspection result;
+  result.name = name;
+  const auto key = encode_name(name);
+  const auto queue = children(read(queue_prefix(name), true, kCallCap), queue_prefix(name));
+  std::vector<QueueEntryView> views;
+  for (const auto& entry : queue) {
+    const auto value = entry_value(entry.value);
+    views.push_back({value.kind, value.permits});
+    if (result.mode.empty()) {
+      result.mode = value.kind == EntryKind::lease ? "semaphore" : "lock";
+      result.limit = value.limit;
+    }
+    auto info = info_of(entry, value, value.held);
+    (info.holding ? result.holders : result.waiters).push_back(info);
+  }
+  // Holders only Consul's own clients know of: an api.Lock session, api.Semaphore holders.
+  std::vector<std::string> foreign;
+  for (const auto& entry : read(key, false, kCallCap)) {
+    if (entry.flags == kLockFlags && !entry.session.empty()) {
+      bool ours = false;
+      for (const auto& mine : queue) ours = ours || mine.session == entry.session;
+      if (!ours) foreign.push_back(entry.session);
+      if (result.mode.empty()) result.mode = "lock";
+    }
+  }
+  for (const auto& entry : read(key + "/.lock", false, kCallCap)) {
+    if (entry.flags != kSemaphoreFlags) continue;
+    const auto lock = semaphore_lock(entry, name);
+    if (result.mode.empty()) {
+      result.mode = "semaphore";
+      result.limit = lock.limit;
+    }
+    for (const auto& [session, held] : lock.holders) {
+      bool ours = false;
+      for (const auto& mine : queue) {
+        for (const auto& s : entry_value(mine.value).sessions) ours = ours || s == session;
+      }
+      if (held && !ours) foreign.push_back(session);
+    }
+  }
+  for (const auto& session : foreign) {
+    EntryInfo info;
+    info.kind = result.mode == "semaphore" ? "lease" : "exclusive";
+    info.holding = true;
+    info.host = "consul session " + session;
+    const auto reply = http_.call("GET", "/v1/session/info/" + session, "", kCallCap);
+    const auto json = nlohmann::json::parse(reply.body, nullptr, false);
+    if (reply.status == 200 && json.is_array() && !json.empty() && json[0].is_object()) {
+      info.host += " (node " + json[0].value("Node", std::string()) + ", name \"" + json[0].value("Name", std::string()) + "\")";
+    }
+    result.holders.insert(result.holders.begin(), info);
+  }
+  result.permits = counter_value(read(counter_key(name), false, kCallCap));
+  for (const auto& entry : children(read(line_prefix(name), true, kCallCap), line_prefix(name))) {
+    auto info = info_of(entry, entry_value(entry.value), false);
+    info.kind = "permits";
+    result.waiters.push_back(info);
+  }
+  return result;
+}
+
+// --- the PermitCounter's plain operations ----------------------------------------------------
+
+bool ConsulBackend::counter_try_set(const std::string& name, std::int64_t permits) {
+  return write("PUT", "/v1/kv/" + url_escape(counter_key(name)) + "?cas=0", std::to_string(permits), kCallCap,
+               "setting PermitCounter '" + name + "'");
+}
+
+std::int64_t ConsulBackend::counter_add(const std::string& name, std::int64_t delta) {
+  const auto key = counter_key(name);
+  for (;;) {
+    const auto entries = read(key, false, kCallCap);
+    const auto current = counter_value(entries).value_or(0);
+    std::int64_t updated = 0;
+    if (__builtin_add_overflow(current, delta, &updated) || updated > max_permits || updated < -max_permits) {
+      throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
+                            std::to_string(current) + " would leave [-" + std::to_string(max_permits) + ", " +
+                            std::to_string(max_permits) + "]; nothing changed");
+    }
+    const auto index = entries.empty() ? 0 : entries.front().modify_index;
+    if (write("PUT", "/v1/kv/" + url_escape(key) + "?cas=" + std::to_string(index), std::to_string(updated), kCallCap,
+              "changing PermitCounter '" + name + "'")) {
+      return updated;
+    }
+  }
+}
+
+std::optional<std::int64_t> ConsulBackend::counter_get(const std::string& name) {
+  return counter_value(read(counter_key(name), false, kCallCap));
+}
+
+std::int64_t ConsulBackend::counter_drain(const std::string& name) {
+  const auto key = counter_key(name);
+  for (;;) {
+    const auto entries = read(key, false, kCallCap);
+    const auto current = counter_value(entries);
+    if (!current || *current == 0) return 0;
+    if (write("PUT", "/v1/kv/" + url_escape(key) + "?cas=" + std::to_string(entries.front().modify_index), "0",
+              kCallCap, "draining PermitCounter '" + name + "'")) {
+      return *current;
+    }
+  }
+}
+
+}  // namespace turnstile::detail::consul
+
+extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v1(
+    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options) {
+  using namespace turnstile::detail::consul;
+  static std::once_flag curl_ready;
+  std::call_once(curl_ready, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  return std::make_unique<ConsulBackend>(parse_settings(url, options));
+}

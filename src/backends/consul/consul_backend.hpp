@@ -1,0 +1,124 @@
+// The Consul backend (consul_backend.cpp, places.cpp): storage for the core's queue loop in
+// Consul's KV store, on the layouts of api.Lock (Mutex) and api.Semaphore (Semaphore).
+//
+// Every contender writes a queue entry turnstile/q/<name key>/<session>-<n>, acquired by the
+// client's main session (Behavior delete: it dies with it), ordered by CreateIndex; the core
+// decides on the entries up to ours. A holder the peers know of and turnstile's queue does not
+// (an api.Lock session on the name's key, api.Semaphore holders in `.lock`) is shown to the core
+// at the front, so turnstile waits for it; the head of the queue then takes the peers' key in
+// the same transaction that marks its entry held, so a peer is always excluded in Consul itself.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "backends/consul/http.hpp"
+#include "backends/consul/keys.hpp"
+#include "backends/consul/layout.hpp"
+#include "backends/consul/sessions.hpp"
+#include "core/backend.hpp"
+
+namespace turnstile::detail::consul {
+
+using std::chrono::milliseconds;
+
+// The fixed waits, each in one place with why.
+// An ordinary call's longest timeout: a Consul answer takes milliseconds; past this the
+// server is unreachable for this call (the caller's deadline may end it sooner).
+constexpr milliseconds kCallCap{10000};
+// The least time a call that must reach Consul once gets (a try-once join, a release).
+constexpr milliseconds kCallFloor{1000};
+// A blocking query's longest `wait`: the waiter then looks again (Consul's default is 5 min).
+constexpr milliseconds kBlockingWaitMax{60000};
+// Beyond `wait`, Consul adds up to wait/16 of jitter; plus room for the answer itself.
+constexpr milliseconds kBlockingSlack{2000};
+// After an acquire refused by a lock-delay, look again this soon (api.Lock waits 5 s).
+constexpr milliseconds kLockDelayRetry{1000};
+// What a leave or a given-up join could not remove at once is retried this often, for this long.
+constexpr milliseconds kCleanupRetry{500};
+constexpr milliseconds kCleanupGiveUp{60000};
+// Consul runs at most 64 operations in one transaction: a lease's hold takes 2 + permits.
+constexpr std::int64_t kMaxLeasePermits = 60;
+
+struct Settings {
+  Endpoint endpoint;
+  SessionSettings session;
+};
+
+Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
+
+// Removals retried in the background until done (true) or given up; nothing thrown.
+class Cleanup {
+ public:
+  Cleanup();
+  ~Cleanup();
+  void add(std::function<bool()> job);
+
+ private:
+  void run(std::stop_token stop);
+  struct Job {
+    std::function<bool()> work;
+    SteadyClock::time_point give_up;
+  };
+  std::mutex mutex_;
+  std::condition_variable_any wake_;
+  std::deque<Job> jobs_;
+  std::jthread thread_;
+};
+
+class ConsulBackend final : public Backend {
+ public:
+  explicit ConsulBackend(Settings settings);
+  ~ConsulBackend() override;
+
+  std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
+                                   Standing& first) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) override;
+  Inspection inspect(const std::string& name) override;
+  bool counter_try_set(const std::string& name, std::int64_t permits) override;
+  std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
+  std::optional<std::int64_t> counter_get(const std::string& name) override;
+  std::int64_t counter_drain(const std::string& name) override;
+
+  // --- for the places, holds and lines (places.cpp) ---
+  Http& http() { return http_; }
+  Sessions& sessions() { return sessions_; }
+  Cleanup& cleanup() { return cleanup_; }
+  std::string next_id(const std::string& session_id) { return session_id + "-" + std::to_string(++entries_); }
+  EntryValue new_value(const QueueRequest& request) const;
+  // GET a key or (recurse) a prefix: its entries (none when 404) and X-Consul-Index.
+  std::vector<KvEntry> read(const std::string& key, bool recurse, milliseconds timeout, std::uint64_t* index = nullptr);
+  // PUT /v1/txn: the KV results, or nullopt when Consul refused it (409: a check failed).
+  std::optional<std::vector<KvEntry>> txn(const nlohmann::json& ops, milliseconds timeout, const std::string& context);
+  // A blocking query on `target` until it changes, the deadline or a stop.
+  void block(const WaitTarget& target, Deadline deadline, const std::stop_token& stop);
+  // PUT/DELETE answering true/false.
+  bool write(const char* method, const std::string& path, const std::string& body, milliseconds timeout,
+             const std::string& context);
+
+ private:
+  Http http_;
+  Sessions sessions_;
+  Cleanup cleanup_;
+  std::atomic<std::uint64_t> entries_{0};
+  std::string host_;
+};
+
+// The timeout of one call under the caller's deadline: at least kCallFloor, at most kCallCap.
+milliseconds call_timeout(Deadline deadline, milliseconds floor = kCallFloor);
+
+// Transaction operations (Consul's /v1/txn KV verbs).
+nlohmann::json kv_op(const char* verb, const std::string& key);
+nlohmann::json kv_lock(const std::string& key, const std::string& value, std::uint64_t flags, const std::string& session);
+
+std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueRequest& request, Deadline deadline,
+                                       Standing& first);
+std::unique_ptr<CounterLine> make_counter_line(ConsulBackend& backend, const std::string& name, std::int64_t permits);
+
+}  // namespace turnstile::detail::consul

@@ -1,0 +1,59 @@
+// Consul's HTTP API over libcurl (http.cpp): kept-alive connections in a small pool of handles,
+// a deadline on every call, stop tokens that end a blocking query at once, close-on-exec
+// sockets, the ACL token in a header only, and the one place where answers become errors.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+namespace turnstile::detail::consul {
+
+struct Endpoint {
+  std::string base;    // http://host:port or https://host:port
+  std::string token;   // X-Consul-Token; never shown
+  std::string cacert;  // consuls://: a CA bundle file (empty: the system's)
+  std::string dc;      // ?dc= on every request (empty: the agent's own)
+  std::string shown;   // the redacted URL, for messages
+};
+
+struct Reply {
+  long status = 0;
+  std::string body;
+  std::uint64_t index = 0;  // X-Consul-Index (0: none)
+};
+
+class Http {
+ public:
+  explicit Http(Endpoint endpoint);
+  ~Http();
+  Http(const Http&) = delete;
+  Http& operator=(const Http&) = delete;
+
+  // One request; `path` starts with /v1/ and may carry a query. Answers any HTTP status;
+  // throws BackendUnavailable when no answer came within `timeout` (or `stop` was requested:
+  // then `stopped` is set instead of throwing, when given).
+  Reply call(const char* method, const std::string& path, const std::string& body, std::chrono::milliseconds timeout,
+             const std::stop_token& stop = {}, bool* stopped = nullptr);
+
+  const Endpoint& endpoint() const { return endpoint_; }
+
+ private:
+  struct Handle;
+  std::unique_ptr<Handle> take();
+  void give_back(std::unique_ptr<Handle> handle);
+
+  Endpoint endpoint_;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Handle>> spare_;  // idle handles with their open connections
+};
+
+// The one place where Consul's answers become turnstile errors: 403 AccessDenied, 400/413
+// InvalidArgument, anything else not 2xx BackendUnavailable. `context` says what was tried.
+[[noreturn]] void throw_error(const std::string& context, const Reply& reply, const Endpoint& endpoint);
+
+}  // namespace turnstile::detail::consul

@@ -1,0 +1,161 @@
+#include "backends/consul/keys.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <iterator>
+
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail::consul {
+namespace {
+
+bool kept(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+         c == '.' || c == '/';
+}
+
+void escape(std::string& out, unsigned char c) {
+  static constexpr char digits[] = "0123456789ABCDEF";
+  out += ',';
+  out += digits[c >> 4];
+  out += digits[c & 15];
+}
+
+// Endings Consul's validateKVKey refuses (agent/kvs_endpoint.go): what proxies might cache.
+constexpr std::string_view kFileEndings[] = {
+    "js",  "css", "html", "htm", "xml", "json", "txt", "log",  "php",  "asp", "jsp", "cgi", "pl",  "py", "rb",
+    "sh",  "exe", "dll",  "bat", "cmd", "com",  "scr", "vbs",  "pdf",  "doc", "docx", "xls", "xlsx", "ppt", "pptx",
+    "zip", "rar", "tar",  "gz",  "7z",  "bz2",  "jpg", "jpeg", "png",  "gif", "svg", "ico", "bmp", "mp3", "mp4",
+    "avi", "mov", "wmv",  "flv", "swf", "woff", "woff2", "ttf", "eot", "otf"};
+
+bool file_ending(std::string_view tail) {
+  std::string lower(tail);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return std::find(std::begin(kFileEndings), std::end(kFileEndings), lower) != std::end(kFileEndings);
+}
+
+int base64_value(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+
+std::string base64_decode(std::string_view text) {
+  std::string out;
+  unsigned buffer = 0;
+  int bits = 0;
+  for (char c : text) {
+    const int v = base64_value(c);
+    if (v < 0) continue;  // '=' padding
+    buffer = (buffer << 6) | static_cast<unsigned>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((buffer >> bits) & 0xFF);
+    }
+  }
+  return out;
+}
+
+KvEntry entry_of(const nlohmann::json& kv) {
+  KvEntry entry;
+  entry.key = kv.value("Key", "");
+  if (const auto v = kv.find("Value"); v != kv.end() && v->is_string()) entry.value = base64_decode(v->get<std::string>());
+  if (const auto s = kv.find("Session"); s != kv.end() && s->is_string()) entry.session = s->get<std::string>();
+  entry.flags = kv.value("Flags", std::uint64_t{0});
+  entry.create_index = kv.value("CreateIndex", std::uint64_t{0});
+  entry.modify_index = kv.value("ModifyIndex", std::uint64_t{0});
+  return entry;
+}
+
+}  // namespace
+
+std::string encode_name(std::string_view name) {
+  const auto last_dot = name.rfind('.');
+  const bool dot_starts_ending = last_dot != std::string_view::npos && name.find('/', last_dot) == std::string_view::npos &&
+                                 file_ending(name.substr(last_dot + 1));
+  std::string out;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    const bool dot_before_slash = c == '.' && i + 1 < name.size() && name[i + 1] == '/';
+    if (!kept(c) || dot_before_slash || (dot_starts_ending && i == last_dot)) escape(out, c);
+    else out += static_cast<char>(c);
+  }
+  return out;
+}
+
+std::string queue_prefix(std::string_view name) { return "turnstile/q/" + encode_name(name) + "/"; }
+std::string counter_key(std::string_view name) { return "turnstile/c/" + encode_name(name); }
+std::string line_prefix(std::string_view name) { return "turnstile/cq/" + encode_name(name) + "/"; }
+std::string marker_key(std::string_view entry_id) { return "turnstile/x/" + std::string(entry_id); }
+
+std::vector<KvEntry> parse_entries(const nlohmann::json& array) {
+  std::vector<KvEntry> entries;
+  if (!array.is_array()) return entries;
+  for (const auto& kv : array) {
+    if (kv.is_object()) entries.push_back(entry_of(kv));
+  }
+  return entries;
+}
+
+std::vector<KvEntry> parse_txn_results(const nlohmann::json& answer) {
+  std::vector<KvEntry> entries;
+  const auto results = answer.find("Results");
+  if (results == answer.end() || !results->is_array()) return entries;
+  for (const auto& result : *results) {
+    if (const auto kv = result.find("KV"); kv != result.end() && kv->is_object()) entries.push_back(entry_of(*kv));
+  }
+  return entries;
+}
+
+std::vector<KvEntry> children(const std::vector<KvEntry>& entries, const std::string& prefix) {
+  std::vector<KvEntry> out;
+  for (const auto& entry : entries) {
+    if (entry.key.size() > prefix.size() && entry.key.compare(0, prefix.size(), prefix) == 0 &&
+        entry.key.find('/', prefix.size()) == std::string::npos && entry.create_index != 0) {
+      out.push_back(entry);
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const KvEntry& a, const KvEntry& b) { return a.create_index < b.create_index; });
+  return out;
+}
+
+std::string base64_encode(std::string_view bytes) {
+  static constexpr char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  std::size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const unsigned v = (static_cast<unsigned char>(bytes[i]) << 16) | (static_cast<unsigned char>(bytes[i + 1]) << 8) |
+                       static_cast<unsigned char>(bytes[i + 2]);
+    for (int shift = 18; shift >= 0; shift -= 6) out += alphabet[(v >> shift) & 63];
+  }
+  if (const auto rest = bytes.size() - i; rest > 0) {
+    unsigned v = static_cast<unsigned char>(bytes[i]) << 16;
+    if (rest == 2) v |= static_cast<unsigned char>(bytes[i + 1]) << 8;
+    out += alphabet[(v >> 18) & 63];
+    out += alphabet[(v >> 12) & 63];
+    out += rest == 2 ? alphabet[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+std::string url_escape(std::string_view text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (kept(c) || c == ',') {
+      out += static_cast<char>(c);
+    } else {
+      static constexpr char digits[] = "0123456789ABCDEF";
+      out += '%';
+      out += digits[c >> 4];
+      out += digits[c & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace turnstile::detail::consul

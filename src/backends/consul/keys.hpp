@@ -1,0 +1,51 @@
+// Consul's KV layout for turnstile names: key encoding, the peers' flag values, and the KV
+// entries as Consul's JSON answers them (keys.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace turnstile::detail::consul {
+
+// api/lock.go's LockFlagValue and api/semaphore.go's SemaphoreFlagValue: a key written with
+// other flags belongs to someone else (ErrLockConflict, ErrSemaphoreConflict).
+constexpr std::uint64_t kLockFlags = 0x2ddccbc058a50c18ULL;
+constexpr std::uint64_t kSemaphoreFlags = 0xe0f69a2baa414de0ULL;
+
+// A turnstile name as a Consul key. Consul accepts only letters, digits and ",-_./" in keys,
+// no "../" and no file-like ending (".json"): every other byte becomes ",XX" (',' is the escape,
+// so it is escaped too), a '.' before a '/' and the '.' that would start such an ending
+// likewise. A name made of accepted characters is its own key, as `consul lock` writes it.
+std::string encode_name(std::string_view name);
+
+// Where turnstile keeps what Consul's own clients do not have.
+std::string queue_prefix(std::string_view name);     // turnstile/q/<key>/: queue entries
+std::string counter_key(std::string_view name);      // turnstile/c/<key>: PermitCounter value
+std::string line_prefix(std::string_view name);      // turnstile/cq/<key>/: its waiters
+std::string marker_key(std::string_view entry_id);   // turnstile/x/<id>: a join given up
+
+// One KV entry as Consul answers it (GET /v1/kv, /v1/txn results), the value decoded.
+struct KvEntry {
+  std::string key;
+  std::string value;
+  std::string session;  // the holder, when locked
+  std::uint64_t flags = 0;
+  std::uint64_t create_index = 0;
+  std::uint64_t modify_index = 0;
+};
+
+std::vector<KvEntry> parse_entries(const nlohmann::json& array);
+// The KV results of a /v1/txn answer.
+std::vector<KvEntry> parse_txn_results(const nlohmann::json& answer);
+// Entries directly under `prefix` (not in nested names), by CreateIndex.
+std::vector<KvEntry> children(const std::vector<KvEntry>& entries, const std::string& prefix);
+
+std::string base64_encode(std::string_view bytes);
+// Percent-encodes a key or a query value for a request path.
+std::string url_escape(std::string_view text);
+
+}  // namespace turnstile::detail::consul

@@ -1,0 +1,63 @@
+#include "backends/consul/layout.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail::consul {
+
+std::string to_json(const EntryValue& value) {
+  nlohmann::json json = {{"kind", to_string(value.kind)}, {"permits", value.permits}, {"limit", value.limit},
+                         {"held", value.held},           {"pid", value.pid},         {"host", value.host},
+                         {"since", value.since_ms}};
+  if (!value.sessions.empty()) json["sessions"] = value.sessions;
+  return json.dump();
+}
+
+EntryValue entry_value(const std::string& text) {
+  EntryValue value;
+  const auto json = nlohmann::json::parse(text, nullptr, false);
+  if (!json.is_object()) return value;
+  const auto kind = json.value("kind", std::string("exclusive"));
+  value.kind = kind == "shared" ? EntryKind::shared : kind == "lease" ? EntryKind::lease : EntryKind::exclusive;
+  try {
+    value.permits = json.value("permits", std::int64_t{1});
+    value.limit = json.value("limit", std::int64_t{0});
+    value.held = json.value("held", false);
+    value.pid = json.value("pid", std::int64_t{0});
+    value.host = json.value("host", std::string());
+    value.since_ms = json.value("since", std::int64_t{0});
+    if (const auto sessions = json.find("sessions"); sessions != json.end() && sessions->is_array()) {
+      for (const auto& session : *sessions) {
+        if (session.is_string()) value.sessions.push_back(session.get<std::string>());
+      }
+    }
+  } catch (const nlohmann::json::exception&) {
+    // A field of the wrong type keeps its default.
+  }
+  return value;
+}
+
+std::string to_json(const SemaphoreLock& lock) {
+  nlohmann::json holders = nlohmann::json::object();
+  for (const auto& [session, held] : lock.holders) holders[session] = held;
+  return nlohmann::json{{"Limit", lock.limit}, {"Holders", holders}}.dump();
+}
+
+SemaphoreLock semaphore_lock(const KvEntry& entry, const std::string& name) {
+  const auto conflict = [&](const std::string& why) {
+    return KindMismatch("'" + name + "': Consul key " + entry.key + " is not an api.Semaphore lock (" + why + ")");
+  };
+  if (entry.flags != kSemaphoreFlags) throw conflict("flags " + std::to_string(entry.flags));
+  SemaphoreLock lock;
+  lock.modify_index = entry.modify_index;
+  const auto json = nlohmann::json::parse(entry.value, nullptr, false);
+  if (!json.is_object() || !json.contains("Limit") || !json["Limit"].is_number_integer()) throw conflict("no Limit");
+  lock.limit = json["Limit"].get<std::int64_t>();
+  if (const auto holders = json.find("Holders"); holders != json.end() && holders->is_object()) {
+    for (const auto& [session, held] : holders->items()) lock.holders[session] = held.is_boolean() && held.get<bool>();
+  }
+  return lock;
+}
+
+}  // namespace turnstile::detail::consul

@@ -1,0 +1,53 @@
+// What turnstile writes into Consul's KV store besides the peers' own layouts (layout.cpp): a
+// queue entry's value, the api.Semaphore `.lock` document, and where a waiter sleeps.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/consul/keys.hpp"
+#include "core/queue.hpp"
+
+namespace turnstile::detail::consul {
+
+// A queue entry's value (JSON). `sessions`: once a lease holds, the sessions that hold its
+// permits in `.lock` (one per permit, as api.Semaphore counts holders).
+struct EntryValue {
+  EntryKind kind = EntryKind::exclusive;
+  std::int64_t permits = 1;
+  std::int64_t limit = 0;
+  bool held = false;
+  std::vector<std::string> sessions;
+  std::int64_t pid = 0;
+  std::string host;
+  std::int64_t since_ms = 0;
+};
+
+std::string to_json(const EntryValue& value);
+// A value nobody could parse reads as an exclusive entry (it still takes its place).
+EntryValue entry_value(const std::string& json);
+
+// api.Semaphore's `.lock` value: {"Limit":N,"Holders":{"<session>":true,...}}.
+struct SemaphoreLock {
+  std::int64_t limit = 0;
+  std::map<std::string, bool> holders;
+  std::uint64_t modify_index = 0;  // 0: no .lock key yet (created by CAS with index 0)
+};
+
+std::string to_json(const SemaphoreLock& lock);
+// Throws KindMismatch when the key is someone else's (other flags, or not the document).
+SemaphoreLock semaphore_lock(const KvEntry& entry, const std::string& name);
+
+// The key a waiter blocks on (GET ?index=) until it changes: a predecessor's entry, the
+// api.Lock key, or a Semaphore's prefix.
+struct WaitTarget {
+  std::string key;
+  std::uint64_t index = 0;  // 0: unknown, look again at once
+  bool recurse = false;
+  bool retry = false;  // a lock-delay: wake after a short while even if nothing changes
+};
+
+}  // namespace turnstile::detail::consul

@@ -1,0 +1,430 @@
+// Queue entries, holds and the PermitCounter's line in Consul's KV store.
+#include <algorithm>
+#include <set>
+
+#include "backends/consul/consul_backend.hpp"
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail::consul {
+namespace {
+
+bool is_lease(const QueueRequest& request) { return request.kind == EntryKind::lease; }
+
+// What one read of a name saw: our queue and the peers' keys.
+struct Snapshot {
+  std::vector<KvEntry> queue;                 // turnstile's entries, by CreateIndex
+  std::optional<KvEntry> lock_key;            // Mutex: the api.Lock key NAME
+  std::vector<KvEntry> under_name;            // Semaphore: NAME/... (.lock and contender keys)
+  std::uint64_t under_name_index = 0;         // its X-Consul-Index (0: not read by a GET)
+};
+
+class ConsulHold final : public BackendHold {
+ public:
+  ConsulHold(ConsulBackend& backend, std::string name, std::shared_ptr<Session> session, std::string entry_key,
+             EntryValue value, std::vector<std::shared_ptr<Session>> permits, std::uint64_t token,
+             std::shared_ptr<LossSignal> loss)
+      : backend_(backend), name_(std::move(name)), session_(std::move(session)), entry_key_(std::move(entry_key)),
+        value_(std::move(value)), permits_(std::move(permits)), token_(token), loss_(std::move(loss)),
+        holds_key_(value_.kind == EntryKind::exclusive) {
+    session_->lease->attach(loss_);
+    for (const auto& permit : permits_) permit->lease->attach(loss_);
+  }
+  ~ConsulHold() override {
+    if (!released_) detach();
+  }
+
+  std::uint64_t fencing_token() const override { return token_; }
+
+  // The entry's value is rewritten in place (same key, same place, same token); the api.Lock
+  // key stays ours until the release, so Consul's own clients stay out while we read.
+  void downgrade() override {
+    value_.kind = EntryKind::shared;
+    if (!backend_.write("PUT", "/v1/kv/" + url_escape(entry_key_) + "?acquire=" + session_->id, to_json(value_),
+                        kCallCap, "downgrading '" + name_ + "'")) {
+      throw HoldLost("the write lock of '" + name_ + "' was lost before its downgrade (its Consul session ended)");
+    }
+  }
+
+  void release() override {
+    if (released_) return;
+    if (value_.kind == EntryKind::lease) release_permits();
+    else release_lock();
+    released_ = true;
+    detach();
+    for (auto& permit : permits_) backend_.sessions().give_back(std::move(permit));
+    permits_.clear();
+  }
+
+ private:
+  void detach() {
+    session_->lease->detach(loss_.get());
+    for (const auto& permit : permits_) permit->lease->detach(loss_.get());
+  }
+
+  // api.Lock's Unlock (?release, which answers false when not ours: nothing to undo), then the entry.
+  void release_lock() {
+    if (holds_key_) {
+      backend_.write("PUT", "/v1/kv/" + url_escape(encode_name(name_)) + "?release=" + session_->id +
+                                "&flags=" + std::to_string(kLockFlags),
+                     "", kCallCap, "releasing '" + name_ + "'");
+    }
+    backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", kCallCap, "releasing '" + name_ + "'");
+  }
+
+  // api.Semaphore's Release: our holders out of `.lock` by CAS (deleted when none is left),
+  // the contender keys and our entry, in one transaction; read again when the CAS loses.
+  void release_permits() {
+    const auto key = encode_name(name_);
+    for (;;) {
+      nlohmann::json ops = nlohmann::json::array();
+      const auto locks = backend_.read(key + "/.lock", false, kCallCap);
+      if (!locks.empty() && locks.front().flags == kSemaphoreFlags) {
+        auto lock = semaphore_lock(locks.front(), name_);
+        for (const auto& permit : permits_) lock.holders.erase(permit->id);
+        auto op = kv_op(lock.holders.empty() ? "delete-cas" : "cas", key + "/.lock");
+        op["KV"]["Index"] = lock.modify_index;
+        if (!lock.holders.empty()) {
+          op["KV"]["Value"] = base64_encode(to_json(lock));
+          op["KV"]["Flags"] = kSemaphoreFlags;
+        }
+        ops.push_back(op);
+      }
+      for (const auto& permit : permits_) ops.push_back(kv_op("delete", key + "/" + permit->id));
+      ops.push_back(kv_op("delete", entry_key_));
+      if (backend_.txn(ops, kCallCap, "releasing Semaphore '" + name_ + "'")) return;
+    }
+  }
+
+  ConsulBackend& backend_;
+  std::string name_;
+  std::shared_ptr<Session> session_;
+  std::string entry_key_;
+  EntryValue value_;
+  std::vector<std::shared_ptr<Session>> permits_;
+  std::uint64_t token_;
+  std::shared_ptr<LossSignal> loss_;
+  bool holds_key_;  // the api.Lock key: taken by a writer, kept through a downgrade
+  bool released_ = false;
+};
+
+class ConsulPlace final : public QueuePlace {
+ public:
+  ConsulPlace(ConsulBackend& backend, const QueueRequest& request, std::shared_ptr<Session> session)
+      : backend_(backend), request_(request), session_(std::move(session)), key_(encode_name(request.name)),
+        prefix_(queue_prefix(request.name)), id_(backend.next_id(session_->id)), entry_key_(prefix_ + id_),
+        value_(backend.new_value(request)) {}
+  ~ConsulPlace() override { leave(); }
+
+  // One transaction adds our entry (unless this join was given up: its marker) and reads the
+  // queue and the peers' keys.
+  Standing join(Deadline deadline) {
+    nlohmann::json ops = nlohmann::json::array();
+    ops.push_back(kv_op("check-not-exists", marker_key(id_)));
+    ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
+    ops.push_back(kv_op("get-tree", prefix_));
+    ops.push_back(is_lease(request_) ? kv_op("get-tree", key_ + "/") : kv_op("get-or-empty", key_));
+    std::optional<std::vector<KvEntry>> results;
+    try {
+      results = backend_.txn(ops, call_timeout(deadline), "joining the queue of '" + request_.name + "'");
+    } catch (const BackendUnavailable&) {
+      give_up_join();
+      throw;
+    }
+    if (!results) {
+      // Our session is gone on the server although the lease has not noticed yet.
+      left_ = true;
+      session_->lease->lose("Consul refused an entry for session " + session_->id);
+      throw QueueEntryGone();
+    }
+    joined_ = true;
+    Snapshot snapshot;
+    for (auto& entry : *results) {
+      if (entry.key == key_) snapshot.lock_key = entry;
+      else if (entry.key.rfind(prefix_, 0) == 0) snapshot.queue.push_back(entry);
+      else if (entry.key.rfind(key_ + "/", 0) == 0) snapshot.under_name.push_back(entry);
+    }
+    if (snapshot.lock_key && snapshot.lock_key->create_index == 0) snapshot.lock_key.reset();
+    return stand(snapshot);
+  }
+
+  Standing look(Deadline deadline) override {
+    const auto timeout = call_timeout(deadline, milliseconds(250));
+    Snapshot snapshot;
+    snapshot.queue = backend_.read(prefix_, true, timeout);
+    if (is_lease(request_)) {
+      snapshot.under_name = backend_.read(key_ + "/", true, timeout, &snapshot.under_name_index);
+    } else if (auto keys = backend_.read(key_, false, timeout); !keys.empty()) {
+      snapshot.lock_key = keys.front();
+    }
+    return stand(snapshot);
+  }
+
+  void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override {
+    if (verdict.wait == WaitFor::any_holder_leave) return backend_.block(holders_target_, deadline, stop);
+    if (verdict.index < targets_.size()) backend_.block(targets_[verdict.index], deadline, stop);
+  }
+
+  std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
+    value_.held = true;
+    std::vector<std::shared_ptr<Session>> permits;
+    nlohmann::json ops = nlohmann::json::array();
+    if (request_.kind == EntryKind::exclusive) ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
+    if (is_lease(request_)) {
+      for (std::int64_t i = 0; i < request_.permits; ++i) permits.push_back(backend_.sessions().spare(kCallCap));
+      auto lock = semaphore_;
+      for (const auto& permit : permits) {
+        ops.push_back(kv_lock(key_ + "/" + permit->id, "", kSemaphoreFlags, permit->id));
+        lock.holders[permit->id] = true;
+        value_.sessions.push_back(permit->id);
+      }
+      auto op = kv_op("cas", key_ + "/.lock");
+      op["KV"]["Index"] = lock.modify_index;
+      op["KV"]["Value"] = base64_encode(to_json(lock));
+      op["KV"]["Flags"] = kSemaphoreFlags;
+      ops.push_back(op);
+    }
+    ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
+    const auto results = backend_.txn(ops, kCallCap, "taking '" + request_.name + "'");
+    if (!results) {
+      value_.held = false;
+      value_.sessions.clear();
+      for (auto& permit : permits) backend_.sessions().give_back(std::move(permit));
+      retry_soon_ = true;  // held by someone we have not seen yet, or a lock-delay
+      throw QueueChanged();
+    }
+    std::uint64_t token = 0;
+    for (const auto& entry : *results) {
+      if (entry.key == entry_key_) token = entry.modify_index;
+    }
+    left_ = true;  // the hold owns the entry now
+    return std::make_unique<ConsulHold>(backend_, request_.name, session_, entry_key_, value_, std::move(permits),
+                                        token, std::move(loss));
+  }
+
+  void leave() noexcept override {
+    if (left_) return;
+    left_ = true;
+    if (!joined_) return;
+    const auto path = "/v1/kv/" + url_escape(entry_key_);
+    auto& backend = backend_;
+    const auto remove = [&backend, path] {
+      return backend.write("DELETE", path, "", kCallFloor, "leaving a queue");
+    };
+    try {
+      if (remove()) return;
+    } catch (...) {
+    }
+    backend_.cleanup().add(remove);
+  }
+
+ private:
+  // A join whose answer never came may still be applied: its marker (on our session, so it
+  // goes with it) keeps a late delivery from adding the entry, and the entry goes if it came.
+  void give_up_join() noexcept {
+    left_ = true;
+    nlohmann::json ops = nlohmann::json::array();
+    ops.push_back(kv_lock(marker_key(id_), "", 0, session_->id));
+    ops.push_back(kv_op("delete", entry_key_));
+    auto& backend = backend_;
+    auto session = session_;
+    backend_.cleanup().add([&backend, ops, session] {
+      if (session->lease->lost()) return true;  // the entry went with the session
+      return backend.txn(ops, kCallFloor, "removing a given-up entry").has_value();
+    });
+  }
+
+  Standing stand(const Snapshot& snapshot) {
+    const auto queue = children(snapshot.queue, prefix_);
+    const auto mine = std::find_if(queue.begin(), queue.end(), [&](const KvEntry& e) { return e.key == entry_key_; });
+    if (mine == queue.end()) {
+      left_ = true;
+      throw QueueEntryGone();
+    }
+    Standing standing;
+    targets_.clear();
+    if (is_lease(request_)) add_semaphore_holders(snapshot, queue, standing);
+    else add_lock_holder(snapshot, queue, standing);
+    for (auto it = queue.begin(); it <= mine; ++it) {
+      const auto value = entry_value(it->value);
+      standing.entries.push_back({value.kind, value.permits});
+      targets_.push_back({it->key, it->modify_index, false, false});
+      if (it != mine && standing.mode == QueueMode::none) {
+        standing.mode = value.kind == EntryKind::lease ? QueueMode::semaphore : QueueMode::lock;
+        standing.limit = value.limit;
+      }
+    }
+    return standing;
+  }
+
+  // An api.Lock holder that is not our queue's head goes in front; so does a lock-delay we ran into.
+  void add_lock_holder(const Snapshot& snapshot, const std::vector<KvEntry>& queue, Standing& standing) {
+    const bool retry = std::exchange(retry_soon_, false);
+    if (!snapshot.lock_key) return;
+    const auto& key = *snapshot.lock_key;
+    if (key.flags != kLockFlags) {
+      throw KindMismatch("'" + request_.name + "': Consul key " + key.key + " has flags " + std::to_string(key.flags) +
+                         ", not api.Lock's: it is someone else's");
+    }
+    standing.mode = QueueMode::lock;
+    const bool foreign = !key.session.empty() && key.session != queue.front().session;
+    if (!foreign && !(retry && key.session.empty())) return;
+    standing.entries.push_back({EntryKind::exclusive, 1});
+    targets_.push_back({key.key, key.modify_index, false, !foreign});
+  }
+
+  // api.Semaphore holders in `.lock` (dead ones pruned) that are not our queue's go in front.
+  void add_semaphore_holders(const Snapshot& snapshot, const std::vector<KvEntry>& queue, Standing& standing) {
+    semaphore_ = SemaphoreLock{request_.limit, {}, 0};
+    holders_target_ = {key_ + "/", snapshot.under_name_index, true, false};
+    std::set<std::string> alive;
+    for (const auto& entry : snapshot.under_name) {
+      if (!entry.session.empty()) alive.insert(entry.session);
+    }
+    for (const auto& entry : snapshot.under_name) {
+      if (entry.key == key_ + "/.lock") semaphore_ = semaphore_lock(entry, request_.name);
+    }
+    std::erase_if(semaphore_.holders, [&](const auto& holder) { return !alive.count(holder.first); });
+    if (semaphore_.modify_index != 0) {
+      standing.mode = QueueMode::semaphore;
+      standing.limit = semaphore_.limit;
+    }
+    std::set<std::string> ours;
+    for (const auto& entry : queue) {
+      for (const auto& session : entry_value(entry.value).sessions) ours.insert(session);
+    }
+    for (const auto& [session, held] : semaphore_.holders) {
+      if (!held || ours.count(session)) continue;
+      standing.entries.push_back({EntryKind::lease, 1});
+      targets_.push_back(holders_target_);
+    }
+  }
+
+  ConsulBackend& backend_;
+  QueueRequest request_;
+  std::shared_ptr<Session> session_;
+  std::string key_;        // the peers' key: NAME (api.Lock), NAME/ (api.Semaphore)
+  std::string prefix_;     // our queue
+  std::string id_;
+  std::string entry_key_;
+  EntryValue value_;
+  std::vector<WaitTarget> targets_;  // what each entry of the last look is waited on by
+  WaitTarget holders_target_;
+  SemaphoreLock semaphore_;  // `.lock` as the last look saw it, pruned
+  bool joined_ = false;
+  bool left_ = false;
+  bool retry_soon_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueRequest& request, Deadline deadline,
+                                       Standing& first) {
+  auto place = std::make_unique<ConsulPlace>(backend, request, backend.sessions().main(call_timeout(deadline)));
+  first = place->join(deadline);
+  return place;
+}
+
+}  // namespace turnstile::detail::consul
+
+// --- the PermitCounter's line ------------------------------------------------------------------
+
+namespace turnstile::detail::consul {
+namespace {
+
+// Waiters are keys under turnstile/cq/<name>/ on our session, by CreateIndex; the value is the
+// counter key's decimal text, changed by CAS on its ModifyIndex.
+class ConsulCounterLine final : public CounterLine {
+ public:
+  ConsulCounterLine(ConsulBackend& backend, std::string name, std::int64_t permits)
+      : backend_(backend), name_(std::move(name)), permits_(permits), counter_(counter_key(name_)),
+        prefix_(line_prefix(name_)) {}
+  ~ConsulCounterLine() override { leave(); }
+
+  CounterStanding look(bool, Deadline deadline) override {
+    const auto timeout = call_timeout(deadline, milliseconds(250));
+    std::uint64_t index = 0;
+    const auto counter = backend_.read(counter_, false, timeout, &index);
+    const auto line = children(backend_.read(prefix_, true, timeout), prefix_);
+    CounterStanding standing;
+    counter_target_ = {counter_, counter.empty() ? std::max<std::uint64_t>(index, 1) : counter.front().modify_index};
+    counter_index_ = counter.empty() ? 0 : counter.front().modify_index;
+    if (!counter.empty()) standing.value = std::strtoll(counter.front().value.c_str(), nullptr, 10);
+    standing.in_line = !entry_key_.empty();
+    const auto mine = std::find_if(line.begin(), line.end(), [&](const KvEntry& e) { return e.key == entry_key_; });
+    if (standing.in_line && mine == line.end()) {
+      entry_key_.clear();
+      throw QueueEntryGone();
+    }
+    standing.ahead = static_cast<std::size_t>(mine - line.begin());
+    if (standing.ahead > 0) predecessor_ = {std::prev(mine)->key, std::prev(mine)->modify_index};
+    return standing;
+  }
+
+  bool take(const CounterStanding& seen, Deadline deadline) override {
+    nlohmann::json ops = nlohmann::json::array();
+    auto op = kv_op("cas", counter_);
+    op["KV"]["Index"] = counter_index_;
+    op["KV"]["Value"] = base64_encode(std::to_string(seen.value.value_or(0) - permits_));
+    ops.push_back(op);
+    if (!entry_key_.empty()) ops.push_back(kv_op("delete", entry_key_));
+    take_unknown_ = true;
+    const auto taken = backend_.txn(ops, call_timeout(deadline), "taking permits of '" + name_ + "'").has_value();
+    take_unknown_ = false;
+    if (taken) entry_key_.clear();
+    return taken;
+  }
+
+  void join(Deadline deadline) override {
+    auto session = backend_.sessions().main(call_timeout(deadline));
+    const auto key = prefix_ + backend_.next_id(session->id);
+    QueueRequest request;
+    request.permits = permits_;
+    entry_key_ = key;  // left (removed) on any failure from here
+    if (!backend_.write("PUT", "/v1/kv/" + url_escape(key) + "?acquire=" + session->id,
+                        to_json(backend_.new_value(request)), call_timeout(deadline), "joining the line of '" + name_ + "'")) {
+      entry_key_.clear();
+      session->lease->lose("Consul refused an entry for session " + session->id);
+      throw QueueEntryGone();
+    }
+  }
+
+  void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) override {
+    backend_.block(wait == CounterWait::predecessor ? predecessor_ : counter_target_, deadline, stop);
+  }
+
+  bool leave() noexcept override {
+    if (entry_key_.empty()) return false;
+    const auto key = std::exchange(entry_key_, std::string());
+    const auto path = "/v1/kv/" + url_escape(key);
+    auto& backend = backend_;
+    const auto remove = [&backend, path] { return backend.write("DELETE", path, "", kCallFloor, "leaving a line"); };
+    try {
+      // A take whose answer was lost deleted our entry with the permits, if it was applied.
+      if (take_unknown_ && backend.read(key, false, kCallFloor).empty()) return true;
+      if (remove()) return false;
+    } catch (...) {
+    }
+    backend_.cleanup().add(remove);
+    return false;
+  }
+
+ private:
+  ConsulBackend& backend_;
+  std::string name_;
+  std::int64_t permits_;
+  std::string counter_;
+  std::string prefix_;
+  std::string entry_key_;  // empty: not in line
+  std::uint64_t counter_index_ = 0;
+  WaitTarget counter_target_;
+  WaitTarget predecessor_;
+  bool take_unknown_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<CounterLine> make_counter_line(ConsulBackend& backend, const std::string& name, std::int64_t permits) {
+  return std::make_unique<ConsulCounterLine>(backend, name, permits);
+}
+
+}  // namespace turnstile::detail::consul

@@ -1,0 +1,149 @@
+#include "backends/consul/sessions.hpp"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail::consul {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A renewal that got no answer is tried again this soon (the lease's deadline is what counts).
+constexpr milliseconds kRenewRetry{500};
+// A renewal's own timeout: it must end well before the next is due.
+constexpr milliseconds kRenewTimeoutMax{2000};
+// Destroying sessions at shutdown may hold up a client's destructor this long at most each.
+constexpr milliseconds kDestroyTimeout{1000};
+
+std::string go_duration(milliseconds value) { return std::to_string(value.count()) + "ms"; }
+
+}  // namespace
+
+Sessions::Sessions(const Endpoint& endpoint, Http& calls, SessionSettings settings)
+    : calls_(calls), renewals_(endpoint), settings_(std::move(settings)) {
+  thread_ = std::jthread([this](std::stop_token stop) { run(stop); });
+}
+
+Sessions::~Sessions() {
+  thread_.request_stop();
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (const auto& session : all_) destroy(session->id, kDestroyTimeout);
+  for (const auto& id : to_destroy_) destroy(id, kDestroyTimeout);
+}
+
+std::shared_ptr<Session> Sessions::create(milliseconds timeout) {
+  const nlohmann::json request = {{"Name", settings_.name},
+                                  {"TTL", go_duration(settings_.ttl)},
+                                  {"Behavior", "delete"},
+                                  {"LockDelay", go_duration(settings_.lock_delay)}};
+  const auto sent_at = SteadyClock::now();
+  const auto reply = calls_.call("PUT", "/v1/session/create", request.dump(), timeout);
+  if (reply.status != 200) throw_error("creating a session", reply, calls_.endpoint());
+  const auto answer = nlohmann::json::parse(reply.body, nullptr, false);
+  if (!answer.is_object() || !answer.contains("ID") || !answer["ID"].is_string()) {
+    throw BackendUnavailable("Consul at " + calls_.endpoint().shown + " answered a session create without an ID");
+  }
+  auto session = std::make_shared<Session>();
+  session->id = answer["ID"].get<std::string>();
+  session->lease = clock_.watch(settings_.ttl, sent_at);
+  std::lock_guard lock(mutex_);
+  all_.push_back(session);
+  wake_.notify_all();
+  return session;
+}
+
+std::shared_ptr<Session> Sessions::main(milliseconds timeout) {
+  {
+    std::lock_guard lock(mutex_);
+    if (main_ && !main_->lease->lost()) return main_;
+  }
+  auto fresh = create(timeout);
+  std::lock_guard lock(mutex_);
+  if (main_ && !main_->lease->lost()) {
+    to_destroy_.push_back(fresh->id);  // another thread made one first
+    fresh->lease->lose("not needed");
+    return main_;
+  }
+  main_ = fresh;
+  return main_;
+}
+
+std::shared_ptr<Session> Sessions::spare(milliseconds timeout) {
+  {
+    std::lock_guard lock(mutex_);
+    while (!spares_.empty()) {
+      auto session = std::move(spares_.back());
+      spares_.pop_back();
+      if (!session->lease->lost()) return session;
+    }
+  }
+  return create(timeout);
+}
+
+void Sessions::give_back(std::shared_ptr<Session> session) {
+  if (session->lease->lost()) return;
+  std::lock_guard lock(mutex_);
+  spares_.push_back(std::move(session));
+}
+
+bool Sessions::renew(Session& session) {
+  const auto sent_at = SteadyClock::now();
+  const auto timeout = std::min(kRenewTimeoutMax, settings_.ttl / 4);
+  try {
+    const auto reply = renewals_.call("PUT", "/v1/session/renew/" + session.id, "", timeout);
+    if (reply.status == 200) {
+      session.lease->confirmed(sent_at);
+      return true;
+    } else if (reply.status == 404) {
+      session.lease->lose("Consul says session " + session.id + " is gone (invalidated or destroyed)");
+    } else {
+      session.lease->unconfirmed("Consul answered a session renewal with HTTP " + std::to_string(reply.status));
+    }
+  } catch (const std::exception& error) {
+    session.lease->unconfirmed(error.what());
+  }
+  return false;
+}
+
+void Sessions::destroy(const std::string& id, milliseconds timeout) noexcept {
+  try {
+    renewals_.call("PUT", "/v1/session/destroy/" + id, "", timeout);
+  } catch (...) {
+    // The server invalidates it after TTL x 2 anyway.
+  }
+}
+
+void Sessions::run(std::stop_token stop) {
+  auto next = SteadyClock::now() + settings_.ttl / 2;
+  while (!stop.stop_requested()) {
+    std::vector<std::shared_ptr<Session>> due;
+    std::vector<std::string> destroying;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait_until(lock, stop, next, [&] { return !to_destroy_.empty(); });
+      if (stop.stop_requested()) return;
+      destroying.swap(to_destroy_);
+      if (SteadyClock::now() >= next) {
+        std::erase_if(all_, [&](const auto& session) {
+          if (!session->lease->lost()) return false;
+          destroying.push_back(session->id);
+          return true;
+        });
+        due = all_;
+      }
+    }
+    for (const auto& id : destroying) destroy(id, kDestroyTimeout);
+    if (due.empty() && SteadyClock::now() < next) continue;
+    bool all_confirmed = true;
+    for (const auto& session : due) {
+      if (!renew(*session) && !session->lease->lost()) all_confirmed = false;
+    }
+    next = SteadyClock::now() + (all_confirmed ? settings_.ttl / 2 : kRenewRetry);
+  }
+}
+
+}  // namespace turnstile::detail::consul
