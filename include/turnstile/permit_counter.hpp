@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <stop_token>
 #include <string>
 
 #include "turnstile/deadline.hpp"
@@ -40,6 +41,12 @@ class PermitCounter {
   bool try_acquire_until(const std::chrono::time_point<Clock, Duration>& when, std::int64_t n = 1) {
     return acquire_until(detail::deadline_at(when), n);
   }
+  // Waits for n permits, or until `stop` is requested (false, after leaving the line).
+  bool acquire(std::int64_t n, std::stop_token stop) { return acquire_until(std::nullopt, n, std::move(stop)); }
+  template <class Rep, class Period>
+  bool try_acquire_for(const std::chrono::duration<Rep, Period>& timeout, std::int64_t n, std::stop_token stop) {
+    return acquire_until(detail::deadline_after(timeout), n, std::move(stop));
+  }
   // Returns n permits (no ownership check, as in Redisson). Throws InvalidArgument when n <= 0, n > max_permits
   // or the count would exceed max_permits.
   void release(std::int64_t n = 1);
@@ -55,7 +62,7 @@ class PermitCounter {
   friend class Client;  // made by Client::permit_counter()
   PermitCounter(std::shared_ptr<detail::ClientState> client, std::string name);
 
-  bool acquire_until(Deadline deadline, std::int64_t n);
+  bool acquire_until(Deadline deadline, std::int64_t n, std::stop_token stop = {});
 
   std::shared_ptr<detail::ClientState> client_;
   std::string name_;

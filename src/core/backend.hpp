@@ -36,18 +36,6 @@ class Backend : public QueueStore, public CounterStore {
  public:
   ~Backend() override = default;
 
-  // TRANSITIONAL (issue 11, removed once every backend is storage only): a backend not yet
-  // converted overrides acquire/counter_acquire; a converted one overrides join/counter_line.
-  virtual std::unique_ptr<BackendHold> acquire(const QueueRequest& request, Deadline deadline,
-                                               std::shared_ptr<LossSignal> loss) {
-    return acquire_in_queue(*this, request, deadline, std::move(loss));
-  }
-  virtual bool counter_acquire(const std::string& name, std::int64_t permits, Deadline deadline) {
-    return acquire_from_counter(*this, name, permits, deadline, {});
-  }
-  std::unique_ptr<QueuePlace> join(const QueueRequest&, bool, Deadline, Standing&) override { return nullptr; }
-  std::unique_ptr<CounterLine> counter_line(const std::string&, std::int64_t) override { return nullptr; }
-
   virtual Inspection inspect(const std::string& name) = 0;
 
   // PermitCounter: a number changed atomically; its waiters are served by the core's loop.

@@ -34,9 +34,10 @@ std::int64_t PermitCounter::available_permits() { return client_->backend().coun
 
 std::int64_t PermitCounter::drain_permits() { return client_->backend().counter_drain(name_); }
 
-bool PermitCounter::acquire_until(Deadline deadline, std::int64_t n) {
+bool PermitCounter::acquire_until(Deadline deadline, std::int64_t n, std::stop_token stop) {
   require_positive(name_, n);
-  return client_->backend().counter_acquire(name_, n, deadline);
+  if (stop.stop_requested()) return false;  // never joins a line it would leave at once
+  return detail::acquire_from_counter(client_->backend(), name_, n, deadline, stop);
 }
 
 void PermitCounter::release(std::int64_t n) {

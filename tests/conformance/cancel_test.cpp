@@ -69,6 +69,29 @@ TEST_P(Conformance, AStopWhileWaitingForLeasesOrAReadLockLeavesTheQueue) {
   EXPECT_TRUE(connect().semaphore(name("sem"), 2).try_acquire_for(3s, 2).has_value());
 }
 
+TEST_P(Conformance, AStopWhileWaitingForPermitsLeavesTheLine) {
+  const auto counter_name = name("permits");
+  auto counter = client().permit_counter(counter_name);
+  ASSERT_TRUE(counter.try_set_permits(0));
+  auto waiter_client = connect();
+  auto waiting_counter = waiter_client.permit_counter(counter_name);
+  std::stop_source stop;
+  auto waiting = std::async(std::launch::async, [&] { return waiting_counter.acquire(1, stop.get_token()); });
+  OnExit unblock([&] {
+    if (waiting.valid() && waiting.wait_for(0s) != std::future_status::ready) counter.release(1);
+  });
+  ASSERT_TRUE(wait_for_waiters(counter_name, 1)) << "the waiter never joined the line";
+  ASSERT_EQ(waiting.wait_for(200ms), std::future_status::timeout) << "took a permit that was not there";
+  stop.request_stop();
+  ASSERT_EQ(waiting.wait_for(10s), std::future_status::ready) << "a requested stop did not end the wait";
+  EXPECT_FALSE(waiting.get());
+  EXPECT_EQ(waiter_count(counter_name), 0u) << "the stopped waiter stayed in line";
+  // Its place is gone: a permit released now is there for anyone, at once.
+  counter.release(1);
+  EXPECT_TRUE(connect().permit_counter(counter_name).try_acquire());
+  EXPECT_EQ(counter.available_permits(), 0);
+}
+
 TEST_P(Conformance, AStopRequestedBeforeTheCallNeverJoins) {
   auto holder = client().mutex(name("lock"));
   holder.lock();
