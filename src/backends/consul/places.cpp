@@ -138,6 +138,8 @@ class ConsulPlace final : public QueuePlace {
     }
     joined_ = true;
     Snapshot snapshot;
+    // The first result is the lock's own (no value); the reads follow.
+    if (!results->empty()) results->erase(results->begin());
     for (auto& entry : *results) {
       if (entry.key == key_) snapshot.lock_key = entry;
       else if (entry.key.rfind(prefix_, 0) == 0) snapshot.queue.push_back(entry);
