@@ -1,9 +1,87 @@
 // What only the Consul backend promises, against the Consul test stand-in (tests/servers/
-// consul_server.py, built from Consul's documentation and sources; not Consul).
+// consul_server.py, built from Consul's documentation and sources; not Consul): Consul's own
+// clients' layouts (api.Lock, api.Semaphore), written by hand with curl as their code does.
 #include <gtest/gtest.h>
 
 #include "support/server_tests.hpp"
 
 namespace {
-TEST(Consul, Placeholder) {}
+
+using namespace std::chrono_literals;
+using server_tests::quoted;
+using server_tests::shell;
+
+const std::string kLockFlags = "3304740253564472344";
+const std::string kSemaphoreFlags = "16210313421097356768";
+
+std::string url() { return server_tests::read_first_line(TURNSTILE_CONSUL_URL_FILE); }
+// http://127.0.0.1:PORT of the consul:// URL.
+std::string base() {
+  auto rest = url().substr(std::string("consul://").size());
+  return "http://" + rest.substr(0, rest.find('?'));
+}
+std::string unique(const std::string& what) {
+  return "consul-test/" + std::to_string(getpid()) + "-" + std::to_string(std::rand()) + "/" + what;
+}
+std::string curl(const std::string& method, const std::string& path, const std::string& body = "") {
+  return shell("curl -s -X " + method + " --data-binary " + quoted(body) + " " + quoted(base() + path));
+}
+// A session as api.Lock makes one (TTL 15s, lock-delay 0 so the test need not wait it out).
+std::string peer_session() {
+  const auto reply = curl("PUT", "/v1/session/create", R"({"Name":"Consul API Lock","TTL":"15s","LockDelay":"0s"})");
+  const auto start = reply.find("\"ID\"");
+  const auto quote = reply.find('"', reply.find(':', start) + 1);
+  return reply.substr(quote + 1, 36);
+}
+
+TEST(Consul, ForeignApiLockHolderExcludesTurnstileAndTurnstileExcludesIt) {
+  auto client = turnstile::Client::connect(url());
+  const auto name = unique("lock");
+  const auto session = peer_session();
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "?acquire=" + session + "&flags=" + kLockFlags), "true");
+  auto mutex = client.mutex(name);
+  EXPECT_FALSE(mutex.try_lock());
+  EXPECT_FALSE(mutex.try_lock_for(300ms));  // waited, and was not admitted
+  const auto inspection = client.inspect(name);
+  ASSERT_EQ(inspection.holders.size(), 1u);
+  EXPECT_NE(inspection.holders[0].host.find(session), std::string::npos);
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "?release=" + session + "&flags=" + kLockFlags), "true");
+  ASSERT_TRUE(mutex.try_lock_for(5s));
+  // Now turnstile holds the key in Consul itself: api.Lock's acquire is refused.
+  EXPECT_EQ(curl("PUT", "/v1/kv/" + name + "?acquire=" + session + "&flags=" + kLockFlags), "false");
+  mutex.unlock();
+  EXPECT_EQ(curl("PUT", "/v1/kv/" + name + "?acquire=" + session + "&flags=" + kLockFlags), "true");
+  curl("PUT", "/v1/session/destroy/" + session);
+}
+
+TEST(Consul, AKeyWithOtherFlagsIsSomeoneElsesAndIsLeftAlone) {
+  auto client = turnstile::Client::connect(url());
+  const auto name = unique("plain");
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "?flags=7", "config"), "true");
+  const auto before = curl("GET", "/v1/kv/" + name);
+  auto mutex = client.mutex(name);
+  EXPECT_THROW(mutex.lock(), turnstile::KindMismatch);
+  EXPECT_EQ(curl("GET", "/v1/kv/" + name), before);
+  EXPECT_EQ(client.inspect(name).waiters.size(), 0u);
+}
+
+TEST(Consul, AForeignApiSemaphoreHolderCountsAgainstTheLimit) {
+  auto client = turnstile::Client::connect(url());
+  const auto name = unique("sem");
+  const auto session = peer_session();
+  // api/semaphore.go: the contender key, then .lock by CAS from index 0.
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/" + session + "?acquire=" + session + "&flags=" + kSemaphoreFlags), "true");
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/.lock?cas=0&flags=" + kSemaphoreFlags,
+                 R"({"Limit":2,"Holders":{")" + session + R"(":true}})"),
+            "true");
+  auto semaphore = client.semaphore(name, 2);
+  auto first = semaphore.try_acquire();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_FALSE(semaphore.try_acquire_for(300ms).has_value());  // waited: the peer holds the other
+  EXPECT_THROW(client.semaphore(name, 3).try_acquire(), turnstile::LimitMismatch);
+  // The peer dies: its contender key goes with its session, and it is pruned from .lock.
+  curl("PUT", "/v1/session/destroy/" + session);
+  EXPECT_TRUE(semaphore.try_acquire_for(5s).has_value());
+}
+
 }  // namespace
