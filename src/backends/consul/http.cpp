@@ -1,10 +1,15 @@
 #include "backends/consul/http.hpp"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <set>
 #include <stop_token>
 
 #include "turnstile/error.hpp"
@@ -23,6 +28,42 @@ constexpr int kPollMs = 1000;
 
 curl_socket_t open_cloexec(void*, curlsocktype, curl_sockaddr* address) {
   return ::socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+}
+
+std::set<int> open_descriptors() {
+  std::set<int> fds;
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return fds;
+  while (const dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') fds.insert(std::atoi(entry->d_name));
+  }
+  fds.erase(dirfd(dir));
+  closedir(dir);
+  return fds;
+}
+
+bool unix_socket(int fd) {
+  int domain = 0;
+  socklen_t size = sizeof domain;
+  return getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &size) == 0 && domain == AF_UNIX;
+}
+
+// libcurl (7.88, Debian 12) makes each multi handle's wake-up socketpair without SOCK_CLOEXEC
+// and offers no option for it: the Unix sockets that curl_multi_init added are marked here, so a
+// program's children (`turnstile run`'s command) inherit none. Our own multis are made one at a
+// time; a descriptor another thread opened meanwhile is touched only if it is a Unix socket
+// without close-on-exec, which the library's rules forbid anyway.
+CURLM* new_multi() {
+  static std::mutex making;
+  std::lock_guard lock(making);
+  const auto before = open_descriptors();
+  CURLM* multi = curl_multi_init();
+  for (const int fd : open_descriptors()) {
+    if (before.count(fd) || !unix_socket(fd)) continue;
+    const int flags = fcntl(fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
+  return multi;
 }
 
 std::size_t on_body(char* data, std::size_t size, std::size_t count, void* out) {
@@ -47,7 +88,7 @@ std::size_t on_header(char* data, std::size_t size, std::size_t count, void* out
 // lets a stop token end a blocking query (curl_multi_wakeup).
 struct Http::Handle {
   CURL* easy = curl_easy_init();
-  CURLM* multi = curl_multi_init();
+  CURLM* multi = new_multi();
   ~Handle() {
     curl_easy_cleanup(easy);
     curl_multi_cleanup(multi);
