@@ -1,14 +1,50 @@
 #include "backends/consul/layout.hpp"
 
+#include <cctype>
+
 #include <nlohmann/json.hpp>
 
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail::consul {
+namespace {
+
+// A host name is whatever bytes its holder's kernel has (not always UTF-8, which JSON needs):
+// bytes past ASCII and '%' are stored as %XX and read back exactly, for inspect to escape.
+std::string host_text(const std::string& host) {
+  static constexpr char digits[] = "0123456789ABCDEF";
+  std::string out;
+  for (const unsigned char c : host) {
+    if (c < 0x80 && c != '%') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += digits[c >> 4];
+      out += digits[c & 15];
+    }
+  }
+  return out;
+}
+
+std::string host_bytes(const std::string& text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size() && std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
+      out += static_cast<char>(std::stoi(text.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string to_json(const EntryValue& value) {
   nlohmann::json json = {{"kind", to_string(value.kind)}, {"permits", value.permits}, {"limit", value.limit},
-                         {"held", value.held},           {"pid", value.pid},         {"host", value.host},
+                         {"held", value.held},           {"pid", value.pid},         {"host", host_text(value.host)},
                          {"since", value.since_ms}};
   if (!value.sessions.empty()) json["sessions"] = value.sessions;
   return json.dump();
@@ -25,7 +61,7 @@ EntryValue entry_value(const std::string& text) {
     value.limit = json.value("limit", std::int64_t{0});
     value.held = json.value("held", false);
     value.pid = json.value("pid", std::int64_t{0});
-    value.host = json.value("host", std::string());
+    value.host = host_bytes(json.value("host", std::string()));
     value.since_ms = json.value("since", std::int64_t{0});
     if (const auto sessions = json.find("sessions"); sessions != json.end() && sessions->is_array()) {
       for (const auto& session : *sessions) {

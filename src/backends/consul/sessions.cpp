@@ -41,7 +41,10 @@ std::shared_ptr<Session> Sessions::create(milliseconds timeout) {
                                   {"Behavior", "delete"},
                                   {"LockDelay", go_duration(settings_.lock_delay)}};
   const auto sent_at = SteadyClock::now();
-  const auto reply = calls_.call("PUT", "/v1/session/create", request.dump(), timeout);
+  // The name is for people (inspect, Consul's UI): a host name that is not UTF-8 is shown with
+  // U+FFFD rather than refused.
+  const auto body = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const auto reply = calls_.call("PUT", "/v1/session/create", body, timeout);
   if (reply.status != 200) throw_error("creating a session", reply, calls_.endpoint());
   const auto answer = nlohmann::json::parse(reply.body, nullptr, false);
   if (!answer.is_object() || !answer.contains("ID") || !answer["ID"].is_string()) {
