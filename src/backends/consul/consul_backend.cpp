@@ -247,7 +247,8 @@ Inspection ConsulBackend::inspect(const std::string& name) {
   for (const auto& entry : read(key + "/.lock", false, kCallCap)) {
     if (entry.flags != kSemaphoreFlags) continue;
     const auto lock = semaphore_lock(entry, name);
-    if (result.mode.empty()) {
+    const bool holding = std::any_of(lock.holders.begin(), lock.holders.end(), [](const auto& h) { return h.second; });
+    if (result.mode.empty() && holding) {
       result.mode = "semaphore";
       result.limit = lock.limit;
     }

@@ -152,11 +152,13 @@ class ConsulPlace final : public QueuePlace {
   Standing look(Deadline deadline) override {
     const auto timeout = call_timeout(deadline, milliseconds(250));
     Snapshot snapshot;
+    // NAME/ before the queue: a waiter for any holder's leave blocks on NAME/ from this read's
+    // index, which must be no later than the queue it decides on (else a holder that left in
+    // between is seen in the queue but its leave is already behind the index: a lost wake-up).
+    if (is_lease(request_)) snapshot.under_name = backend_.read(key_ + "/", true, timeout, &snapshot.under_name_index);
     snapshot.queue = backend_.read(prefix_, true, timeout);
-    if (is_lease(request_)) {
-      snapshot.under_name = backend_.read(key_ + "/", true, timeout, &snapshot.under_name_index);
-    } else if (auto keys = backend_.read(key_, false, timeout); !keys.empty()) {
-      snapshot.lock_key = keys.front();
+    if (!is_lease(request_)) {
+      if (auto keys = backend_.read(key_, false, timeout); !keys.empty()) snapshot.lock_key = keys.front();
     }
     return stand(snapshot);
   }
@@ -267,7 +269,8 @@ class ConsulPlace final : public QueuePlace {
       throw KindMismatch("'" + request_.name + "': Consul key " + key.key + " has flags " + std::to_string(key.flags) +
                          ", not api.Lock's: it is someone else's");
     }
-    standing.mode = QueueMode::lock;
+    // A released key (api.Lock leaves it behind) says nothing: only a held one makes the name a lock.
+    if (!key.session.empty()) standing.mode = QueueMode::lock;
     const bool foreign = !key.session.empty() && key.session != queue.front().session;
     if (!foreign && !(retry && key.session.empty())) return;
     standing.entries.push_back({EntryKind::exclusive, 1});
@@ -286,7 +289,10 @@ class ConsulPlace final : public QueuePlace {
       if (entry.key == key_ + "/.lock") semaphore_ = semaphore_lock(entry, request_.name);
     }
     std::erase_if(semaphore_.holders, [&](const auto& holder) { return !alive.count(holder.first); });
-    if (semaphore_.modify_index != 0) {
+    // A `.lock` with no live holder left behind (api.Semaphore's Release keeps it) says nothing.
+    const bool holding = std::any_of(semaphore_.holders.begin(), semaphore_.holders.end(),
+                                     [](const auto& holder) { return holder.second; });
+    if (holding) {
       standing.mode = QueueMode::semaphore;
       standing.limit = semaphore_.limit;
     }
