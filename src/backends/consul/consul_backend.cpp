@@ -164,15 +164,24 @@ bool ConsulBackend::write(const char* method, const std::string& path, const std
 void ConsulBackend::block(const WaitTarget& target, Deadline deadline, const std::stop_token& stop) {
   if (target.index == 0 || stop.stop_requested()) return;
   auto wait = target.retry ? kLockDelayRetry : kBlockingWaitMax;
+  auto timeout = wait + wait / 16 + kBlockingSlack;
   if (deadline) {
     const auto left = std::chrono::duration_cast<milliseconds>(*deadline - SteadyClock::now());
     if (left <= milliseconds(0)) return;
-    wait = std::min(wait, left);
+    // Consul may add wait/16 of jitter: asked for 16/17 of what is left, it answers in time.
+    wait = std::min(wait, std::max(left * 16 / 17, milliseconds(1)));
+    timeout = std::min(timeout, left + kDeadlineGrace);
   }
   const auto path = "/v1/kv/" + url_escape(target.key) + "?index=" + std::to_string(target.index) +
                     "&wait=" + std::to_string(wait.count()) + "ms" + (target.recurse ? "&recurse" : "");
   bool stopped = false;
-  const auto reply = http_.call("GET", path, "", wait + wait / 16 + kBlockingSlack, stop, &stopped);
+  Reply reply;
+  try {
+    reply = http_.call("GET", path, "", timeout, stop, &stopped);
+  } catch (const BackendUnavailable&) {
+    if (deadline && *deadline <= SteadyClock::now()) return;  // the wait ended at the deadline
+    throw;
+  }
   if (stopped || reply.status == 200 || reply.status == 404) return;
   throw_error("waiting on " + target.key, reply, http_.endpoint());
 }

@@ -40,6 +40,15 @@ constexpr milliseconds kBlockingWaitMax{60000};
 constexpr milliseconds kBlockingSlack{2000};
 // After an acquire refused by a lock-delay, look again this soon (api.Lock waits 5 s).
 constexpr milliseconds kLockDelayRetry{1000};
+// A release or a downgrade gets this long (a failed release is retried in the background by the
+// core); a release of a hold already reported lost only this, so its caller is not kept waiting
+// on a dead link.
+constexpr milliseconds kReleaseTry{2000};
+constexpr milliseconds kLostReleaseTry{250};
+// A leave tries this long in the caller's thread before the background takes it over.
+constexpr milliseconds kLeaveTry{500};
+// A blocking query cut at the caller's deadline may end this much later (curl's own timer).
+constexpr milliseconds kDeadlineGrace{50};
 // What a leave or a given-up join could not remove at once is retried this often, for this long.
 constexpr milliseconds kCleanupRetry{500};
 constexpr milliseconds kCleanupGiveUp{60000};

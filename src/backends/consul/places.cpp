@@ -40,15 +40,16 @@ class ConsulHold final : public BackendHold {
   void downgrade() override {
     value_.kind = EntryKind::shared;
     if (!backend_.write("PUT", "/v1/kv/" + url_escape(entry_key_) + "?acquire=" + session_->id, to_json(value_),
-                        kCallCap, "downgrading '" + name_ + "'")) {
+                        kReleaseTry, "downgrading '" + name_ + "'")) {
       throw HoldLost("the write lock of '" + name_ + "' was lost before its downgrade (its Consul session ended)");
     }
   }
 
   void release() override {
     if (released_) return;
-    if (value_.kind == EntryKind::lease) release_permits();
-    else release_lock();
+    const auto timeout = loss_->lost() ? kLostReleaseTry : kReleaseTry;
+    if (value_.kind == EntryKind::lease) release_permits(timeout);
+    else release_lock(timeout);
     released_ = true;
     detach();
     for (auto& permit : permits_) backend_.sessions().give_back(std::move(permit));
@@ -61,23 +62,27 @@ class ConsulHold final : public BackendHold {
     for (const auto& permit : permits_) permit->lease->detach(loss_.get());
   }
 
-  // api.Lock's Unlock (?release, which answers false when not ours: nothing to undo), then the entry.
-  void release_lock() {
+  // api.Lock's Unlock (?release, which answers false when not ours: nothing to undo), then the
+  // entry. A retry after the key's release does not release it again: another hold of this
+  // client's session may own it by then (the entry, still first, keeps it from being taken
+  // before the release is confirmed).
+  void release_lock(milliseconds timeout) {
     if (holds_key_) {
       backend_.write("PUT", "/v1/kv/" + url_escape(encode_name(name_)) + "?release=" + session_->id +
                                 "&flags=" + std::to_string(kLockFlags),
-                     "", kCallCap, "releasing '" + name_ + "'");
+                     "", timeout, "releasing '" + name_ + "'");
+      holds_key_ = false;
     }
-    backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", kCallCap, "releasing '" + name_ + "'");
+    backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", timeout, "releasing '" + name_ + "'");
   }
 
   // api.Semaphore's Release: our holders out of `.lock` by CAS (deleted when none is left),
   // the contender keys and our entry, in one transaction; read again when the CAS loses.
-  void release_permits() {
+  void release_permits(milliseconds timeout) {
     const auto key = encode_name(name_);
     for (;;) {
       nlohmann::json ops = nlohmann::json::array();
-      const auto locks = backend_.read(key + "/.lock", false, kCallCap);
+      const auto locks = backend_.read(key + "/.lock", false, timeout);
       if (!locks.empty() && locks.front().flags == kSemaphoreFlags) {
         auto lock = semaphore_lock(locks.front(), name_);
         for (const auto& permit : permits_) lock.holders.erase(permit->id);
@@ -91,7 +96,7 @@ class ConsulHold final : public BackendHold {
       }
       for (const auto& permit : permits_) ops.push_back(kv_op("delete", key + "/" + permit->id));
       ops.push_back(kv_op("delete", entry_key_));
-      if (backend_.txn(ops, kCallCap, "releasing Semaphore '" + name_ + "'")) return;
+      if (backend_.txn(ops, timeout, "releasing Semaphore '" + name_ + "'")) return;
     }
   }
 
@@ -118,6 +123,7 @@ class ConsulPlace final : public QueuePlace {
   // One transaction adds our entry (unless this join was given up: its marker) and reads the
   // queue and the peers' keys.
   Standing join(Deadline deadline) {
+    deadline_ = deadline;
     nlohmann::json ops = nlohmann::json::array();
     ops.push_back(kv_op("check-not-exists", marker_key(id_)));
     ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
@@ -150,6 +156,7 @@ class ConsulPlace final : public QueuePlace {
   }
 
   Standing look(Deadline deadline) override {
+    deadline_ = deadline;
     const auto timeout = call_timeout(deadline, milliseconds(250));
     Snapshot snapshot;
     // NAME/ before the queue: a waiter for any holder's leave blocks on NAME/ from this read's
@@ -174,7 +181,9 @@ class ConsulPlace final : public QueuePlace {
     nlohmann::json ops = nlohmann::json::array();
     if (request_.kind == EntryKind::exclusive) ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
     if (is_lease(request_)) {
-      for (std::int64_t i = 0; i < request_.permits; ++i) permits.push_back(backend_.sessions().spare(kCallCap));
+      for (std::int64_t i = 0; i < request_.permits; ++i) {
+        permits.push_back(backend_.sessions().spare(call_timeout(deadline_)));
+      }
       auto lock = semaphore_;
       for (const auto& permit : permits) {
         ops.push_back(kv_lock(key_ + "/" + permit->id, "", kSemaphoreFlags, permit->id));
@@ -188,7 +197,13 @@ class ConsulPlace final : public QueuePlace {
       ops.push_back(op);
     }
     ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
-    const auto results = backend_.txn(ops, kCallCap, "taking '" + request_.name + "'");
+    std::optional<std::vector<KvEntry>> results;
+    try {
+      results = backend_.txn(ops, call_timeout(deadline_), "taking '" + request_.name + "'");
+    } catch (const BackendUnavailable&) {
+      release_unknown_hold(std::move(permits));
+      throw;
+    }
     if (!results) {
       value_.held = false;
       value_.sessions.clear();
@@ -211,17 +226,38 @@ class ConsulPlace final : public QueuePlace {
     if (!joined_) return;
     const auto path = "/v1/kv/" + url_escape(entry_key_);
     auto& backend = backend_;
-    const auto remove = [&backend, path] {
-      return backend.write("DELETE", path, "", kCallFloor, "leaving a queue");
+    const auto remove = [&backend](const std::string& path, milliseconds timeout) {
+      return backend.write("DELETE", path, "", timeout, "leaving a queue");
     };
     try {
-      if (remove()) return;
+      if (remove(path, kLeaveTry)) return;
     } catch (...) {
     }
-    backend_.cleanup().add(remove);
+    backend_.cleanup().add([remove, path] { return remove(path, kCallFloor); });
   }
 
  private:
+  // A hold whose answer never came may have been applied (the peers' key, `.lock`, the permits'
+  // keys): nobody knows of it, so it is released as a hold would be, in the background.
+  void release_unknown_hold(std::vector<std::shared_ptr<Session>> permits) noexcept {
+    left_ = true;  // the release below removes the entry too
+    try {
+      auto orphan = std::make_shared<ConsulHold>(backend_, request_.name, session_, entry_key_, value_,
+                                                 std::move(permits), 0,
+                                                 std::make_shared<LossSignal>(request_.name, nullptr));
+      backend_.cleanup().add([orphan] {
+        try {
+          orphan->release();
+        } catch (const BackendUnavailable&) {
+          return false;
+        }
+        return true;
+      });
+    } catch (...) {
+      // No memory for the job: the entry and keys go with their sessions.
+    }
+  }
+
   // A join whose answer never came may still be applied: its marker (on our session, so it
   // goes with it) keeps a late delivery from adding the entry, and the entry goes if it came.
   void give_up_join() noexcept {
@@ -318,6 +354,7 @@ class ConsulPlace final : public QueuePlace {
   std::vector<WaitTarget> targets_;  // what each entry of the last look is waited on by
   WaitTarget holders_target_;
   SemaphoreLock semaphore_;  // `.lock` as the last look saw it, pruned
+  Deadline deadline_;  // the acquire's, for hold()
   bool joined_ = false;
   bool left_ = false;
   bool retry_soon_ = false;
