@@ -3,6 +3,8 @@
 // clients' layouts (api.Lock, api.Semaphore), written by hand with curl as their code does.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "support/server_tests.hpp"
 
 namespace {
@@ -82,6 +84,34 @@ TEST(Consul, AForeignApiSemaphoreHolderCountsAgainstTheLimit) {
   // The peer dies: its contender key goes with its session, and it is pruned from .lock.
   curl("PUT", "/v1/session/destroy/" + session);
   EXPECT_TRUE(semaphore.try_acquire_for(5s).has_value());
+}
+
+// A lease of several permits is one holder in `.lock` with its count (api.Semaphore writes
+// `true`, one permit per session); a peer's `true` still counts one against the limit.
+TEST(Consul, ALeaseOfSeveralPermitsIsOneHolderWithItsCount) {
+  auto client = turnstile::Client::connect(url());
+  const auto name = unique("counted");
+  auto semaphore = client.semaphore(name, 3);
+  auto two = semaphore.try_acquire(2);
+  ASSERT_TRUE(two.has_value());
+  const auto lock = nlohmann::json::parse(curl("GET", "/v1/kv/" + name + "/.lock"), nullptr, false);
+  ASSERT_TRUE(lock.is_array() && lock.size() == 1u) << lock.dump();
+  const auto value = nlohmann::json::parse(shell("echo " + quoted(lock[0]["Value"].get<std::string>()) + " | base64 -d"));
+  ASSERT_EQ(value["Holders"].size(), 1u) << value.dump();
+  EXPECT_EQ(value["Holders"].begin().value(), 2) << value.dump();
+  // A peer joins as api.Semaphore would: its contender key, then itself in .lock by CAS.
+  const auto session = peer_session();
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/" + session + "?acquire=" + session + "&flags=" + kSemaphoreFlags), "true");
+  auto with_peer = value;
+  with_peer["Holders"][session] = true;
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/.lock?flags=" + kSemaphoreFlags + "&cas=" +
+                            std::to_string(lock[0]["ModifyIndex"].get<std::uint64_t>()),
+                 with_peer.dump()),
+            "true");
+  auto other = turnstile::Client::connect(url()).semaphore(name, 3);
+  EXPECT_FALSE(other.try_acquire_for(300ms).has_value());  // 2 + the peer's 1: full
+  curl("PUT", "/v1/session/destroy/" + session);
+  EXPECT_TRUE(other.try_acquire_for(5s).has_value());
 }
 
 }  // namespace

@@ -198,10 +198,6 @@ EntryValue ConsulBackend::new_value(const QueueRequest& request) const {
 }
 
 std::unique_ptr<QueuePlace> ConsulBackend::join(const QueueRequest& request, bool, Deadline deadline, Standing& first) {
-  if (request.kind == EntryKind::lease && request.permits > kMaxLeasePermits) {
-    throw InvalidArgument("Semaphore '" + request.name + "': the Consul backend holds at most " +
-                          std::to_string(kMaxLeasePermits) + " permits per lease (one Consul session each)");
-  }
   return make_place(*this, request, deadline, first);
 }
 
@@ -243,35 +239,38 @@ Inspection ConsulBackend::inspect(const std::string& name) {
     auto info = info_of(entry, value, value.held);
     (info.holding ? result.holders : result.waiters).push_back(info);
   }
-  // Holders only Consul's own clients know of: an api.Lock session, api.Semaphore holders.
-  std::vector<std::string> foreign;
+  // Holders only Consul's own clients know of: an api.Lock session, api.Semaphore holders
+  // whose contender key is alive (api.Semaphore prunes the others).
+  std::vector<std::pair<std::string, std::int64_t>> foreign;  // session, permits
+  const auto ours = [&](const std::string& session) {
+    return std::any_of(queue.begin(), queue.end(), [&](const KvEntry& mine) {
+      const auto sessions = entry_value(mine.value).sessions;
+      return mine.session == session || std::find(sessions.begin(), sessions.end(), session) != sessions.end();
+    });
+  };
   for (const auto& entry : read(key, false, kCallCap)) {
-    if (entry.flags == kLockFlags && !entry.session.empty()) {
-      bool ours = false;
-      for (const auto& mine : queue) ours = ours || mine.session == entry.session;
-      if (!ours) foreign.push_back(entry.session);
-      if (result.mode.empty()) result.mode = "lock";
-    }
+    if (entry.flags != kLockFlags || entry.session.empty()) continue;
+    if (!ours(entry.session)) foreign.emplace_back(entry.session, 1);
+    if (result.mode.empty()) result.mode = "lock";
   }
-  for (const auto& entry : read(key + "/.lock", false, kCallCap)) {
-    if (entry.flags != kSemaphoreFlags) continue;
+  const auto under = read(key + "/", true, kCallCap);
+  for (const auto& entry : under) {
+    if (entry.key != key + "/.lock" || entry.flags != kSemaphoreFlags) continue;
     const auto lock = semaphore_lock(entry, name);
-    const bool holding = std::any_of(lock.holders.begin(), lock.holders.end(), [](const auto& h) { return h.second; });
-    if (result.mode.empty() && holding) {
-      result.mode = "semaphore";
-      result.limit = lock.limit;
-    }
-    for (const auto& [session, held] : lock.holders) {
-      bool ours = false;
-      for (const auto& mine : queue) {
-        for (const auto& s : entry_value(mine.value).sessions) ours = ours || s == session;
+    for (const auto& [session, permits] : lock.holders) {
+      const bool alive = std::any_of(under.begin(), under.end(), [&](const KvEntry& e) { return e.session == session; });
+      if (permits <= 0 || !alive) continue;
+      if (result.mode.empty()) {
+        result.mode = "semaphore";
+        result.limit = lock.limit;
       }
-      if (held && !ours) foreign.push_back(session);
+      if (!ours(session)) foreign.emplace_back(session, permits);
     }
   }
-  for (const auto& session : foreign) {
+  for (const auto& [session, permits] : foreign) {
     EntryInfo info;
     info.kind = result.mode == "semaphore" ? "lease" : "exclusive";
+    info.permits = permits;
     info.holding = true;
     info.host = "consul session " + session;
     const auto reply = http_.call("GET", "/v1/session/info/" + session, "", kCallCap);

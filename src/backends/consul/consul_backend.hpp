@@ -52,8 +52,6 @@ constexpr milliseconds kDeadlineGrace{50};
 // What a leave or a given-up join could not remove at once is retried this often, for this long.
 constexpr milliseconds kCleanupRetry{500};
 constexpr milliseconds kCleanupGiveUp{60000};
-// Consul runs at most 64 operations in one transaction: a lease's hold takes 2 + permits.
-constexpr std::int64_t kMaxLeasePermits = 60;
 
 struct Settings {
   Endpoint endpoint;

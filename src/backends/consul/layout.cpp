@@ -76,7 +76,10 @@ EntryValue entry_value(const std::string& text) {
 
 std::string to_json(const SemaphoreLock& lock) {
   nlohmann::json holders = nlohmann::json::object();
-  for (const auto& [session, held] : lock.holders) holders[session] = held;
+  for (const auto& [session, permits] : lock.holders) {
+    if (permits == 1) holders[session] = true;
+    else if (permits > 1) holders[session] = permits;
+  }
   return nlohmann::json{{"Limit", lock.limit}, {"Holders", holders}}.dump();
 }
 
@@ -91,7 +94,12 @@ SemaphoreLock semaphore_lock(const KvEntry& entry, const std::string& name) {
   if (!json.is_object() || !json.contains("Limit") || !json["Limit"].is_number_integer()) throw conflict("no Limit");
   lock.limit = json["Limit"].get<std::int64_t>();
   if (const auto holders = json.find("Holders"); holders != json.end() && holders->is_object()) {
-    for (const auto& [session, held] : holders->items()) lock.holders[session] = held.is_boolean() && held.get<bool>();
+    for (const auto& [session, held] : holders->items()) {
+      // Anything else a peer might write counts as one permit: never fewer than it may hold.
+      if (held.is_boolean()) lock.holders[session] = held.get<bool>() ? 1 : 0;
+      else if (held.is_number_integer() && held.get<std::int64_t>() > 0) lock.holders[session] = held.get<std::int64_t>();
+      else lock.holders[session] = 1;
+    }
   }
   return lock;
 }

@@ -13,8 +13,8 @@
 
 namespace turnstile::detail::consul {
 
-// A queue entry's value (JSON). `sessions`: once a lease holds, the sessions that hold its
-// permits in `.lock` (one per permit, as api.Semaphore counts holders).
+// A queue entry's value (JSON). `sessions`: once a lease holds, the session that holds its
+// permits in `.lock` (one per lease, whatever its count).
 struct EntryValue {
   EntryKind kind = EntryKind::exclusive;
   std::int64_t permits = 1;
@@ -30,10 +30,14 @@ std::string to_json(const EntryValue& value);
 // A value nobody could parse reads as an exclusive entry (it still takes its place).
 EntryValue entry_value(const std::string& json);
 
-// api.Semaphore's `.lock` value: {"Limit":N,"Holders":{"<session>":true,...}}.
+// api.Semaphore's `.lock` value: {"Limit":N,"Holders":{"<session>":true,...}}. api.Semaphore
+// counts one permit per holder session; a turnstile lease holds any count on one session and
+// writes it as the holder's value: `true` for 1 (what api.Semaphore writes), the number for more.
+// api.Semaphore cannot decode a number, so while such a lease holds, its clients fail with an
+// error rather than count it as one (they are never admitted past the limit).
 struct SemaphoreLock {
   std::int64_t limit = 0;
-  std::map<std::string, bool> holders;
+  std::map<std::string, std::int64_t> holders;  // session -> permits (false: 0, true: 1)
   std::uint64_t modify_index = 0;  // 0: no .lock key yet (created by CAS with index 0)
 };
 

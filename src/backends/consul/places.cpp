@@ -181,15 +181,12 @@ class ConsulPlace final : public QueuePlace {
     nlohmann::json ops = nlohmann::json::array();
     if (request_.kind == EntryKind::exclusive) ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
     if (is_lease(request_)) {
-      for (std::int64_t i = 0; i < request_.permits; ++i) {
-        permits.push_back(backend_.sessions().spare(call_timeout(deadline_)));
-      }
+      // One session holds the lease's permits, its count in `.lock` (layout.hpp).
+      const auto& permit = permits.emplace_back(backend_.sessions().spare(call_timeout(deadline_)));
       auto lock = semaphore_;
-      for (const auto& permit : permits) {
-        ops.push_back(kv_lock(key_ + "/" + permit->id, "", kSemaphoreFlags, permit->id));
-        lock.holders[permit->id] = true;
-        value_.sessions.push_back(permit->id);
-      }
+      ops.push_back(kv_lock(key_ + "/" + permit->id, "", kSemaphoreFlags, permit->id));
+      lock.holders[permit->id] = request_.permits;
+      value_.sessions = {permit->id};
       auto op = kv_op("cas", key_ + "/.lock");
       op["KV"]["Index"] = lock.modify_index;
       op["KV"]["Value"] = base64_encode(to_json(lock));
@@ -327,7 +324,7 @@ class ConsulPlace final : public QueuePlace {
     std::erase_if(semaphore_.holders, [&](const auto& holder) { return !alive.count(holder.first); });
     // A `.lock` with no live holder left behind (api.Semaphore's Release keeps it) says nothing.
     const bool holding = std::any_of(semaphore_.holders.begin(), semaphore_.holders.end(),
-                                     [](const auto& holder) { return holder.second; });
+                                     [](const auto& holder) { return holder.second > 0; });
     if (holding) {
       standing.mode = QueueMode::semaphore;
       standing.limit = semaphore_.limit;
@@ -336,9 +333,9 @@ class ConsulPlace final : public QueuePlace {
     for (const auto& entry : queue) {
       for (const auto& session : entry_value(entry.value).sessions) ours.insert(session);
     }
-    for (const auto& [session, held] : semaphore_.holders) {
-      if (!held || ours.count(session)) continue;
-      standing.entries.push_back({EntryKind::lease, 1});
+    for (const auto& [session, permits] : semaphore_.holders) {
+      if (permits <= 0 || ours.count(session)) continue;
+      standing.entries.push_back({EntryKind::lease, permits});
       targets_.push_back(holders_target_);
     }
   }
