@@ -216,6 +216,7 @@ class State:
         for e in saved["kvs"]:
             e = dict(e)
             e["Value"] = None if e["Value"] is None else base64.b64decode(e["Value"])
+            e.setdefault("Session", "")   # entry_json leaves it out when unlocked
             self.kvs[e["Key"]] = e
         self.sessions = {s["ID"]: s for s in saved["sessions"]}
         now = time.monotonic()
