@@ -114,4 +114,22 @@ TEST(Consul, ALeaseOfSeveralPermitsIsOneHolderWithItsCount) {
   EXPECT_TRUE(other.try_acquire_for(5s).has_value());
 }
 
+// kill -9 of a holder: Consul invalidates its session after TTL x 2 (Behavior delete removes its
+// keys), then the key's lock-delay (1 s in the suite's URL) runs out; the stand-in accepts a
+// 1 s TTL (session_ttl_min lowered). Allowed on top: 1.5 s for the invalidation timer and the
+// waiter's retry after the lock-delay.
+TEST(Consul, AKilledHolderFreesTheNameWithinTtlTimesTwoPlusLockDelay) {
+  server_tests::expect_killed_holder_freed_within(url(), 1s, 2 * 1s + 1s + 1500ms);
+}
+
+// The stand-in restarted with its Raft state (consul.sh restart): sessions, keys and indexes
+// survive, so holds are suspended while it is down and held again after, never lost. Its own
+// stand-in, with session_ttl_min lowered so a 10 s TTL is allowed.
+TEST(ConsulOwnServer, ARestartWithItsStateSuspendsThenResumesTheHolds) {
+  setenv("CONSUL_TEST_SESSION_TTL_MIN", "1s", 1);
+  server_tests::OwnServer server(TURNSTILE_CONSUL_SCRIPT);
+  server_tests::expect_outage_suspends_then_resumes(
+      server.url(), 10s, [&] { ASSERT_EQ(server.stop(), 0); }, [&] { ASSERT_EQ(server.restart(), 0); });
+}
+
 }  // namespace
