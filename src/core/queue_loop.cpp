@@ -74,7 +74,7 @@ bool acquire_from_counter(CounterStore& store, const std::string& name, std::int
   const bool try_once = passed(deadline);
   const auto last_try = [&] { return try_once || passed(deadline) || stop.stop_requested(); };
   for (;;) {
-    auto line = store.counter_line(name, permits);
+    auto line = store.counter_line(name, permits, stop);
     LeaveUnlessKept<CounterLine> leave_unless_kept{line.get()};
     try {
       for (;;) {
@@ -98,6 +98,9 @@ bool acquire_from_counter(CounterStore& store, const std::string& name, std::int
           continue;  // look again from our place
         }
         line->wait(wait, deadline, stop);
+        // A deadline or stop that ended the wait ends the acquire: no look past the deadline
+        // (a look to a server that does not answer would hold the stop up).
+        if (passed(deadline) || stop.stop_requested()) return false;
       }
     } catch (const QueueEntryGone&) {
       if (last_try()) return false;

@@ -110,7 +110,9 @@ class CounterLine {
 class CounterStore {
  public:
   virtual ~CounterStore() = default;
-  virtual std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) = 0;
+  // `stop` is the caller's: every call the line makes should end on it.
+  virtual std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
+                                                    const std::stop_token& stop) = 0;
 };
 
 // The one queue algorithm: join, then look, decide, wait until admitted, the deadline passes or

@@ -76,7 +76,8 @@ class MemoryQueue : public QueueStore, public CounterStore {
   int sleeping() { return sleeping_.load(); }
 
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool, turnstile::Deadline, Standing& first) override;
-  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
+                                            const std::stop_token& stop) override;
 
   // PermitCounter state.
   std::optional<std::int64_t> value;
@@ -219,7 +220,7 @@ class MemoryLine : public CounterLine {
   bool taken_ = false;
 };
 
-std::unique_ptr<CounterLine> MemoryQueue::counter_line(const std::string&, std::int64_t permits) {
+std::unique_ptr<CounterLine> MemoryQueue::counter_line(const std::string&, std::int64_t permits, const std::stop_token&) {
   return std::make_unique<MemoryLine>(*this, permits);
 }
 

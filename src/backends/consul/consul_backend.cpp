@@ -201,7 +201,8 @@ std::unique_ptr<QueuePlace> ConsulBackend::join(const QueueRequest& request, boo
   return make_place(*this, request, deadline, first);
 }
 
-std::unique_ptr<CounterLine> ConsulBackend::counter_line(const std::string& name, std::int64_t permits) {
+std::unique_ptr<CounterLine> ConsulBackend::counter_line(const std::string& name, std::int64_t permits,
+                                            [[maybe_unused]] const std::stop_token& stop) {
   return make_counter_line(*this, name, permits);
 }
 

@@ -86,7 +86,8 @@ class ConsulBackend final : public Backend {
 
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
                                    Standing& first) override;
-  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
+                                            const std::stop_token& stop) override;
   Inspection inspect(const std::string& name) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;

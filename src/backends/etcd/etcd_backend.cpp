@@ -333,7 +333,8 @@ class EtcdBackend final : public Backend {
 
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
                                    Standing& first) override;
-  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
+                                            const std::stop_token& stop) override;
   Inspection inspect(const std::string& name) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
@@ -1219,7 +1220,8 @@ bool EtcdCounterLine::leave() noexcept {
   return false;  // a take whose reply was lost is not told apart from one never applied
 }
 
-std::unique_ptr<CounterLine> EtcdBackend::counter_line(const std::string& name, std::int64_t permits) {
+std::unique_ptr<CounterLine> EtcdBackend::counter_line(const std::string& name, std::int64_t permits,
+                                            [[maybe_unused]] const std::stop_token& stop) {
   return std::make_unique<EtcdCounterLine>(*this, name, permits);
 }
 

@@ -131,7 +131,8 @@ class FileBackend final : public Backend, public ForkLocked {
 
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
                                    Standing& first) override;
-  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
+                                            const std::stop_token& stop) override;
   Inspection inspect(const std::string& name) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
@@ -647,7 +648,8 @@ std::unique_ptr<QueuePlace> FileBackend::join(const QueueRequest& request, bool 
   return place;
 }
 
-std::unique_ptr<CounterLine> FileBackend::counter_line(const std::string& name, std::int64_t permits) {
+std::unique_ptr<CounterLine> FileBackend::counter_line(const std::string& name, std::int64_t permits,
+                                            [[maybe_unused]] const std::stop_token& stop) {
   return std::make_unique<FileCounterLine>(file(name), permits);
 }
 

@@ -352,7 +352,8 @@ class RedisBackend final : public Backend {
 
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
                                    Standing& first) override;
-  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
+                                            const std::stop_token& stop) override;
   Inspection inspect(const std::string& name) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
@@ -723,7 +724,8 @@ class RedisCounterLine final : public CounterLine {
   bool settled_ = true;  // known out of the line (or taken): leave() has nothing to do
 };
 
-std::unique_ptr<CounterLine> RedisBackend::counter_line(const std::string& name, std::int64_t permits) {
+std::unique_ptr<CounterLine> RedisBackend::counter_line(const std::string& name, std::int64_t permits,
+                                            [[maybe_unused]] const std::stop_token& stop) {
   return std::make_unique<RedisCounterLine>(*this, name, permits);
 }
 

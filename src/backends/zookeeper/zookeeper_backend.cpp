@@ -387,7 +387,8 @@ class ZookeeperBackend final : public Backend {
 
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
                                    Standing& first) override;
-  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
+                                            const std::stop_token& stop) override;
   Inspection inspect(const std::string& name) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
@@ -1126,7 +1127,8 @@ class PermitLine final : public CounterLine {
   bool take_unconfirmed_ = false;
 };
 
-std::unique_ptr<CounterLine> ZookeeperBackend::counter_line(const std::string& name, std::int64_t permits) {
+std::unique_ptr<CounterLine> ZookeeperBackend::counter_line(const std::string& name, std::int64_t permits,
+                                            [[maybe_unused]] const std::stop_token& stop) {
   return std::make_unique<PermitLine>(*this, name, permits);
 }
 
