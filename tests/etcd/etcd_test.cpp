@@ -364,6 +364,78 @@ TEST_F(Etcd, TimedAcquiresHonourTheirDeadlineWhileEtcdIsUnreachable) {
   held.unlock();
 }
 
+// r11 F2: a PermitCounter take applied by etcd whose reply was lost never leaks the permits:
+// the acquire reports true (the take's receipt, or our waiter key gone with the take, tells
+// leave() that it was applied) and the count shows them taken. Outside the line first, then a
+// waiter in line whose take's reply is lost.
+std::string counter_take_with_lost_reply(TcpProxy& proxy, turnstile::PermitCounter& observed, std::int64_t before,
+                                         std::future<std::string>& acquire) {
+  const auto start = Steady::now();
+  while (observed.available_permits() == before && Steady::now() - start < 10s) proxy.pass_one_reply(20ms);
+  proxy.drop_replies();
+  std::this_thread::sleep_for(300ms);
+  proxy.forward();
+  return acquire.get();
+}
+
+std::string outcome(const std::function<bool()>& acquire) {
+  try {
+    return acquire() ? "true" : "false";
+  } catch (const std::exception& error) {
+    return std::string("threw: ") + error.what();
+  }
+}
+
+TEST_F(Etcd, CounterTakeWhoseReplyWasLostIsNotALeak) {
+  TcpProxy proxy(url_);
+  auto client = Client::connect(proxy.url_through(url_), with_ttl(10s));
+  auto observer = Client::connect(url_);
+  const auto name = unique_name("lost-take");
+  auto observed = observer.permit_counter(name);
+  observed.try_set_permits(1);
+  auto counter = client.permit_counter(name);
+  EXPECT_EQ(counter.available_permits(), 1);  // connected before replies are held
+  proxy.hold_replies();
+  auto outside = std::async(std::launch::async, [&] { return outcome([&] { return counter.try_acquire_for(1500ms); }); });
+  EXPECT_EQ(counter_take_with_lost_reply(proxy, observed, 1, outside), "true") << "outside the line";
+  EXPECT_EQ(observed.available_permits(), 0);
+
+  auto in_line = std::async(std::launch::async, [&] { return outcome([&] { return counter.try_acquire_for(20s); }); });
+  ASSERT_TRUE(eventually([&] { return observer.inspect(name).waiters.size() == 1; })) << "the waiter never lined up";
+  proxy.hold_replies();
+  observed.add_permits(2);
+  EXPECT_EQ(counter_take_with_lost_reply(proxy, observed, 2, in_line), "true") << "in line";
+  EXPECT_EQ(observed.available_permits(), 1);
+  EXPECT_TRUE(eventually([&] { return observer.inspect(name).waiters.empty(); }));
+}
+
+// r11 F1: a PermitCounter acquire(n, stop) ends soon after the stop even while etcd does not
+// answer (its look to the cut link, and its wait in line), leaving the line within a bounded
+// time; before, the look ran to its 5 s cap and threw BackendUnavailable.
+TEST_F(Etcd, CounterAcquireEndsOnAStopWhileEtcdIsUnreachable) {
+  TcpProxy proxy(url_);
+  auto client = Client::connect(proxy.url_through(url_), with_ttl(10s));
+  auto observer = Client::connect(url_);
+  const auto name = unique_name("counter-stop");
+  observer.permit_counter(name).try_set_permits(0);
+  auto counter = client.permit_counter(name);
+  for (const bool in_line : {false, true}) {
+    std::stop_source stop;
+    // Looking: the link is cut before the acquire's first read. In line: after it lined up.
+    if (!in_line) proxy.blackhole();
+    auto waiting = std::async(std::launch::async, [&] { return outcome([&] { return counter.acquire(1, stop.get_token()); }); });
+    if (in_line) ASSERT_TRUE(eventually([&] { return observer.inspect(name).waiters.size() == 1; }));
+    proxy.blackhole();
+    std::this_thread::sleep_for(1s);
+    const auto stopped = Steady::now();
+    stop.request_stop();
+    EXPECT_EQ(waiting.get(), "false") << (in_line ? "in line" : "looking");
+    EXPECT_LT(Steady::now() - stopped, 1500ms) << "the stop was held up by the unreachable etcd";
+    proxy.forward();
+    EXPECT_TRUE(eventually([&] { return observer.inspect(name).waiters.empty(); }));
+  }
+}
+
 // 10.12: a name cannot put entries in another name's queue: NAME/x and a name spelled like an
 // entry key (NAME/<lease hex>, NAME/<hex>_<n>) keep their keys below NAME/ but are not
 // counted as NAME's entries; the same for PermitCounter waiters.

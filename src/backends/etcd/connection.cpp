@@ -312,17 +312,24 @@ void Connection::next_endpoint() {
 }
 
 template <class Call>
-void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what) {
+void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what,
+                       const std::stop_token& stop) {
   auto pause = kRetryFirstPause;
   for (;;) {
+    if (stop.stop_requested()) throw CallStopped(std::string("stopped before ") + what + " was sent to etcd");
     grpc::ClientContext context;
     prepare(context, std::min(deadline, SteadyClock::now() + kAttemptCap), idempotent);
     grpc::Status status;
     {
+      std::stop_callback cancel(stop, [&context] { context.TryCancel(); });
       GrpcScope scope;
       status = call(context);
     }
     if (status.ok()) return;
+    if (stop.stop_requested()) {
+      if (!idempotent && !never_sent(status)) throw_error(Failure::outcome_unknown, status, what);
+      throw CallStopped(std::string("stopped while ") + what + " waited for etcd");
+    }
     check_retryable(status, what, deadline);
     if (!idempotent && !never_sent(status)) throw_error(Failure::outcome_unknown, status, what);
     if (SteadyClock::now() + pause >= deadline) throw_error(Failure::transient, status, what);
@@ -360,26 +367,30 @@ void Connection::authenticate(SteadyClock::time_point deadline) {
   }
 }
 
-pb::RangeResponse Connection::range(const pb::RangeRequest& request, SteadyClock::time_point deadline) {
+pb::RangeResponse Connection::range(const pb::RangeRequest& request, SteadyClock::time_point deadline,
+                                    const std::stop_token& stop) {
   pb::RangeResponse response;
-  unary([&](grpc::ClientContext& context) { return current().kv->Range(&context, request, &response); }, deadline, true, "a read");
+  unary([&](grpc::ClientContext& context) { return current().kv->Range(&context, request, &response); }, deadline, true,
+        "a read", stop);
   return response;
 }
 
-pb::TxnResponse Connection::txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent) {
+pb::TxnResponse Connection::txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent,
+                                const std::stop_token& stop) {
   pb::TxnResponse response;
   unary([&](grpc::ClientContext& context) { return current().kv->Txn(&context, request, &response); }, deadline, idempotent,
-        "a transaction");
+        "a transaction", stop);
   return response;
 }
 
-pb::LeaseGrantResponse Connection::lease_grant(std::int64_t ttl_seconds, SteadyClock::time_point deadline) {
+pb::LeaseGrantResponse Connection::lease_grant(std::int64_t ttl_seconds, SteadyClock::time_point deadline,
+                                               const std::stop_token& stop) {
   pb::LeaseGrantRequest request;
   request.set_ttl(ttl_seconds);
   pb::LeaseGrantResponse response;
   // Not idempotent, but a lease granted twice only costs an unused lease that expires.
   unary([&](grpc::ClientContext& context) { return current().lease->LeaseGrant(&context, request, &response); }, deadline,
-        true, "a lease grant");
+        true, "a lease grant", stop);
   if (!response.error().empty()) throw BackendUnavailable("etcd refused a lease: " + response.error());
   return response;
 }
@@ -390,7 +401,7 @@ void Connection::lease_revoke(std::int64_t lease, SteadyClock::time_point deadli
   pb::LeaseRevokeResponse response;
   // Resent safely: a second revoke finds the lease gone (LeaseGone), which is the goal.
   unary([&](grpc::ClientContext& context) { return current().lease->LeaseRevoke(&context, request, &response); },
-        deadline, true, "a lease revoke");
+        deadline, true, "a lease revoke", {});
 }
 
 std::int64_t Connection::keep_alive(std::int64_t lease, SteadyClock::time_point deadline) {

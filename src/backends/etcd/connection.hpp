@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,14 @@ namespace pb = etcdserverpb;
 // etcd answered that a lease is unknown (expired or revoked): every key written with it is
 // gone, and a request that writes with it was not applied.
 class LeaseGone : public BackendUnavailable {
+ public:
+  using BackendUnavailable::BackendUnavailable;
+};
+
+// The caller's stop token ended a call: one not sent yet, or an idempotent one (a write may
+// then have been applied: its caller cleans up as after any BackendUnavailable). A stopped
+// call that is not idempotent and may have been sent is outcome_unknown instead.
+class CallStopped : public BackendUnavailable {
  public:
   using BackendUnavailable::BackendUnavailable;
 };
@@ -104,10 +113,14 @@ class Connection {
   void close() { closed_ = true; }
 
   // `idempotent` calls are resent after a failure until the deadline (then BackendUnavailable);
-  // the others throw BackendUnavailable at once when their outcome is unknown.
-  pb::RangeResponse range(const pb::RangeRequest& request, SteadyClock::time_point deadline);
-  pb::TxnResponse txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent);
-  pb::LeaseGrantResponse lease_grant(std::int64_t ttl_seconds, SteadyClock::time_point deadline);
+  // the others throw BackendUnavailable at once when their outcome is unknown. A `stop`
+  // requested cancels the call (CallStopped, unless a write's outcome is unknown).
+  pb::RangeResponse range(const pb::RangeRequest& request, SteadyClock::time_point deadline,
+                          const std::stop_token& stop = {});
+  pb::TxnResponse txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent,
+                      const std::stop_token& stop = {});
+  pb::LeaseGrantResponse lease_grant(std::int64_t ttl_seconds, SteadyClock::time_point deadline,
+                                     const std::stop_token& stop = {});
   // Throws LeaseGone when the lease is already gone, BackendUnavailable when etcd did not answer.
   void lease_revoke(std::int64_t lease, SteadyClock::time_point deadline);
   // One keep-alive round on a LeaseKeepAlive stream: the lease's remaining TTL in seconds,
@@ -141,7 +154,8 @@ class Connection {
   };
 
   template <class Call>
-  void unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what);
+  void unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what,
+             const std::stop_token& stop);
   Endpoint& current();
   void authenticate(SteadyClock::time_point deadline);
   void next_endpoint();

@@ -53,6 +53,7 @@ const std::string kCounterPrefix = "\x1fturnstile/permits/";
 const std::string kCounterWaiterPrefix = "\x1fturnstile/permit-waiters/";
 const std::string kCancelPrefix = "\x1fturnstile/cancelled/";  // + <lease hex>_<request>
 const std::string kReceiptPrefix = "\x1fturnstile/released/";  // + <lease hex>_<create revision>
+const std::string kTakenPrefix = "\x1fturnstile/taken/";        // + <lease hex>_<request>
 
 std::string lease_hex(std::int64_t lease) {
   char buffer[24];
@@ -362,7 +363,12 @@ class EtcdBackend final : public Backend {
   // background.
   void lose_lease(const std::shared_ptr<ClientLease>& lease, const std::string& reason, bool gone);
 
-  // Release receipts whose release has its answer: deleted by later releases.
+  // This client's lease for new keys (a new one when the current one is lost).
+  std::shared_ptr<ClientLease> client_lease(SteadyClock::time_point deadline, const std::stop_token& stop = {});
+  // A number no other request of this client has (it makes keys and values unique).
+  std::uint64_t next_request() { return ++unique_; }
+
+  // Release and take receipts whose call has its answer: deleted by later releases and takes.
   std::vector<std::string> receipts_to_delete();
   void receipts_deleted(const std::vector<std::string>& keys);
   void receipt_done(std::string key);
@@ -380,11 +386,14 @@ class EtcdBackend final : public Backend {
   using EntryMaker = std::function<std::pair<std::string, std::string>(const ClientLease& lease, std::uint64_t request)>;
   // Puts an entry under `prefix` and reads the line in the same round trip; once more on a new
   // lease when etcd no longer knew the current one. Throws BackendUnavailable with the entry
-  // left in the background, holding on to `turn` until it is gone.
-  Joined join_line(const std::string& prefix, const EntryMaker& entry, Deadline deadline, LocalTurn* turn);
-  // Runs a clean-up Txn (a leave): once here, within kLeaveTry, then in the background until it
-  // succeeds or the lease is gone. A `turn` still held is kept until then (the key may exist).
-  void run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn, LocalTurn* turn);
+  // left in the background, holding on to `turn` until it is gone; CallStopped on a `stop`.
+  Joined join_line(const std::string& prefix, const EntryMaker& entry, Deadline deadline, LocalTurn* turn,
+                   const std::stop_token& stop = {});
+  // Runs a clean-up Txn (a leave): once here, within `first_try`, then in the background until
+  // it succeeds or the lease is gone. A `turn` still held is kept until then (the key may
+  // exist). Returns the first try's answer, or none (not answered in time, or the lease gone).
+  std::optional<pb::TxnResponse> run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn,
+                                             LocalTurn* turn, milliseconds first_try = kLeaveTry);
   // Waits for an event of the watch (or its end, the deadline, `stop`, or the lease's loss).
   // `changed_already`, when given, is asked once the watch exists: true means what we wait for
   // happened before the watch began, so no wait.
@@ -402,8 +411,7 @@ class EtcdBackend final : public Backend {
 
   // A place in this client's local line for a name (one exclusive key per lease and name).
   bool enter_local_turn(const std::string& name, Deadline deadline, const std::stop_token& stop);
-  std::shared_ptr<ClientLease> client_lease(SteadyClock::time_point deadline);
-  std::shared_ptr<ClientLease> grant_lease(SteadyClock::time_point deadline);
+  std::shared_ptr<ClientLease> grant_lease(SteadyClock::time_point deadline, const std::stop_token& stop);
   void give_up(const std::shared_ptr<ClientLease>& lease);
   void keep_alive_loop(std::stop_token stop);
   // One keep-alive round: the TTL etcd confirmed, or none (no answer, or the lease is gone).
@@ -421,7 +429,7 @@ class EtcdBackend final : public Backend {
   // Puts `key` (created at most once, guarded by the request's marker) and reads `prefix`'s
   // entries in the same Txn.
   Joined put_entry(const std::shared_ptr<ClientLease>& lease, std::string key, std::uint64_t request, std::string value,
-                   const std::string& prefix, Deadline deadline, LocalTurn* turn);
+                   const std::string& prefix, Deadline deadline, LocalTurn* turn, const std::stop_token& stop);
   // Leaves with an entry whose join may or may not have been applied: the join's marker
   // written (so a join still in flight fails) and the key deleted if it holds the join's value.
   void leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key, const std::string& marker,
@@ -609,7 +617,7 @@ void EtcdBackend::leave_local_turn(const std::string& name) {
   turns_cv_.notify_all();
 }
 
-std::shared_ptr<ClientLease> EtcdBackend::client_lease(SteadyClock::time_point deadline) {
+std::shared_ptr<ClientLease> EtcdBackend::client_lease(SteadyClock::time_point deadline, const std::stop_token& stop) {
   {
     std::lock_guard lock(mutex_);
     if (lease_ && !lease_->lost) return lease_;
@@ -620,7 +628,7 @@ std::shared_ptr<ClientLease> EtcdBackend::client_lease(SteadyClock::time_point d
     std::lock_guard lock(mutex_);
     if (lease_ && !lease_->lost) return lease_;
   }
-  auto fresh = grant_lease(deadline);
+  auto fresh = grant_lease(deadline, stop);
   {
     std::lock_guard lock(mutex_);
     lease_ = fresh;
@@ -629,10 +637,10 @@ std::shared_ptr<ClientLease> EtcdBackend::client_lease(SteadyClock::time_point d
   return fresh;
 }
 
-std::shared_ptr<ClientLease> EtcdBackend::grant_lease(SteadyClock::time_point deadline) {
+std::shared_ptr<ClientLease> EtcdBackend::grant_lease(SteadyClock::time_point deadline, const std::stop_token& stop) {
   const auto ttl_seconds = std::max<std::int64_t>(1, (connection_.settings().ttl.count() + 999) / 1000);
   const auto sent_at = SteadyClock::now();
-  const auto granted = connection_.lease_grant(ttl_seconds, deadline);
+  const auto granted = connection_.lease_grant(ttl_seconds, deadline, stop);
   auto fresh = std::make_shared<ClientLease>();
   fresh->id = granted.id();
   fresh->hex = lease_hex(granted.id());
@@ -804,16 +812,21 @@ bool EtcdBackend::try_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline
   return done;
 }
 
-void EtcdBackend::run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn, LocalTurn* turn) {
+std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn,
+                                                        LocalTurn* turn, milliseconds first_try) {
+  auto answer = std::make_shared<std::optional<pb::TxnResponse>>();
   Cleanup cleanup;
   cleanup.lease = lease;
-  cleanup.attempt = [this, txn = std::move(txn)](SteadyClock::time_point deadline) { connection_.txn(txn, deadline, true); };
-  if (try_cleanup(cleanup, SteadyClock::now() + kLeaveTry)) return;
+  cleanup.attempt = [this, txn = std::move(txn), answer](SteadyClock::time_point deadline) {
+    *answer = connection_.txn(txn, deadline, true);
+  };
+  if (try_cleanup(cleanup, SteadyClock::now() + first_try)) return *answer;
   if (turn && turn->held && !lease_lost(*lease)) {
     cleanup.turn = turn->name;
     turn->held = false;
   }
-  schedule(std::move(cleanup));
+  schedule(std::move(cleanup));  // its later answers are nobody's
+  return std::nullopt;
 }
 
 void EtcdBackend::leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key,
@@ -906,13 +919,13 @@ void EtcdBackend::wait_for_change(ClientLease& lease, const pb::WatchCreateReque
 }
 
 EtcdBackend::Joined EtcdBackend::join_line(const std::string& prefix, const EntryMaker& entry, Deadline deadline,
-                                           LocalTurn* turn) {
+                                           LocalTurn* turn, const std::stop_token& stop) {
   for (int attempt = 0;; ++attempt) {
-    auto lease = client_lease(bounded(deadline, kOneShot));
-    const auto number = ++unique_;
+    auto lease = client_lease(bounded(deadline, kOneShot), stop);
+    const auto number = next_request();
     auto [key, value] = entry(*lease, number);
     try {
-      return put_entry(lease, std::move(key), number, std::move(value), prefix, deadline, turn);
+      return put_entry(lease, std::move(key), number, std::move(value), prefix, deadline, turn, stop);
     } catch (const LeaseGone&) {
       // The lease ended unnoticed; the join was not applied. Once more on a new lease.
       lose_lease(lease, "etcd no longer knows the client's lease", true);
@@ -923,7 +936,7 @@ EtcdBackend::Joined EtcdBackend::join_line(const std::string& prefix, const Entr
 
 EtcdBackend::Joined EtcdBackend::put_entry(const std::shared_ptr<ClientLease>& lease, std::string key,
                                            std::uint64_t request, std::string value, const std::string& prefix,
-                                           Deadline deadline, LocalTurn* turn) {
+                                           Deadline deadline, LocalTurn* turn, const std::stop_token& stop) {
   // The marker of this request: written only by a clean-up of it, after which this join
   // can no longer apply (a resend, or the lost original delivered late).
   const auto marker = kCancelPrefix + lease->hex + "_" + std::to_string(request);
@@ -936,7 +949,7 @@ EtcdBackend::Joined EtcdBackend::put_entry(const std::shared_ptr<ClientLease>& l
   add_range(txn.mutable_failure(), queue_range(prefix));
   pb::TxnResponse answer;
   try {
-    answer = connection_.txn(txn, bounded(deadline, kOneShot), true);
+    answer = connection_.txn(txn, bounded(deadline, kOneShot), true, stop);
   } catch (const LeaseGone&) {
     throw;  // not applied
   } catch (const BackendUnavailable&) {
@@ -1114,13 +1127,16 @@ std::unique_ptr<QueuePlace> EtcdBackend::join(const QueueRequest& request, bool,
 // --- PermitCounter: one key changed by Txn on its mod revision ---------------------------
 // Waiters line up as keys under the waiter prefix (on the lease, so a dead waiter leaves the
 // line); only the first may take permits, and it watches the counter key, the others the
-// waiter just ahead.
+// waiter just ahead. A take also puts a receipt (a key on our lease that no name can reach):
+// when its reply is lost, leave() reads the receipt to tell a take applied from one that was
+// not, so no permits are taken without the acquire knowing. Every call ends on the caller's
+// stop, but the leave.
 
 class EtcdCounterLine final : public CounterLine {
  public:
-  EtcdCounterLine(EtcdBackend& backend, const std::string& name, std::int64_t permits)
+  EtcdCounterLine(EtcdBackend& backend, const std::string& name, std::int64_t permits, const std::stop_token& stop)
       : backend_(backend), counter_key_(kCounterPrefix + name), line_prefix_(kCounterWaiterPrefix + name + "/"),
-        permits_(permits) {}
+        permits_(permits), stop_(stop) {}
 
   CounterStanding look(bool last_try, Deadline deadline) override;
   bool take(const CounterStanding& seen, Deadline deadline) override;
@@ -1133,10 +1149,14 @@ class EtcdCounterLine final : public CounterLine {
   const std::string counter_key_;
   const std::string line_prefix_;
   const std::int64_t permits_;
+  const std::stop_token stop_;
   std::shared_ptr<ClientLease> lease_;
   std::string place_;  // our waiter key, once in line
   std::int64_t place_revision_ = 0;
   bool left_ = false;
+  // The receipt of a take whose outcome is unknown (its reply was lost), and its lease.
+  std::string receipt_;
+  std::shared_ptr<ClientLease> receipt_lease_;
   // From the last look, read at one revision:
   std::int64_t read_revision_ = 0;
   std::int64_t counter_revision_ = 0;  // the counter key's mod revision (0: no key)
@@ -1147,7 +1167,15 @@ CounterStanding EtcdCounterLine::look(bool, Deadline deadline) {
   pb::TxnRequest read;  // the counter and the line ahead of us, at one revision
   add_range(read.mutable_success(), key_range(counter_key_));
   add_range(read.mutable_success(), queue_range(line_prefix_, place_revision_));
-  const auto state = backend_.connection().txn(read, bounded(deadline, kOneShot), true);
+  pb::TxnResponse state;
+  try {
+    state = backend_.connection().txn(read, bounded(deadline, kOneShot), true, stop_);
+  } catch (const CallStopped&) {
+    // Nothing read: no permits seen, so the core ends the acquire on the stop (and leaves).
+    CounterStanding stopped;
+    stopped.in_line = !place_.empty();
+    return stopped;
+  }
   const auto counter = counter_value(state.responses(0).response_range());
   const auto line = children(state.responses(1).response_range(), line_prefix_);
   read_revision_ = state.header().revision();
@@ -1165,7 +1193,10 @@ CounterStanding EtcdCounterLine::look(bool, Deadline deadline) {
   return standing;
 }
 
-bool EtcdCounterLine::take(const CounterStanding& seen, Deadline) {
+bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
+  const auto lease = seen.in_line ? lease_ : backend_.client_lease(bounded(deadline, kOneShot), stop_);
+  const auto receipt = kTakenPrefix + lease->hex + "_" + std::to_string(backend_.next_request());
+  const auto garbage = backend_.receipts_to_delete();
   pb::TxnRequest take;
   add_compare(take, counter_key_, pb::Compare::MOD, counter_revision_);
   if (seen.in_line) {
@@ -1182,26 +1213,54 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline) {
   }
   add_put(take.mutable_success(), counter_key_, std::to_string(*seen.value - permits_), 0);
   if (seen.in_line) add_delete(take.mutable_success(), place_);
-  if (!backend_.connection().txn(take, call_deadline(), false).succeeded()) return false;
+  add_put(take.mutable_success(), receipt, "", lease->id);
+  for (const auto& old : garbage) add_delete(take.mutable_success(), old);
+  receipt_ = receipt;  // kept while the outcome is unknown: a BackendUnavailable leaves it to leave()
+  receipt_lease_ = lease;
+  pb::TxnResponse answer;
+  try {
+    answer = backend_.connection().txn(take, bounded(deadline, kOneShot), false, stop_);
+  } catch (const CallStopped&) {
+    receipt_.clear();  // not sent: the core ends the acquire on the stop
+    return false;
+  } catch (const LeaseGone&) {
+    // Not applied. In line, our key went with the lease (the next look joins again).
+    receipt_.clear();
+    backend_.lose_lease(lease, "etcd no longer knows the client's lease", true);
+    return false;
+  }
+  receipt_.clear();
+  if (!answer.succeeded()) return false;
+  backend_.receipts_deleted(garbage);
+  backend_.receipt_done(receipt);
   left_ = true;  // our waiter key went with the take
   return true;
 }
 
 void EtcdCounterLine::join(Deadline deadline) {
-  auto joined = backend_.join_line(
-      line_prefix_,
-      [&](const ClientLease& lease, std::uint64_t number) {
-        return std::pair{line_prefix_ + lease.hex + "_" + std::to_string(number),
-                         std::to_string(permits_) + " " + backend_.identity() + " " + std::to_string(now_ms()) + " " +
-                             std::to_string(number)};
-      },
-      deadline, nullptr);
+  EtcdBackend::Joined joined;
+  try {
+    joined = backend_.join_line(
+        line_prefix_,
+        [&](const ClientLease& lease, std::uint64_t number) {
+          return std::pair{line_prefix_ + lease.hex + "_" + std::to_string(number),
+                           std::to_string(permits_) + " " + backend_.identity() + " " + std::to_string(now_ms()) + " " +
+                               std::to_string(number)};
+        },
+        deadline, nullptr, stop_);
+  } catch (const BackendUnavailable&) {
+    // Stopped: not in line (a join that may have been applied is left by join_line); the core
+    // ends the acquire on the stop.
+    if (stop_.stop_requested()) return;
+    throw;
+  }
   lease_ = std::move(joined.lease);
   place_ = std::move(joined.key);
   place_revision_ = joined.created;
 }
 
 void EtcdCounterLine::wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) {
+  if (stop.stop_requested()) return;
   pb::WatchCreateRequest watch;
   watch.set_start_revision(read_revision_ + 1);
   if (wait == CounterWait::predecessor) {
@@ -1214,15 +1273,29 @@ void EtcdCounterLine::wait(CounterWait wait, Deadline deadline, const std::stop_
 }
 
 bool EtcdCounterLine::leave() noexcept {
-  if (place_.empty() || left_) return false;
+  if (left_) return false;
   left_ = true;
-  backend_.run_cleanup(lease_, delete_entry_txn(place_, place_revision_), nullptr);
-  return false;  // a take whose reply was lost is not told apart from one never applied
+  if (receipt_.empty()) {
+    if (!place_.empty()) backend_.run_cleanup(lease_, delete_entry_txn(place_, place_revision_), nullptr);
+    return false;
+  }
+  // A take whose reply was lost: its receipt exists exactly when it was applied (then it also
+  // deleted our waiter key). Either way nothing of it is left behind.
+  pb::TxnRequest resolve;
+  auto* applied = resolve.add_compare();
+  applied->set_key(receipt_);
+  applied->set_result(pb::Compare::GREATER);
+  applied->set_target(pb::Compare::CREATE);
+  applied->set_create_revision(0);
+  add_delete(resolve.mutable_success(), receipt_);
+  if (!place_.empty()) add_delete(resolve.mutable_failure(), place_);  // keys of one line are never reused
+  const auto answer = backend_.run_cleanup(receipt_lease_, std::move(resolve), nullptr, kTakeOutcomeTry);
+  return answer && answer->succeeded();
 }
 
 std::unique_ptr<CounterLine> EtcdBackend::counter_line(const std::string& name, std::int64_t permits,
-                                            [[maybe_unused]] const std::stop_token& stop) {
-  return std::make_unique<EtcdCounterLine>(*this, name, permits);
+                                                       const std::stop_token& stop) {
+  return std::make_unique<EtcdCounterLine>(*this, name, permits, stop);
 }
 
 // --- inspection and the PermitCounter's plain operations -----------------------------------
