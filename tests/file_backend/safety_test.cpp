@@ -487,6 +487,46 @@ TEST_F(FileSafety, ATruncatedStateFileIsReportedLostWithoutACrash) {
   EXPECT_EQ(status, 0) << (status == 128 + SIGBUS ? "died of SIGBUS" : "see the status code in the test");
 }
 
+// r11 F4: waiters whose state file was truncated while they waited held nothing: once the lost
+// holder lets go they join again, in the file that replaces it, and acquire (before, both threw
+// BackendUnavailable "truncated or overwritten while in use"). The holder is still told.
+TEST_F(FileSafety, WaitersOfATruncatedStateFileJoinAgainAndAcquire) {
+  Child child([&] {
+    auto holder_client = Client::connect(url_);
+    auto held = holder_client.mutex("rejoin");
+    held.lock();
+    std::vector<std::future<int>> waiters;
+    for (int i = 0; i < 2; ++i) {
+      waiters.push_back(std::async(std::launch::async, [&] {
+        try {
+          auto mutex = Client::connect(url_).mutex("rejoin");
+          if (!mutex.try_lock_for(10s)) return 1;  // timed out
+          std::this_thread::sleep_for(50ms);
+          mutex.unlock();
+          return 0;
+        } catch (const turnstile::Error&) {
+          return 2;  // threw
+        }
+      }));
+    }
+    if (!eventually([&] { return Client::connect(url_).inspect("rejoin").waiters.size() == 2; }, 5s)) return 3;
+    if (truncate(state_of("rejoin").c_str(), 0) != 0) return 4;
+    if (!eventually([&] { return held.lost_token().stop_requested(); }, 5s)) return 5;
+    try {
+      held.release();
+      return 6;
+    } catch (const turnstile::HoldLost&) {
+    }
+    for (auto& waiter : waiters) {
+      if (const int status = waiter.get(); status != 0) return 10 + status;
+    }
+    return 0;
+  });
+  const int status = child.wait(30s);
+  EXPECT_EQ(status, 0) << "3: never waited, 5: the holder was not told, 6: its release did not throw HoldLost, 11: a "
+                          "waiter timed out, 12: a waiter threw";
+}
+
 // ---- torn entries (issue 15.13) --------------------------------------------------------------
 
 // A lock taken and released on a thread of its own (a lock belongs to the thread that took it).

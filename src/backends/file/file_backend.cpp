@@ -46,6 +46,11 @@ constexpr std::size_t kIdleNames = 16;
 // How often held names' state files are checked to be still in place, whole: the bound on
 // telling a holder that `rm -rf` or a tmp cleaner took its state file.
 constexpr std::chrono::milliseconds kValidityCheckInterval{500};
+// How often a joiner looks whether a truncated state file still in use has been let go (its
+// last users are waiters that join again at once, or a holder told of the loss).
+constexpr std::chrono::milliseconds kTruncatedFileRetry{10};
+
+bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
 
 // The fencing token (and sequence number) of a new entry: max(last + 1, CLOCK_REALTIME in µs),
 // as on Redis. Strictly increasing while the state file lives, and still above every earlier
@@ -143,6 +148,10 @@ class FileBackend final : public Backend, public ForkLocked {
   void unwatch(FileHold* hold);
   // Forgets `file` (no longer the file at its path): the next file(name) opens the current one.
   void forget(const std::shared_ptr<StateFile>& file);
+  // file(name) for a join that may wait: a truncated file still in use is waited for until it
+  // can be replaced (nullptr when the deadline passes or a stop comes first).
+  std::shared_ptr<StateFile> file_to_join(const std::string& name, bool try_once, Deadline deadline,
+                                          const std::stop_token& stop);
 
   void lock_for_fork() override {
     files_mutex_.lock();
@@ -292,6 +301,9 @@ class FilePlace final : public QueuePlace {
   void add_slot(Header& h, std::uint64_t seq, bool admitted);
   Standing decided(const Verdict& verdict, const Header& h) const;
   bool sweep_dead_ahead();
+  // The state file was truncated or overwritten under us: our entry went with it and nothing
+  // was held, so the backend forgets the file and the core joins again, in the one replacing it.
+  [[noreturn]] void gone_with_file();
 
   FileBackend& backend_;
   std::shared_ptr<StateFile> file_;
@@ -370,19 +382,28 @@ bool FilePlace::join(const QueueRequest& request, bool try_once, Standing& first
   return true;
 }
 
+void FilePlace::gone_with_file() {
+  backend_.forget(file_);
+  throw QueueEntryGone();
+}
+
 Standing FilePlace::look(Deadline) {
-  StateFile::Guard guard(*file_);
-  file_->check_intact();
-  const auto& h = file_->header();
-  const auto& scan = scan_queue(h, seq_);
-  if (!scan.reached(seq_)) throw QueueEntryGone();
-  const Verdict verdict = evaluate_queue(scan.views, scan.views.size() - 1, limit_);
-  if (!verdict.admitted()) {
-    seen_ = scan.seqs;
-  } else if (kind_ == EntryKind::lease) {
-    set_lock(fd_.get(), F_UNLCK, byte_offset(seq_, Byte::waiting), 1, false);  // the next lease looks again
+  {
+    StateFile::Guard guard(*file_);
+    if (!file_->broken()) {
+      const auto& h = file_->header();
+      const auto& scan = scan_queue(h, seq_);
+      if (!scan.reached(seq_)) throw QueueEntryGone();
+      const Verdict verdict = evaluate_queue(scan.views, scan.views.size() - 1, limit_);
+      if (!verdict.admitted()) {
+        seen_ = scan.seqs;
+      } else if (kind_ == EntryKind::lease) {
+        set_lock(fd_.get(), F_UNLCK, byte_offset(seq_, Byte::waiting), 1, false);  // the next lease looks again
+      }
+      if (!file_->broken()) return decided(verdict, h);  // else truncated while we read
+    }
   }
-  return decided(verdict, h);
+  gone_with_file();  // outside the guard: forget() takes the backend's lock
 }
 
 // Every entry ahead holds and none is enough alone: any of them leaving or dying can admit us.
@@ -395,6 +416,7 @@ bool FilePlace::sweep_dead_ahead() {
 }
 
 void FilePlace::wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) {
+  if (file_->broken()) gone_with_file();
   std::vector<off_t> bytes;
   std::uint64_t target = 0;
   if (verdict.wait == WaitFor::any_holder_leave) {
@@ -641,9 +663,26 @@ void FileBackend::forget(const std::shared_ptr<StateFile>& file) {
   }
 }
 
-std::unique_ptr<QueuePlace> FileBackend::join(const QueueRequest& request, bool try_once, Deadline,
+std::shared_ptr<StateFile> FileBackend::file_to_join(const std::string& name, bool try_once, Deadline deadline,
+                                                     const std::stop_token& stop) {
+  for (;;) {
+    try {
+      return file(name);
+    } catch (const StateFileInUse&) {
+      if (try_once) throw;
+    }
+    if (passed(deadline) || stop.stop_requested()) return nullptr;
+    auto pause = SteadyClock::now() + kTruncatedFileRetry;
+    if (deadline) pause = std::min(pause, *deadline);
+    std::this_thread::sleep_until(pause);
+  }
+}
+
+std::unique_ptr<QueuePlace> FileBackend::join(const QueueRequest& request, bool try_once, Deadline deadline,
                                               Standing& first) {
-  auto place = std::make_unique<FilePlace>(*this, file(request.name), request);
+  auto file = file_to_join(request.name, try_once, deadline, request.stop);
+  if (!file) return nullptr;  // the deadline passed or a stop came while a truncated file was in use
+  auto place = std::make_unique<FilePlace>(*this, std::move(file), request);
   if (!place->join(request, try_once, first)) return nullptr;
   return place;
 }

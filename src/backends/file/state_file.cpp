@@ -268,7 +268,7 @@ void StateFile::replace_truncated(const Fd& fd, const struct stat& st) {
     throw BackendUnavailable("the state file of '" + name_ + "' has an unexpected size (another turnstile version?)");
   }
   if (is_locked(fd.get(), kByteBase, 0)) {
-    throw BackendUnavailable("the state file of '" + name_ + "' was truncated and is still used by a live "
+    throw StateFileInUse("the state file of '" + name_ + "' was truncated and is still used by a live "
                              "process (which is told its hold is lost); try again once it has let go");
   }
   replace(st.st_ino, 0);

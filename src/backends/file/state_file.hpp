@@ -27,6 +27,13 @@ namespace turnstile::detail::file_state {
 
 class DirectoryPins;
 
+// Our state file was truncated and a live process still holds bytes of it (a holder told of
+// the loss, or a waiter about to join again): it is replaced once they have let go.
+class StateFileInUse : public BackendUnavailable {
+ public:
+  using BackendUnavailable::BackendUnavailable;
+};
+
 // The mapping of a state file (the whole Header), unmapped when destroyed.
 class Mapping {
  public:
