@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 
 #include "conformance/support.hpp"
@@ -568,10 +569,35 @@ TEST(RedisSafetyOwnServer, ARestartWithoutDataIsNoticedAtOnceNotAtTheNextRenewal
   EXPECT_THROW(holder.release(), turnstile::HoldLost);
 }
 
-// Issue 16 (rt1 F6): lock(stop_token) while the server is frozen (SIGSTOP: connections stay
-// open, nothing answers). A stop ends the wait at once, whether it came while a look was
-// waiting for the server or while the acquire itself was; once the server answers again the
-// entries are removed (by request id where the acquire's outcome was unknown).
+// Runs `acquire(stop)` twice while the server is frozen (SIGSTOP: connections stay open, nothing
+// answers) and expects each to end with false soon after its stop (a bounded leave at most):
+// first stopped while a look waits for the server (frozen once `in_line`), then while the
+// acquire's first call does. Thaws the server at the end.
+void expect_a_stop_to_end_acquires_on_a_frozen_server(const RedisServer& server,
+                                                      const std::function<bool(std::stop_token)>& acquire,
+                                                      const std::function<bool()>& in_line) {
+  std::stop_source stop;
+  auto waited = std::async(std::launch::async, [&] { return acquire(stop.get_token()); });
+  const Thaw thaw_first{server};  // should the test fail: before the future's destructor waits
+  ASSERT_TRUE(eventually(in_line)) << "the waiter is not waiting";
+  server.signal(SIGSTOP);
+  std::this_thread::sleep_for(1200ms);
+  stop.request_stop();
+  ASSERT_EQ(waited.wait_for(5s), std::future_status::ready) << "a look to the frozen server ignored the stop";
+  EXPECT_FALSE(waited.get());
+  std::stop_source stop2;
+  auto first_call = std::async(std::launch::async, [&] { return acquire(stop2.get_token()); });
+  const Thaw thaw_second{server};
+  std::this_thread::sleep_for(500ms);
+  stop2.request_stop();
+  ASSERT_EQ(first_call.wait_for(5s), std::future_status::ready) << "the acquire's first call ignored the stop";
+  EXPECT_FALSE(first_call.get());
+  server.signal(SIGCONT);
+}
+
+// Issue 16 (rt1 F6): lock(stop_token) while the server is frozen. A stop ends the wait at once;
+// once the server answers again the entries are removed (by request id where the acquire's
+// outcome was unknown).
 TEST(RedisSafetyOwnServer, AStopWhileTheServerIsFrozenEndsTheWaitAndLeavesTheQueue) {
   RedisServer server("--save '' --appendonly no");
   const auto name = unique_name("frozen-stop");
@@ -580,26 +606,9 @@ TEST(RedisSafetyOwnServer, AStopWhileTheServerIsFrozenEndsTheWaitAndLeavesTheQue
   holder.lock();
   // TTL 1.5 s: the waiter looks every 500 ms, so a look is waiting for the frozen server.
   auto waiter_client = Client::connect(server.url(), with_ttl(1500ms));
-  auto waiter = waiter_client.mutex(name);
-  std::stop_source stop;
-  auto waited = std::async(std::launch::async, [&] { return waiter.lock(stop.get_token()); });
-  const Thaw thaw_first{server};  // should the test fail: before the future's destructor waits
-  ASSERT_TRUE(eventually([&] { return holder_client.inspect(name).waiters.size() == 1; }));
-  server.signal(SIGSTOP);
-  std::this_thread::sleep_for(1200ms);
-  stop.request_stop();
-  ASSERT_EQ(waited.wait_for(5s), std::future_status::ready) << "lock(stop_token) ignored the stop";
-  EXPECT_FALSE(waited.get());
-  // The acquire itself, sent to the frozen server.
-  std::stop_source stop2;
-  auto second = waiter_client.mutex(name);
-  auto joined = std::async(std::launch::async, [&] { return second.lock(stop2.get_token()); });
-  const Thaw thaw_second{server};
-  std::this_thread::sleep_for(500ms);
-  stop2.request_stop();
-  ASSERT_EQ(joined.wait_for(5s), std::future_status::ready) << "the acquire ignored the stop";
-  EXPECT_FALSE(joined.get());
-  server.signal(SIGCONT);
+  expect_a_stop_to_end_acquires_on_a_frozen_server(
+      server, [&](std::stop_token stop) { return waiter_client.mutex(name).lock(std::move(stop)); },
+      [&] { return holder_client.inspect(name).waiters.size() == 1; });
   EXPECT_TRUE(eventually([&] { return holder_client.inspect(name).waiters.empty(); }, 10s))
       << "a stopped waiter's entry stayed in the queue";
   ASSERT_EQ(holder_client.inspect(name).holders.size(), 1u);
@@ -653,6 +662,63 @@ TEST(RedisSafetyOwnServer, AReleaseAgainstAFrozenServerEndsWhenTheHoldIsLost) {
   EXPECT_THROW(late.release(), turnstile::HoldLost);
   EXPECT_LT(std::chrono::steady_clock::now() - begun, 1s) << "a lost hold's release took more than a second";
   server.signal(SIGCONT);
+}
+
+// Red team r11 F1: PermitCounter::acquire(n, stop_token) while the server is frozen ends as
+// lock(stop_token) does; the count is untouched and the places in line go (with their leases).
+TEST(RedisSafetyOwnServer, AStopWhileTheServerIsFrozenEndsACounterAcquire) {
+  RedisServer server("--save '' --appendonly no");
+  const auto name = unique_name("frozen-counter");
+  auto setter = Client::connect(server.url());
+  ASSERT_TRUE(setter.permit_counter(name).try_set_permits(0));
+  // TTL 1.5 s: the waiter looks every 500 ms, so a look is waiting for the frozen server.
+  auto waiter_client = Client::connect(server.url(), with_ttl(1500ms));
+  auto counter = waiter_client.permit_counter(name);
+  expect_a_stop_to_end_acquires_on_a_frozen_server(
+      server, [&](std::stop_token stop) { return counter.acquire(1, std::move(stop)); },
+      [&] { return setter.inspect(name).waiters.size() == 1; });
+  EXPECT_TRUE(eventually([&] { return setter.inspect(name).waiters.empty(); }, 10s))
+      << "a stopped waiter's place stayed in line";
+  EXPECT_EQ(setter.permit_counter(name).available_permits(), 0);
+}
+
+// Red team r11 F3: a short deadline on a healthy server is a timeout, never BackendUnavailable.
+// The join must reach the server once: its reply, held back by the proxy past the deadline,
+// still decides (admitted: held; waiting: false, and the entry leaves).
+TEST_F(RedisSafety, AJoinAnsweredAfterAShortDeadlineDecides) {
+  turnstile_test::TcpProxy proxy(url_);
+  auto client = Client::connect(proxy.url_through(url_));
+  auto direct = Client::connect(url_);
+  const auto name = unique_name("late-join");
+  auto mutex = client.mutex(name);
+  const auto late_answer = [&](auto attempt) {
+    proxy.hold_replies();
+    auto got = std::async(std::launch::async, attempt);
+    std::this_thread::sleep_for(300ms);
+    proxy.forward();
+    return got.get();  // BackendUnavailable when the join ended at the deadline
+  };
+  std::vector<std::uint64_t> holders;
+  ASSERT_TRUE(late_answer([&] {
+    if (!mutex.try_lock_for(50ms)) return false;
+    for (const auto& entry : direct.inspect(name).holders) holders.push_back(entry.fencing_token);
+    holders.push_back(mutex.fencing_token());
+    mutex.unlock();  // on the thread that holds it
+    return true;
+  })) << "admitted, but not held";
+  ASSERT_EQ(holders.size(), 2u);
+  EXPECT_EQ(holders[0], holders[1]) << "the server's holder is not ours";
+
+  auto holder = direct.mutex(name);
+  holder.lock();
+  auto waiter = client.mutex(name);
+  EXPECT_FALSE(late_answer([&] { return waiter.try_lock_for(50ms); }));
+  EXPECT_TRUE(eventually([&] { return direct.inspect(name).waiters.empty(); })) << "the timed-out entry stayed";
+  // Deadlines shorter than a round trip, with no proxy in the way: each is a timeout.
+  auto near_client = Client::connect(url_);
+  auto near = near_client.mutex(name);
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(near.try_lock_for(std::chrono::microseconds(200 + 10 * i)));
+  holder.unlock();
 }
 
 }  // namespace

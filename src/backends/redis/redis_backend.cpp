@@ -156,12 +156,24 @@ constexpr milliseconds kMaxRecheck{2000};
 constexpr milliseconds kMinRenewalPeriod{100};
 constexpr milliseconds kMaxRenewalRetry{250};
 constexpr milliseconds kRenewalPatience{1000};
-// A counter acquire's last look still gets this to be answered.
-constexpr milliseconds kLastTryPatience{1000};
+// A call that must reach the server once (a join, a counter's look, take or last try) gets at
+// least this to be answered even when the caller's deadline is nearer: on a healthy server a
+// short deadline then ends in the server's answer (admitted, or not: a timeout), never in
+// BackendUnavailable. A second covers a loaded server; an unreachable one holds it up no longer.
+constexpr milliseconds kOneShotFloor{1000};
 // The eviction-policy check at connect: a connect timeout's worth.
 constexpr milliseconds kEvictionCheckPatience = kConnectTimeout;
 // A release is remembered at least this long (and 2 TTLs), so a resend after a lost reply is recognised.
 constexpr milliseconds kMinReleaseMemory{60'000};
+
+bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
+
+// The deadline of a join: the caller's, but at least kOneShotFloor from now (none stays none; one
+// already passed stays passed: the connection then tries once, within its own caps).
+Deadline at_least_floor(Deadline deadline) {
+  if (!deadline || passed(deadline)) return deadline;
+  return std::max(*deadline, SteadyClock::now() + kOneShotFloor);
+}
 
 // What the watchdog shares with a hold: its lease, and whether its release has begun. Once it
 // has, no renewal speaks for the hold: a renewal that crossed the release finds the entry gone
@@ -545,6 +557,8 @@ class RedisPlace final : public QueuePlace {
 
   // Runs the acquire script: admitted or not; none when no entry stays (not admitted on a
   // try-once, or a stop during the call, after which the entry it may have made has left).
+  // At least kOneShotFloor, whatever the deadline: the answer decides (admitted: the hold; not,
+  // with the deadline passed: the core leaves and reports a timeout).
   std::optional<bool> join(const QueueRequest& request, bool try_once, Deadline deadline) {
     const auto sent_at = SteadyClock::now();
     Reply reply;
@@ -554,7 +568,7 @@ class RedisPlace final : public QueuePlace {
           {keys_.channel, std::string(1, kind_code(request.kind)), std::to_string(request.permits),
            std::to_string(request.limit), std::to_string(backend_.settings_.ttl.count()), try_once ? "1" : "0",
            request_id_, backend_.identity_},
-          deadline, true, nullptr, stop_);
+          at_least_floor(deadline), true, nullptr, stop_);
     } catch (const BackendUnavailable&) {
       // The script may have run and its reply been lost: take out the entry it may have made
       // (found by our request id) rather than leave it to hold up the name for a TTL.
@@ -585,7 +599,8 @@ class RedisPlace final : public QueuePlace {
           {keys_.channel, std::to_string(backend_.settings_.ttl.count()), std::to_string(seq_), request_id_}, deadline,
           true, nullptr, stop_);
     } catch (const BackendUnavailable&) {
-      if (stop_.stop_requested()) return standing(false);
+      // Ended by the stop or the deadline: not admitted (the core gives up and leaves).
+      if (stop_.stop_requested() || passed(deadline)) return standing(false);
       throw;
     }
     const auto where = integer_at(reply.get(), 0);
@@ -651,16 +666,12 @@ std::unique_ptr<QueuePlace> RedisBackend::join(const QueueRequest& request, bool
 // we are first in line (or the line is empty) and the count has them, else places us in line.
 class RedisCounterLine final : public CounterLine {
  public:
-  RedisCounterLine(RedisBackend& backend, const std::string& name, std::int64_t permits)
+  RedisCounterLine(RedisBackend& backend, const std::string& name, std::int64_t permits, std::stop_token stop)
       : backend_(backend), keys_(counter_keys(name)), permits_(permits), request_id_(backend.request_ids_.next()),
-        listener_(backend.waiters_, backend.subscriber_, Waiters::Line::counter, keys_.channel) {}
+        stop_(std::move(stop)), listener_(backend.waiters_, backend.subscriber_, Waiters::Line::counter, keys_.channel) {}
 
-  CounterStanding look(bool last_try, Deadline deadline) override {
-    // The last try (the deadline passed, or a stop) still gets kLastTryPatience to be answered.
-    const auto patience = SteadyClock::now() + kLastTryPatience;
-    if (last_try) return run("1", patience);
-    return run("0", deadline ? std::max(*deadline, patience) : deadline);
-  }
+  // The last try (the deadline passed, or a stop) takes or leaves the line; see run() for its time.
+  CounterStanding look(bool last_try, Deadline deadline) override { return run(last_try ? "1" : "0", deadline); }
   bool take(const CounterStanding& seen, Deadline deadline) override {
     return run(seen.in_line ? "0" : "1", deadline).taken;
   }
@@ -673,34 +684,54 @@ class RedisCounterLine final : public CounterLine {
     listener_.sleep(backend_.recheck_interval(), deadline, stop);
   }
   bool leave() noexcept override {
-    if (settled_) return false;
-    bool taken = false;
+    if (settled_) return taken_;
     try {
-      taken = run("2", SteadyClock::now() + kLeavePatience).taken;
+      taken_ = run_script("2", SteadyClock::now() + kLeavePatience, {}).taken;  // not ended by the stop
     } catch (...) {
       // Our place expires with its lease.
     }
     settled_ = true;
-    return taken;
+    return taken_;
   }
 
  private:
+  // Every call but a leave: at least kOneShotFloor, so a short deadline on a healthy server ends
+  // in the script's answer; without a deadline kCallPatience (the line's calls are all bounded);
+  // ended at once by the caller's stop. After a stop we leave (bounded) and report "not taken,
+  // waiting" (the core then gives up), or taken when the leave finds that a call we cut short
+  // had taken the permits.
+  CounterStanding run(const char* mode, Deadline deadline) {
+    if (!stop_.stop_requested()) {
+      try {
+        const auto now = SteadyClock::now();
+        return run_script(mode, deadline ? std::max(*deadline, now + kOneShotFloor) : now + kCallPatience, stop_);
+      } catch (const BackendUnavailable&) {
+        if (!stop_.stop_requested()) throw;
+      }
+    }
+    CounterStanding standing;
+    standing.taken = leave();
+    standing.in_line = !standing.taken;
+    standing.ahead = standing.taken ? 0 : 1;
+    return standing;
+  }
+
   // Runs counter_acquire in `mode`: "0" take or wait in line, "1" take or leave, "2" only leave.
   // The script remembers a take by our request id, so a resend after a lost reply says taken.
-  CounterStanding run(const char* mode, Deadline until) {
+  CounterStanding run_script(const char* mode, Deadline until, const std::stop_token& stop) {
     listener_.unpoke();
     settled_ = false;  // until answered, a lost reply may have placed us or taken the permits
     auto reply = backend_.connection_.eval(scripts::counter_acquire, keys_.keys,
                                            {keys_.channel, std::to_string(permits_),
                                             std::to_string(backend_.settings_.ttl.count()), mode, backend_.identity_,
                                             request_id_},
-                                           until, true);
+                                           until, true, nullptr, stop);
     CounterStanding standing;
     const auto status = integer_at(reply.get(), 0);
     if (status == 0 || status == 1) {
       settled_ = true;
       in_line_ = false;
-      standing.taken = status == 1;
+      standing.taken = taken_ = status == 1;
       return standing;  // not taken: out of the line, and the count was short (value unknown)
     }
     if (status != 2) throw BackendUnavailable("redis answered counter_acquire with status " + std::to_string(status));
@@ -719,14 +750,16 @@ class RedisCounterLine final : public CounterLine {
   QueueKeys keys_;
   std::int64_t permits_;
   std::string request_id_;  // the same for every look: a resend finds our place or our take
+  std::stop_token stop_;    // the caller's: every call but a leave ends on it
   Listener listener_;       // registered before the first look
   bool in_line_ = false;
   bool settled_ = true;  // known out of the line (or taken): leave() has nothing to do
+  bool taken_ = false;   // what the last answer said of our take (leave() repeats it)
 };
 
 std::unique_ptr<CounterLine> RedisBackend::counter_line(const std::string& name, std::int64_t permits,
-                                            [[maybe_unused]] const std::stop_token& stop) {
-  return std::make_unique<RedisCounterLine>(*this, name, permits);
+                                                        const std::stop_token& stop) {
+  return std::make_unique<RedisCounterLine>(*this, name, permits, stop);
 }
 
 void RedisBackend::renew_soon() {
