@@ -189,6 +189,105 @@ TEST(ZookeeperSafety, TransactionAnsweredAfterItsCallerGaveUpLeavesNoLeaseBehind
   EXPECT_TRUE(observer.semaphore(name, 3).try_acquire_for(2s, 3).has_value()) << "a permit is still taken";
 }
 
+// Red team r11 F1: PermitCounter::acquire(n, stop) ends on its stop while the server does not
+// answer. Every call of the counter's line ends on the caller's stop (a look without a deadline
+// waited for the C client to give the call up, then for the reconnect, with no bound).
+TEST(ZookeeperSafety, CounterAcquireEndsOnItsStopWhileTheServerDoesNotAnswer) {
+  const auto url = fixture_url();
+  TcpProxy proxy(url);
+  auto client = Client::connect(proxy.url_through(url), with_ttl(3s));
+  auto observer = Client::connect(url);
+  const auto name = unique_name("counter-stop");
+  ASSERT_TRUE(observer.permit_counter(name).try_set_permits(0));
+  auto counter = client.permit_counter(name);
+  EXPECT_EQ(counter.available_permits(), 0);  // connected through the proxy
+
+  proxy.blackhole();  // the acquire's first look can get no answer
+  std::stop_source stop;
+  auto attempt = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      return counter.acquire(1, stop.get_token()) ? "acquired" : "stopped";
+    } catch (const std::exception& error) {
+      return std::string("threw: ") + error.what();
+    }
+  });
+  EXPECT_NE(attempt.wait_for(1s), std::future_status::ready) << "nothing can answer it: it waits";
+  stop.request_stop();
+  // At most one bounded leave (a third of the 3 s timeout) after the stop.
+  const bool ended = attempt.wait_for(3s) == std::future_status::ready;
+  proxy.forward();
+  ASSERT_TRUE(ended) << "the stop must end the acquire while the server does not answer";
+  EXPECT_EQ(attempt.get(), "stopped");
+  EXPECT_TRUE(eventually([&] { return observer.inspect(name).waiters.empty(); }, 15s));
+  EXPECT_EQ(observer.permit_counter(name).available_permits(), 0);
+}
+
+// Red team r11 F3: a deadline too short for one round trip, on a healthy server, is a timeout
+// (false / nullopt), never BackendUnavailable: the join and the look that decides get at least
+// a short wait, and their answer decides.
+TEST(ZookeeperSafety, AShortDeadlineOnAHealthyServerIsATimeoutNeverTrouble) {
+  auto holder = Client::connect(fixture_url());
+  auto client = Client::connect(fixture_url());
+  const auto name = unique_name("short");
+  auto held = holder.mutex(name);
+  held.lock();
+  auto lease = holder.semaphore(name + "-s", 1).acquire();
+  ASSERT_TRUE(holder.permit_counter(name + "-c").try_set_permits(0));
+  int failures = 0;
+  for (int i = 0; i < 30; ++i) {
+    try {
+      auto mutex = client.mutex(name);
+      EXPECT_FALSE(mutex.try_lock_for(300us));
+      EXPECT_FALSE(client.semaphore(name + "-s", 1).try_acquire_for(300us).has_value());
+      EXPECT_FALSE(client.permit_counter(name + "-c").try_acquire_for(300us));
+    } catch (const turnstile::Error& error) {
+      if (++failures == 1) ADD_FAILURE() << "a 300 us deadline threw: " << error.what();
+    }
+  }
+  EXPECT_EQ(failures, 0);
+  EXPECT_TRUE(eventually([&] { return holder.inspect(name).waiters.empty() && holder.inspect(name + "-c").waiters.empty(); }, 5s));
+  held.unlock();
+  lease.release();
+}
+
+// Red team r11 F2 (ZooKeeper): a PermitCounter take whose reply was lost, its deadline passing
+// before the session is back: the acquire finds out when it leaves (one short wait for the
+// connection) and reports the permit taken, rather than throwing with the permit gone.
+TEST(ZookeeperSafety, CounterTakeWhoseReplyWasLostIsResolvedWhenTheAcquireLeaves) {
+  const auto url = fixture_url();
+  TcpProxy proxy(url);
+  auto client = Client::connect(proxy.url_through(url), with_ttl(6s));  // short waits of 2 s
+  auto observer = Client::connect(url);
+  const auto name = unique_name("lost-take");
+  ASSERT_TRUE(observer.permit_counter(name).try_set_permits(1));
+  auto counter = client.permit_counter(name);
+  EXPECT_EQ(counter.available_permits(), 1);
+
+  proxy.hold_replies();
+  const auto start = Clock::now();
+  auto attempt = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      return counter.try_acquire_for(1s) ? "acquired" : "timed out";
+    } catch (const turnstile::BackendUnavailable& error) {
+      return std::string("BackendUnavailable: ") + error.what();
+    }
+  });
+  // Replies passed one at a time until the take is applied: its own reply is held, then lost
+  // with the connection, which cannot be made again until the link is forwarded.
+  const bool applied = eventually(
+      [&] { return observer.permit_counter(name).available_permits() == 0 || (proxy.pass_one_reply(20ms), false); }, 5s);
+  proxy.blackhole();
+  proxy.reset();
+  // The take gives up at its bound (a short wait, 2 s, from its start), past the deadline; the
+  // link comes back while its leave waits for the connection.
+  std::this_thread::sleep_until(start + 2600ms);
+  proxy.forward();
+  ASSERT_TRUE(applied) << "the take never reached the server: nothing tested";
+  ASSERT_EQ(attempt.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(attempt.get(), "acquired") << "the permit was taken";
+  EXPECT_EQ(observer.permit_counter(name).available_permits(), 0);
+}
+
 // 10.12: one name cannot forge another's entries: nodes of names whose segments look like a
 // name's own nodes are mapped, so lock "N" is free while "N/lock-0000000000" is held, and so on.
 TEST(ZookeeperSafety, NamesCannotForgeAnotherNamesEntries) {

@@ -191,7 +191,7 @@ Session::~Session() {
 }
 
 template <class Start>
-int Session::run(Deadline bound, const std::shared_ptr<CallState>& call, Start start) {
+int Session::run(const CallBound& bound, const std::shared_ptr<CallState>& call, Start start) {
   call->session = this;
   const auto sent_at = SteadyClock::now();
   void* context = in_flight().add(call);
@@ -203,16 +203,22 @@ int Session::run(Deadline bound, const std::shared_ptr<CallState>& call, Start s
     if (started == ZBADARGUMENTS || started == ZINVALIDSTATE) in_flight().claim(context);
     return started;
   }
+  // A stop ends the wait as its bound passing would (registered before the lock is taken: it
+  // runs at once when the stop was requested already).
+  std::stop_callback on_stop(bound.stop, [&call] {
+    std::lock_guard guard(call->mutex);
+    call->cv.notify_all();
+  });
   std::unique_lock lock(call->mutex);
   while (!call->done) {
     // The C client completes calls on expiry too; a session seen gone is not waited for.
     if (expired_) return ZSESSIONEXPIRED;
-    if (bound && SteadyClock::now() >= *bound) {
-      silent_ = true;
+    if (bound.passed()) {
+      if (!bound.stopped()) silent_ = true;  // a stop says nothing about the link
       return ZOPERATIONTIMEOUT;  // the completion still comes, to a state that is still alive
     }
     auto until = SteadyClock::now() + kExpiryPoll;  // to see the session gone
-    if (bound) until = std::min(until, *bound);
+    if (bound.deadline) until = std::min(until, *bound.deadline);
     call->cv.wait_until(lock, until);
   }
   const int rc = call->rc;
@@ -223,7 +229,7 @@ int Session::run(Deadline bound, const std::shared_ptr<CallState>& call, Start s
   return rc;
 }
 
-int Session::create(const std::string& path, const std::string& data, int flags, Deadline bound, std::string* created) {
+int Session::create(const std::string& path, const std::string& data, int flags, const CallBound& bound, std::string* created) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) {
     return zoo_acreate(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), connection_.acl(), flags,
@@ -233,12 +239,12 @@ int Session::create(const std::string& path, const std::string& data, int flags,
   return rc;
 }
 
-int Session::remove(const std::string& path, Deadline bound, int version) {
+int Session::remove(const std::string& path, const CallBound& bound, int version) {
   return run(bound, std::make_shared<CallState>(),
              [&](void* context) { return zoo_adelete(handle_, path.c_str(), version, void_done, context); });
 }
 
-int Session::get(const std::string& path, bool watch, Deadline bound, std::string* data, Stat* stat) {
+int Session::get(const std::string& path, bool watch, const CallBound& bound, std::string* data, Stat* stat) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) { return zoo_aget(handle_, path.c_str(), watch ? 1 : 0, data_done, context); });
   if (rc == ZOK) {
@@ -248,14 +254,14 @@ int Session::get(const std::string& path, bool watch, Deadline bound, std::strin
   return rc;
 }
 
-int Session::exists(const std::string& path, bool watch, Deadline bound, Stat* stat) {
+int Session::exists(const std::string& path, bool watch, const CallBound& bound, Stat* stat) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) { return zoo_aexists(handle_, path.c_str(), watch ? 1 : 0, stat_done, context); });
   if (rc == ZOK && stat) *stat = call->stat;
   return rc;
 }
 
-int Session::set(const std::string& path, const std::string& data, int version, Deadline bound, Stat* stat) {
+int Session::set(const std::string& path, const std::string& data, int version, const CallBound& bound, Stat* stat) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) {
     return zoo_aset(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), version, stat_done, context);
@@ -264,7 +270,7 @@ int Session::set(const std::string& path, const std::string& data, int version, 
   return rc;
 }
 
-int Session::children(const std::string& path, bool watch, Deadline bound, std::vector<std::string>* names) {
+int Session::children(const std::string& path, bool watch, const CallBound& bound, std::vector<std::string>* names) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) {
     return zoo_aget_children(handle_, path.c_str(), watch ? 1 : 0, strings_done, context);
@@ -273,7 +279,7 @@ int Session::children(const std::string& path, bool watch, Deadline bound, std::
   return rc;
 }
 
-int Session::multi(const std::vector<Op>& ops, Deadline bound, std::vector<std::string>* created) {
+int Session::multi(const std::vector<Op>& ops, const CallBound& bound, std::vector<std::string>* created) {
   auto call = std::make_shared<CallState>();
   // The C client serializes the operations' paths and data at once (they may be the caller's),
   // but writes the results and the created paths only on completion: those live in the state.
@@ -310,7 +316,7 @@ int Session::multi(const std::vector<Op>& ops, Deadline bound, std::vector<std::
   return rc;
 }
 
-int Session::sync(const std::string& path, Deadline bound) {
+int Session::sync(const std::string& path, const CallBound& bound) {
   return run(bound, std::make_shared<CallState>(),
              [&](void* context) { return zoo_async(handle_, path.c_str(), string_done, context); });
 }
@@ -493,12 +499,13 @@ void Connection::take_held_work_locked(const Session& session, bool connected, s
   }
 }
 
-std::shared_ptr<Session> Connection::session(Deadline deadline) {
+std::shared_ptr<Session> Connection::session(Deadline deadline, const std::stop_token& stop) {
   std::unique_lock lock(mutex_);
   // Waiting for a reconnect is bounded even without a deadline: the caller reports trouble.
   auto until = SteadyClock::now() + std::max(settings_.session_timeout, kMinCallWait);
   if (deadline) until = std::min(until, std::max(*deadline, SteadyClock::now() + kMinSessionWait));
-  cv_.wait_until(lock, until, [&] { return session_ && session_->connected() && !session_->expired(); });
+  cv_.wait_until(lock, stop, until, [&] { return session_ && session_->connected() && !session_->expired(); });
+  if (stop.stop_requested()) throw CallStopped{};
   if (!session_ || session_->expired()) throw BackendUnavailable("the ZooKeeper session at " + settings_.description + " is being replaced");
   // Still connecting: hand it out, its calls wait for the connection or fail with trouble.
   return session_;
@@ -545,14 +552,11 @@ PathWatch::~PathWatch() { connection_.unwatch(path_, &waiter_); }
 
 bool PathWatch::sleep(Deadline deadline, const std::stop_token& stop) { return connection_.sleep(waiter_, deadline, stop); }
 
-bool Connection::wait_connected(const Session& session, Deadline deadline) {
+bool Connection::wait_connected(const Session& session, const CallBound& bound) {
   std::unique_lock lock(mutex_);
   const auto ready = [&] { return session.connected() || session.expired(); };
-  if (!deadline) {
-    cv_.wait(lock, ready);
-    return true;
-  }
-  return cv_.wait_until(lock, *deadline, ready);
+  if (!bound.deadline) return cv_.wait(lock, bound.stop, ready);
+  return cv_.wait_until(lock, bound.stop, *bound.deadline, ready);
 }
 
 void Connection::remove_later(Orphan orphan) {
@@ -587,7 +591,7 @@ bool Connection::clean(const Orphan& orphan) {
   return true;
 }
 
-int own_children(Session& session, const std::string& parent, const std::string& uuid, Deadline bound,
+int own_children(Session& session, const std::string& parent, const std::string& uuid, const CallBound& bound,
                  std::vector<std::string>* names) {
   names->clear();
   // sync first: after a reconnect to a lagging ensemble member, a plain read could miss a node

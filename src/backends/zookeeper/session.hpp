@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -32,6 +33,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -90,6 +92,23 @@ bool connection_trouble(int rc);
 // The session is gone (expired or closed): its ephemeral nodes are gone or going.
 bool session_gone(int rc);
 
+// How long a call waits for its answer: until `deadline` (none: until the C client completes it)
+// or until `stop` is requested, whichever comes first.
+struct CallBound {
+  Deadline deadline;
+  std::stop_token stop;
+  template <class T>
+    requires std::constructible_from<Deadline, T>
+  CallBound(T&& deadline) : deadline(std::forward<T>(deadline)) {}  // NOLINT: a deadline alone is a bound
+  CallBound(Deadline deadline, std::stop_token stop) : deadline(deadline), stop(std::move(stop)) {}
+  bool stopped() const { return stop.stop_requested(); }
+  bool passed() const { return stopped() || (deadline && SteadyClock::now() >= *deadline); }
+};
+
+// Thrown by a wait on the connection that its bound's stop ended (the caller gave up; it never
+// leaves the backend).
+struct CallStopped {};
+
 class Connection;
 // One call's completion state (session.cpp).
 struct CallState;
@@ -132,14 +151,14 @@ class Session : public std::enable_shared_from_this<Session> {
   bool silent() const { return silent_.load(); }
 
   // The calls; each returns the C client's code and notes the server's answer. Each waits for
-  // its reply until `bound` (none: until the C client completes it) and returns
-  // ZOPERATIONTIMEOUT when the bound passes first: the call may still be applied.
-  int create(const std::string& path, const std::string& data, int flags, Deadline bound, std::string* created = nullptr);
-  int remove(const std::string& path, Deadline bound, int version = -1);
-  int get(const std::string& path, bool watch, Deadline bound, std::string* data, Stat* stat = nullptr);
-  int exists(const std::string& path, bool watch, Deadline bound, Stat* stat = nullptr);
-  int set(const std::string& path, const std::string& data, int version, Deadline bound, Stat* stat = nullptr);
-  int children(const std::string& path, bool watch, Deadline bound, std::vector<std::string>* names);
+  // its reply until `bound` passes (or its stop is requested) and returns ZOPERATIONTIMEOUT
+  // then: the call may still be applied.
+  int create(const std::string& path, const std::string& data, int flags, const CallBound& bound, std::string* created = nullptr);
+  int remove(const std::string& path, const CallBound& bound, int version = -1);
+  int get(const std::string& path, bool watch, const CallBound& bound, std::string* data, Stat* stat = nullptr);
+  int exists(const std::string& path, bool watch, const CallBound& bound, Stat* stat = nullptr);
+  int set(const std::string& path, const std::string& data, int version, const CallBound& bound, Stat* stat = nullptr);
+  int children(const std::string& path, bool watch, const CallBound& bound, std::vector<std::string>* names);
   // One operation of a transaction.
   struct Op {
     enum class Kind { create, remove, set } kind;
@@ -152,11 +171,11 @@ class Session : public std::enable_shared_from_this<Session> {
     static Op set(std::string path, std::string data, int version) { return {Kind::set, std::move(path), std::move(data), 0, version}; }
   };
   // A transaction; `created` receives the paths the creates made, in order.
-  int multi(const std::vector<Op>& ops, Deadline bound, std::vector<std::string>* created = nullptr);
+  int multi(const std::vector<Op>& ops, const CallBound& bound, std::vector<std::string>* created = nullptr);
   // Brings the server we talk to up to date with the leader for `path` (zoo_async), so the
   // read after it sees every write applied before: the read that decides "did my write
   // happen?" after a lost reply must not come from a lagging ensemble member.
-  int sync(const std::string& path, Deadline bound);
+  int sync(const std::string& path, const CallBound& bound);
 
   // For the completions (the C client's completion thread): the server answered something.
   void heard_from_server() { silent_ = false; }
@@ -180,13 +199,13 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<bool> silent_{false};
   // Runs one asynchronous call (see session.cpp).
   template <class Start>
-  int run(Deadline bound, const std::shared_ptr<CallState>& call, Start start);
+  int run(const CallBound& bound, const std::shared_ptr<CallState>& call, Start start);
 };
 
 // The children of `parent` whose name carries `uuid` (a Curator protection id) and that
 // `session` owns, read after a sync, each call waiting until `bound`. ZOK (none when `parent`
 // is gone) or the failing code.
-int own_children(Session& session, const std::string& parent, const std::string& uuid, Deadline bound,
+int own_children(Session& session, const std::string& parent, const std::string& uuid, const CallBound& bound,
                  std::vector<std::string>* names);
 
 // A thread sleeping until a watched path changes or the session's state does.
@@ -231,8 +250,8 @@ class Connection {
   // given, else open.
   const ACL_vector* acl() const { return settings_.user.empty() ? &ZOO_OPEN_ACL_UNSAFE : &ZOO_CREATOR_ALL_ACL; }
   // The live session, waiting (until the deadline) while a new one is being opened.
-  // Throws BackendUnavailable.
-  std::shared_ptr<Session> session(Deadline deadline);
+  // Throws BackendUnavailable, CallStopped when `stop` ends the wait.
+  std::shared_ptr<Session> session(Deadline deadline, const std::stop_token& stop = {});
 
   // Registers `waiter` for events on `path` (and on every session event) until unwatch().
   void watch(const std::string& path, Waiter* waiter);
@@ -243,8 +262,8 @@ class Connection {
 
   // Waits (until the deadline) while `session`'s connection is down: calls made meanwhile
   // would wait in the C client, past any deadline, for the next connection. False when the
-  // deadline passed first.
-  bool wait_connected(const Session& session, Deadline deadline);
+  // bound passed (or its stop came) first.
+  bool wait_connected(const Session& session, const CallBound& bound);
 
   // A hold's own nodes (its entry, or its lease nodes), watched while it lives: a node deleted
   // by anyone but this hold (by hand, by a peer) loses that hold, and only it, at once, although

@@ -27,6 +27,7 @@
 #include <limits>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "backends/zookeeper/session.hpp"
 
@@ -314,17 +315,27 @@ void check_session(const Session& session, int rc) {
   throw BackendUnavailable("ZooKeeper " + what + " failed: " + zerror(rc) + consequence);
 }
 
+// A call that failed with `rc` and will not be tried again: the stop of its bound ends the step
+// (CallStopped), else it is the server's or the link's error.
+[[noreturn]] void give_up(const CallBound& bound, const std::string& what, int rc) {
+  if (bound.stopped()) throw CallStopped{};
+  throw_error(what, rc);
+}
+
 // A change whose reply was lost and whose effect could not be read back in time.
 [[noreturn]] void unconfirmed(const std::string& what, const std::string& consequence) {
   throw BackendUnavailable("ZooKeeper did not confirm " + what + " in time: " + consequence);
 }
 
-// Runs one step of a queue or counter line.
+// Runs one step of a queue or counter line. A step that its stop ended is presented as our
+// entry gone: the core, seeing the stop, gives up (and leaves) instead of joining again.
 template <class Step>
 auto queue_step(Step&& step) {
   try {
     return step();
   } catch (const SessionGone&) {
+    throw QueueEntryGone{};
+  } catch (const CallStopped&) {
     throw QueueEntryGone{};
   }
 }
@@ -396,7 +407,9 @@ class ZookeeperBackend final : public Backend {
   std::int64_t counter_drain(const std::string& name) override;
 
   Connection& connection() { return connection_; }
-  std::shared_ptr<Session> session_for(Deadline deadline) { return connection_.session(deadline); }
+  std::shared_ptr<Session> session_for(Deadline deadline, const std::stop_token& stop = {}) {
+    return connection_.session(deadline, stop);
+  }
   // Under a chroot, the chroot's segments are the first ones of every name: the chroot "/app"
   // and the name "x" make the node of the name "app/x" (so "lock-0000000000" under "/app" is
   // app/%6Cock-0000000000, never an entry of the name "app").
@@ -404,51 +417,58 @@ class ZookeeperBackend final : public Backend {
     const auto& root = connection_.settings().root;
     return "/" + encode_name(root.empty() ? name : root.substr(root.front() == '/' ? 1 : 0) + "/" + name);
   }
-  // The bound of a step's calls: the caller's deadline, or once it has passed (a try-once
-  // acquire, the last look after a wait) a short wait, so the step still gets its answer.
-  static Deadline call_bound(const Session& session, Deadline deadline) {
-    return past(deadline) ? Deadline(SteadyClock::now() + session.short_wait()) : deadline;
+  // The bound of a step's calls. A step must reach the server once whatever the deadline (a
+  // join, the look that decides a try-once acquire): at least a short wait from now, so a
+  // deadline that is near or past is a timeout judged on the server's answer, not trouble.
+  // And never more than a call without a deadline waits (call_deadline), however far the
+  // deadline: a step that gets no answer reports trouble rather than hang. `stop` ends it.
+  CallBound call_bound(const Session& session, Deadline deadline, std::stop_token stop = {}) const {
+    auto bound = SteadyClock::now() + session.short_wait();
+    if (deadline) bound = std::max(bound, *deadline);
+    return {std::min(bound, *call_deadline()), std::move(stop)};
   }
 
   // Creates every missing node of `path` (and `path` itself) as a container.
-  void ensure_path(Session& session, const std::string& path, Deadline deadline);
+  void ensure_path(Session& session, const std::string& path, const CallBound& bound);
   // Creates an ephemeral sequential child PARENT/PREFIX<seq> and returns its name (not path).
   // After a connection loss it looks for its own node by the protection prefix.
   std::string create_entry(Session& session, const std::string& parent, const std::string& prefix,
-                           const std::string& uuid, const std::string& data, Deadline deadline);
+                           const std::string& uuid, const std::string& data, const CallBound& bound);
   // Reads, retried over connection losses.
-  std::vector<std::string> list(Session& session, const std::string& path, bool watch, Deadline deadline);
-  std::optional<std::string> read(Session& session, const std::string& path, bool watch, Deadline deadline,
+  std::vector<std::string> list(Session& session, const std::string& path, bool watch, const CallBound& bound);
+  std::optional<std::string> read(Session& session, const std::string& path, bool watch, const CallBound& bound,
                                   Stat* stat = nullptr);
   // Deletes a node of ours; when the connection is down, the janitor does it once it is back
   // (an entry we gave up on must never stay in line, CURATOR-678). Never blocks past one call.
   void remove_eventually(Session& session, const std::string& path) noexcept;
   // Whether a node of ours is gone, after a write whose reply was lost: read after a sync, so a
   // lagging ensemble member cannot answer from before the write. nullopt when the server did
-  // not answer by the deadline.
-  std::optional<bool> gone(Session& session, const std::string& path, Deadline deadline);
+  // not answer within the bound.
+  std::optional<bool> gone(Session& session, const std::string& path, const CallBound& bound);
   // Sleeps until `path` changes, the deadline or a stop. At once when the node is already gone
   // or `still_blocks` says its data (read with the watch, so no change is missed) no longer does.
   void wait_for_change(Session& session, const std::string& path, Deadline deadline, const std::stop_token& stop,
                        bool (*still_blocks)(const std::string&) = nullptr);
   // Throws InvalidArgument when a lease request cannot be one ZooKeeper transaction.
   void check_lease_request(const QueueRequest& request, const std::string& lease_prefix, const std::string& lease_data);
-  // One change of a PermitCounter's count (`ops`, to which it adds its marker) whose outcome is
-  // always known: ZOK when applied, kNotApplied (look again) or the server's refusal when not.
-  // Throws BackendUnavailable when that is not known by the deadline.
+  // One change of a PermitCounter's count (`ops`, to which it adds its marker): ZOK when
+  // applied, kNotApplied (look again) or the server's refusal when not. When that is not known
+  // within the bound: with `unresolved`, kOutcomeUnknown and the marker's path there (present:
+  // applied) for the caller to resolve; without, the janitor removes the marker and it throws
+  // BackendUnavailable.
   int change_count(Session& session, const std::string& count_path, std::vector<Session::Op> ops, const std::string& what,
-                   Deadline deadline);
+                   const CallBound& bound, std::string* unresolved = nullptr);
 
  private:
   // After a failed call: true when another attempt is worth it (connection trouble, and the
-  // connection back before the deadline). Throws SessionGone when the session is gone.
-  bool retry_after(Session& session, int rc, Deadline deadline) {
+  // connection back within the bound). Throws SessionGone when the session is gone.
+  bool retry_after(Session& session, int rc, const CallBound& bound) {
     check_session(session, rc);
-    if (!connection_trouble(rc)) return false;
+    if (!connection_trouble(rc) || bound.passed()) return false;
     // A short pause, then no call until the connection is back (a call made while it is down
     // waits inside the C client, past any deadline).
     std::this_thread::sleep_for(kRetryPause);
-    return connection_.wait_connected(session, deadline) && !past(deadline);
+    return connection_.wait_connected(session, bound) && !bound.passed();
   }
   // For calls that have no deadline of their own (counters, inspect): a session timeout, at
   // least kMinCallWait.
@@ -456,7 +476,7 @@ class ZookeeperBackend final : public Backend {
     return SteadyClock::now() + std::max(kMinCallWait, connection_.settings().session_timeout);
   }
   std::optional<std::string> find_own(Session& session, const std::string& parent, const std::string& uuid,
-                                      Deadline deadline);
+                                      const CallBound& bound);
   void inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
                     Inspection& result, Deadline deadline);
   void inspect_semaphore(Session& session, const std::string& path, Inspection& result, Deadline deadline);
@@ -544,82 +564,84 @@ void ZookeeperHold::release() {
   throw_error("release of '" + paths_.front() + "'", rc);
 }
 
-void ZookeeperBackend::ensure_path(Session& session, const std::string& path, Deadline deadline) {
+void ZookeeperBackend::ensure_path(Session& session, const std::string& path, const CallBound& bound) {
   // Top down: each level exists or is created; a container left empty is reaped by the server.
   for (std::size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
     const auto prefix = slash == std::string::npos ? path : path.substr(0, slash);
     for (;;) {
       const int flags = containers_supported_ ? ZOO_CONTAINER : ZOO_PERSISTENT;
-      const int rc = session.create(prefix, "", flags, deadline);
+      const int rc = session.create(prefix, "", flags, bound);
       if (rc == ZOK || rc == ZNODEEXISTS) break;
       if (rc == ZUNIMPLEMENTED && containers_supported_) {
         containers_supported_ = false;  // a server before 3.5: persistent parents, as Curator does
         continue;
       }
-      if (!retry_after(session, rc, deadline)) throw_error("create of '" + prefix + "'", rc);
+      if (!retry_after(session, rc, bound)) give_up(bound, "create of '" + prefix + "'", rc);
     }
     if (slash == std::string::npos) break;
   }
 }
 
 std::string ZookeeperBackend::create_entry(Session& session, const std::string& parent, const std::string& prefix,
-                                           const std::string& uuid, const std::string& data, Deadline deadline) {
+                                           const std::string& uuid, const std::string& data, const CallBound& bound) {
   const auto path = parent + "/" + prefix;
   for (;;) {
     std::string created;
-    const int rc = session.create(path, data, ZOO_EPHEMERAL_SEQUENTIAL, deadline, &created);
+    const int rc = session.create(path, data, ZOO_EPHEMERAL_SEQUENTIAL, bound, &created);
     if (rc == ZOK) return created.substr(parent.size() + 1);
     if (rc == ZNONODE) {
-      ensure_path(session, parent, deadline);  // first use, or the server reaped the empty container
+      ensure_path(session, parent, bound);  // first use, or the server reaped the empty container
       continue;
     }
     check_session(session, rc);
     if (!connection_trouble(rc)) throw_error("create under '" + parent + "'", rc);
-    if (auto mine = find_own(session, parent, uuid, deadline)) return *mine;
+    if (auto mine = find_own(session, parent, uuid, bound)) return *mine;
     // Not made: create it again (same protection id, so a second loss is resolved alike).
   }
 }
 
 // After a create whose reply was lost: our node, if the server made it, found by the protection
-// id; nullopt when it was not made. When that stays unknown past the deadline, hands the
-// look-up to the janitor (which removes the node) and throws BackendUnavailable.
+// id; nullopt when it was not made. When that stays unknown past the bound (or its stop), hands
+// the look-up to the janitor (which removes the node) and throws BackendUnavailable (CallStopped).
 std::optional<std::string> ZookeeperBackend::find_own(Session& session, const std::string& parent, const std::string& uuid,
-                                                      Deadline deadline) {
+                                                      const CallBound& bound) {
   for (;;) {
     std::vector<std::string> mine;
-    // Past the deadline (the create itself waited that long): the janitor's job, not the caller's.
-    const int rc = past(deadline)        ? ZOPERATIONTIMEOUT
-                   : session.connected() ? own_children(session, parent, uuid, deadline, &mine)
+    // Past the bound (the create itself waited that long): the janitor's job, not the caller's.
+    const int rc = bound.passed()        ? ZOPERATIONTIMEOUT
+                   : session.connected() ? own_children(session, parent, uuid, bound, &mine)
                                          : ZCONNECTIONLOSS;
     if (rc == ZOK) return mine.empty() ? std::nullopt : std::optional(mine.front());
-    if (!retry_after(session, rc, deadline)) {
+    if (!retry_after(session, rc, bound)) {
       // Still unknown: the janitor finds and removes it once the connection is back, so it
       // never waits in line (or holds) for nobody.
       connection_.remove_later({session.weak_from_this(), "", parent, uuid});
+      if (bound.stopped()) throw CallStopped{};
       unconfirmed("a create under '" + parent + "' (" + zerror(rc) + ")",
                   "its node, if it was made, is removed once the connection is back");
     }
   }
 }
 
-std::vector<std::string> ZookeeperBackend::list(Session& session, const std::string& path, bool watch, Deadline deadline) {
+std::vector<std::string> ZookeeperBackend::list(Session& session, const std::string& path, bool watch,
+                                                const CallBound& bound) {
   for (;;) {
     std::vector<std::string> children;
-    const int rc = session.children(path, watch, deadline, &children);
+    const int rc = session.children(path, watch, bound, &children);
     if (rc == ZOK) return children;
     if (rc == ZNONODE) return {};
-    if (!retry_after(session, rc, deadline)) throw_error("listing of '" + path + "'", rc);
+    if (!retry_after(session, rc, bound)) give_up(bound, "listing of '" + path + "'", rc);
   }
 }
 
-std::optional<std::string> ZookeeperBackend::read(Session& session, const std::string& path, bool watch, Deadline deadline,
-                                                  Stat* stat) {
+std::optional<std::string> ZookeeperBackend::read(Session& session, const std::string& path, bool watch,
+                                                  const CallBound& bound, Stat* stat) {
   for (;;) {
     std::string data;
-    const int rc = session.get(path, watch, deadline, &data, stat);
+    const int rc = session.get(path, watch, bound, &data, stat);
     if (rc == ZOK) return data;
     if (rc == ZNONODE) return std::nullopt;
-    if (!retry_after(session, rc, deadline)) throw_error("read of '" + path + "'", rc);
+    if (!retry_after(session, rc, bound)) give_up(bound, "read of '" + path + "'", rc);
   }
 }
 
@@ -636,14 +658,14 @@ void ZookeeperBackend::remove_eventually(Session& session, const std::string& pa
   }
 }
 
-std::optional<bool> ZookeeperBackend::gone(Session& session, const std::string& path, Deadline deadline) {
+std::optional<bool> ZookeeperBackend::gone(Session& session, const std::string& path, const CallBound& bound) {
   for (;;) {
-    if (past(deadline)) return std::nullopt;  // the janitor's job now
-    int rc = session.sync(path.substr(0, path.rfind('/')), deadline);
-    if (rc == ZOK) rc = session.exists(path, false, deadline);
+    if (bound.passed()) return std::nullopt;  // the janitor's job now
+    int rc = session.sync(path.substr(0, path.rfind('/')), bound);
+    if (rc == ZOK) rc = session.exists(path, false, bound);
     if (rc == ZOK) return false;
     if (rc == ZNONODE) return true;
-    if (!retry_after(session, rc, deadline)) return std::nullopt;
+    if (!retry_after(session, rc, bound)) return std::nullopt;
   }
 }
 
@@ -652,7 +674,7 @@ void ZookeeperBackend::wait_for_change(Session& session, const std::string& path
   PathWatch watch(connection_, path);
   // getData, not exists: a node already gone leaves no watch behind. The read that sets the
   // watch is the one that decides: a change between the look and the watch is not missed.
-  const auto data = read(session, path, true, call_bound(session, deadline));
+  const auto data = read(session, path, true, call_bound(session, deadline, stop));
   if (!data || (still_blocks && !still_blocks(*data))) return;
   watch.sleep(deadline, stop);
   check_session(session, ZOK);
@@ -691,7 +713,7 @@ class EntryPlace : public QueuePlace {
   // Makes our node (ephemeral sequential, named PARENT/_c_<uuid>-<label><seq>).
   void enter(Deadline deadline) {
     node_ = backend_.create_entry(*session_, parent_, "_c_" + uuid_ + "-" + label_, uuid_, data_,
-                                  ZookeeperBackend::call_bound(*session_, deadline));
+                                  backend_.call_bound(*session_, deadline));
   }
   // Waits for the entry the verdict names, by its node: its deletion, or (exclusive_end) also
   // its downgrade.
@@ -748,7 +770,7 @@ class LockPlace final : public EntryPlace {
 
   Standing look(Deadline deadline) override {
     return queue_step([&] {
-      const auto bound = ZookeeperBackend::call_bound(*session_, deadline);
+      const auto bound = backend_.call_bound(*session_, deadline);
       const auto children = backend_.list(*session_, path_, false, bound);
       auto entries = entries_up_to_ours(children);
       if (request_.kind == EntryKind::shared) present_downgrades(entries, bound);
@@ -779,7 +801,7 @@ class LockPlace final : public EntryPlace {
   // so): the writers ahead are read, nearest first, until one still writes. Downgraded ones are
   // presented as shared, ones gone meanwhile not at all; those further ahead as their names say
   // (the predicate looks no further than the first writer).
-  void present_downgrades(std::vector<EntryNode>& entries, Deadline bound) {
+  void present_downgrades(std::vector<EntryNode>& entries, const CallBound& bound) {
     for (std::size_t i = entries.size() - 1; i-- > 0;) {
       if (entries[i].kind != EntryKind::exclusive) continue;
       const auto data = backend_.read(*session_, path_ + "/" + entries[i].node, false, bound);
@@ -792,7 +814,7 @@ class LockPlace final : public EntryPlace {
       }
     }
   }
-  bool semaphore_in_use(const std::vector<std::string>& children, Deadline bound) {
+  bool semaphore_in_use(const std::vector<std::string>& children, const CallBound& bound) {
     for (const auto& child : children) {
       if (child != "locks" && child != "leases") continue;
       Stat stat{};
@@ -823,7 +845,7 @@ class LeasePlace final : public EntryPlace {
   Standing look(Deadline deadline) override {
     return queue_step([&] {
       deadline_ = deadline;
-      const auto bound = ZookeeperBackend::call_bound(*session_, deadline);
+      const auto bound = backend_.call_bound(*session_, deadline);
       // A lock on the same name is a kind mismatch (joined first, then looked).
       const bool lock_in_use = !lock_checked_ && !sorted_entries(backend_.list(*session_, path_, false, bound)).empty();
       lock_checked_ = true;
@@ -846,7 +868,7 @@ class LeasePlace final : public EntryPlace {
     return queue_step([&] {
       leases_watch_.reset();
       auto& session = *session_;
-      const auto bound = ZookeeperBackend::call_bound(session, deadline_);
+      const auto bound = backend_.call_bound(session, deadline_);
       std::vector<std::string> created;
       const int rc = session.multi(admission(), bound, &created);
       if (rc == ZOK) return make_hold(std::move(created), loss);
@@ -862,7 +884,7 @@ class LeasePlace final : public EntryPlace {
   }
 
  private:
-  Standing look_in_line(std::size_t entries, Deadline bound) {
+  Standing look_in_line(std::size_t entries, const CallBound& bound) {
     Standing standing;
     standing.entries.assign(entries, {EntryKind::exclusive, 1});
     if (!limit_checked_) {
@@ -877,7 +899,7 @@ class LeasePlace final : public EntryPlace {
     }
     return standing;
   }
-  Standing look_at_head(Deadline bound) {
+  Standing look_at_head(const CallBound& bound) {
     Stat stat{};
     const auto data = backend_.read(*session_, path_, false, bound, &stat);
     if (!data) throw QueueEntryGone{};  // the parent of our line cannot be gone while we live
@@ -924,7 +946,7 @@ class LeasePlace final : public EntryPlace {
   }
   // The admission's reply was lost: it was applied iff our place in line is gone (and our
   // leases exist). "Gone" only on the server's word (after a sync), never on a failed look.
-  std::unique_ptr<BackendHold> hold_after_lost_reply(Deadline bound, std::shared_ptr<LossSignal>& loss) {
+  std::unique_ptr<BackendHold> hold_after_lost_reply(const CallBound& bound, std::shared_ptr<LossSignal>& loss) {
     auto& session = *session_;
     // Whatever it made of ours is removed once the connection is back (the line node by
     // leave()), never left to hold for nobody.
@@ -997,18 +1019,21 @@ std::unique_ptr<QueuePlace> ZookeeperBackend::join(const QueueRequest& request, 
 // The answer of change_count when a change whose reply was lost turned out not applied: the
 // caller looks again, as after losing a race.
 constexpr int kNotApplied = ZBADVERSION;
+// The answer of change_count when the outcome stayed unknown and the caller resolves it.
+constexpr int kOutcomeUnknown = ZOPERATIONTIMEOUT;
 
 // One PermitCounter acquire: outside the line, then (once it has to wait) with a node in it.
+// Every call ends on the caller's stop (the core then gives up and leaves).
 class PermitLine final : public CounterLine {
  public:
-  PermitLine(ZookeeperBackend& backend, const std::string& name, std::int64_t permits)
+  PermitLine(ZookeeperBackend& backend, const std::string& name, std::int64_t permits, std::stop_token stop)
       : backend_(backend), name_(name), permits_(permits), count_path_(backend.path_of(name) + "/permits"),
-        line_(backend.path_of(name) + "/permit-waiters") {}
+        line_(backend.path_of(name) + "/permit-waiters"), stop_(std::move(stop)) {}
 
   CounterStanding look(bool last_try, Deadline deadline) override {
     return queue_step([&] {
       auto& session = this->session(deadline);
-      const auto bound = ZookeeperBackend::call_bound(session, deadline);
+      const auto bound = backend_.call_bound(session, deadline, stop_);
       CounterStanding standing;
       standing.in_line = !node_.empty();
       const auto line = sorted_entries(backend_.list(session, line_, false, bound));
@@ -1025,15 +1050,21 @@ class PermitLine final : public CounterLine {
   }
   bool take(const CounterStanding&, Deadline deadline) override {
     return queue_step([&] {
+      if (stop_.stop_requested()) throw CallStopped{};  // nothing sent: nothing to find out
       auto& session = this->session(deadline);
-      const auto bound = ZookeeperBackend::call_bound(session, deadline);
+      const auto bound = backend_.call_bound(session, deadline, stop_);
       require_exact(count_, name_);
       const auto what = "PermitCounter::acquire(" + std::to_string(permits_) + ") of '" + name_ + "'";
       const auto left = Session::Op::set(count_path_, count_text(count_.value - permits_), version_);
       if (node_.empty()) {
-        const int rc = backend_.change_count(session, count_path_, {left}, what, bound);
+        std::string marker;
+        const int rc = backend_.change_count(session, count_path_, {left}, what, bound, &marker);
         if (rc == ZOK) return true;
         if (rc == kNotApplied || rc == ZNONODE) return false;
+        if (rc == kOutcomeUnknown) {
+          unconfirmed_take_ = {marker, false};  // leave() may still find out
+          unconfirmed(what, "it may or may not have been applied");
+        }
         throw_error("update of '" + count_path_ + "'", rc);
       }
       // Take them and leave the line in one transaction.
@@ -1048,7 +1079,7 @@ class PermitLine final : public CounterLine {
       // sync (never resent: it could take the permits twice).
       const auto applied = backend_.gone(session, line_ + "/" + node_, bound);
       if (!applied) {
-        take_unconfirmed_ = true;  // leave() may still find out
+        unconfirmed_take_ = {line_ + "/" + node_, true};  // leave() may still find out
         unconfirmed(what, "it may or may not have been applied");
       }
       if (*applied) node_.clear();
@@ -1060,7 +1091,7 @@ class PermitLine final : public CounterLine {
       auto& session = this->session(deadline);
       const auto uuid = random_uuid();
       node_ = backend_.create_entry(session, line_, "_c_" + uuid + "-" + kWaitLabel, uuid, node_data("permits", permits_),
-                                    ZookeeperBackend::call_bound(session, deadline));
+                                    backend_.call_bound(session, deadline, stop_));
     });
   }
   void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) override {
@@ -1075,28 +1106,48 @@ class PermitLine final : public CounterLine {
     });
   }
   bool leave() noexcept override {
-    if (node_.empty()) return false;
-    const auto path = line_ + "/" + node_;
+    const bool taken = unconfirmed_take_ && resolve_take();
+    if (!node_.empty()) backend_.remove_eventually(*session_, line_ + "/" + node_);
     node_.clear();
-    if (take_unconfirmed_ && session_->connected()) {
-      // A take whose reply was lost: our node gone means it was applied (nobody else removes
-      // it); found still there, it is removed, and the take cannot apply after that.
-      const int rc = session_->remove(path, SteadyClock::now() + session_->short_wait());
-      if (rc == ZNONODE) return true;
-      if (!connection_trouble(rc)) return false;
-    }
-    backend_.remove_eventually(*session_, path);
-    return false;
+    return taken;
   }
 
  private:
+  // A take whose reply was lost and whose outcome was still unknown when it gave up (its
+  // deadline passed, or its stop came, before the session was back): whether it was applied,
+  // on the server's word after one short wait for the connection and one for a read after a
+  // sync (bounded: never the caller's stop, which may be what ended the take). Its evidence is
+  // our node in line (the take removed it) or the take's marker (the take made it); the take
+  // was sent on the old connection, so it cannot be applied after that read. False when still
+  // unknown (the session expired, taking the evidence with it, or no answer in time): the
+  // marker goes to the janitor.
+  bool resolve_take() noexcept {
+    const auto take = std::exchange(unconfirmed_take_, std::nullopt);
+    auto& session = *session_;
+    std::optional<bool> absent;
+    try {
+      if (backend_.connection().wait_connected(session, SteadyClock::now() + session.short_wait())) {
+        absent = backend_.gone(session, take->path, SteadyClock::now() + session.short_wait());
+      }
+    } catch (...) {  // the session expired
+    }
+    const bool applied = absent && *absent == take->applied_if_gone;
+    if (take->applied_if_gone) {
+      if (applied) node_.clear();  // the take removed it
+    } else if (!absent) {
+      backend_.connection().remove_later({session.weak_from_this(), take->path, "", ""});
+    } else if (applied) {
+      backend_.remove_eventually(session, take->path);
+    }
+    return applied;
+  }
   Session& session(Deadline deadline) {
-    if (!session_) session_ = backend_.session_for(deadline);
+    if (!session_) session_ = backend_.session_for(deadline, stop_);
     return *session_;
   }
   // Reads the count (and its version) for the head of the line; `watch`: and watches it, or its
   // creation, for the wait.
-  void read_count(bool watch, Deadline bound) {
+  void read_count(bool watch, const CallBound& bound) {
     count_watch_.reset();
     if (watch) count_watch_.emplace(backend_.connection(), count_path_);
     for (;;) {
@@ -1124,16 +1175,21 @@ class PermitLine final : public CounterLine {
   Count count_;
   int version_ = -1;
   std::optional<PathWatch> count_watch_;
-  bool take_unconfirmed_ = false;
+  std::stop_token stop_;  // the caller's
+  struct UnconfirmedTake {
+    std::string path;      // the node whose presence tells
+    bool applied_if_gone;  // our node in line; else the take's marker (applied if present)
+  };
+  std::optional<UnconfirmedTake> unconfirmed_take_;
 };
 
 std::unique_ptr<CounterLine> ZookeeperBackend::counter_line(const std::string& name, std::int64_t permits,
-                                            [[maybe_unused]] const std::stop_token& stop) {
-  return std::make_unique<PermitLine>(*this, name, permits);
+                                                            const std::stop_token& stop) {
+  return std::make_unique<PermitLine>(*this, name, permits, stop);
 }
 
 int ZookeeperBackend::change_count(Session& session, const std::string& count_path, std::vector<Session::Op> ops,
-                                   const std::string& what, Deadline deadline) {
+                                   const std::string& what, const CallBound& bound, std::string* unresolved) {
   // The marker: an ephemeral child of the count's node, made by the same transaction, so that
   // after a lost reply its presence (read after a sync) says whether the change was applied.
   // Nobody else makes it (its name is random) and no name reaches it (a `permits` segment is
@@ -1141,7 +1197,7 @@ int ZookeeperBackend::change_count(Session& session, const std::string& count_pa
   // may have written the same text.
   const auto marker = count_path + "/_c_" + random_uuid() + "-change";
   ops.push_back(Session::Op::create(marker, "", ZOO_EPHEMERAL));
-  const int rc = session.multi(ops, deadline);
+  const int rc = session.multi(ops, bound);
   if (rc == ZOK) {
     remove_eventually(session, marker);
     return ZOK;
@@ -1152,7 +1208,11 @@ int ZookeeperBackend::change_count(Session& session, const std::string& count_pa
   // server's word after a sync; the transaction cannot still be applied after that (a
   // session's requests are applied in order, and the old connection's are done before the
   // new one is served).
-  const auto absent = gone(session, marker, deadline);
+  const auto absent = gone(session, marker, bound);
+  if (!absent && unresolved) {
+    *unresolved = marker;  // not for the janitor yet: its removal would read as "not applied"
+    return kOutcomeUnknown;
+  }
   if (!absent) {
     connection_.remove_later({session.weak_from_this(), marker, "", ""});
     unconfirmed(what, "it may or may not have been applied");
