@@ -682,6 +682,35 @@ TEST(RedisSafetyOwnServer, AStopWhileTheServerIsFrozenEndsACounterAcquire) {
   EXPECT_EQ(setter.permit_counter(name).available_permits(), 0);
 }
 
+// A PermitCounter waiter without a deadline waits through an outage longer than one call's
+// patience (5 s), as a queue waiter does, and takes the permits once they come.
+TEST(RedisSafetyOwnServer, ACounterWaiterWithoutADeadlineWaitsThroughAnOutage) {
+  RedisServer server("--save '' --appendonly no");
+  const auto name = unique_name("outage-counter");
+  auto setter = Client::connect(server.url());
+  ASSERT_TRUE(setter.permit_counter(name).try_set_permits(0));
+  auto waiter_client = Client::connect(server.url(), with_ttl(30s));
+  auto counter = waiter_client.permit_counter(name);
+  auto waiting = std::async(std::launch::async, [&] {
+    try {
+      counter.acquire(1);
+      return std::string("taken");
+    } catch (const turnstile::Error& error) {
+      return std::string(error.what());
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return setter.inspect(name).waiters.size() == 1; })) << "never in line";
+  server.signal(SIGSTOP);
+  // Longer than a re-check interval (2 s) plus one call's patience (5 s): a look times out.
+  std::this_thread::sleep_for(8500ms);
+  server.signal(SIGCONT);
+  ASSERT_EQ(waiting.wait_for(0s), std::future_status::timeout) << "the waiter gave up: " << waiting.get();
+  setter.permit_counter(name).release(1);
+  ASSERT_EQ(waiting.wait_for(10s), std::future_status::ready) << "the waiter did not take the released permit";
+  EXPECT_EQ(waiting.get(), "taken");
+  EXPECT_EQ(setter.permit_counter(name).available_permits(), 0);
+}
+
 // Red team r11 F3: a short deadline on a healthy server is a timeout, never BackendUnavailable.
 // The join must reach the server once: its reply, held back by the proxy past the deadline,
 // still decides (admitted: held; waiting: false, and the entry leaves).

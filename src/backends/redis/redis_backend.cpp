@@ -706,7 +706,15 @@ class RedisCounterLine final : public CounterLine {
         const auto now = SteadyClock::now();
         return run_script(mode, deadline ? std::max(*deadline, now + kOneShotFloor) : now + kCallPatience, stop_);
       } catch (const BackendUnavailable&) {
-        if (!stop_.stop_requested()) throw;
+        if (!stop_.stop_requested() && deadline) throw;
+        if (!stop_.stop_requested()) {
+          // No deadline: wait through an outage as a queue waiter does. Counted as still in
+          // line; the next look resends with our request id, which finds our place or our take.
+          CounterStanding waiting;
+          waiting.in_line = in_line_ = true;
+          waiting.ahead = 1;
+          return waiting;
+        }
       }
     }
     CounterStanding standing;
