@@ -256,6 +256,7 @@ struct ClientLease {
   bool gone = false;                   // etcd no longer has the lease: its keys are gone
   bool check_now = false;              // the keeper sends a keep-alive at once (a held key went)
   bool revoked_by_client = false;      // by the client's end: its holds were released with it
+  int unresolved_takes = 0;            // PermitCounter takes whose receipt (on it) is still to be read
   std::set<WatchStream*> waits;
 };
 
@@ -357,6 +358,12 @@ class EtcdBackend final : public Backend {
   bool revoked_by_client(const ClientLease& lease) {
     std::lock_guard lock(mutex_);
     return lease.revoked_by_client;
+  }
+  // A take's receipt on `lease` is to be read (+1) or was read or given up (-1): the client does
+  // not revoke a lease it gave up while one is (the receipt would go with it).
+  void count_unresolved_take(ClientLease& lease, int delta) {
+    std::lock_guard lock(mutex_);
+    lease.unresolved_takes += delta;
   }
   // The lease is gone or must be given up: its holds are told (`reason`), its waiters stop,
   // the keeper stops renewing it and, unless etcd said it is gone, it is revoked in the
@@ -683,7 +690,13 @@ void EtcdBackend::give_up(const std::shared_ptr<ClientLease>& lease) {
     const auto id = lease->id;
     Cleanup cleanup;
     cleanup.lease = lease;
-    cleanup.attempt = [this, id](SteadyClock::time_point deadline) { connection_.lease_revoke(id, deadline); };
+    cleanup.attempt = [this, id, pending = lease.get()](SteadyClock::time_point deadline) {
+      {
+        std::lock_guard lock(mutex_);
+        if (pending->unresolved_takes > 0) throw BackendUnavailable("a take's receipt on the lease is still to be read");
+      }
+      connection_.lease_revoke(id, deadline);
+    };
     schedule(std::move(cleanup));
   }
 }
@@ -1137,6 +1150,9 @@ class EtcdCounterLine final : public CounterLine {
   EtcdCounterLine(EtcdBackend& backend, const std::string& name, std::int64_t permits, const std::stop_token& stop)
       : backend_(backend), counter_key_(kCounterPrefix + name), line_prefix_(kCounterWaiterPrefix + name + "/"),
         permits_(permits), stop_(stop) {}
+  ~EtcdCounterLine() override {
+    if (!receipt_.empty()) resolved();  // the core leaves first; this only guards misuse
+  }
 
   CounterStanding look(bool last_try, Deadline deadline) override;
   bool take(const CounterStanding& seen, Deadline deadline) override;
@@ -1145,6 +1161,9 @@ class EtcdCounterLine final : public CounterLine {
   bool leave() noexcept override;
 
  private:
+  // The take's outcome is known (or no longer matters): its receipt is nobody's concern now.
+  void resolved();
+
   EtcdBackend& backend_;
   const std::string counter_key_;
   const std::string line_prefix_;
@@ -1215,21 +1234,23 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
   if (seen.in_line) add_delete(take.mutable_success(), place_);
   add_put(take.mutable_success(), receipt, "", lease->id);
   for (const auto& old : garbage) add_delete(take.mutable_success(), old);
-  receipt_ = receipt;  // kept while the outcome is unknown: a BackendUnavailable leaves it to leave()
+  // Kept while the outcome is unknown: a BackendUnavailable leaves the receipt to leave().
+  receipt_ = receipt;
   receipt_lease_ = lease;
+  backend_.count_unresolved_take(*lease, +1);
   pb::TxnResponse answer;
   try {
     answer = backend_.connection().txn(take, bounded(deadline, kOneShot), false, stop_);
   } catch (const CallStopped&) {
-    receipt_.clear();  // not sent: the core ends the acquire on the stop
+    resolved();  // not sent: the core ends the acquire on the stop
     return false;
   } catch (const LeaseGone&) {
     // Not applied. In line, our key went with the lease (the next look joins again).
-    receipt_.clear();
+    resolved();
     backend_.lose_lease(lease, "etcd no longer knows the client's lease", true);
     return false;
   }
-  receipt_.clear();
+  resolved();
   if (!answer.succeeded()) return false;
   backend_.receipts_deleted(garbage);
   backend_.receipt_done(receipt);
@@ -1280,17 +1301,25 @@ bool EtcdCounterLine::leave() noexcept {
     return false;
   }
   // A take whose reply was lost: its receipt exists exactly when it was applied (then it also
-  // deleted our waiter key). Either way nothing of it is left behind.
+  // deleted our waiter key); if not, our key goes. Resent, the Txn answers the same (the
+  // receipt stays: it is deleted with later releases and takes, or with the lease).
   pb::TxnRequest resolve;
   auto* applied = resolve.add_compare();
   applied->set_key(receipt_);
   applied->set_result(pb::Compare::GREATER);
   applied->set_target(pb::Compare::CREATE);
   applied->set_create_revision(0);
-  add_delete(resolve.mutable_success(), receipt_);
   if (!place_.empty()) add_delete(resolve.mutable_failure(), place_);  // keys of one line are never reused
   const auto answer = backend_.run_cleanup(receipt_lease_, std::move(resolve), nullptr, kTakeOutcomeTry);
+  backend_.receipt_done(receipt_);
+  resolved();
   return answer && answer->succeeded();
+}
+
+void EtcdCounterLine::resolved() {
+  backend_.count_unresolved_take(*receipt_lease_, -1);
+  receipt_.clear();
+  receipt_lease_.reset();
 }
 
 std::unique_ptr<CounterLine> EtcdBackend::counter_line(const std::string& name, std::int64_t permits,

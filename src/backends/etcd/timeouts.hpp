@@ -42,9 +42,9 @@ constexpr milliseconds kForkTeardown{50};
 // How long a leave or a clean-up is tried in the caller's thread before the background
 // thread takes it over: a caller is not held up by an outage.
 constexpr milliseconds kLeaveTry{500};
-// A leave that must tell whether a take whose reply was lost was applied (its answer decides
-// between an acquire that succeeded and permits lost for good) gets a call attempt's time.
-constexpr milliseconds kTakeOutcomeTry{2000};
+// A leave that must tell whether a take whose reply was lost was applied gets as long as any
+// call (kCallCap): its answer decides between an acquire that succeeded and permits lost for good.
+constexpr milliseconds kTakeOutcomeTry = kCallCap;
 // One background attempt, and the pauses between attempts (doubling from first to last).
 constexpr milliseconds kBackgroundTry{2000};
 constexpr milliseconds kCleanupFirstPause{100};
