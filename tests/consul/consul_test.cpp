@@ -132,4 +132,26 @@ TEST(ConsulOwnServer, ARestartWithItsStateSuspendsThenResumesTheHolds) {
       server.url(), 10s, [&] { ASSERT_EQ(server.stop(), 0); }, [&] { ASSERT_EQ(server.restart(), 0); });
 }
 
+// Red team (issue 12): a Mutex named turnstile/q/X/zzz sat in X's queue for good, one named
+// turnstile/c/foo wiped PermitCounter foo on release. Names under turnstile's own keys are refused.
+TEST(Consul, NamesUnderTurnstilesOwnKeysAreRefusedAndChangeNothing) {
+  auto client = turnstile::Client::connect(url());
+  const auto name = unique("victim");
+  auto counter = client.permit_counter(name);
+  ASSERT_EQ(counter.add_permits(5), 5);
+  const std::vector<std::string> refused = {"turnstile/c/" + name, "turnstile/q/" + name + "/zzz", "turnstile", "turnstile/"};
+  for (const auto& bad : refused) {
+    EXPECT_THROW(client.mutex(bad).try_lock(), turnstile::InvalidArgument) << bad;
+    EXPECT_THROW(client.semaphore(bad, 2).try_acquire(), turnstile::InvalidArgument) << bad;
+    EXPECT_THROW(client.shared_mutex(bad).try_lock_shared(), turnstile::InvalidArgument) << bad;
+    EXPECT_THROW(client.permit_counter(bad).add_permits(1), turnstile::InvalidArgument) << bad;
+    EXPECT_THROW(client.inspect(bad), turnstile::InvalidArgument) << bad;
+  }
+  EXPECT_EQ(counter.available_permits(), 5);
+  auto mutex = client.mutex(name);
+  EXPECT_TRUE(mutex.try_lock());  // no entry was left in its queue
+  mutex.unlock();
+  EXPECT_EQ(curl("GET", "/v1/kv/turnstile/q/turnstile?recurse"), "");  // nothing written there
+}
+
 }  // namespace

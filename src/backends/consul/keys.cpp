@@ -9,6 +9,9 @@
 namespace turnstile::detail::consul {
 namespace {
 
+// The root of every key turnstile keeps for itself (queue_prefix and the others below).
+constexpr std::string_view kOwnRoot = "turnstile";
+
 bool kept(unsigned char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
          c == '.' || c == '/';
@@ -83,6 +86,13 @@ std::string encode_name(std::string_view name) {
     const bool dot_before_slash = c == '.' && i + 1 < name.size() && name[i + 1] == '/';
     if (!kept(c) || dot_before_slash || (dot_starts_ending && i == last_dot)) escape(out, c);
     else out += static_cast<char>(c);
+  }
+  // turnstile's own keys (queues, counters, lines, markers) live under turnstile/: a name whose
+  // key would be there or be that prefix itself (a Semaphore reads NAME/ whole) could reach
+  // another name's state, so it is refused before anything is read or written.
+  if (out == kOwnRoot || out.compare(0, kOwnRoot.size() + 1, std::string(kOwnRoot) + "/") == 0) {
+    throw InvalidArgument("the name '" + std::string(name) + "' is refused on Consul: keys under " +
+                          std::string(kOwnRoot) + "/ are turnstile's own");
   }
   return out;
 }

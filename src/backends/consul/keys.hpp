@@ -20,6 +20,7 @@ constexpr std::uint64_t kSemaphoreFlags = 0xe0f69a2baa414de0ULL;
 // no "../" and no file-like ending (".json"): every other byte becomes ",XX" (',' is the escape,
 // so it is escaped too), a '.' before a '/' and the '.' that would start such an ending
 // likewise. A name made of accepted characters is its own key, as `consul lock` writes it.
+// Throws InvalidArgument for a name whose key is turnstile/ or under it (turnstile's own keys).
 std::string encode_name(std::string_view name);
 
 // Where turnstile keeps what Consul's own clients do not have.
