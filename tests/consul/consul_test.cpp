@@ -132,6 +132,26 @@ TEST(ConsulOwnServer, ARestartWithItsStateSuspendsThenResumesTheHolds) {
       server.url(), 10s, [&] { ASSERT_EQ(server.stop(), 0); }, [&] { ASSERT_EQ(server.restart(), 0); });
 }
 
+// Red team (issue 12): a `.lock` left by api.Semaphore holders that are gone kept its Limit,
+// and turnstile wrote it back with that Limit: its peers then admitted past the limit in force.
+TEST(Consul, AStaleSemaphoreLockIsRewrittenWithTheLimitInForce) {
+  auto client = turnstile::Client::connect(url());
+  const auto name = unique("stale-sem");
+  const auto gone = peer_session();
+  curl("PUT", "/v1/session/destroy/" + gone);
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/.lock?cas=0&flags=" + kSemaphoreFlags,
+                 R"({"Limit":5,"Holders":{")" + gone + R"(":true}})"),
+            "true");
+  auto lease = client.semaphore(name, 1).try_acquire();
+  ASSERT_TRUE(lease.has_value());
+  const auto lock = nlohmann::json::parse(curl("GET", "/v1/kv/" + name + "/.lock"), nullptr, false);
+  ASSERT_TRUE(lock.is_array() && lock.size() == 1u) << lock.dump();
+  const auto value = nlohmann::json::parse(shell("echo " + quoted(lock[0]["Value"].get<std::string>()) + " | base64 -d"));
+  EXPECT_EQ(value["Limit"], 1) << value.dump();
+  EXPECT_EQ(client.inspect(name).limit, 1);
+  EXPECT_THROW(turnstile::Client::connect(url()).semaphore(name, 5).try_acquire(), turnstile::LimitMismatch);
+}
+
 // Red team (issue 12): a Mutex named turnstile/q/X/zzz sat in X's queue for good, one named
 // turnstile/c/foo wiped PermitCounter foo on release. Names under turnstile's own keys are refused.
 TEST(Consul, NamesUnderTurnstilesOwnKeysAreRefusedAndChangeNothing) {

@@ -328,6 +328,10 @@ class ConsulPlace final : public QueuePlace {
     if (holding) {
       standing.mode = QueueMode::semaphore;
       standing.limit = semaphore_.limit;
+    } else {
+      // Its Limit is no one's any more: our hold writes the limit in force, the request's (a
+      // stale Limit kept would let api.Semaphore peers count against a limit nobody asked for).
+      semaphore_.limit = request_.limit;
     }
     std::set<std::string> ours;
     for (const auto& entry : queue) {
