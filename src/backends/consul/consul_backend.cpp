@@ -4,8 +4,11 @@
 
 #include <curl/curl.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <random>
+#include <thread>
 
 #include "turnstile/error.hpp"
 
@@ -23,7 +26,14 @@ std::int64_t now_ms() {
 
 std::optional<std::int64_t> counter_value(const std::vector<KvEntry>& entries) {
   if (entries.empty()) return std::nullopt;
-  return std::strtoll(entries.front().value.c_str(), nullptr, 10);
+  return counter_value_of(entries.front().value).n;
+}
+
+std::string random_id() {
+  std::random_device random;
+  char text[17];
+  std::snprintf(text, sizeof text, "%08x%08x", random(), random());
+  return text;
 }
 
 }  // namespace
@@ -131,6 +141,7 @@ ConsulBackend::ConsulBackend(Settings settings)
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   host_ = name;
+  client_id_ = random_id();
   // Reaches Consul once, so a wrong address or token is reported by connect.
   sessions_.main(kCallCap);
 }
@@ -292,25 +303,76 @@ Inspection ConsulBackend::inspect(const std::string& name) {
 
 // --- the PermitCounter's plain operations ----------------------------------------------------
 
+ConsulBackend::CounterSeen ConsulBackend::read_counter(const std::string& key, milliseconds timeout) {
+  const auto entries = read(key, false, timeout);
+  if (entries.empty()) return {};
+  return {counter_value_of(entries.front().value), entries.front().modify_index};
+}
+
+bool ConsulBackend::change_counter(const std::string& key, const CounterSeen& seen, std::int64_t n,
+                                   const nlohmann::json& extra, const std::string& id, milliseconds timeout,
+                                   const std::string& context) {
+  auto op = kv_op("cas", key);
+  op["KV"]["Index"] = seen.index;  // 0: only if it does not exist yet
+  op["KV"]["Value"] = base64_encode(to_json(changed(seen.value.value_or(CounterValue{}), n, id)));
+  nlohmann::json ops = nlohmann::json::array({op});
+  for (const auto& more : extra) ops.push_back(more);
+  const auto until = SteadyClock::now() + timeout;
+  try {
+    if (txn(ops, timeout, context)) return true;
+  } catch (const BackendUnavailable&) {
+    // The reply was lost: applied or not, the value's receipts tell.
+  }
+  // Refused: someone else's change, or a resend of ours (libcurl resends a request whose
+  // kept-alive connection died before any answer) finding the one already applied.
+  return counter_change_applied(key, seen, id, std::max(until, SteadyClock::now() + kCallFloor));
+}
+
+bool ConsulBackend::counter_change_applied(const std::string& key, const CounterSeen& seen, const std::string& id,
+                                           SteadyClock::time_point until) {
+  auto backoff = kResendBackoff;
+  for (;;) {
+    try {
+      const auto now = read_counter(key, kCallFloor);
+      if (now.value && std::find(now.value->receipts.begin(), now.value->receipts.end(), id) != now.value->receipts.end()) {
+        return true;
+      }
+      // Changed by others (ours would carry its receipt), or absent as before: a CAS on `seen`
+      // can no longer apply, except a create delivered late onto a key still absent, which a
+      // request on a closed connection does not do.
+      if (now.index != seen.index || seen.index == 0) return false;
+      // Unchanged: rewritten as it is, so a delivery of ours still on its way finds it stale.
+      if (write("PUT", "/v1/kv/" + url_escape(key) + "?cas=" + std::to_string(seen.index), to_json(*seen.value),
+                kCallFloor, "checking a change of " + key)) {
+        return false;
+      }
+    } catch (const BackendUnavailable&) {
+      if (SteadyClock::now() + backoff >= until) throw;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, kResendBackoffMax);
+    }
+  }
+}
+
 bool ConsulBackend::counter_try_set(const std::string& name, std::int64_t permits) {
-  return write("PUT", "/v1/kv/" + url_escape(counter_key(name)) + "?cas=0", std::to_string(permits), kCallCap,
-               "setting PermitCounter '" + name + "'");
+  return change_counter(counter_key(name), {}, permits, nlohmann::json::array(), request_id(), kCallCap,
+                        "setting PermitCounter '" + name + "'");
 }
 
 std::int64_t ConsulBackend::counter_add(const std::string& name, std::int64_t delta) {
   const auto key = counter_key(name);
+  const auto id = request_id();  // one id for every try: a resolved try is never made again
   for (;;) {
-    const auto entries = read(key, false, kCallCap);
-    const auto current = counter_value(entries).value_or(0);
+    const auto seen = read_counter(key, kCallCap);
+    const auto current = seen.value ? seen.value->n : 0;
     std::int64_t updated = 0;
     if (__builtin_add_overflow(current, delta, &updated) || updated > max_permits || updated < -max_permits) {
       throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
                             std::to_string(current) + " would leave [-" + std::to_string(max_permits) + ", " +
                             std::to_string(max_permits) + "]; nothing changed");
     }
-    const auto index = entries.empty() ? 0 : entries.front().modify_index;
-    if (write("PUT", "/v1/kv/" + url_escape(key) + "?cas=" + std::to_string(index), std::to_string(updated), kCallCap,
-              "changing PermitCounter '" + name + "'")) {
+    if (change_counter(key, seen, updated, nlohmann::json::array(), id, kCallCap,
+                       "changing PermitCounter '" + name + "'")) {
       return updated;
     }
   }
@@ -322,13 +384,12 @@ std::optional<std::int64_t> ConsulBackend::counter_get(const std::string& name) 
 
 std::int64_t ConsulBackend::counter_drain(const std::string& name) {
   const auto key = counter_key(name);
+  const auto id = request_id();
   for (;;) {
-    const auto entries = read(key, false, kCallCap);
-    const auto current = counter_value(entries);
-    if (!current || *current == 0) return 0;
-    if (write("PUT", "/v1/kv/" + url_escape(key) + "?cas=" + std::to_string(entries.front().modify_index), "0",
-              kCallCap, "draining PermitCounter '" + name + "'")) {
-      return *current;
+    const auto seen = read_counter(key, kCallCap);
+    if (!seen.value || seen.value->n == 0) return 0;
+    if (change_counter(key, seen, 0, nlohmann::json::array(), id, kCallCap, "draining PermitCounter '" + name + "'")) {
+      return seen.value->n;
     }
   }
 }

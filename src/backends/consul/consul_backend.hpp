@@ -52,6 +52,10 @@ constexpr milliseconds kDeadlineGrace{50};
 // What a leave or a given-up join could not remove at once is retried this often, for this long.
 constexpr milliseconds kCleanupRetry{500};
 constexpr milliseconds kCleanupGiveUp{60000};
+// A call that found no server is resent after this, doubling up to kResendBackoffMax: an
+// outage (a restart) is waited through within the caller's deadline.
+constexpr milliseconds kResendBackoff{50};
+constexpr milliseconds kResendBackoffMax{1000};
 
 struct Settings {
   Endpoint endpoint;
@@ -106,6 +110,24 @@ class ConsulBackend final : public Backend {
   std::optional<std::vector<KvEntry>> txn(const nlohmann::json& ops, milliseconds timeout, const std::string& context);
   // A blocking query on `target` until it changes, the deadline or a stop.
   void block(const WaitTarget& target, Deadline deadline, const std::stop_token& stop);
+  // A PermitCounter's key as one read saw it (index 0: absent).
+  struct CounterSeen {
+    std::optional<CounterValue> value;
+    std::uint64_t index = 0;
+  };
+  CounterSeen read_counter(const std::string& key, milliseconds timeout);
+  // A request id no other change of any client's makes (a receipt in CounterValue).
+  std::string request_id() { return client_id_ + ":" + std::to_string(++requests_); }
+  // Changes the counter at `key` from `seen` to `n` by CAS, as request `id`, with `extra` ops in
+  // the same transaction: true when applied (also when only a resend of it was, or its reply was
+  // lost and the value carries its receipt), false when someone else changed it first. Throws
+  // BackendUnavailable when neither could be told within `timeout`.
+  bool change_counter(const std::string& key, const CounterSeen& seen, std::int64_t n, const nlohmann::json& extra,
+                      const std::string& id, milliseconds timeout, const std::string& context);
+  // After an unknown outcome: whether request `id`'s CAS on `seen` applied. When the key is still
+  // as seen, it is rewritten unchanged first so a late delivery of ours can no longer apply.
+  bool counter_change_applied(const std::string& key, const CounterSeen& seen, const std::string& id,
+                              SteadyClock::time_point until);
   // PUT/DELETE answering true/false.
   bool write(const char* method, const std::string& path, const std::string& body, milliseconds timeout,
              const std::string& context);
@@ -115,6 +137,8 @@ class ConsulBackend final : public Backend {
   Sessions sessions_;
   Cleanup cleanup_;
   std::atomic<std::uint64_t> entries_{0};
+  std::string client_id_;  // random, for request ids
+  std::atomic<std::uint64_t> requests_{0};
   std::string host_;
 };
 

@@ -377,8 +377,8 @@ std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueReques
 namespace turnstile::detail::consul {
 namespace {
 
-// Waiters are keys under turnstile/cq/<name>/ on our session, by CreateIndex; the value is the
-// counter key's decimal text, changed by CAS on its ModifyIndex.
+// Waiters are keys under turnstile/cq/<name>/ on our session, by CreateIndex; the value is a
+// CounterValue (layout.hpp), changed by CAS on its ModifyIndex.
 class ConsulCounterLine final : public CounterLine {
  public:
   ConsulCounterLine(ConsulBackend& backend, std::string name, std::int64_t permits)
@@ -393,8 +393,9 @@ class ConsulCounterLine final : public CounterLine {
     const auto line = children(backend_.read(prefix_, true, timeout), prefix_);
     CounterStanding standing;
     counter_target_ = {counter_, counter.empty() ? std::max<std::uint64_t>(index, 1) : counter.front().modify_index};
-    counter_index_ = counter.empty() ? 0 : counter.front().modify_index;
-    if (!counter.empty()) standing.value = std::strtoll(counter.front().value.c_str(), nullptr, 10);
+    seen_ = {};
+    if (!counter.empty()) seen_ = {counter_value_of(counter.front().value), counter.front().modify_index};
+    if (seen_.value) standing.value = seen_.value->n;
     standing.in_line = !entry_key_.empty();
     const auto mine = std::find_if(line.begin(), line.end(), [&](const KvEntry& e) { return e.key == entry_key_; });
     if (standing.in_line && mine == line.end()) {
@@ -406,16 +407,15 @@ class ConsulCounterLine final : public CounterLine {
     return standing;
   }
 
-  bool take(const CounterStanding& seen, Deadline deadline) override {
-    nlohmann::json ops = nlohmann::json::array();
-    auto op = kv_op("cas", counter_);
-    op["KV"]["Index"] = counter_index_;
-    op["KV"]["Value"] = base64_encode(std::to_string(seen.value.value_or(0) - permits_));
-    ops.push_back(op);
-    if (!entry_key_.empty()) ops.push_back(kv_op("delete", entry_key_));
-    take_unknown_ = true;
-    const auto taken = backend_.txn(ops, call_timeout(deadline), "taking permits of '" + name_ + "'").has_value();
-    take_unknown_ = false;
+  // The permits and our place in line go in one transaction, its receipt in the value (a lost
+  // reply or a resend is told from someone else's change: never taken twice).
+  bool take(const CounterStanding&, Deadline deadline) override {
+    nlohmann::json extra = nlohmann::json::array();
+    if (!entry_key_.empty()) extra.push_back(kv_op("delete", entry_key_));
+    take_id_ = backend_.request_id();
+    const bool taken = backend_.change_counter(counter_, seen_, seen_.value.value_or(CounterValue{}).n - permits_, extra,
+                                               take_id_, call_timeout(deadline), "taking permits of '" + name_ + "'");
+    take_id_.clear();  // told: leave() need not ask
     if (taken) entry_key_.clear();
     return taken;
   }
@@ -439,14 +439,22 @@ class ConsulCounterLine final : public CounterLine {
   }
 
   bool leave() noexcept override {
+    // A take whose outcome is still unknown took the permits (and our entry) if its receipt is there.
+    if (const auto id = std::exchange(take_id_, std::string()); !id.empty()) {
+      try {
+        if (backend_.counter_change_applied(counter_, seen_, id, SteadyClock::now() + kCallFloor)) {
+          entry_key_.clear();
+          return true;
+        }
+      } catch (...) {
+      }
+    }
     if (entry_key_.empty()) return false;
     const auto key = std::exchange(entry_key_, std::string());
     const auto path = "/v1/kv/" + url_escape(key);
     auto& backend = backend_;
     const auto remove = [&backend, path] { return backend.write("DELETE", path, "", kCallFloor, "leaving a line"); };
     try {
-      // A take whose answer was lost deleted our entry with the permits, if it was applied.
-      if (take_unknown_ && backend.read(key, false, kCallFloor).empty()) return true;
       if (remove()) return false;
     } catch (...) {
     }
@@ -461,10 +469,10 @@ class ConsulCounterLine final : public CounterLine {
   std::string counter_;
   std::string prefix_;
   std::string entry_key_;  // empty: not in line
-  std::uint64_t counter_index_ = 0;
+  ConsulBackend::CounterSeen seen_;  // the counter as the last look saw it
   WaitTarget counter_target_;
   WaitTarget predecessor_;
-  bool take_unknown_ = false;
+  std::string take_id_;  // a take whose outcome is unknown (its reply never came)
 };
 
 }  // namespace
