@@ -226,4 +226,29 @@ TEST(Consul, NamesUnderTurnstilesOwnKeysAreRefusedAndChangeNothing) {
   EXPECT_EQ(curl("GET", "/v1/kv/turnstile/q/turnstile?recurse"), "");  // nothing written there
 }
 
+// Red team (issue 12): a waiter without a deadline gave up (BackendUnavailable) when its
+// blocking query was dropped by a restart of the server; it waits through the outage instead.
+TEST(ConsulOwnServer, AWaiterWithoutADeadlineWaitsThroughARestart) {
+  server_tests::OwnServer server(TURNSTILE_CONSUL_SCRIPT);
+  const auto name = unique("outage");
+  auto holder_client = turnstile::Client::connect(server.url());
+  auto waiter_client = turnstile::Client::connect(server.url());
+  auto held = holder_client.mutex(name);
+  ASSERT_TRUE(held.try_lock());
+  auto waiter = waiter_client.mutex(name);
+  auto locked = std::async(std::launch::async, [&] {
+    waiter.lock();
+    return true;
+  });
+  ASSERT_TRUE(server_tests::eventually([&] { return holder_client.inspect(name).waiters.size() == 1u; }, 5s));
+  ASSERT_EQ(server.stop(), 0);
+  std::this_thread::sleep_for(300ms);  // the waiter's blocking query is gone, its looks fail
+  ASSERT_EQ(server.restart(), 0);
+  EXPECT_EQ(locked.wait_for(500ms), std::future_status::timeout);  // still waiting, not failed
+  held.unlock();
+  ASSERT_EQ(locked.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(locked.get());
+  waiter.unlock();
+}
+
 }  // namespace

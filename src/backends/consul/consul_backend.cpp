@@ -190,11 +190,29 @@ void ConsulBackend::block(const WaitTarget& target, Deadline deadline, const std
   try {
     reply = http_.call("GET", path, "", timeout, stop, &stopped);
   } catch (const BackendUnavailable&) {
-    if (deadline && *deadline <= SteadyClock::now()) return;  // the wait ended at the deadline
-    throw;
+    // Dropped (a restart, a cut link) or ended at the deadline: the caller looks again, and its
+    // look resends until the server answers, the deadline or a stop.
+    auto backoff = kResendBackoffMax / 4;
+    pause_before_resend(deadline, stop, backoff);
+    return;
   }
   if (stopped || reply.status == 200 || reply.status == 404) return;
   throw_error("waiting on " + target.key, reply, http_.endpoint());
+}
+
+bool ConsulBackend::pause_before_resend(Deadline deadline, const std::stop_token& stop, milliseconds& backoff) {
+  auto pause = backoff;
+  if (deadline) {
+    const auto left = std::chrono::duration_cast<milliseconds>(*deadline - SteadyClock::now());
+    if (left <= milliseconds(0)) return false;
+    pause = std::min(pause, left);
+  }
+  std::mutex mutex;
+  std::condition_variable_any woken;
+  std::unique_lock lock(mutex);
+  woken.wait_for(lock, stop, pause, [] { return false; });
+  backoff = std::min(backoff * 2, kResendBackoffMax);
+  return !stop.stop_requested() && !(deadline && *deadline <= SteadyClock::now());
 }
 
 EntryValue ConsulBackend::new_value(const QueueRequest& request) const {
@@ -213,8 +231,8 @@ std::unique_ptr<QueuePlace> ConsulBackend::join(const QueueRequest& request, boo
 }
 
 std::unique_ptr<CounterLine> ConsulBackend::counter_line(const std::string& name, std::int64_t permits,
-                                            [[maybe_unused]] const std::stop_token& stop) {
-  return make_counter_line(*this, name, permits);
+                                            const std::stop_token& stop) {
+  return make_counter_line(*this, name, permits, stop);
 }
 
 // --- inspection ----------------------------------------------------------------------------

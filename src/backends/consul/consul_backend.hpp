@@ -108,7 +108,11 @@ class ConsulBackend final : public Backend {
   std::vector<KvEntry> read(const std::string& key, bool recurse, milliseconds timeout, std::uint64_t* index = nullptr);
   // PUT /v1/txn: the KV results, or nullopt when Consul refused it (409: a check failed).
   std::optional<std::vector<KvEntry>> txn(const nlohmann::json& ops, milliseconds timeout, const std::string& context);
-  // A blocking query on `target` until it changes, the deadline or a stop.
+  // After a call found no server: sleeps `backoff` (then doubles it) within the deadline and
+  // the stop; false when either ended it (the caller gives up).
+  bool pause_before_resend(Deadline deadline, const std::stop_token& stop, milliseconds& backoff);
+  // A blocking query on `target` until it changes, the deadline or a stop. One that found no
+  // server pauses a little and returns: the caller's look resends (an outage is waited through).
   void block(const WaitTarget& target, Deadline deadline, const std::stop_token& stop);
   // A PermitCounter's key as one read saw it (index 0: absent).
   struct CounterSeen {
@@ -151,6 +155,7 @@ nlohmann::json kv_lock(const std::string& key, const std::string& value, std::ui
 
 std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueRequest& request, Deadline deadline,
                                        Standing& first);
-std::unique_ptr<CounterLine> make_counter_line(ConsulBackend& backend, const std::string& name, std::int64_t permits);
+std::unique_ptr<CounterLine> make_counter_line(ConsulBackend& backend, const std::string& name, std::int64_t permits,
+                                               const std::stop_token& stop);
 
 }  // namespace turnstile::detail::consul

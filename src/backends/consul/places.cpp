@@ -155,7 +155,18 @@ class ConsulPlace final : public QueuePlace {
     return stand(snapshot);
   }
 
+  // Reads are resent while no server answers (a restart), until the deadline or a stop.
   Standing look(Deadline deadline) override {
+    for (auto backoff = kResendBackoff;;) {
+      try {
+        return look_once(deadline);
+      } catch (const BackendUnavailable&) {
+        if (!backend_.pause_before_resend(deadline, request_.stop, backoff)) throw;
+      }
+    }
+  }
+
+  Standing look_once(Deadline deadline) {
     deadline_ = deadline;
     const auto timeout = call_timeout(deadline, milliseconds(250));
     Snapshot snapshot;
@@ -381,12 +392,23 @@ namespace {
 // CounterValue (layout.hpp), changed by CAS on its ModifyIndex.
 class ConsulCounterLine final : public CounterLine {
  public:
-  ConsulCounterLine(ConsulBackend& backend, std::string name, std::int64_t permits)
+  ConsulCounterLine(ConsulBackend& backend, std::string name, std::int64_t permits, std::stop_token stop)
       : backend_(backend), name_(std::move(name)), permits_(permits), counter_(counter_key(name_)),
-        prefix_(line_prefix(name_)) {}
+        prefix_(line_prefix(name_)), stop_(std::move(stop)) {}
   ~ConsulCounterLine() override { leave(); }
 
+  // Reads are resent while no server answers (a restart), until the deadline or a stop.
   CounterStanding look(bool, Deadline deadline) override {
+    for (auto backoff = kResendBackoff;;) {
+      try {
+        return look_once(deadline);
+      } catch (const BackendUnavailable&) {
+        if (!backend_.pause_before_resend(deadline, stop_, backoff)) throw;
+      }
+    }
+  }
+
+  CounterStanding look_once(Deadline deadline) {
     const auto timeout = call_timeout(deadline, milliseconds(250));
     std::uint64_t index = 0;
     const auto counter = backend_.read(counter_, false, timeout, &index);
@@ -473,12 +495,14 @@ class ConsulCounterLine final : public CounterLine {
   WaitTarget counter_target_;
   WaitTarget predecessor_;
   std::string take_id_;  // a take whose outcome is unknown (its reply never came)
+  std::stop_token stop_;  // the acquire's
 };
 
 }  // namespace
 
-std::unique_ptr<CounterLine> make_counter_line(ConsulBackend& backend, const std::string& name, std::int64_t permits) {
-  return std::make_unique<ConsulCounterLine>(backend, name, permits);
+std::unique_ptr<CounterLine> make_counter_line(ConsulBackend& backend, const std::string& name, std::int64_t permits,
+                                               const std::stop_token& stop) {
+  return std::make_unique<ConsulCounterLine>(backend, name, permits, stop);
 }
 
 }  // namespace turnstile::detail::consul
