@@ -58,6 +58,9 @@ std::unique_ptr<BackendHold> acquire_in_queue(QueueStore& store, const QueueRequ
           break;  // the entry has left: join again
         }
         if (step.action == QueueStep::Action::give_up) return nullptr;
+        // The entries are not kept while we sleep: a waiter's memory stays constant however long
+        // the queue ahead (the next look reads them again).
+        std::vector<QueueEntryView>().swap(standing.entries);
         place->wait(step.verdict, deadline, request.stop);
         // A deadline or stop that ended the wait ends the acquire: no look past the deadline.
         if (!may_wait()) return nullptr;

@@ -718,8 +718,12 @@ class EntryPlace : public QueuePlace {
   // Waits for the entry the verdict names, by its node: its deletion, or (exclusive_end) also
   // its downgrade.
   void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override {
+    const auto target = parent_ + "/" + nodes_.at(verdict.index);
+    // A long queue's listing is not kept while we sleep: memory per waiter stays constant (the
+    // next look lists again).
+    std::vector<std::string>().swap(nodes_);
     queue_step([&] {
-      backend_.wait_for_change(*session_, parent_ + "/" + nodes_.at(verdict.index), deadline, stop,
+      backend_.wait_for_change(*session_, target, deadline, stop,
                                verdict.wait == WaitFor::exclusive_end ? still_writing : nullptr);
     });
   }
@@ -858,6 +862,7 @@ class LeasePlace final : public EntryPlace {
   }
   void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override {
     if (verdict.wait != WaitFor::any_holder_leave) return EntryPlace::wait(verdict, deadline, stop);
+    std::vector<std::string>().swap(nodes_);  // not kept while we sleep (see EntryPlace::wait)
     queue_step([&] {
       if (leases_watch_) leases_watch_->sleep(deadline, stop);
       leases_watch_.reset();
