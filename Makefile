@@ -1,7 +1,8 @@
 # The two set-up commands of the README's Quick start, on a fresh Debian 12 machine:
 #   make demo   installs missing Debian packages, builds, runs the parking-lot demo
 #   make test   the same set-up, then every test through CTest, plain and under the sanitizers
-# Other targets: build, bench, test-plain, test-asan, test-tsan, clean.
+# Other targets: build, bench, faults (the long fault suite), package (.deb files), test-plain,
+# test-asan, test-tsan, clean.
 
 # What the build, the tests and the benchmarks need, all from Debian 12.
 PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
@@ -11,11 +12,12 @@ PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev
             libcurator-recipes-java libcurator-framework-java libcurator-client-java \
             libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
             etcd-server etcd-client openssl locales \
-            python3 python3-consul python3-requests libcurl4-openssl-dev
+            python3 python3-consul python3-requests libcurl4-openssl-dev libsqlite3-dev \
+            dpkg-dev file iproute2
 JOBS := $(shell nproc 2>/dev/null || echo 2)
 CLI := build/tools/turnstile/turnstile
 
-.PHONY: deps build demo test test-plain test-asan test-tsan bench clean
+.PHONY: deps build demo test test-plain test-asan test-tsan bench faults package clean
 
 # apt-get only when something is missing; as root it installs, otherwise it prints the command.
 deps:
@@ -58,6 +60,15 @@ test-tsan: deps
 
 bench: build
 	bench/run.sh build
+
+# The full fault suite: every backend under server and client faults, at least 10,000 holds
+# each, one table (build/faults/table.md). `make test` runs a short version (CTest label faults).
+faults: build
+	tests/faults/run_all.sh build
+
+# Debian packages (libturnstile0, libturnstile-dev, turnstile) in build/, by CPack.
+package: build
+	cd build && cpack
 
 clean:
 	rm -rf build build-asan build-tsan

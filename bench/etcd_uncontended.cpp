@@ -13,27 +13,13 @@
 
 #include <turnstile/turnstile.hpp>
 
+#include "per_second.hpp"
+
 #ifdef ETCD_BENCH_RAW
 #include <grpcpp/grpcpp.h>
 
 #include "rpc.grpc.pb.h"
 #endif
-
-namespace {
-using Clock = std::chrono::steady_clock;
-
-template <class Body>
-double per_second(double seconds, Body body) {
-  for (int i = 0; i < 200; ++i) body();  // warm up
-  const auto start = Clock::now();
-  long count = 0;
-  while (std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
-    body();
-    ++count;
-  }
-  return count / std::chrono::duration<double>(Clock::now() - start).count();
-}
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "turnstile/deadline.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile {
@@ -31,6 +32,9 @@ using ErrorHandler = std::function<void(const Error&)>;
 // anything is written. Every backend carries numbers up to it exactly (Redis' Lua prints
 // integers below 10^14 exactly; sums of permits stay below 2^53).
 inline constexpr std::int64_t max_permits = 1'000'000'000'000;
+
+// The library's version, "MAJOR.MINOR.PATCH" (the one it was built as, not the headers').
+const char* version() noexcept;
 
 // What a holder may assume about its hold: Curator's connection states, told per hold.
 enum class HoldState : std::uint8_t {
@@ -71,6 +75,14 @@ struct ClientOptions {
   // suspended to held again, either to lost. Changes of one hold arrive in order. The file://
   // backend never suspends; the network backends suspend while they cannot reach the server.
   HoldStateHandler on_hold_state;
+  // How long Client::connect may take to reach the server (zero: the backend's own bound: 5 s
+  // on redis and etcd, 10 s on Consul, min(session timeout, 15 s) but at least 5 s on ZooKeeper). A
+  // network backend that cannot reach it in time throws BackendUnavailable. A redis or Consul
+  // port that refuses the connection fails at once; ZooKeeper and etcd keep trying until then.
+  std::chrono::milliseconds connect_timeout{0};
+  // A free-form label for this client's holds and waits (consul lock's -name), shown by
+  // inspect beside pid@host. At most 256 bytes; control characters are refused.
+  std::string holder_label;
 };
 
 // One entry of a queue as `turnstile inspect` shows it.
@@ -82,6 +94,10 @@ struct EntryInfo {
   std::int64_t pid = 0;
   std::string host;
   std::chrono::system_clock::time_point since;
+  std::string label;  // the holder's ClientOptions::holder_label ("" when none)
+  // A holder that is not turnstile's (an etcdctl, Curator, Redisson or Consul client): `foreign`
+  // names it (e.g. "consul session 8248…"); pid, host and since are then unknown (0, "", epoch).
+  std::string foreign;
 };
 
 struct Inspection {
@@ -102,7 +118,8 @@ class Client {
   // Throws InvalidUrl (malformed, unknown scheme), BackendNotBuilt, BackendUnavailable,
   // AccessDenied (the backend refused the credentials).
   static Client connect(std::string_view url, ClientOptions options = {});
-  // file://$XDG_RUNTIME_DIR/turnstile, else file:///tmp/turnstile-$UID.
+  // file:///run/lock/turnstile-$UID (the same for every process of the user, whatever its
+  // environment), else file:///tmp/turnstile-$UID where /run/lock is missing.
   static std::string default_url();
 
   const std::string& url() const;
@@ -119,6 +136,8 @@ class Client {
 
   // Holders and waiters of a name, in queue order. Throws InvalidArgument, BackendUnavailable.
   Inspection inspect(std::string_view name);
+  // The same, giving up (BackendUnavailable) at `deadline` when the server does not answer.
+  Inspection inspect(std::string_view name, SteadyClock::time_point deadline);
 
   void set_error_handler(ErrorHandler handler);
 

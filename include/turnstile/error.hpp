@@ -18,6 +18,8 @@ enum class ErrorCode {
   hold_lost,            // a hold may have been lost (session expired, state removed)
   queue_full,           // the backend cannot queue another contender on this name
   access_denied,        // the backend refused our credentials or our rights (password, ACL)
+  not_replicated,       // an acquire's entry did not reach the replicas asked for in time
+                        // (redis ?min_replicas=N): nothing was taken, the entry was removed
 };
 
 class Error : public std::runtime_error {
@@ -46,6 +48,7 @@ TURNSTILE_ERROR_TYPE(KindMismatch, kind_mismatch);
 TURNSTILE_ERROR_TYPE(HoldLost, hold_lost);
 TURNSTILE_ERROR_TYPE(QueueFull, queue_full);
 TURNSTILE_ERROR_TYPE(AccessDenied, access_denied);
+TURNSTILE_ERROR_TYPE(NotReplicated, not_replicated);
 
 #undef TURNSTILE_ERROR_TYPE
 

@@ -36,7 +36,8 @@ class Backend : public QueueStore, public CounterStore {
  public:
   ~Backend() override = default;
 
-  virtual Inspection inspect(const std::string& name) = 0;
+  // Its calls end by `deadline` when one is given (else by the backend's own call bounds).
+  virtual Inspection inspect(const std::string& name, Deadline deadline) = 0;
 
   // PermitCounter: a number changed atomically; its waiters are served by the core's loop.
   virtual bool counter_try_set(const std::string& name, std::int64_t permits) = 0;

@@ -1,4 +1,5 @@
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -84,7 +85,7 @@ std::stop_token LossSignal::token() const {
   if (!source_.stop_possible()) {
     source_ = std::stop_source();
     // No callback can be registered yet, so requesting here runs nothing under the lock.
-    if (lost()) source_.request_stop();
+    if (lost() || past_due()) source_.request_stop();
   }
   return source_.get_token();
 }
@@ -299,13 +300,16 @@ void ClientState::retry_loop(std::stop_token stop) {
 namespace {
 
 // Network backends live in their own shared libraries so the embedded path never pays for
-// their dependencies: libturnstile-<scheme>.so, next to this library or on the loader path.
+// their dependencies: libturnstile-<scheme>.so in the private directory turnstile/ beside this
+// library (installed), next to it (the build tree), or on the loader path.
 BackendFactory load_backend(const std::string& family) {
   const std::string file = "libturnstile-" + family + ".so";
   std::vector<std::string> candidates;
   Dl_info self{};
   if (dladdr(reinterpret_cast<void*>(&load_backend), &self) && self.dli_fname) {
-    candidates.push_back((std::filesystem::path(self.dli_fname).parent_path() / file).string());
+    const auto here = std::filesystem::path(self.dli_fname).parent_path();
+    candidates.push_back((here / "turnstile" / file).string());
+    candidates.push_back((here / file).string());
   }
   candidates.push_back(file);
   for (const auto& path : candidates) {
@@ -321,7 +325,7 @@ BackendFactory load_backend(const std::string& family) {
 
 std::string family_of(const std::string& scheme) {
   if (scheme == "file") return "file";
-  if (scheme == "redis" || scheme == "rediss") return "redis";
+  if (scheme == "redis" || scheme == "rediss" || scheme == "redis+sentinel" || scheme == "rediss+sentinel") return "redis";
   if (scheme == "zk") return "zookeeper";
   if (scheme == "etcd" || scheme == "etcds") return "etcd";
   if (scheme == "consul" || scheme == "consuls") return "consul";
@@ -354,15 +358,17 @@ const char* to_string(HoldState state) noexcept {
   return "unknown";
 }
 
+// One directory per user that every process of the user agrees on, whatever its session's
+// environment (a cron job has no XDG_RUNTIME_DIR, a login shell does: two defaults would let
+// both hold the same lock). /run/lock is the system's lock directory: a root-owned sticky tmpfs
+// that no tmp cleaner ages and that does not vanish at logout, as /run/user/UID does. Where it
+// is missing (or not root's and sticky), /tmp, which cleaners may age out.
 std::string Client::default_url() {
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  std::string dir;
-  if (runtime && runtime[0] == '/') {
-    dir = std::string(runtime) + "/turnstile";
-  } else {
-    dir = "/tmp/turnstile-" + std::to_string(::geteuid());
-  }
-  return "file://" + detail::percent_encode_path(dir);
+  const auto uid = std::to_string(::geteuid());
+  struct stat lock_dir {};
+  const bool run_lock = ::stat("/run/lock", &lock_dir) == 0 && S_ISDIR(lock_dir.st_mode) && lock_dir.st_uid == 0 &&
+                        (lock_dir.st_mode & S_ISVTX) != 0;
+  return "file://" + detail::percent_encode_path((run_lock ? "/run/lock/turnstile-" : "/tmp/turnstile-") + uid);
 }
 
 Client Client::connect() { return connect(ClientOptions{}); }
@@ -372,7 +378,16 @@ Client Client::connect(ClientOptions options) {
   return connect(env && *env ? std::string(env) : default_url(), std::move(options));
 }
 
+const char* version() noexcept { return TURNSTILE_VERSION; }
+
 Client Client::connect(std::string_view url_text, ClientOptions options) {
+  if (options.holder_label.size() > 256) {
+    throw InvalidArgument("the holder label is " + std::to_string(options.holder_label.size()) +
+                          " bytes; at most 256 are kept");
+  }
+  for (const unsigned char c : options.holder_label) {
+    if (c < 0x20 || c == 0x7f) throw InvalidArgument("the holder label contains a control character");
+  }
   const auto url = detail::parse_url(url_text);
   const auto family = detail::family_of(url.scheme);
   if (family.empty()) {
@@ -431,7 +446,12 @@ PermitCounter Client::permit_counter(std::string_view name) {
 
 Inspection Client::inspect(std::string_view name) {
   detail::validate_name(name);
-  return state_->backend().inspect(std::string(name));
+  return state_->backend().inspect(std::string(name), std::nullopt);
+}
+
+Inspection Client::inspect(std::string_view name, SteadyClock::time_point deadline) {
+  detail::validate_name(name);
+  return state_->backend().inspect(std::string(name), deadline);
 }
 
 void Client::set_error_handler(ErrorHandler handler) { state_->set_error_handler(std::move(handler)); }

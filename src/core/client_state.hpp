@@ -32,7 +32,7 @@ class HoldRecord {
   bool owned_by_this_process() const;
   std::uint64_t fencing_token() const { return token_; }
   std::stop_token lost_token() const { return loss_->token(); }
-  HoldState hold_state() const { return loss_->state(); }
+  HoldState hold_state() const { return loss_->observed_state(); }
   bool released() const { return hold_ == nullptr; }
   // Tells the holder its hold may be gone (final).
   void lose(const std::string& reason) noexcept { loss_->lose(reason); }

@@ -21,7 +21,10 @@ void ServerLease::attach(std::shared_ptr<LossSignal> hold) {
     lost = lost_;
     suspended = suspended_;
     reason = lost_reason_;
-    if (!lost) holds_.push_back(hold);
+    if (!lost) {
+      hold->set_due(deadline_locked());
+      holds_.push_back(hold);
+    }
   }
   // A hold joining a lease that is lost or unconfirmed is no better off than the lease.
   if (lost) hold->lose(reason);
@@ -34,6 +37,9 @@ void ServerLease::detach(const LossSignal* hold) {
 }
 
 void ServerLease::confirmed(SteadyClock::time_point sent_at) {
+  // Past the deadline the holds are lost, whatever comes back later (their holders may have
+  // seen so already, LossSignal::observed_state): the clock's thread was merely late to say it.
+  if (expire_if_due(SteadyClock::now())) return;
   std::vector<std::shared_ptr<LossSignal>> resumed;
   bool moved = false;
   {
@@ -42,6 +48,7 @@ void ServerLease::confirmed(SteadyClock::time_point sent_at) {
     if (sent_at > confirmed_sent_at_) {
       confirmed_sent_at_ = sent_at;
       moved = true;
+      publish_deadline_locked();
     }
     if (suspended_) {
       suspended_ = false;
@@ -91,8 +98,18 @@ void ServerLease::set_ttl(milliseconds ttl) {
     std::lock_guard lock(mutex_);
     if (ttl == ttl_) return;
     ttl_ = ttl;
+    publish_deadline_locked();
   }
   clock_.deadline_changed();
+}
+
+void ServerLease::publish_deadline_locked() {
+  const auto due = deadline_locked();
+  for (const auto& hold : holds_) hold->set_due(due);
+}
+
+SteadyClock::time_point ServerLease::deadline_locked() const {
+  return confirmed_sent_at_ + ttl_ - margin_for(ttl_);
 }
 
 milliseconds ServerLease::ttl() const {
@@ -104,7 +121,7 @@ milliseconds ServerLease::margin() const { return margin_for(ttl()); }
 
 SteadyClock::time_point ServerLease::loss_deadline() const {
   std::lock_guard lock(mutex_);
-  return confirmed_sent_at_ + ttl_ - margin_for(ttl_);
+  return deadline_locked();
 }
 
 bool ServerLease::lost() const {
@@ -120,7 +137,7 @@ bool ServerLease::expire_if_due(SteadyClock::time_point now) {
     if (lost_) return true;
     ttl = ttl_;
     server_expiry = confirmed_sent_at_ + ttl_;
-    if (server_expiry - margin_for(ttl_) > now) return false;
+    if (deadline_locked() > now) return false;
   }
   const auto left = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(server_expiry - now));
   lose_with_margin("no renewal was confirmed in time: the server may expire it in " + std::to_string(left.count()) +

@@ -59,6 +59,10 @@ class ServerLease {
   // Called by the clock's thread: loses the lease if its deadline has passed.
   bool expire_if_due(SteadyClock::time_point now);
   void lose_with_margin(const std::string& reason, std::chrono::milliseconds margin);
+  // Tells every hold the loss deadline (LossSignal::observed_state reads it). Under mutex_.
+  void publish_deadline_locked();
+  // The loss deadline: send time of the last confirmed renewal + TTL - margin. Under mutex_.
+  SteadyClock::time_point deadline_locked() const;
 
   LossClock& clock_;
   mutable std::mutex mutex_;

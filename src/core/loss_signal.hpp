@@ -4,12 +4,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <stop_token>
 #include <string>
 
 #include "turnstile/client.hpp"
+#include "turnstile/deadline.hpp"
 
 namespace turnstile::detail {
 
@@ -36,8 +38,25 @@ class LossSignal {
   void suspend(const std::string& reason) noexcept;
   void resume() noexcept;
   HoldState state() const noexcept { return state_.load(std::memory_order_acquire); }
+  // What the holder is shown: state(), except that a hold whose loss deadline has passed is
+  // lost already, even before the loss clock's thread has run to say so (a process resumed
+  // from a pause past its TTL may read its state first).
+  HoldState observed_state() const noexcept {
+    const auto state = this->state();
+    return state != HoldState::lost && past_due() ? HoldState::lost : state;
+  }
+  bool past_due() const noexcept {
+    const auto due = due_.load(std::memory_order_acquire);
+    return due != kNoDue && SteadyClock::now().time_since_epoch().count() >= due;
+  }
+  // When the hold's server lease may be gone (set by its ServerLease; none by default).
+  void set_due(SteadyClock::time_point due) noexcept {
+    due_.store(due.time_since_epoch().count(), std::memory_order_release);
+  }
   bool lost() const noexcept { return state() == HoldState::lost; }
   std::string reason() const;  // why it was lost
+  // Stopped once lost, and when first asked for past the deadline (as observed_state); a token
+  // asked for earlier is stopped by the loss clock's thread, which is due then too.
   std::stop_token token() const;
   // Called once the hold exists, while the backend's watcher may already be calling lose().
   void set_fencing_token(std::uint64_t token) { fencing_token_.store(token, std::memory_order_relaxed); }
@@ -51,6 +70,8 @@ class LossSignal {
   std::shared_ptr<const Callbacks> callbacks_;
   std::atomic<std::uint64_t> fencing_token_{0};
   std::atomic<HoldState> state_{HoldState::held};
+  static constexpr SteadyClock::rep kNoDue = std::numeric_limits<SteadyClock::rep>::max();
+  std::atomic<SteadyClock::rep> due_{kNoDue};
   mutable std::mutex mutex_;
   mutable std::stop_source source_{std::nostopstate};  // made by the first token()
   std::string reason_;

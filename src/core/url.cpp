@@ -33,7 +33,10 @@ std::string percent_decode(std::string_view text, std::string_view whole) {
 
 bool secret_parameter(std::string_view key) {
   for (std::string_view secret : {"password", "pass", "token", "secret", "auth", "credentials"}) {
-    if (key == secret) return true;
+    // sentinel_password, and any other <something>_password
+    if (key == secret || (key.size() > secret.size() && key.ends_with(secret) && key[key.size() - secret.size() - 1] == '_')) {
+      return true;
+    }
   }
   return false;
 }
@@ -61,8 +64,12 @@ std::string redact_url(std::string_view text) {
   if (at != std::string_view::npos) {
     const auto userinfo = text.substr(authority_start, at - authority_start);
     const auto colon = userinfo.find(':');
-    out.append(colon == std::string_view::npos ? std::string_view("***") : userinfo.substr(0, colon));
-    if (colon != std::string_view::npos) out.append(":***");
+    // consul://TOKEN@: a ':' in a token does not make what comes before it a user name.
+    std::string lowered(scheme);
+    for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool token = lowered == "consul" || lowered == "consuls";
+    out.append(colon == std::string_view::npos || token ? std::string_view("***") : userinfo.substr(0, colon));
+    if (colon != std::string_view::npos && !token) out.append(":***");
     out += '@';
     host_start = at + 1;
   }
@@ -152,11 +159,31 @@ BackendUrl parse_url(std::string_view raw) {
   return url;
 }
 
+bool valid_host(std::string_view host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    const auto address = host.substr(1, host.size() - 2);
+    return address.find(':') != std::string_view::npos &&
+           address.find_first_not_of("0123456789abcdefABCDEF:.") == std::string_view::npos;
+  }
+  if (host.empty() || host.size() > 253) return false;
+  for (char c : host) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') return false;
+  }
+  return true;
+}
+
 HostPort parse_host_port(const std::string& text, int default_port, const BackendUrl& url) {
   HostPort result;
-  const auto colon = text.rfind(':');
+  // An IPv6 address is bracketed ([::1]:6379): the port's ':' is the one after the ']'.
+  const auto bracket = text.starts_with('[') ? text.find(']') : std::string::npos;
+  const auto colon = text.starts_with('[') ? (bracket == std::string::npos ? bracket : text.find(':', bracket))
+                                           : text.rfind(':');
   result.host = text.substr(0, colon);
   if (result.host.empty()) throw InvalidUrl("no host in '" + url.text + "'");
+  if (!valid_host(result.host) ||
+      (bracket != std::string::npos && colon == std::string::npos && bracket + 1 != text.size())) {
+    throw InvalidUrl("bad host '" + result.host + "' in '" + url.text + "' (a name, an IPv4 address or [an IPv6 address])");
+  }
   if (colon == std::string::npos) {
     if (default_port == 0) throw InvalidUrl("expected host:port, got '" + text + "' in '" + url.text + "'");
     result.port = default_port;
@@ -179,6 +206,15 @@ std::chrono::milliseconds parse_seconds(const std::string& parameter, const std:
     throw InvalidUrl(parameter + " must be " + range + ", got '" + value + "'");
   }
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
+void check_ttl_option(std::chrono::milliseconds ttl, double min, double max) {
+  if (ttl.count() <= 0) return;
+  const double seconds = static_cast<double>(ttl.count()) / 1000;
+  if (seconds >= min && seconds <= max) return;
+  char range[96];
+  std::snprintf(range, sizeof range, "between %g and %g seconds, got %g", min, max, seconds);
+  throw InvalidArgument(std::string("ttl must be ") + range);
 }
 
 }  // namespace turnstile::detail

@@ -35,10 +35,16 @@ struct HostPort {
   std::string host;
   int port = 0;
 };
+// host[:port] or [IPv6][:port]; the host is checked (a name, an IPv4 address or a bracketed
+// IPv6 address, brackets kept). Throws InvalidUrl.
 HostPort parse_host_port(const std::string& text, int default_port, const BackendUrl& url);
+bool valid_host(std::string_view host);
 
 // A query parameter given in (possibly fractional) seconds, between `min` and `max` seconds.
 // Throws InvalidUrl naming the parameter.
 std::chrono::milliseconds parse_seconds(const std::string& parameter, const std::string& value, double min, double max);
+// The same range for a TTL given as ClientOptions::ttl (or --ttl), so that a URL and the options
+// accept the same values: InvalidArgument when `ttl` is set (above 0) and outside [min, max].
+void check_ttl_option(std::chrono::milliseconds ttl, double min, double max = 86400);
 
 }  // namespace turnstile::detail

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <poll.h>
 #include <gtest/gtest.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -100,9 +101,24 @@ inline int shell_status(int status) { return WIFEXITED(status) ? WEXITSTATUS(sta
 struct Process {
   pid_t pid = -1;
   std::string out_path, err_path;
+  int stdin_fd = -1;   // with Launch::stdin_pipe: the write end of its stdin (close it to send EOF)
+  int stdout_fd = -1;  // with Launch::stdout_pipe: the read end of its stdout
   std::string out() const { return read_file(out_path); }
   std::string err() const { return read_file(err_path); }
 };
+
+// One line read from `fd` (without its newline); "" at end of file or after the deadline.
+inline std::string read_line(int fd, std::chrono::seconds deadline = kDeadline) {
+  std::string line;
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  for (char c; std::chrono::steady_clock::now() < until;) {
+    pollfd ready{fd, POLLIN, 0};
+    if (poll(&ready, 1, 20) <= 0) continue;
+    if (read(fd, &c, 1) != 1 || c == '\n') return line;
+    line += c;
+  }
+  return {};
+}
 
 // How to start turnstile, beyond its arguments.
 struct Launch {
@@ -110,6 +126,10 @@ struct Launch {
   std::optional<uid_t> uid;         // run as this user (the test must be root)
   bool own_group = false;           // in a process group of its own, as a shell job
   std::vector<std::string> prefix;  // run turnstile through this command
+  // Its stdin and stdout are pipes to the test (Process::stdin_fd, stdout_fd) instead of
+  // /dev/null and a file.
+  bool stdin_pipe = false;
+  bool stdout_pipe = false;
   // Turnstile starts with this signal blocked (so its command inherits it blocked, and cannot
   // die of it before it does anything), and pending too if `signal_pending`.
   int blocked_signal = 0;
@@ -129,6 +149,8 @@ class CliTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    for (int fd : pipe_ends_) close(fd);
+    pipe_ends_.clear();
     for (pid_t pid : started_) {
       if (kill(pid, 0) == 0) kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
@@ -141,13 +163,25 @@ class CliTest : public ::testing::Test {
 
   // Starts `turnstile ARGS...` with stdin from /dev/null and stdout/stderr to files.
   Process start(const std::vector<std::string>& args, const Launch& launch = {}) {
+    std::vector<std::string> argv_strings = launch.prefix;
+    argv_strings.push_back(TURNSTILE_CLI_PATH);
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    return spawn(argv_strings, launch);
+  }
+
+  // Starts any program (ARGV[0] by its path) as start() starts turnstile.
+  Process spawn(std::vector<std::string> argv_strings, const Launch& launch = {}) {
     Process process;
     const int n = counter_++;
     process.out_path = path("out." + std::to_string(n));
     process.err_path = path("err." + std::to_string(n));
-    std::vector<std::string> argv_strings = launch.prefix;
-    argv_strings.push_back(TURNSTILE_CLI_PATH);
-    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1};
+    if (launch.stdin_pipe) {
+      EXPECT_EQ(pipe2(in_pipe, O_CLOEXEC), 0);
+    }
+    if (launch.stdout_pipe) {
+      EXPECT_EQ(pipe2(out_pipe, O_CLOEXEC), 0);
+    }
     std::vector<char*> argv;
     for (auto& arg : argv_strings) argv.push_back(arg.data());
     argv.push_back(nullptr);
@@ -170,8 +204,8 @@ class CliTest : public ::testing::Test {
         sigprocmask(SIG_BLOCK, &one, nullptr);
         if (launch.signal_pending) kill(getpid(), launch.blocked_signal);
       }
-      const int in = open("/dev/null", O_RDONLY);
-      const int out = open(process.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      const int in = launch.stdin_pipe ? in_pipe[0] : open("/dev/null", O_RDONLY);
+      const int out = launch.stdout_pipe ? out_pipe[1] : open(process.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       const int err = open(process.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       if (in < 0 || out < 0 || err < 0) _exit(99);
       dup2(in, 0);
@@ -180,12 +214,30 @@ class CliTest : public ::testing::Test {
       // Nothing of ours (or of ctest's) leaks into turnstile: any other descriptor its child
       // sees came from turnstile.
       close_range(3, ~0u, 0);
-      execv(argv[0], argv.data());
+      execvp(argv[0], argv.data());
       _exit(98);
     }
     process.pid = pid;
     started_.push_back(pid);
+    if (launch.stdin_pipe) {
+      close(in_pipe[0]);
+      process.stdin_fd = in_pipe[1];
+      pipe_ends_.push_back(in_pipe[1]);
+    }
+    if (launch.stdout_pipe) {
+      close(out_pipe[1]);
+      process.stdout_fd = out_pipe[0];
+      pipe_ends_.push_back(out_pipe[0]);
+    }
     return process;
+  }
+
+  // Closes a pipe end of a started process (at most once: TearDown closes those left open).
+  void close_pipe(int& fd) {
+    if (fd < 0) return;
+    std::erase(pipe_ends_, fd);
+    close(fd);
+    fd = -1;
   }
 
   // The exit status of a started process; kills it and fails after the deadline.
@@ -208,6 +260,12 @@ class CliTest : public ::testing::Test {
   };
   Result run(const std::vector<std::string>& args, const Launch& launch = {}) {
     auto process = start(args, launch);
+    const int status = wait_exit(process);
+    return {status, process.out(), process.err()};
+  }
+
+  Result run_program(const std::vector<std::string>& argv, const Launch& launch = {}) {
+    auto process = spawn(argv, launch);
     const int status = wait_exit(process);
     return {status, process.out(), process.err()};
   }
@@ -243,6 +301,7 @@ class CliTest : public ::testing::Test {
 
   std::string dir_, backend_dir_, backend_;
   std::vector<pid_t> started_;
+  std::vector<int> pipe_ends_;  // of started processes, still open
   int counter_ = 0;
 };
 

@@ -37,6 +37,240 @@ TEST_F(CliTest, TimeoutWhileAnotherRunHoldsGives75) {
   EXPECT_TRUE(fs::exists(marker));
 }
 
+// Issue 13: the habits of flock(1) users: -c 'COMMAND LINE', -E/--conflict-exit-code, a busy
+// message that names the holder, --version, and a --help that lists exit codes and variables.
+TEST_F(CliTest, ShellOptionRunsACommandLineWithTheHoldsVariables) {
+  const auto out = path("out");
+  EXPECT_EQ(run({"run", "--backend", backend_, "--lock", "job", "-c", "echo \"$TURNSTILE_NAME\" > " + out}).status, 0);
+  EXPECT_EQ(read_file(out), "job\n");
+  const auto both = run({"run", "--backend", backend_, "--lock", "job", "-c", "true", "--", "true"});
+  EXPECT_EQ(both.status, 64) << both.err;
+  EXPECT_EQ(run({"run", "--backend", backend_, "--lock", "job", "-c", ""}).status, 64);
+}
+
+TEST_F(CliTest, ConflictExitCodeIsTheStatusWhenBusyAndTheHolderIsNamed) {
+  const auto ready = path("ready"), release = path("release");
+  auto holder = hold_until("job", ready, release);
+  const auto busy = run(lock_sh("job", "true", {"--timeout", "0", "--conflict-exit-code", "3"}));
+  EXPECT_EQ(busy.status, 3) << busy.err;
+  EXPECT_NE(busy.err.find("is busy; held by pid "), std::string::npos) << busy.err;
+  const auto timed = run(lock_sh("job", "true", {"--timeout", "0.2", "-E", "0"}));
+  EXPECT_EQ(timed.status, 0) << timed.err;
+  EXPECT_NE(timed.err.find("timed out after 0.2 s waiting for 'job'; held by pid "), std::string::npos) << timed.err;
+  EXPECT_EQ(run(lock_sh("job", "true", {"--timeout", "0", "-E", "256"})).status, 64);
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
+TEST_F(CliTest, VersionAndHelpSayWhatTheyShould) {
+  const auto version = run({"--version"});
+  EXPECT_EQ(version.status, 0);
+  EXPECT_EQ(version.out.rfind("turnstile ", 0), 0u) << version.out;
+  const auto help = run({"run", "--help"});
+  EXPECT_EQ(help.status, 0);
+  for (const std::string expected : {"-- COMMAND", "-c 'COMMAND LINE'", "TURNSTILE_FENCING_TOKEN", "TURNSTILE_NAME",
+                                     "75  busy", "69  the backend cannot be reached", "--connect-timeout",
+                                     "--conflict-exit-code", "--holder-label"}) {
+    EXPECT_NE(help.out.find(expected), std::string::npos) << expected << " missing from:\n" << help.out;
+  }
+  for (const std::string expected : {"-v,--verbose", "-E,--conflict-exit-code"}) {
+    EXPECT_NE(help.out.find(expected), std::string::npos) << expected << " missing from:\n" << help.out;
+  }
+  const auto hold_help = run({"hold", "--help"});
+  EXPECT_EQ(hold_help.status, 0);
+  for (const std::string expected : {"turnstile hold [OPTIONS] NAME", "coproc", "stdin", "70  the hold was lost",
+                                     "75  busy", "--holder-label", "--connect-timeout"}) {
+    EXPECT_NE(hold_help.out.find(expected), std::string::npos) << expected << " missing from:\n" << hold_help.out;
+  }
+  const auto inspect_help = run({"inspect", "--help"});
+  for (const std::string expected : {"--watch", "--interval", "--json", "docs/inspect-json.md"}) {
+    EXPECT_NE(inspect_help.out.find(expected), std::string::npos) << expected << " missing from:\n" << inspect_help.out;
+  }
+  const auto top_help = run({"--help"});
+  EXPECT_NE(top_help.out.find("hold"), std::string::npos) << top_help.out;
+  const auto unknown = run({"frobnicate"});
+  EXPECT_EQ(unknown.status, 64);
+  EXPECT_NE(unknown.err.find("unknown subcommand 'frobnicate' (expected run, hold, inspect or demo)"), std::string::npos)
+      << unknown.err;
+}
+
+// A scheme is named as supported (the unknown-scheme error lists them) only if its backend
+// exists: each one listed is known to the library (built here, or said not to be installed),
+// never "unknown".
+TEST_F(CliTest, EverySchemeNamedAsSupportedHasABackend) {
+  const auto unknown = run({"inspect", "--backend", "nosuch://127.0.0.1:1", "job"});
+  EXPECT_EQ(unknown.status, 64);
+  const auto open = unknown.err.find("(expected "), close = unknown.err.find(')', open);
+  ASSERT_NE(open, std::string::npos) << unknown.err;
+  std::string list = unknown.err.substr(open + 10, close - open - 10);
+  for (auto& c : list) {
+    if (c == ',') c = ' ';
+  }
+  std::istringstream words(list);
+  std::vector<std::string> schemes;
+  for (std::string word; words >> word;) {
+    if (word != "or") schemes.push_back(word);
+  }
+  EXPECT_GE(schemes.size(), 2u) << unknown.err;
+  for (const auto& scheme : schemes) {
+    if (scheme == "file") continue;  // this test's own backend
+    // Nothing listens on port 1: a backend that exists says it cannot reach it (69), or that it
+    // is not installed in this build.
+    const auto result = run({"inspect", "--connect-timeout", "1", "--backend", scheme + "://127.0.0.1:1", "job"});
+    EXPECT_EQ(result.err.find("unknown backend scheme"), std::string::npos) << scheme << ": " << result.err;
+    EXPECT_TRUE(result.status == 69 || result.err.find("not installed") != std::string::npos)
+        << scheme << ": " << result.status << " " << result.err;
+  }
+}
+
+// --- -v/--verbose --------------------------------------------------------------------------------
+
+// -v says on stderr what it waits for and on which backend, who holds it, when it got it and its
+// fencing token (the one the command sees), and that it released it; without -v nothing.
+TEST_F(CliTest, VerboseSaysWhatItWaitsForWhoHoldsItWhenItGotItAndItsToken) {
+  const auto ready = path("ready"), release = path("release"), token_file = path("token");
+  auto holder = hold_until("job", ready, release);
+  auto waiter = start(lock_sh("job", "echo $TURNSTILE_FENCING_TOKEN > " + token_file, {"-v"}));
+  ASSERT_TRUE(wait_until([&] { return waiter_count_is("job", 1); })) << waiter.err();
+  const auto waiting = waiter.err();
+  EXPECT_NE(waiting.find("turnstile: waiting for the lock 'job' on " + backend_), std::string::npos) << waiting;
+  EXPECT_NE(waiting.find("held by pid " + std::to_string(holder.pid) + "@"), std::string::npos) << waiting;
+  EXPECT_EQ(waiting.find("got the lock"), std::string::npos) << waiting;
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+  EXPECT_EQ(wait_exit(waiter), 0) << waiter.err();
+  const auto token = std::to_string(read_number(token_file));
+  const auto err = waiter.err();
+  EXPECT_NE(err.find("turnstile: got the lock 'job' on " + backend_ + " at "), std::string::npos) << err;
+  EXPECT_NE(err.find("; fencing token " + token + "\n"), std::string::npos) << err;
+  EXPECT_NE(err.find("turnstile: released the lock 'job'"), std::string::npos) << err;
+
+  const auto semaphore = run({"run", "-v", "--backend", backend_, "--semaphore", "pool", "--limit", "2", "--", "true"});
+  EXPECT_EQ(semaphore.status, 0) << semaphore.err;
+  EXPECT_NE(semaphore.err.find("got a lease of the semaphore 'pool' (limit 2)"), std::string::npos) << semaphore.err;
+  const auto quiet = run(lock_sh("job", "true"));
+  EXPECT_EQ(quiet.status, 0);
+  EXPECT_EQ(quiet.err, "");
+}
+
+// --- hold ------------------------------------------------------------------------------------------
+
+// `turnstile hold NAME`: the token on stdout once held, held (by the hold process) until its
+// stdin, a pipe, closes; then released, exit 0.
+TEST_F(CliTest, HoldPrintsTheTokenAndKeepsTheHoldUntilStdinCloses) {
+  Launch pipes;
+  pipes.stdin_pipe = pipes.stdout_pipe = true;
+  auto holder = start({"hold", "--backend", backend_, "jobs/region"}, pipes);
+  const auto token = read_line(holder.stdout_fd);
+  ASSERT_FALSE(token.empty()) << holder.err();
+  const auto q = inspect_json("jobs/region");
+  ASSERT_EQ(q["holders"].size(), 1u) << q.dump();
+  EXPECT_EQ(q["holders"][0]["pid"].get<pid_t>(), holder.pid);
+  EXPECT_EQ(std::to_string(q["holders"][0]["fencing_token"].get<std::uint64_t>()), token);
+  EXPECT_EQ(run(lock_sh("jobs/region", "true", {"--timeout", "0"})).status, 75);
+  // Bytes on stdin are not its end.
+  ASSERT_EQ(write(holder.stdin_fd, "x\n", 2), 2);
+  EXPECT_EQ(run(lock_sh("jobs/region", "true", {"--timeout", "0"})).status, 75);
+  close_pipe(holder.stdin_fd);
+  EXPECT_EQ(wait_exit(holder), 0) << holder.err();
+  EXPECT_EQ(holder.err(), "");
+  EXPECT_EQ(run(lock_sh("jobs/region", "true", {"--timeout", "0"})).status, 0) << "not released";
+}
+
+// Process substitution (`exec 3< <(turnstile hold x)`): stdin is not a pipe of the script's;
+// when the script closes its end of stdout (or exits), the hold ends.
+TEST_F(CliTest, HoldEndsWhenTheReaderOfItsOutputGoes) {
+  Launch out_pipe;
+  out_pipe.stdout_pipe = true;  // stdin is /dev/null: never read, never its end
+  auto holder = start({"hold", "--backend", backend_, "--lock", "job"}, out_pipe);
+  ASSERT_FALSE(read_line(holder.stdout_fd).empty()) << holder.err();
+  EXPECT_EQ(run(lock_sh("job", "true", {"--timeout", "0"})).status, 75);
+  EXPECT_EQ(waitpid(holder.pid, nullptr, WNOHANG), 0) << "it let go although stdout's reader was still there";
+  close_pipe(holder.stdout_fd);
+  EXPECT_EQ(wait_exit(holder), 0) << holder.err();
+  EXPECT_EQ(run(lock_sh("job", "true", {"--timeout", "0"})).status, 0) << "not released";
+}
+
+TEST_F(CliTest, HoldWhenBusyPrintsNothingAndGivesTheConflictStatus) {
+  const auto ready = path("ready"), release = path("release");
+  auto holder = hold_until("job", ready, release);
+  const auto busy = run({"hold", "--backend", backend_, "--timeout", "0", "-E", "9", "job"});
+  EXPECT_EQ(busy.status, 9) << busy.err;
+  EXPECT_EQ(busy.out, "");
+  EXPECT_NE(busy.err.find("'job' is busy; held by pid " + std::to_string(holder.pid) + "@"), std::string::npos) << busy.err;
+  const auto timed = run({"hold", "--backend", backend_, "--timeout", "0.2", "job"});
+  EXPECT_EQ(timed.status, 75) << timed.err;
+  EXPECT_EQ(timed.out, "");
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
+// --semaphore, --read and --write hold as they run; a token per hold.
+TEST_F(CliTest, HoldTakesSemaphoreLeasesAndSharedSides) {
+  Launch pipes;
+  pipes.stdin_pipe = pipes.stdout_pipe = true;
+  auto first = start({"hold", "--backend", backend_, "--semaphore", "pool", "--limit", "2"}, pipes);
+  auto second = start({"hold", "--backend", backend_, "--semaphore", "pool", "--limit", "2"}, pipes);
+  const auto first_token = read_line(first.stdout_fd), second_token = read_line(second.stdout_fd);
+  ASSERT_FALSE(first_token.empty()) << first.err();
+  ASSERT_FALSE(second_token.empty()) << second.err();
+  EXPECT_NE(first_token, second_token);
+  EXPECT_EQ(run({"hold", "--backend", backend_, "--timeout", "0", "--semaphore", "pool", "--limit", "2"}).status, 75);
+  auto reader = start({"hold", "--backend", backend_, "--read", "rw"}, pipes);
+  ASSERT_FALSE(read_line(reader.stdout_fd).empty()) << reader.err();
+  EXPECT_EQ(run({"run", "--backend", backend_, "--timeout", "0", "--read", "rw", "--", "true"}).status, 0);
+  EXPECT_EQ(run({"hold", "--backend", backend_, "--timeout", "0", "--write", "rw"}).status, 75);
+  for (auto* process : {&first, &second, &reader}) {
+    close_pipe(process->stdin_fd);
+    EXPECT_EQ(wait_exit(*process), 0) << process->err();
+  }
+  EXPECT_EQ(run({"run", "--backend", backend_, "--timeout", "0", "--write", "rw", "--", "true"}).status, 0);
+}
+
+TEST_F(CliTest, HoldLostGives70) {
+  Launch pipes;
+  pipes.stdin_pipe = pipes.stdout_pipe = true;
+  auto holder = start({"hold", "--backend", backend_, "job"}, pipes);
+  ASSERT_FALSE(read_line(holder.stdout_fd).empty()) << holder.err();
+  fs::remove_all(backend_dir_);  // the embedded backend's state is gone: the hold may be lost
+  EXPECT_EQ(wait_exit(holder), 70) << holder.err();
+  EXPECT_NE(holder.err().find("may have been lost"), std::string::npos) << holder.err();
+}
+
+// The shell idioms the help shows: a region of a bash script under the lock, by coproc and by
+// process substitution; `wait` says whether the hold was kept throughout.
+TEST_F(CliTest, HoldLocksARegionOfAShellScript) {
+  if (!fs::exists("/bin/bash")) GTEST_SKIP() << "no bash";
+  const std::string cli = TURNSTILE_CLI_PATH;
+  const auto script = path("region.sh");
+  write_file(script,
+             "set -u\n"
+             "T=" + cli + "; B=" + backend_ + "\n"
+             "coproc HOLD { \"$T\" hold --backend \"$B\" jobs/x; }\n"
+             "read -r token <&\"${HOLD[0]}\" || { echo 'not held'; exit 1; }\n"
+             "echo \"token $token\"\n"
+             "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/x -- true 2>/dev/null; echo \"inside $?\"\n"
+             "exec {HOLD[1]}>&-\n"
+             "wait \"$HOLD_PID\"; echo \"kept $?\"\n"
+             "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/x -- true; echo \"after $?\"\n"
+             "exec 3< <(\"$T\" hold --backend \"$B\" jobs/y </dev/null)\n"
+             "held=$!\n"
+             "read -r token <&3 || exit 1\n"
+             "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/y -- true 2>/dev/null; echo \"inside $?\"\n"
+             "exec 3<&-\n"
+             "wait $held; echo \"kept $?\"\n"
+             "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/y -- true; echo \"after $?\"\n");
+  const auto result = run_program({"/bin/bash", script});
+  EXPECT_EQ(result.status, 0) << result.err;
+  std::istringstream lines(result.out);
+  std::string token_line;
+  std::getline(lines, token_line);
+  EXPECT_TRUE(token_line.starts_with("token ") && token_line.size() > 6) << result.out;
+  std::string rest((std::istreambuf_iterator<char>(lines)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(rest, "inside 75\nkept 0\nafter 0\ninside 75\nkept 0\nafter 0\n") << result.out << result.err;
+}
+
+
 TEST_F(CliTest, UsageErrorsGive64) {
   const std::vector<std::vector<std::string>> bad = {
       {"run", "--backend", backend_, "--lock", "a//b", "--", "true"},           // bad name
@@ -54,6 +288,17 @@ TEST_F(CliTest, UsageErrorsGive64) {
       {"run", "--backend", backend_, "--lock", "job", "--grace", "-1", "--", "true"},
       {"run", "--backend", "nosuch://host/x", "--lock", "job", "--", "true"},   // unknown scheme
       {"run", "--backend", "file://relative", "--lock", "job", "--", "true"},   // malformed file URL
+      {"run", "--backend", backend_, "--lock", "job", "--connect-timeout", "0", "--", "true"},
+      {"run", "--backend", backend_, "--lock", "job", "--connect-timeout", "x", "--", "true"},
+      {"run", "--backend", backend_, "--lock", "job", "--holder-label", "a\x01b", "--", "true"},
+      {"hold", "--backend", backend_},                                           // nothing to hold
+      {"hold", "--backend", backend_, "a", "--lock", "b"},                       // NAME and --lock
+      {"hold", "--backend", backend_, "--semaphore", "s"},                       // no --limit
+      {"hold", "--backend", backend_, "--connect-timeout", "-1", "job"},
+      {"hold", "--backend", backend_, "a//b"},
+      {"hold", "--backend", backend_, "job", "--", "true"},                      // hold runs nothing
+      {"inspect", "--backend", backend_, "--connect-timeout", "0", "job"},
+      {"inspect", "--backend", backend_, "--watch", "--interval", "0", "job"},
       {"inspect", "--backend", backend_, "a//b"},
       {"inspect", "--backend", "nosuch://x", "job"},
       {"demo", "parking", "--cars", "0"},
@@ -90,6 +335,9 @@ TEST_F(CliTest, UnusableBackendGives69) {
   EXPECT_EQ(inspect_under_file.status, 69) << inspect_under_file.err;
 }
 
+// A lock name no other run of the tests uses (for the shared default directory).
+std::string unique_job() { return "cli-test-job-" + std::to_string(getpid()); }
+
 // Permission problems with the state directory are EX_NOPERM (77), not "unavailable" (69).
 // Only root can make another user's directories for the test.
 TEST_F(CliTest, PermissionProblemsGive77) {
@@ -103,23 +351,29 @@ TEST_F(CliTest, PermissionProblemsGive77) {
   const auto result = run({"run", "--backend", "file://" + foreign, "--lock", "job", "--", "touch", marker});
   EXPECT_EQ(result.status, 77) << result.err;
   EXPECT_EQ(run({"inspect", "--backend", "file://" + foreign, "job"}).status, 77);
-  // sudo -E: root with a user's XDG_RUNTIME_DIR and the default backend creates nothing there.
+  EXPECT_FALSE(fs::exists(marker));
+  // sudo -E: root with a user's XDG_RUNTIME_DIR and the default backend creates nothing there
+  // (the default no longer follows XDG_RUNTIME_DIR: issue 13).
   const auto runtime = path("runtime");
   ASSERT_EQ(mkdir(runtime.c_str(), 0700), 0);
   ASSERT_EQ(chown(runtime.c_str(), nobody, nobody), 0);
   Launch sudo_e;
   sudo_e.env = {{"XDG_RUNTIME_DIR", runtime}, {"TURNSTILE_BACKEND", std::nullopt}};
-  const auto as_root = run({"run", "--lock", "job", "--", "touch", marker}, sudo_e);
-  EXPECT_EQ(as_root.status, 77) << as_root.err;
-  EXPECT_FALSE(fs::exists(runtime + "/turnstile"));
-  // The user, in front of a root-owned state directory (made by an older sudo -E): 77 too.
-  ASSERT_EQ(mkdir((runtime + "/turnstile").c_str(), 0700), 0);
-  Launch user = sudo_e;
-  user.uid = nobody;
-  ASSERT_EQ(chmod(dir_.c_str(), 01777), 0);  // where the user's run writes its output
-  const auto as_user = run({"run", "--lock", "job", "--", "touch", marker}, user);
-  EXPECT_EQ(as_user.status, 77) << as_user.err;
-  EXPECT_FALSE(fs::exists(marker));
+  const auto as_root = run({"run", "--lock", unique_job(), "--", "true"}, sudo_e);
+  EXPECT_EQ(as_root.status, 0) << as_root.err;
+  EXPECT_TRUE(fs::is_empty(runtime));
+  // The user, in front of a root-owned default directory (made by root for them): 77.
+  const auto users_default = "/run/lock/turnstile-" + std::to_string(nobody);
+  if (fs::is_directory("/run/lock") && !fs::exists(users_default)) {
+    ASSERT_EQ(mkdir(users_default.c_str(), 0700), 0);
+    Launch user = sudo_e;
+    user.uid = nobody;
+    ASSERT_EQ(chmod(dir_.c_str(), 01777), 0);  // where the user's run writes its output
+    const auto as_user = run({"run", "--lock", "job", "--", "touch", marker}, user);
+    rmdir(users_default.c_str());
+    EXPECT_EQ(as_user.status, 77) << as_user.err;
+    EXPECT_FALSE(fs::exists(marker));
+  }
 }
 
 TEST_F(CliTest, CommandNotFoundGives127AndNotExecutableGives126) {
@@ -277,6 +531,33 @@ TEST_P(CliSignalTest, DuringTheFirstTryExitsWithoutRunning) {
   EXPECT_EQ(result.status, 128 + sig) << result.err;
   EXPECT_FALSE(fs::exists(marker)) << "the command ran although the signal came before it started";
   EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "0"})).status, 0) << "the hold was not given back";
+}
+
+// `turnstile hold` lets go on SIGINT, SIGTERM or SIGHUP and exits 0 (stdin is /dev/null here:
+// not its end).
+TEST_P(CliSignalTest, HoldReleasesOnTheSignal) {
+  const int sig = GetParam();
+  auto holder = start({"hold", "--backend", backend_, "job"});
+  ASSERT_TRUE(wait_until([&] { return !holder.out().empty(); })) << holder.err();
+  EXPECT_EQ(run(lock_sh("job", "true", {"--timeout", "0"})).status, 75);
+  kill(holder.pid, sig);
+  EXPECT_EQ(wait_exit(holder), 0) << holder.err();
+  EXPECT_EQ(run(lock_sh("job", "true", {"--timeout", "0"})).status, 0) << "not released";
+}
+
+// A signal while `hold` waits: it leaves the queue, prints no token, exits 128 + signal.
+TEST_P(CliSignalTest, HoldInterruptedWhileWaitingPrintsNothing) {
+  const int sig = GetParam();
+  const auto ready = path("ready"), release = path("release");
+  auto holder = hold_until("job", ready, release);
+  auto waiter = start({"hold", "--backend", backend_, "job"});
+  ASSERT_TRUE(wait_until([&] { return waiter_count_is("job", 1); })) << waiter.err();
+  kill(waiter.pid, sig);
+  EXPECT_EQ(wait_exit(waiter), 128 + sig) << waiter.err();
+  EXPECT_EQ(waiter.out(), "");
+  EXPECT_TRUE(waiter_count_is("job", 0));
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, CliSignalTest, ::testing::Values(SIGINT, SIGTERM, SIGHUP),
@@ -504,6 +785,145 @@ TEST_F(CliTest, InspectShowsSemaphoreLimit) {
   EXPECT_EQ(q["limit"], 3);
   ASSERT_EQ(q["holders"].size(), 1u);
   EXPECT_EQ(q["holders"][0]["kind"], "lease");
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
+// inspect names the backend it read, and where that came from; JSON carries its schema's version.
+TEST_F(CliTest, InspectNamesTheBackendItReadAndTheSchemaVersion) {
+  const auto ready = path("ready"), release = path("release");
+  auto holder = hold_until("job", ready, release);
+  const auto table = run({"inspect", "--backend", backend_, "job"});
+  EXPECT_EQ(table.status, 0) << table.err;
+  EXPECT_TRUE(table.out.starts_with("backend  " + backend_ + "\n")) << table.out;
+  Launch from_env;
+  from_env.env = {{"TURNSTILE_BACKEND", backend_}};
+  const auto env_table = run({"inspect", "job"}, from_env);
+  EXPECT_TRUE(env_table.out.starts_with("backend  " + backend_ + " (TURNSTILE_BACKEND)\n")) << env_table.out;
+  const auto q = inspect_json("job");
+  EXPECT_EQ(q["schema_version"], 1);
+  EXPECT_EQ(q["backend"], backend_);
+  ASSERT_EQ(q["holders"].size(), 1u);
+  // Every field docs/inspect-json.md lists, with a turnstile holder's types.
+  const auto& h = q["holders"][0];
+  for (const char* key : {"fencing_token", "kind", "permits", "pid", "host", "since", "label", "foreign"}) {
+    EXPECT_TRUE(h.contains(key)) << key << " missing: " << h.dump();
+  }
+  EXPECT_TRUE(h["foreign"].is_null());
+  EXPECT_TRUE(h["label"].is_null());
+  for (const char* key : {"name", "mode", "limit", "permits", "holders", "waiters"}) {
+    EXPECT_TRUE(q.contains(key)) << key << " missing: " << q.dump();
+  }
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
+// --holder-label is kept by the embedded backend too: inspect shows it and a contender's busy
+// message names the holder by it. --ttl, which the embedded backend has no use for, is not
+// ignored silently.
+TEST_F(CliTest, HolderLabelAndTtlOnTheEmbeddedBackend) {
+  Launch pipes;
+  pipes.stdin_pipe = pipes.stdout_pipe = true;
+  auto holder = start({"hold", "--backend", backend_, "--ttl", "5", "--holder-label", "nightly report", "job"}, pipes);
+  ASSERT_FALSE(read_line(holder.stdout_fd).empty()) << holder.err();
+  const auto q = inspect_json("job");
+  ASSERT_EQ(q["holders"].size(), 1u) << q.dump();
+  EXPECT_EQ(q["holders"][0]["label"], "nightly report") << q.dump();
+  const auto busy = run({"run", "--backend", backend_, "--timeout", "0", "--lock", "job", "--", "true"});
+  EXPECT_EQ(busy.status, 75) << busy.err;
+  EXPECT_NE(busy.err.find("is busy; held by \"nightly report\" pid "), std::string::npos) << busy.err;
+  close_pipe(holder.stdin_fd);
+  EXPECT_EQ(wait_exit(holder), 0) << holder.err();
+  EXPECT_NE(holder.err().find("note: --ttl has no effect on file://"), std::string::npos) << holder.err();
+  const auto untimed = run({"run", "--backend", backend_, "--lock", "job", "--", "true"});
+  EXPECT_EQ(untimed.status, 0) << untimed.err;
+  EXPECT_EQ(untimed.err.find("--ttl"), std::string::npos) << untimed.err;
+}
+
+// inspect of a file:// directory that does not exist creates nothing: nobody is queued there.
+// Names are still checked as the library checks them, in its words.
+TEST_F(CliTest, InspectOfAMissingDirectoryCreatesNothing) {
+  const auto missing = dir_ + "/not/there";
+  const auto table = run({"inspect", "--backend", "file://" + missing, "job"});
+  EXPECT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("(nobody queued)"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("does not exist (not created)"), std::string::npos) << table.out;
+  const auto json = run({"inspect", "--json", "--backend", "file://" + missing, "job"});
+  ASSERT_EQ(json.status, 0) << json.err;
+  const auto q = nlohmann::json::parse(json.out);
+  EXPECT_EQ(q["backend"], "file://" + missing);
+  EXPECT_TRUE(q["holders"].empty() && q["waiters"].empty()) << json.out;
+  Launch from_env;
+  from_env.env = {{"TURNSTILE_BACKEND", "file://" + missing}};
+  EXPECT_EQ(run({"inspect", "job"}, from_env).status, 0);
+  EXPECT_FALSE(fs::exists(dir_ + "/not")) << "inspect created the directory";
+
+  // The same refusals, in the same words, whether the directory exists or not.
+  const auto existing = path("existing");
+  ASSERT_EQ(run({"run", "--backend", "file://" + existing, "--lock", "job", "--", "true"}).status, 0);
+  for (const std::string& name :
+       std::vector<std::string>{"/a", "a/", "a//b", "a/./b", "a/../b", "a\x01", "a\xff", std::string(256, 'x')}) {
+    const auto on_missing = run({"inspect", "--backend", "file://" + missing, name});
+    const auto on_existing = run({"inspect", "--backend", "file://" + existing, name});
+    EXPECT_EQ(on_missing.status, 64) << on_missing.err;
+    EXPECT_EQ(on_existing.status, 64) << on_existing.err;
+    EXPECT_EQ(on_missing.err, on_existing.err);
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/not")) << "inspect created the directory";
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const auto parsed = nlohmann::json::parse(line, nullptr, false);
+    if (!parsed.is_discarded()) lines.push_back(parsed);
+  }
+  return lines;
+}
+
+// inspect --watch --json prints one object per change, as holders and waiters come and go (and
+// does not create the directory it watches); SIGTERM ends it with 0.
+TEST_F(CliTest, InspectWatchShowsEachChange) {
+  auto watcher = start({"inspect", "--backend", backend_, "--watch", "--json", "--interval", "0.05", "job"});
+  const auto last = [&] {
+    const auto lines = json_lines(watcher.out());
+    return lines.empty() ? nlohmann::json() : lines.back();
+  };
+  ASSERT_TRUE(wait_until([&] { return !json_lines(watcher.out()).empty(); })) << watcher.err();
+  EXPECT_TRUE(last()["holders"].empty());
+  EXPECT_FALSE(fs::exists(backend_dir_)) << "the watch created the directory";
+
+  const auto ready = path("ready"), release = path("release");
+  auto holder = hold_until("job", ready, release);
+  const auto token = std::stoull(read_file(ready));
+  EXPECT_TRUE(wait_until([&] {
+    const auto q = last();
+    return q.contains("holders") && q["holders"].size() == 1 && q["holders"][0]["fencing_token"] == token;
+  })) << watcher.out();
+  auto waiter = start(lock_sh("job", "true"));
+  EXPECT_TRUE(wait_until([&] { return last().contains("waiters") && last()["waiters"].size() == 1; })) << watcher.out();
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+  EXPECT_EQ(wait_exit(waiter), 0);
+  EXPECT_TRUE(wait_until([&] { return last()["holders"].empty() && last()["waiters"].empty(); })) << watcher.out();
+
+  const auto lines = json_lines(watcher.out());
+  for (std::size_t i = 1; i < lines.size(); ++i) EXPECT_NE(lines[i], lines[i - 1]) << "printed without a change";
+  kill(watcher.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(watcher), 0) << watcher.err();
+}
+
+// The table form redraws too (not on a terminal: each view after a blank line); SIGINT ends it.
+TEST_F(CliTest, InspectWatchRedrawsTheTable) {
+  auto watcher = start({"inspect", "--backend", backend_, "--watch", "--interval", "0.05", "job"});
+  ASSERT_TRUE(wait_until([&] { return watcher.out().find("(nobody queued)") != std::string::npos; })) << watcher.err();
+  const auto ready = path("ready"), release = path("release");
+  auto holder = hold_until("job", ready, release);
+  EXPECT_TRUE(wait_until([&] { return watcher.out().find("holder ") != std::string::npos; })) << watcher.out();
+  EXPECT_NE(watcher.out().find("\n\nbackend  " + backend_), std::string::npos) << watcher.out();
+  kill(watcher.pid, SIGINT);
+  EXPECT_EQ(wait_exit(watcher), 0) << watcher.err();
   write_file(release, "");
   EXPECT_EQ(wait_exit(holder), 0);
 }

@@ -1,6 +1,7 @@
 // Fencing tokens strictly increase for successive holders of a name: threads, clients,
 // processes, every kind of hold.
 #include <algorithm>
+#include <future>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -136,6 +137,54 @@ TEST_P(Conformance, FencingTokensAreVisibleInInspect) {
   const auto after = client().inspect(name("m"));
   EXPECT_TRUE(after.holders.empty());
   EXPECT_EQ(after.mode, "");
+}
+
+// ClientOptions::holder_label is kept with every entry, holder or waiter, of every primitive,
+// and shown by inspect exactly (spaces and text that looks like the entry's own fields
+// included); an unlabelled client's entries have none.
+TEST_P(Conformance, HolderLabelsAreKeptWithEveryEntry) {
+  const std::string label = "nightly report kind=shared permits=7 label=x pid=1 \xc3\xa9t\xc3\xa9";
+  turnstile::ClientOptions labelled_options;
+  labelled_options.holder_label = label;
+  auto labelled = connect(labelled_options);
+  auto mutex = labelled.mutex(name("m"));
+  mutex.lock();
+  auto unlabelled = connect();
+  auto waiting_mutex = unlabelled.mutex(name("m"));
+  auto waited = std::async(std::launch::async, [&] {
+    waiting_mutex.lock();
+    waiting_mutex.unlock();
+  });
+  OnExit let_go([&] {
+    if (mutex.owns_lock()) mutex.unlock();
+  });
+  ASSERT_TRUE(wait_for_waiters(name("m"), 1));
+  auto seen = client().inspect(name("m"));
+  ASSERT_EQ(seen.holders.size(), 1u);
+  EXPECT_EQ(seen.holders[0].label, label);
+  EXPECT_EQ(seen.holders[0].permits, 1);
+  EXPECT_EQ(seen.holders[0].kind, "exclusive");
+  ASSERT_EQ(seen.waiters.size(), 1u);
+  EXPECT_EQ(seen.waiters[0].label, "");
+  mutex.unlock();
+  ASSERT_EQ(waited.wait_for(20s), std::future_status::ready);
+
+  auto lease = labelled.semaphore(name("sem"), 5).acquire(2);
+  seen = client().inspect(name("sem"));
+  ASSERT_EQ(seen.holders.size(), 1u);
+  EXPECT_EQ(seen.holders[0].label, label);
+  EXPECT_EQ(seen.holders[0].permits, 2);
+  lease.release();
+
+  auto shared = labelled.shared_mutex(name("rw"));
+  shared.lock();
+  shared.lock_shared();
+  shared.unlock();  // downgraded: the entry is rewritten as a reader's
+  seen = client().inspect(name("rw"));
+  ASSERT_EQ(seen.holders.size(), 1u);
+  EXPECT_EQ(seen.holders[0].label, label);
+  EXPECT_EQ(seen.holders[0].kind, "shared");
+  shared.unlock_shared();
 }
 
 }  // namespace conformance

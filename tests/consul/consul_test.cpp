@@ -3,6 +3,7 @@
 // clients' layouts (api.Lock, api.Semaphore), written by hand with curl as their code does.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <future>
 
 #include <nlohmann/json.hpp>
@@ -49,7 +50,7 @@ TEST(Consul, ForeignApiLockHolderExcludesTurnstileAndTurnstileExcludesIt) {
   EXPECT_FALSE(mutex.try_lock_for(300ms));  // waited, and was not admitted
   const auto inspection = client.inspect(name);
   ASSERT_EQ(inspection.holders.size(), 1u);
-  EXPECT_NE(inspection.holders[0].host.find(session), std::string::npos);
+  EXPECT_NE(inspection.holders[0].foreign.find(session), std::string::npos);
   ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "?release=" + session + "&flags=" + kLockFlags), "true");
   ASSERT_TRUE(mutex.try_lock_for(5s));
   // Now turnstile holds the key in Consul itself: api.Lock's acquire is refused.
@@ -184,6 +185,126 @@ TEST(Consul, ACounterTakeWhoseReplyWasLostTakesOnce) {
   EXPECT_EQ(counter.available_permits(), 7);
 }
 
+// Red team (issue 12): a Semaphore hold whose reply was lost after it applied was resent by
+// libcurl; the resend's CAS on `.lock` failed, was read as a lost race, and the permit's session
+// went back to the spares still counted in `.lock`: a permit leaked for as long as the client ran.
+TEST(Consul, ASemaphoreHoldWhoseReplyWasLostHoldsOnePermitOnce) {
+  turnstile_test::TcpProxy proxy(url());
+  auto client = turnstile::Client::connect(proxy.url_through(url()));
+  const auto name = unique("sem-lost-reply");
+  auto semaphore = client.semaphore(name, 1);
+  std::optional<turnstile::Lease> lease;
+  // The acquire joins (one reply), makes the permit's session (one), then holds.
+  EXPECT_TRUE(with_lost_reply<bool>(proxy, name + "/.lock", 2, [&] {
+    lease = semaphore.try_acquire_for(5s);
+    return lease.has_value();
+  }));
+  ASSERT_TRUE(lease.has_value());
+  const auto lock = nlohmann::json::parse(curl("GET", "/v1/kv/" + name + "/.lock"), nullptr, false);
+  ASSERT_TRUE(lock.is_array() && lock.size() == 1u) << lock.dump();
+  const auto value = nlohmann::json::parse(shell("echo " + quoted(lock[0]["Value"].get<std::string>()) + " | base64 -d"));
+  EXPECT_EQ(value["Holders"].size(), 1u) << value.dump();
+  lease.reset();
+  // Nothing of it is left: no holder in `.lock`, no contender key, the permit free for another.
+  EXPECT_EQ(curl("GET", "/v1/kv/" + name + "/?recurse"), "");
+  EXPECT_TRUE(turnstile::Client::connect(url()).semaphore(name, 1).try_acquire().has_value());
+}
+
+// A hold taken and given back on a thread of its own (a turnstile lock belongs to the thread
+// that took it), while the test looks on from outside.
+class HoldOnThread {
+ public:
+  HoldOnThread(std::function<bool()> take, std::function<void()> give_back)
+      : thread_([this, take, give_back] {
+          bool held = false;
+          try {
+            held = take();
+            taken_.set_value(held);
+          } catch (...) {
+            taken_.set_exception(std::current_exception());
+          }
+          release_.get_future().wait();
+          if (held) give_back();
+          released_.set_value();
+        }) {}
+  ~HoldOnThread() {
+    release();
+    thread_.join();
+  }
+  std::future<bool> taken() { return taken_.get_future(); }
+  void release() {
+    if (std::exchange(release_asked_, true)) return;
+    release_.set_value();
+    released_.get_future().wait();
+  }
+
+ private:
+  std::promise<bool> taken_;
+  std::promise<void> release_;
+  std::promise<void> released_;
+  bool release_asked_ = false;
+  std::thread thread_;
+};
+
+// An uncontended exclusive lock is one transaction (take_at_once); its reply lost after it
+// applied, libcurl's resend finds our own entry and holds once, leaving nothing behind.
+TEST(Consul, AnExclusiveTakeWhoseReplyWasLostHoldsOnce) {
+  turnstile_test::TcpProxy proxy(url());
+  auto client = turnstile::Client::connect(proxy.url_through(url()));
+  const auto name = unique("lock-lost-reply");
+  auto mutex = client.mutex(name);
+  std::unique_ptr<HoldOnThread> hold;
+  EXPECT_TRUE(with_lost_reply<bool>(proxy, name, 0, [&] {
+    hold = std::make_unique<HoldOnThread>([&] { return mutex.try_lock_for(5s); }, [&] { mutex.unlock(); });
+    return hold->taken().get();
+  }));
+  EXPECT_EQ(client.inspect(name).holders.size(), 1u);
+  auto other = turnstile::Client::connect(url()).mutex(name);
+  EXPECT_FALSE(other.try_lock());
+  hold->release();
+  EXPECT_EQ(curl("GET", "/v1/kv/turnstile/q/" + name + "/?recurse"), "");
+  EXPECT_TRUE(other.try_lock());
+  other.unlock();
+}
+
+// The occupancy key lets an exclusive lock take a free name in one step; it must stay while
+// anyone is in the queue (a reader, a waiter) and go with the last one out.
+TEST(Consul, TheOccupancyKeyStaysWhileAnyoneIsInTheQueueAndGoesWithTheLastOneOut) {
+  auto reader_client = turnstile::Client::connect(url());
+  auto writer_client = turnstile::Client::connect(url());
+  const auto name = unique("occupancy");
+  const auto occupancy = "/v1/kv/turnstile/o/" + name;
+  auto reader = reader_client.shared_mutex(name);
+  auto writer = writer_client.shared_mutex(name);
+  ASSERT_TRUE(reader.try_lock_shared());
+  EXPECT_NE(curl("GET", occupancy), "");
+  EXPECT_FALSE(writer.try_lock());  // a reader holds: the one-step take must not pass it
+  HoldOnThread written([&] { writer.lock(); return true; }, [&] { writer.unlock(); });
+  auto taken = written.taken();
+  ASSERT_TRUE(server_tests::eventually([&] { return reader_client.inspect(name).waiters.size() == 1u; }, 5s));
+  // A newcomer's one-step take must not jump the waiting writer either.
+  auto newcomer = turnstile::Client::connect(url()).mutex(name);
+  EXPECT_FALSE(newcomer.try_lock());
+  reader.unlock_shared();
+  ASSERT_EQ(taken.wait_for(5s), std::future_status::ready);
+  EXPECT_NE(curl("GET", occupancy), "");
+  written.release();
+  EXPECT_EQ(curl("GET", occupancy), "");  // the last one out ended it
+  ASSERT_TRUE(newcomer.try_lock());
+  EXPECT_NE(curl("GET", occupancy), "");
+  newcomer.unlock();
+  EXPECT_EQ(curl("GET", occupancy), "");
+  // One who joined while the name was held keeps the occupancy past that holder's release (it
+  // cannot tell they have left since); the next one alone in the queue ends it.
+  ASSERT_TRUE(newcomer.try_lock());
+  EXPECT_FALSE(turnstile::Client::connect(url()).mutex(name).try_lock());
+  newcomer.unlock();
+  EXPECT_NE(curl("GET", occupancy), "");
+  ASSERT_TRUE(newcomer.try_lock());
+  newcomer.unlock();
+  EXPECT_EQ(curl("GET", occupancy), "");
+}
+
 // Red team (issue 12): a `.lock` left by api.Semaphore holders that are gone kept its Limit,
 // and turnstile wrote it back with that Limit: its peers then admitted past the limit in force.
 TEST(Consul, AStaleSemaphoreLockIsRewrittenWithTheLimitInForce) {
@@ -250,5 +371,294 @@ TEST(ConsulOwnServer, AWaiterWithoutADeadlineWaitsThroughARestart) {
   EXPECT_TRUE(locked.get());
   waiter.unlock();
 }
+
+// Red team (issue 12): a timed waiter whose server went away threw BackendUnavailable at its
+// deadline (its last look failed); it waits through the outage within the deadline and then
+// ends not admitted, as a wait that ran out does, and its entry goes once the server is back.
+TEST(ConsulOwnServer, ATimedWaiterThroughAnOutageEndsNotAdmittedAtItsDeadline) {
+  server_tests::OwnServer server(TURNSTILE_CONSUL_SCRIPT);
+  const auto name = unique("outage-deadline");
+  auto holder_client = turnstile::Client::connect(server.url());
+  auto waiter_client = turnstile::Client::connect(server.url());
+  auto held = holder_client.mutex(name);
+  ASSERT_TRUE(held.try_lock());
+  auto waiter = waiter_client.mutex(name);
+  HoldOnThread waiting([&] { return waiter.try_lock_for(3s); }, [&] { waiter.unlock(); });
+  auto taken = waiting.taken();
+  ASSERT_TRUE(server_tests::eventually([&] { return holder_client.inspect(name).waiters.size() == 1u; }, 5s));
+  ASSERT_EQ(server.stop(), 0);
+  ASSERT_EQ(taken.wait_for(10s), std::future_status::ready);
+  EXPECT_FALSE(taken.get());  // not thrown: the deadline ended it
+  ASSERT_EQ(server.restart(), 0);
+  EXPECT_TRUE(server_tests::eventually([&] { return holder_client.inspect(name).waiters.empty(); }, 10s));
+  held.unlock();
+}
+
+// A server that comes back without its state (its indexes start again from 1): the holder is
+// told its hold is lost (its session is gone), and a waiter, whose blocking query could now be
+// ahead of every index the server has, waits with indexes read afresh and gets the name.
+TEST(ConsulOwnServer, AServerBackWithoutItsStateEndsTheHoldAndAdmitsTheWaiter) {
+  setenv("CONSUL_TEST_SESSION_TTL_MIN", "1s", 1);
+  server_tests::OwnServer server(TURNSTILE_CONSUL_SCRIPT);
+  const auto name = unique("state-lost");
+  std::promise<void> lost;
+  turnstile::ClientOptions options;
+  options.ttl = 2s;
+  options.on_hold_lost = [&, told = false](const turnstile::Error&) mutable {
+    if (!std::exchange(told, true)) lost.set_value();
+  };
+  auto holder_client = turnstile::Client::connect(server.url(), options);
+  auto waiter_client = turnstile::Client::connect(server.url(), options);
+  auto held = holder_client.mutex(name);
+  ASSERT_TRUE(held.try_lock());
+  auto waiter = waiter_client.mutex(name);
+  HoldOnThread waiting([&] { return waiter.try_lock_for(30s); }, [&] { waiter.unlock(); });
+  auto taken = waiting.taken();
+  ASSERT_TRUE(server_tests::eventually([&] { return holder_client.inspect(name).waiters.size() == 1u; }, 5s));
+  ASSERT_EQ(server.action("restart-empty"), 0);
+  EXPECT_EQ(lost.get_future().wait_for(10s), std::future_status::ready) << "the holder was not told";
+  ASSERT_EQ(taken.wait_for(20s), std::future_status::ready);
+  EXPECT_TRUE(taken.get());
+  held.unlock();  // reports the loss again; changes nothing
+  EXPECT_EQ(holder_client.inspect(name).holders.size(), 1u);
+}
+
+// A TTL below the server's session_ttl_min (10 s by default) is the caller's setting, refused
+// with a typed error at connect, not reported as an outage.
+TEST(ConsulOwnServer, ATtlBelowTheServersMinimumIsRefusedAsInvalid) {
+  unsetenv("CONSUL_TEST_SESSION_TTL_MIN");
+  server_tests::OwnServer server(TURNSTILE_CONSUL_SCRIPT);
+  EXPECT_THROW(turnstile::Client::connect(server.url() + "?ttl=2"), turnstile::InvalidArgument);
+  EXPECT_NO_THROW(turnstile::Client::connect(server.url() + "?ttl=10"));
+}
+
+// ACLs (the stand-in with a token required on every request): the token travels in
+// X-Consul-Token, from the URL or Consul's own CONSUL_HTTP_TOKEN (with CONSUL_HTTP_ADDR when the
+// URL names no host); a wrong or missing one is AccessDenied; no token is ever shown.
+TEST(ConsulOwnServer, AnAclTokenIsSentInItsHeaderAndNeverShown) {
+  const std::string token = "s3cret-acl-token-1234";
+  setenv("CONSUL_TEST_ACL_TOKEN", token.c_str(), 1);
+  server_tests::OwnServer server(TURNSTILE_CONSUL_SCRIPT);
+  unsetenv("CONSUL_TEST_ACL_TOKEN");
+  const auto address = server.url().substr(server.url().find('@') + 1);  // 127.0.0.1:PORT
+  ASSERT_NE(server.url().find(token), std::string::npos);
+  auto client = turnstile::Client::connect(server.url());
+  EXPECT_EQ(client.url().find(token), std::string::npos) << client.url();
+  const auto name = unique("acl");
+  auto mutex = client.mutex(name);
+  ASSERT_TRUE(mutex.try_lock());
+  const auto inspection = client.inspect(name);
+  ASSERT_EQ(inspection.holders.size(), 1u);
+  EXPECT_EQ(inspection.holders[0].host.find(token), std::string::npos);
+  mutex.unlock();
+
+  const std::string wrong = "wrong-token-5678";
+  for (const auto& refused : {"consul://" + wrong + "@" + address, "consul://" + address}) {
+    try {
+      turnstile::Client::connect(refused);
+      ADD_FAILURE() << "connected without the right token";
+    } catch (const turnstile::AccessDenied& denied) {
+      EXPECT_EQ(std::string(denied.what()).find(wrong), std::string::npos) << denied.what();
+    }
+  }
+
+  // Consul's own environment: CONSUL_HTTP_ADDR and CONSUL_HTTP_TOKEN for a URL without a host.
+  setenv("CONSUL_HTTP_ADDR", ("http://" + address).c_str(), 1);
+  setenv("CONSUL_HTTP_TOKEN", token.c_str(), 1);
+  {
+    auto from_env = turnstile::Client::connect("consul://");
+    EXPECT_EQ(from_env.url().find(token), std::string::npos) << from_env.url();
+    auto env_mutex = from_env.mutex(name);
+    EXPECT_TRUE(env_mutex.try_lock());
+    env_mutex.unlock();
+  }
+  setenv("CONSUL_HTTP_TOKEN", wrong.c_str(), 1);
+  EXPECT_THROW(turnstile::Client::connect("consul://"), turnstile::AccessDenied);
+  unsetenv("CONSUL_HTTP_TOKEN");
+  unsetenv("CONSUL_HTTP_ADDR");
+
+#ifdef TURNSTILE_CLI_PATH
+  const std::string cli = TURNSTILE_CLI_PATH;
+  const auto denied = shell(cli + " run --backend " + quoted("consul://" + wrong + "@" + address) + " --lock " +
+                            quoted(name) + " -- true 2>&1; echo status=$?");
+  EXPECT_EQ(denied.find(wrong), std::string::npos) << denied;
+  EXPECT_EQ(denied.find("status=0"), std::string::npos) << denied;
+  const auto shown = shell(cli + " inspect --backend " + quoted(server.url()) + " " + quoted(name) + " 2>&1");
+  EXPECT_EQ(shown.find(token), std::string::npos) << shown;
+#endif
+}
+
+// Lock-delay: when an api.Lock holder's session is invalidated (here destroyed), Consul refuses
+// the key to every session for the session's LockDelay; turnstile waits it out, then takes it.
+TEST(Consul, ALockDelayIsWaitedOutThenTheNameIsTaken) {
+  const auto name = unique("lock-delay");
+  const auto reply = curl("PUT", "/v1/session/create", R"({"Name":"Consul API Lock","TTL":"15s","LockDelay":"5s"})");
+  const auto session = nlohmann::json::parse(reply)["ID"].get<std::string>();
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "?acquire=" + session + "&flags=" + kLockFlags), "true");
+  auto mutex = turnstile::Client::connect(url()).mutex(name);
+  ASSERT_FALSE(mutex.try_lock());  // held by the peer
+  curl("PUT", "/v1/session/destroy/" + session);
+  // The key is free now but under its lock-delay: Consul itself refuses an acquire.
+  const auto other = peer_session();
+  EXPECT_EQ(curl("PUT", "/v1/kv/" + name + "?acquire=" + other + "&flags=" + kLockFlags), "false");
+  EXPECT_FALSE(mutex.try_lock());
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(mutex.try_lock_for(15s));
+  EXPECT_GT(std::chrono::steady_clock::now() - start, 2s);  // it did wait for the delay
+  mutex.unlock();
+}
+
+// Red team (issue 12): a turnstile holder's session ended (Behavior delete removes its key) puts
+// the name under lock-delay with no key left to block on; its waiter tried again at once, some
+// thousands of requests a second for the whole delay. It must look again about once a second,
+// as api.Lock does (every 5 s), and still take the name once the delay is over.
+TEST(ConsulOwnServer, AWaiterSitsOutALockDelayOnADeletedKeyWithoutSpinning) {
+  server_tests::OwnServer server(TURNSTILE_CONSUL_SCRIPT);  // its own: nobody else's requests counted
+  const auto own = "http://" + server.url().substr(std::string("consul://").size());
+  const auto call = [&](const std::string& method, const std::string& path) {
+    return shell("curl -s -X " + method + " " + quoted(own + path));
+  };
+  const auto name = unique("delay-deleted");
+  auto holder = turnstile::Client::connect(server.url() + "?lock_delay=3").mutex(name);
+  holder.lock();
+  auto observer = turnstile::Client::connect(server.url());
+  auto waiter = turnstile::Client::connect(server.url()).mutex(name);
+  auto waited = std::async(std::launch::async, [&] { return waiter.try_lock_for(20s); });
+  ASSERT_TRUE(server_tests::eventually([&] { return observer.inspect(name).waiters.size() == 1; }, 10s));
+  const auto session = nlohmann::json::parse(call("GET", "/v1/kv/" + name))[0]["Session"].get<std::string>();
+  const auto requests = [&] {
+    const auto stats = nlohmann::json::parse(call("GET", "/v1/test-stand-in/stats"));
+    return stats.value("PUT /v1/txn", 0) + stats.value("GET /v1/kv", 0);
+  };
+  const auto before = requests();
+  const auto ended = std::chrono::steady_clock::now();
+  call("PUT", "/v1/session/destroy/" + session);
+  ASSERT_EQ(waited.wait_for(20s), std::future_status::ready);
+  ASSERT_TRUE(waited.get());
+  const auto waited_for = std::chrono::steady_clock::now() - ended;
+  const auto made = requests() - before;
+  EXPECT_GT(waited_for, 2s);  // the lock-delay was real: the waiter could not take the name at once
+  // About one look a second for 3 s, a few requests each: far below the thousands of a retry
+  // without a pause.
+  EXPECT_LT(made, 200) << made << " requests while waiting out a 3 s lock-delay";
+  waiter.unlock();
+}
+
+#ifdef TURNSTILE_CLI_PATH
+// Issue 13: `--timeout` bounds the whole wait, connecting included (the default connect timeout
+// is 10 s): against a server that answers nothing, `--timeout 1` gives up as unavailable (69)
+// well before that. A label given with --holder-label names the holder in the busy message.
+TEST(ConsulOwnServer, TheCliTimeoutBoundsConnectingAndTheBusyMessageNamesTheLabel) {
+  const std::string cli = TURNSTILE_CLI_PATH;
+  server_tests::OwnServer server(TURNSTILE_CONSUL_SCRIPT);
+  const auto name = unique("cli-connect");
+  ASSERT_EQ(server.action("pause"), 0);
+  const auto start = std::chrono::steady_clock::now();
+  const auto paused = shell(cli + " run --backend " + quoted(server.url()) + " --lock " + quoted(name) +
+                            " --timeout 1 -- true 2>&1; echo status=$?");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 6s) << paused;
+  EXPECT_NE(paused.find("status=69"), std::string::npos) << paused;
+  ASSERT_EQ(server.action("resume"), 0);
+
+  turnstile::ClientOptions options;
+  options.holder_label = "deploy by ops";
+  auto holder = turnstile::Client::connect(server.url(), options);
+  auto mutex = holder.mutex(name);
+  ASSERT_TRUE(mutex.try_lock());
+  const auto busy = shell(cli + " run --backend " + quoted(server.url()) + " --lock " + quoted(name) +
+                          " --timeout 0 -- true 2>&1; echo status=$?");
+  EXPECT_NE(busy.find("held by \"deploy by ops\" pid "), std::string::npos) << busy;
+  EXPECT_NE(busy.find("status=75"), std::string::npos) << busy;
+  mutex.unlock();
+}
+#endif
+
+// A holder label is kept in the entry (inspect shows it) and names the Consul session, as
+// `consul lock -name` does.
+TEST(Consul, AHolderLabelIsShownByInspectAndNamesTheSession) {
+  turnstile::ClientOptions options;
+  options.holder_label = "nightly backup";
+  auto client = turnstile::Client::connect(url(), options);
+  const auto name = unique("label");
+  auto mutex = client.mutex(name);
+  ASSERT_TRUE(mutex.try_lock());
+  const auto inspection = turnstile::Client::connect(url()).inspect(name);
+  ASSERT_EQ(inspection.holders.size(), 1u);
+  EXPECT_EQ(inspection.holders[0].label, "nightly backup");
+  const auto entries = nlohmann::json::parse(curl("GET", "/v1/kv/" + name));
+  const auto session = entries[0]["Session"].get<std::string>();
+  const auto info = nlohmann::json::parse(curl("GET", "/v1/session/info/" + session));
+  EXPECT_EQ(info[0]["Name"], "nightly backup") << info.dump();
+  mutex.unlock();
+}
+
+// connect_timeout bounds Client::connect against a server that answers nothing (paused): it
+// gives up with BackendUnavailable instead of waiting the 10 s default.
+TEST(ConsulOwnServer, ConnectGivesUpAtItsConnectTimeout) {
+  server_tests::OwnServer server(TURNSTILE_CONSUL_SCRIPT);
+  ASSERT_EQ(server.action("pause"), 0);
+  turnstile::ClientOptions options;
+  options.connect_timeout = 1s;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(turnstile::Client::connect(server.url(), options), turnstile::BackendUnavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);  // the default would be 10 s
+  ASSERT_EQ(server.action("resume"), 0);
+  EXPECT_NO_THROW(turnstile::Client::connect(server.url(), options));
+}
+
+#ifdef TURNSTILE_CLI_PATH
+// `turnstile run` waits behind an api.Lock holder and a full api.Semaphore, and `inspect` shows
+// those holders by their Consul session (id, node, name) beside turnstile's own waiters.
+TEST(Consul, TheCliWaitsBehindConsulsOwnHoldersAndInspectShowsThem) {
+  const std::string cli = TURNSTILE_CLI_PATH;
+  const auto name = unique("cli");
+  const auto session = peer_session();
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "?acquire=" + session + "&flags=" + kLockFlags), "true");
+  const auto ran = "/tmp/turnstile-consul-cli-" + std::to_string(getpid());
+  std::remove(ran.c_str());
+  auto run = std::async(std::launch::async, [&] {
+    return shell(cli + " run --backend " + quoted(url()) + " --lock " + quoted(name) + " --timeout 20 -- touch " + ran +
+                 "; echo status=$?");
+  });
+  std::string table;
+  ASSERT_TRUE(server_tests::eventually([&] {
+    table = shell(cli + " inspect --backend " + quoted(url()) + " " + quoted(name));
+    return table.find("waiter") != std::string::npos;
+  }, 5s)) << table;
+  EXPECT_NE(table.find("consul session " + session), std::string::npos) << table;
+  EXPECT_NE(table.find("node "), std::string::npos) << table;
+  EXPECT_NE(table.find("\"Consul API Lock\""), std::string::npos) << table;
+  const auto json = nlohmann::json::parse(shell(cli + " inspect --json --backend " + quoted(url()) + " " + quoted(name)));
+  ASSERT_EQ(json["holders"].size(), 1u) << json.dump();
+  EXPECT_NE(json["holders"][0]["foreign"].get<std::string>().find(session), std::string::npos) << json.dump();
+  ASSERT_EQ(json["waiters"].size(), 1u) << json.dump();
+  EXPECT_FALSE(std::filesystem::exists(ran));  // proven waiting, not run
+  curl("PUT", "/v1/kv/" + name + "?release=" + session + "&flags=" + kLockFlags);
+  EXPECT_NE(run.get().find("status=0"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(ran));
+  std::remove(ran.c_str());
+
+  // A Semaphore of 1 held by an api.Semaphore peer: `run --semaphore` waits, then runs.
+  const auto semaphore = unique("cli-sem");
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + semaphore + "/" + session + "?acquire=" + session + "&flags=" + kSemaphoreFlags), "true");
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + semaphore + "/.lock?cas=0&flags=" + kSemaphoreFlags,
+                 R"({"Limit":1,"Holders":{")" + session + R"(":true}})"),
+            "true");
+  auto run_sem = std::async(std::launch::async, [&] {
+    return shell(cli + " run --backend " + quoted(url()) + " --semaphore " + quoted(semaphore) +
+                 " --limit 1 --timeout 20 -- touch " + ran + "; echo status=$?");
+  });
+  ASSERT_TRUE(server_tests::eventually([&] {
+    table = shell(cli + " inspect --backend " + quoted(url()) + " " + quoted(semaphore));
+    return table.find("waiter") != std::string::npos;
+  }, 5s)) << table;
+  EXPECT_NE(table.find("consul session " + session), std::string::npos) << table;
+  EXPECT_FALSE(std::filesystem::exists(ran));
+  curl("PUT", "/v1/session/destroy/" + session);
+  EXPECT_NE(run_sem.get().find("status=0"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(ran));
+  std::remove(ran.c_str());
+}
+#endif
 
 }  // namespace

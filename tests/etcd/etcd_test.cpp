@@ -424,7 +424,9 @@ TEST_F(Etcd, CounterAcquireEndsOnAStopWhileEtcdIsUnreachable) {
     // Looking: the link is cut before the acquire's first read. In line: after it lined up.
     if (!in_line) proxy.blackhole();
     auto waiting = std::async(std::launch::async, [&] { return outcome([&] { return counter.acquire(1, stop.get_token()); }); });
-    if (in_line) ASSERT_TRUE(eventually([&] { return observer.inspect(name).waiters.size() == 1; }));
+    if (in_line) {
+      ASSERT_TRUE(eventually([&] { return observer.inspect(name).waiters.size() == 1; }));
+    }
     proxy.blackhole();
     std::this_thread::sleep_for(1s);
     const auto stopped = Steady::now();
@@ -688,6 +690,33 @@ TEST(EtcdOwnServer, AuthRefusesWrongCredentialsAtConnect) {
     auto client = Client::connect("etcd://alice:secret@" + hostport);
     EXPECT_EQ(client.url().find("secret"), std::string::npos) << client.url();
   }
+}
+
+// A user whose role may only touch the names it locks keeps its holds through keep-alives: the
+// keep-alive's term check (etcd-io/etcd#15247) reads one of the client's own keys, never a key
+// outside its role (a read of another key was refused every round, and holds were lost).
+TEST(EtcdOwnServer, ARoleLimitedToItsNamesKeepsItsHolds) {
+  OwnServer server(TURNSTILE_ETCD_SCRIPT);
+  for (const std::string command :
+       {"user add root:rootpw", "user grant-role root root", "role add locker",
+        "role grant-permission locker readwrite --prefix=true locks/",
+        // turnstile's own markers and receipts (README, etcd backend)
+        "role grant-permission locker readwrite --prefix=true \"$(printf '\\037')turnstile/\"", "user add bob:pw",
+        "user grant-role bob locker"}) {
+    const auto output = shell(etcdctl(server.url(), command));
+    ASSERT_TRUE(output.find("created") != std::string::npos || output.find("granted") != std::string::npos ||
+                output.find("updated") != std::string::npos)
+        << command << ": " << output;
+  }
+  ASSERT_NE(shell(etcdctl(server.url(), "auth enable")).find("Authentication Enabled"), std::string::npos);
+  const auto hostport = server.url().substr(std::string("etcd://").size());
+  auto client = Client::connect("etcd://bob:pw@" + hostport, with_ttl(2s));
+  auto mutex = client.mutex("locks/" + unique_name("role"));
+  ASSERT_TRUE(mutex.try_lock_for(10s));
+  std::this_thread::sleep_for(5s);  // more than two TTLs: the hold lives on keep-alives alone
+  EXPECT_EQ(mutex.hold_state(), turnstile::HoldState::held);
+  EXPECT_FALSE(mutex.lost_token().stop_requested());
+  mutex.unlock();
 }
 
 // etcds://: TLS with the CA given by ?cacert= works; the same server is refused over plain

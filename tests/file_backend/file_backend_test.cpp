@@ -2,7 +2,9 @@
 // symlinked directories, safe mapping of any valid name to files, and loss signalled when the
 // directory is removed under a holder.
 #include <gtest/gtest.h>
+#include <grp.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -112,26 +114,54 @@ TEST_F(FileBackend, CreatesMissingDirectoriesPrivate) {
   mutex.unlock();
 }
 
-TEST_F(FileBackend, DefaultDirectoryFollowsXdgRuntimeDir) {
+// Issue 13: the default directory was $XDG_RUNTIME_DIR/turnstile, else /tmp/turnstile-$UID, so
+// a cron job (no XDG_RUNTIME_DIR) and a login shell of the same user both "held" the same lock.
+// It no longer depends on the session's environment: two such processes exclude each other.
+TEST_F(FileBackend, ProcessesWithAndWithoutXdgRuntimeDirShareTheDefaultDirectory) {
   EnvOverride backend("TURNSTILE_BACKEND", nullptr);
+  std::string with_runtime;
   {
-    EnvOverride runtime("XDG_RUNTIME_DIR", path("run dir").c_str());
     fs::create_directory(path("run dir"));
-    const auto url = Client::default_url();
-    EXPECT_EQ(url.rfind("file://", 0), 0u) << url;
-    EXPECT_NE(url.find("turnstile"), std::string::npos) << url;
+    EnvOverride runtime("XDG_RUNTIME_DIR", path("run dir").c_str());
+    with_runtime = Client::default_url();
+  }
+  EnvOverride runtime("XDG_RUNTIME_DIR", nullptr);
+  EXPECT_EQ(with_runtime, Client::default_url());
+  struct stat lock_dir {};
+  if (stat("/run/lock", &lock_dir) == 0 && lock_dir.st_uid == 0 && (lock_dir.st_mode & S_ISVTX)) {
+    EXPECT_EQ(Client::default_url(), "file:///run/lock/turnstile-" + std::to_string(geteuid()));
+  }
+
+  // A process with XDG_RUNTIME_DIR set holds a name; one without it cannot take it, then can.
+  const auto name = "default-dir/" + std::to_string(getpid());
+  int held[2], release[2];
+  ASSERT_EQ(pipe(held), 0);
+  ASSERT_EQ(pipe(release), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("XDG_RUNTIME_DIR", path("run dir").c_str(), 1);
     auto client = Client::connect();
-    const auto root = path("run dir/turnstile");
-    EXPECT_TRUE(fs::is_directory(root)) << "connect() did not use " << root << " (url " << client.url() << ")";
-    EXPECT_EQ(mode_of(root), 0700u);
-    auto mutex = client.mutex("x");
-    EXPECT_TRUE(mutex.try_lock());
+    auto mutex = client.mutex(name);
+    mutex.lock();
+    char byte = 'h';
+    if (write(held[1], &byte, 1) != 1) _exit(2);
+    if (read(release[0], &byte, 1) != 1) _exit(3);
     mutex.unlock();
+    _exit(0);
   }
-  {
-    EnvOverride runtime("XDG_RUNTIME_DIR", nullptr);
-    EXPECT_EQ(Client::default_url(), "file:///tmp/turnstile-" + std::to_string(geteuid()));
-  }
+  char byte = 0;
+  ASSERT_EQ(read(held[0], &byte, 1), 1);
+  auto client = Client::connect();
+  auto mutex = client.mutex(name);
+  EXPECT_FALSE(mutex.try_lock()) << "a process without XDG_RUNTIME_DIR took a name held by one with it";
+  ASSERT_EQ(write(release[1], &byte, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(mutex.try_lock());  // the same lock: free once the other let go
+  mutex.unlock();
+  for (int fd : {held[0], held[1], release[0], release[1]}) close(fd);
 }
 
 TEST_F(FileBackend, RefusesADirectoryOwnedByAnotherUser) {
@@ -148,15 +178,129 @@ TEST_F(FileBackend, RefusesADirectoryOwnedByAnotherUser) {
   EXPECT_TRUE(fs::is_empty(root));
 }
 
-TEST_F(FileBackend, RefusesADirectoryReachedThroughASymlink) {
+// A symbolic link to the directory (/var/lock -> /run/lock) is followed when root or this user
+// owns it: the link and the real path are one directory, one lock. A link anyone else owns
+// could be pointed anywhere by them: refused, nothing written.
+TEST_F(FileBackend, ASymlinkIsFollowedOnlyWhenRootOrThisUserOwnsIt) {
   const auto real = path("real");
   const auto link = path("link");
   ASSERT_EQ(mkdir(real.c_str(), 0700), 0);
   ASSERT_EQ(symlink(real.c_str(), link.c_str()), 0);
-  EXPECT_THROW(Client::connect(url_of(link)), turnstile::Error);
-  EXPECT_THROW(Client::connect(url_of(link + "/")), turnstile::Error);
-  EXPECT_TRUE(fs::is_empty(real));
-  EXPECT_NO_THROW(Client::connect(url_of(real)));
+  auto through_link = Client::connect(url_of(link));
+  auto held = through_link.mutex("job");
+  held.lock();
+  auto direct = Client::connect(url_of(real));
+  EXPECT_FALSE(direct.mutex("job").try_lock()) << "the link and the real path gave two holders";
+  held.unlock();
+  EXPECT_TRUE(direct.mutex("job").try_lock());
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a link away";
+  const auto other = path("other");
+  const auto foreign_link = path("foreign-link");
+  ASSERT_EQ(mkdir(other.c_str(), 0700), 0);
+  ASSERT_EQ(symlink(other.c_str(), foreign_link.c_str()), 0);
+  ASSERT_EQ(lchown(foreign_link.c_str(), 65534, 65534), 0);
+  EXPECT_THROW(Client::connect(url_of(foreign_link)), turnstile::AccessDenied);
+  EXPECT_TRUE(fs::is_empty(other));
+  // Above the directory too: a link someone else owns, or a directory someone else owns (its
+  // owner may rename what is in it), along the path (red team, issue 13).
+  EXPECT_THROW(Client::connect(url_of(foreign_link + "/locks")), turnstile::AccessDenied);
+  EXPECT_FALSE(fs::exists(other + "/locks"));
+  const auto theirs = path("theirs");
+  ASSERT_EQ(mkdir(theirs.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((theirs + "/locks").c_str(), 0700), 0);
+  ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+  EXPECT_THROW(Client::connect(url_of(theirs + "/locks")), turnstile::AccessDenied);
+  EXPECT_TRUE(fs::is_empty(theirs + "/locks"));
+}
+
+// inspect looks without creating: a name nobody used gets no state file (red team, issue 13).
+TEST_F(FileBackend, InspectCreatesNoStateFile) {
+  const auto root = path("quiet");
+  auto client = Client::connect(url_of(root));
+  const auto seen = client.inspect("never-used");
+  EXPECT_TRUE(seen.holders.empty());
+  EXPECT_TRUE(seen.waiters.empty());
+  EXPECT_TRUE(fs::is_empty(root));
+  auto mutex = client.mutex("used");
+  mutex.lock();
+  EXPECT_EQ(client.inspect("used").holders.size(), 1u);
+  mutex.unlock();
+}
+
+// A directory that holds files that are not turnstile's is someone else's (as root, file:///etc
+// wrote state files into /etc): refused, and nothing is written into it.
+TEST_F(FileBackend, ADirectoryHoldingOtherFilesIsRefusedAndLeftAlone) {
+  const auto theirs = path("theirs");
+  ASSERT_EQ(mkdir(theirs.c_str(), 0700), 0);
+  std::ofstream(theirs + "/config") << "precious";
+  try {
+    Client::connect(url_of(theirs)).mutex("job").lock();
+    ADD_FAILURE() << "used a directory holding someone else's file";
+  } catch (const turnstile::AccessDenied& error) {
+    EXPECT_NE(std::string(error.what()).find("'config'"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(listing(theirs), std::set<std::string>{theirs + "/config"});
+}
+
+// A group shares a directory made by root, mode 2770, group G: its users (here uids 65534 and
+// 65533, in G only as a supplementary group) exclude each other and root, each opening the
+// state files another made (group G's, mode 0660); a user outside G gets in nowhere.
+TEST_F(FileBackend, AGroupSharesADirectoryMadeByRootWithMode2770) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to act as other users";
+  constexpr gid_t kGroup = 4242;
+  ASSERT_EQ(chmod(scratch_.c_str(), 0755), 0);  // so that the other users reach the directory
+  const auto shared = path("shared");
+  ASSERT_EQ(mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(chown(shared.c_str(), 0, kGroup), 0);
+  ASSERT_EQ(chmod(shared.c_str(), 02770), 0);
+  // In a child: become `uid` (in group G when `member`), then run `act` (its exit status).
+  const auto as_user = [&](uid_t uid, bool member, const std::function<int()>& act) {
+    const pid_t child = fork();
+    if (child == 0) {
+      const gid_t groups[] = {kGroup};
+      if (setgroups(member ? 1 : 0, groups) != 0 || setgid(uid) != 0 || setuid(uid) != 0) _exit(90);
+      try {
+        _exit(act());
+      } catch (const turnstile::Error&) {
+        _exit(91);
+      }
+    }
+    return child;
+  };
+  const auto status_of = [](pid_t child) {
+    int status = 0;
+    if (waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+    return WEXITSTATUS(status);
+  };
+  int held[2], release[2];
+  ASSERT_EQ(pipe(held), 0);
+  ASSERT_EQ(pipe(release), 0);
+  const auto holder = as_user(65534, true, [&] {
+    auto mutex = Client::connect(url_of(shared)).mutex("ops-job");
+    mutex.lock();
+    char byte = 'h';
+    if (write(held[1], &byte, 1) != 1 || read(release[0], &byte, 1) != 1) return 2;
+    mutex.unlock();
+    return 0;
+  });
+  close(held[1]);  // a holder that could not hold exits: the read below ends rather than hangs
+  held[1] = -1;
+  char byte = 0;
+  ASSERT_EQ(read(held[0], &byte, 1), 1) << "the group's user could not take the name: " << status_of(holder);
+  const auto try_lock = [&] { return Client::connect(url_of(shared)).mutex("ops-job").try_lock() ? 0 : 1; };
+  EXPECT_EQ(status_of(as_user(65533, true, try_lock)), 1) << "another user of the group took a held name";
+  EXPECT_FALSE(Client::connect(url_of(shared)).mutex("ops-job").try_lock()) << "root took a name the group holds";
+  EXPECT_EQ(status_of(as_user(65532, false, try_lock)), 91) << "a user outside the group got in";
+  ASSERT_EQ(write(release[1], &byte, 1), 1);
+  EXPECT_EQ(status_of(holder), 0);
+  EXPECT_EQ(status_of(as_user(65533, true, try_lock)), 0) << "the group's other user could not take a free name";
+  for (const auto& file : listing(shared)) {
+    struct stat st {};
+    ASSERT_EQ(stat(file.c_str(), &st), 0);
+    EXPECT_EQ(st.st_gid, kGroup) << file;
+    EXPECT_EQ(st.st_mode & 0777, 0660u) << file;
+  }
+  for (int fd : {held[0], release[0], release[1]}) close(fd);
 }
 
 TEST_F(FileBackend, RefusesAStateFileReplacedByASymlink) {

@@ -160,7 +160,7 @@ TEST_F(RedisSafety, AForgedWakeUpMessageDoesNotAdmitAWaiter) {
   ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }));
   const auto seq = std::to_string(client.inspect(name).waiters.front().fencing_token);
   // Every channel form turnstile used or uses for the name.
-  for (const std::string channel : {"turnstile:{" + name + "}:w", "turnstile:{" + name + "}:w:0"}) {
+  for (const std::string& channel : {"turnstile:{" + name + "}:w", "turnstile:{" + name + "}:w:0"}) {
     redis_cli(url_, "PUBLISH " + quoted(channel) + " " + seq);
   }
   expect_admitted_only_once_released(client, holder, waiter, name);
@@ -391,7 +391,7 @@ TEST_F(RedisSafety, CounterNamesCannotReachTurnstilesKeys) {
   mutex.lock();
   mutex.unlock();
   const auto before = redis_cli(url_, "HGETALL " + quoted(state_key(name)));
-  for (const std::string alias : {state_key(name), "turnstile:{" + name + "}:seq", "{" + name + "}:turnstile:c",
+  for (const std::string& alias : {state_key(name), "turnstile:{" + name + "}:seq", "{" + name + "}:turnstile:c",
                                   name + "{x}:turnstile:t"}) {
     auto counter = client.permit_counter(alias);
     EXPECT_THROW(counter.drain_permits(), turnstile::InvalidArgument) << alias;

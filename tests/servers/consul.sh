@@ -7,6 +7,7 @@
 #   consul.sh stop DIR
 #   consul.sh restart DIR   the same port and Raft state (KV, sessions, index), as a Consul server
 #                           restarted with its data dir; session TTL timers start again
+#   consul.sh restart-empty DIR  the same port without its state (KV, sessions, indexes lost)
 #   consul.sh pause DIR     SIGSTOP: the server answers nothing until resumed
 #   consul.sh resume DIR    SIGCONT
 set -eu
@@ -33,12 +34,12 @@ acl=""
 extra=""
 if [ "$action" = start ] && [ -n "${CONSUL_TEST_SESSION_TTL_MIN:-}" ]; then
   extra="--session-ttl-min $CONSUL_TEST_SESSION_TTL_MIN"
-elif [ "$action" = restart ] && [ -f "$dir/extra_options" ]; then
+elif { [ "$action" = restart ] || [ "$action" = restart-empty ]; } && [ -f "$dir/extra_options" ]; then
   extra=$(cat "$dir/extra_options")
 fi
 if [ -n "${CONSUL_TEST_ACL_TOKEN:-}" ]; then
   acl="--acl-token $CONSUL_TEST_ACL_TOKEN"
-elif [ -f "$dir/acl_token" ] && [ "$action" = restart ]; then
+elif [ -f "$dir/acl_token" ] && { [ "$action" = restart ] || [ "$action" = restart-empty ]; }; then
   acl="--acl-token $(cat "$dir/acl_token")"
 fi
 
@@ -88,6 +89,13 @@ restart)
   "$0" stop "$dir"
   launch "$port"
   ;;
+restart-empty)
+  # A server that lost its Raft state (a new cluster on the old address): indexes start again.
+  port=$(sed 's/.*://' "$dir/url")
+  "$0" stop "$dir"
+  rm -rf "$dir/data"
+  launch "$port"
+  ;;
 pause)
   kill -STOP "$(cat "$dir/consul.pid")"
   ;;
@@ -95,7 +103,7 @@ resume)
   kill -CONT "$(cat "$dir/consul.pid")"
   ;;
 *)
-  echo "usage: $0 start|stop|restart|pause|resume DIR" >&2
+  echo "usage: $0 start|stop|restart|restart-empty|pause|resume DIR" >&2
   exit 64
   ;;
 esac

@@ -53,19 +53,24 @@ Implemented (one datacenter, one server that is always the leader):
     Consul filters lists); any other token 403 "ACL not found". Without a token, open.
   * /v1/status/leader, /v1/status/peers, /v1/agent/self (Config.NodeName, Config.Datacenter).
   * ?dc= other than --datacenter (dc1): 500 "No path to datacenter".
-  * --data-dir DIR: the Raft state (index, KV, tombstones, sessions) is written there after
+  * --data-dir DIR: the Raft state (index, KV, sessions; not tombstones) is written there after
     every write and read back on start, as a restarted server keeps its Raft log; on start the
     index moves on by one (a new leader's barrier) and every session's TTL timer starts again
     (initializeSessionTimers). Lock-delays are in memory only.
   * Pausing: send SIGSTOP / SIGCONT to the process (tests/servers/consul.sh pause|resume).
+  * Tombstones are reaped after --tombstone-ttl (Consul's tombstone_ttl, 15 min; env
+    CONSUL_TEST_TOMBSTONE_TTL), so a prefix's index may go back to its live keys' highest.
+  * GET /v1/test-stand-in/stats (NOT a Consul API): requests answered per method and endpoint,
+    blocking queries by how they ended; for the benchmarks (bench/consul_run.sh).
 
 Not implemented: catalog, health, agent services and checks (session checks are never
 evaluated), events, prepared queries, namespaces/partitions, ?consistent/?stale differences
-(both accepted), hash-based blocking, tombstone reaping, TLS, gzip, ?pretty.
+(both accepted), hash-based blocking, TLS, gzip, ?pretty.
 Standard library only; run it with /usr/bin/python3.
 """
 
 import argparse
+import collections
 import base64
 import http.server
 import json
@@ -184,9 +189,13 @@ class State:
     def __init__(self, args):
         self.args = args
         self.cond = threading.Condition(threading.Lock())
+        self.stats_lock = threading.Lock()
+        self.undo = None         # inside a transaction: key -> (entry, tombstone) before it
+        self.stats = {}
         self.raft_index = args.initial_index
         self.kvs = {}            # key -> entry dict (Value: bytes or None)
         self.tombstones = {}     # key -> index of its deletion (the graveyard)
+        self.buried = collections.deque()  # (monotonic time, key, index): for the reaper
         self.kvs_index = 0       # max of the kvs and tombstones table indexes
         self.sessions = {}       # id -> session dict
         self.sessions_index = 0
@@ -212,7 +221,9 @@ class State:
         self.raft_index = saved["raft_index"] + 1   # the new leader's barrier entry
         self.kvs_index = saved["kvs_index"]
         self.sessions_index = saved["sessions_index"]
-        self.tombstones = saved["tombstones"]
+        # Tombstones are not kept (as if reaped on the restart): a prefix's index may go back to
+        # its live keys' highest; the table index does not.
+        self.tombstones = {}
         for e in saved["kvs"]:
             e = dict(e)
             e["Value"] = None if e["Value"] is None else base64.b64decode(e["Value"])
@@ -228,7 +239,7 @@ class State:
             return
         saved = {
             "raft_index": self.raft_index, "kvs_index": self.kvs_index,
-            "sessions_index": self.sessions_index, "tombstones": self.tombstones,
+            "sessions_index": self.sessions_index,
             "kvs": [self.entry_json(e) for e in self.kvs.values()],
             "sessions": list(self.sessions.values()),
         }
@@ -280,16 +291,25 @@ class State:
                 existing[f] == entry[f] for f in ("LockIndex", "Key", "Flags", "Value", "Session")):
             return existing
         entry["ModifyIndex"] = idx
+        self._remember(entry["Key"])
         self.kvs[entry["Key"]] = entry
         self.kvs_index = idx
         self._changed("kv", entry["Key"])
         return entry
 
+    def _remember(self, key):
+        """Inside a transaction: the key's entry and tombstone before its first change, so a
+        failed transaction is undone by what it touched (Consul's MemDB aborts the same way)."""
+        if self.undo is not None and key not in self.undo:
+            self.undo[key] = (self.kvs.get(key), self.tombstones.get(key))
+
     def _delete(self, idx, key):
         if key not in self.kvs:
             return
+        self._remember(key)
         del self.kvs[key]
         self.tombstones[key] = idx
+        self.buried.append((time.monotonic(), key, idx))
         self.kvs_index = idx
         self._changed("kv", key)
 
@@ -305,9 +325,12 @@ class State:
         if not doomed:
             return
         for k in doomed:
+            self._remember(k)
             del self.kvs[k]
             self._changed("kv", k)
+        self._remember(prefix)
         self.tombstones[prefix] = idx
+        self.buried.append((time.monotonic(), prefix, idx))
         self.kvs_index = idx
 
     def _cas(self, idx, entry, cas):
@@ -473,10 +496,26 @@ class State:
                         % (sid, SESSION_TTL_MULTIPLIER))
                 if expired:
                     self._commit()
+                self._reap_tombstones(now)
                 nxt = min(self.deadlines.values(), default=now + 1.0)
                 self.cond.wait(max(0.005, min(nxt - time.monotonic(), 1.0)))
 
+    def _reap_tombstones(self, now):
+        """Consul's tombstone GC (tombstone_ttl, 15 min by default): a prefix's index may then go
+        back to its live keys' highest, which is why clients reset an index that goes backwards.
+        The table index (kvs_index) never goes back."""
+        ttl = self.args.tombstone_ttl
+        while self.buried and self.buried[0][0] + ttl <= now:
+            _, key, idx = self.buried.popleft()
+            if self.tombstones.get(key) == idx:
+                del self.tombstones[key]
+
     # ---- blocking queries (as agent/consul/rpc.go blockingQuery) ----------------------------
+
+    def count(self, what):
+        """Test-only counters (GET /v1/test-stand-in/stats; not a Consul API)."""
+        with self.stats_lock:
+            self.stats[what] = self.stats.get(what, 0) + 1
 
     def blocking(self, min_index, wait, run, watches):
         """run() -> (index, result) under the lock; watches(kind, name) -> bool."""
@@ -484,6 +523,8 @@ class State:
             index, result = run()
             index = max(index, 1)
             if min_index == 0 or index > min_index:
+                if min_index:
+                    self.count("blocking answered at once")
                 return index, result
             if wait > MAX_QUERY_TIME:
                 wait = MAX_QUERY_TIME
@@ -495,6 +536,7 @@ class State:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    self.count("blocking timed out")
                     return index, result
                 self.cond.wait(remaining)
                 start = seen - self.changes_base
@@ -507,6 +549,7 @@ class State:
                     index, result = run()
                     index = max(index, 1)
                     if index > min_index:
+                        self.count("blocking woken")
                         return index, result
 
     # ---- transactions (as agent/txn_endpoint.go, agent/consul/txn_endpoint.go, state/txn.go) -
@@ -523,18 +566,28 @@ class State:
             if errors:
                 return None, errors
             idx = self._next_index() if writes else 0
-            saved = (dict(self.kvs), dict(self.tombstones), self.kvs_index, len(self.changes),
-                     self.changes_base)
+            saved = (self.kvs_index, len(self.changes), self.changes_base)
+            self.undo = {}
             results, errors = [], []
-            for i, op in enumerate(ops):
-                try:
-                    results.extend(self._txn_op(idx, op))
-                except (TxnAbort, ConsulError) as err:
-                    errors.append({"OpIndex": i, "What": str(err)})
+            try:
+                for i, op in enumerate(ops):
+                    try:
+                        results.extend(self._txn_op(idx, op))
+                    except (TxnAbort, ConsulError) as err:
+                        errors.append({"OpIndex": i, "What": str(err)})
+                undo = self.undo
+            finally:
+                self.undo = None
             if errors:
-                self.kvs, self.tombstones, self.kvs_index = saved[0], saved[1], saved[2]
-                if self.changes_base == saved[4]:
-                    del self.changes[saved[3]:]
+                for key, (entry, tombstone) in undo.items():
+                    for table, value in ((self.kvs, entry), (self.tombstones, tombstone)):
+                        if value is None:
+                            table.pop(key, None)
+                        else:
+                            table[key] = value
+                self.kvs_index = saved[0]
+                if self.changes_base == saved[2]:
+                    del self.changes[saved[1]:]
                 if writes:
                     self._commit()
                 return None, errors
@@ -687,6 +740,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             url = urllib.parse.urlsplit(self.path)
             self.params = urllib.parse.parse_qs(url.query, keep_blank_values=True)
             path = urllib.parse.unquote(url.path)
+            if path != "/v1/test-stand-in/stats":
+                self.state.count("%s %s" % (method, "/".join(path.split("/")[:4 if "/session/" in path else 3])))
             self.route(method, path, body)
         except ConsulError as err:
             self.send(err.status, err.text, content_type="text/plain; charset=utf-8")
@@ -732,6 +787,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
     # ---- routes ------------------------------------------------------------------------------
 
     def route(self, method, path, body):
+        if path == "/v1/test-stand-in/stats":
+            # Not a Consul API: what the stand-in has answered so far (requests by method and
+            # endpoint, blocking queries by how they ended), for the benchmarks. No ACL.
+            with self.state.stats_lock:
+                return self.send_json(200, dict(self.state.stats))
         if path.startswith("/v1/status/"):
             if path == "/v1/status/leader":
                 return self.send_json(200, "127.0.0.1:8300")
@@ -1072,6 +1132,10 @@ def main():
     # Consul's server option session_ttl_min (default 10s): the turnstile tests lower it, so
     # that a killed holder's session ends within their short bounds.
     parser.add_argument("--session-ttl-min", type=parse_go_duration, default=SESSION_TTL_MIN)
+    # Consul's tombstone_ttl (15 min): deleted keys' tombstones are reaped after it. The
+    # benchmarks lower it, so that the graveyard of many short-lived keys stays small.
+    parser.add_argument("--tombstone-ttl", type=parse_go_duration,
+                        default=parse_go_duration(os.environ.get("CONSUL_TEST_TOMBSTONE_TTL", "15m")))
     parser.add_argument("--lax-keys", action="store_true",
                         help="accept any key, as Consul before its key validation did")
     parser.add_argument("--verbose", action="store_true", help="log every request")

@@ -187,7 +187,11 @@ class OwnServer {
     char dir[] = "/tmp/turnstile-own-server-XXXXXX";
     if (!mkdtemp(dir)) throw std::runtime_error("mkdtemp failed");
     dir_ = dir;
-    if (run("start") != 0) throw std::runtime_error("could not start a server with " + script_);
+    if (run("start") != 0) {
+      run("stop");  // no destructor runs after a throwing constructor: leave nothing running
+      std::filesystem::remove_all(dir_);
+      throw std::runtime_error("could not start a server with " + script_);
+    }
     url_ = read_first_line(dir_ + "/url");
   }
   ~OwnServer() {
@@ -201,9 +205,15 @@ class OwnServer {
   int restart() { return run("restart"); }
   // Stops it; restart() starts it again.
   int stop() { return run("stop"); }
+  // Any other action its script knows (e.g. consul.sh's restart-empty, pause, resume), with an
+  // argument after the directory when given (redis_sentinel.sh's kill DIR ID).
+  int action(const std::string& name, const std::string& argument = "") { return run(name, argument); }
+  const std::string& dir() const { return dir_; }
 
  private:
-  int run(const std::string& action) { return std::system((script_ + " " + action + " " + dir_ + " >/dev/null").c_str()); }
+  int run(const std::string& action, const std::string& argument = "") {
+    return std::system((script_ + " " + action + " " + dir_ + (argument.empty() ? "" : " " + argument) + " >/dev/null").c_str());
+  }
   std::string script_;
   std::string dir_;
   std::string url_;

@@ -49,6 +49,31 @@ TEST(LossClock, LosesAtTheDeadlineCountedFromTheConfirmedSendTime) {
   EXPECT_LT(seen, sent + 1000ms) << "told after the server could have expired the lease";
 }
 
+// Red team (issue 12): a holder resumed from a pause past its TTL read hold_state() == held for
+// a millisecond or two, until the clock's thread (paused too) ran. What the holder is shown is
+// lost from the deadline on, and a confirmation arriving after it does not make it held again.
+TEST(LossClock, AHoldPastItsDeadlineShowsLostBeforeTheClockSaysSo) {
+  LossClock clock;
+  // Confirmed long ago: the deadline passed before the hold was attached, as after a pause.
+  const auto sent = SteadyClock::now() - 5s;
+  auto lease = clock.watch(1000ms, sent);
+  auto hold = signal();
+  hold->set_due(SteadyClock::now() + 1h);  // what a hold has before its lease tells it
+  EXPECT_EQ(hold->observed_state(), HoldState::held);
+  hold->set_due(SteadyClock::now() - 1ms);
+  EXPECT_EQ(hold->observed_state(), HoldState::lost);
+  EXPECT_EQ(hold->state(), HoldState::held);  // the clock has not said so yet
+  EXPECT_TRUE(hold->token().stop_requested()) << "hold_state() says lost, its lost_token() must agree";
+  auto attached = signal();
+  lease->attach(attached);
+  EXPECT_EQ(attached->observed_state(), HoldState::lost);
+  // A late "still yours" does not revive it: the lease is lost, its holds told.
+  lease->confirmed(SteadyClock::now());
+  EXPECT_TRUE(lease->lost());
+  wait_lost(*attached, 3000ms);
+  EXPECT_TRUE(attached->lost());
+}
+
 TEST(LossClock, ConfirmationsMoveTheDeadlineAndResumeSuspendedHolds) {
   LossClock clock;
   auto lease = clock.watch(600ms, SteadyClock::now());

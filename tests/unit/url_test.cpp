@@ -22,6 +22,9 @@ TEST(UrlRedaction, PasswordsTokensAndSecretParametersBecomeStars) {
   EXPECT_EQ(redact_url("redis://:s3cr3t@h:1"), "redis://:***@h:1");
   EXPECT_EQ(redact_url("zk://user:pw@h1:2181,h2:2181/root"), "zk://user:***@h1:2181,h2:2181/root");
   EXPECT_EQ(redact_url("consul://tok-123@h:8500?ttl=10"), "consul://***@h:8500?ttl=10");
+  // A Consul token is the whole userinfo: a ':' in it shows no part of it (red team, issue 12).
+  EXPECT_EQ(redact_url("consul://ab:cd@h:8500"), "consul://***@h:8500");
+  EXPECT_EQ(redact_url("CONSULS://ab:cd@h:8500"), "CONSULS://***@h:8500");
   EXPECT_EQ(redact_url("etcd://h:2379?password=x&ttl=3&token=y"), "etcd://h:2379?password=***&ttl=3&token=***");
   // A userinfo without ':' is a password on redis:// (redis://PASSWORD@host): hidden whole.
   EXPECT_EQ(redact_url("redis://S3cretPW@h:1/0"), "redis://***@h:1/0");
@@ -121,6 +124,38 @@ TEST(UrlParsing, MalformedUrlsAreInvalidUrl) {
                           "redis://a:1,,b:2", "redis://h :1", "redis://h:1/%g0", "redis://h:1/%4"}) {
     EXPECT_THROW(parse_url(bad), turnstile::InvalidUrl) << bad;
   }
+}
+
+// Hosts are checked the same way for every backend: a bracketed IPv6 address keeps its
+// brackets and its port comes after them; anything else malformed is InvalidUrl, never a
+// connection attempt that fails later as "unavailable" (red team, issue 12).
+TEST(UrlParsing, HostsAndPortsAreCheckedForEveryBackend) {
+  using turnstile::detail::parse_host_port;
+  const auto url = parse_url("redis://h:1");
+  const auto ipv6 = parse_host_port("[::1]:6380", 6379, url);
+  EXPECT_EQ(ipv6.host, "[::1]");
+  EXPECT_EQ(ipv6.port, 6380);
+  EXPECT_EQ(parse_host_port("[::1]", 6379, url).port, 6379);
+  EXPECT_EQ(parse_host_port("db-1.example_x", 6379, url).host, "db-1.example_x");
+  for (const char* bad : {"[::1", "[::1]x", "[::1]:", "[]:1", "a:b:1", "h:0", "h:65536", "h:x", "h st:1", ":1"}) {
+    EXPECT_THROW(parse_host_port(bad, 6379, url), turnstile::InvalidUrl) << bad;
+  }
+}
+
+// A TTL given as an option has the range the same URL parameter has: both are refused alike.
+TEST(UrlParsing, TtlOptionsHaveTheRangeOfTheUrlParameter) {
+  using std::chrono::milliseconds;
+  using turnstile::detail::check_ttl_option;
+  using turnstile::detail::parse_seconds;
+  for (const long long ms : {300LL, 1000LL, 86'400'000LL}) {
+    EXPECT_NO_THROW(check_ttl_option(milliseconds(ms), 0.3)) << ms;
+    EXPECT_NO_THROW(parse_seconds("ttl", std::to_string(ms / 1000.0), 0.3, 86400)) << ms;
+  }
+  for (const long long ms : {299LL, 86'400'001LL, 1'000'000'000'000LL}) {
+    EXPECT_THROW(check_ttl_option(milliseconds(ms), 0.3), turnstile::InvalidArgument) << ms;
+    EXPECT_THROW(parse_seconds("ttl", std::to_string(ms / 1000.0), 0.3, 86400), turnstile::InvalidUrl) << ms;
+  }
+  EXPECT_NO_THROW(check_ttl_option(milliseconds(0), 0.3));  // not set: the backend's default
 }
 
 }  // namespace

@@ -195,7 +195,10 @@ TEST(ZookeeperSafety, TransactionAnsweredAfterItsCallerGaveUpLeavesNoLeaseBehind
 TEST(ZookeeperSafety, CounterAcquireEndsOnItsStopWhileTheServerDoesNotAnswer) {
   const auto url = fixture_url();
   TcpProxy proxy(url);
-  auto client = Client::connect(proxy.url_through(url), with_ttl(3s));
+  // 6 s: the C client gives a call up 2/3 of the session timeout after it last heard the
+  // server, which must come well after the 1 s this test waits first, even on a loaded machine
+  // (with 3 s, the listing failed with "operation timeout" before the stop).
+  auto client = Client::connect(proxy.url_through(url), with_ttl(6s));
   auto observer = Client::connect(url);
   const auto name = unique_name("counter-stop");
   ASSERT_TRUE(observer.permit_counter(name).try_set_permits(0));
@@ -213,8 +216,8 @@ TEST(ZookeeperSafety, CounterAcquireEndsOnItsStopWhileTheServerDoesNotAnswer) {
   });
   EXPECT_NE(attempt.wait_for(1s), std::future_status::ready) << "nothing can answer it: it waits";
   stop.request_stop();
-  // At most one bounded leave (a third of the 3 s timeout) after the stop.
-  const bool ended = attempt.wait_for(3s) == std::future_status::ready;
+  // At most one bounded leave (a third of the 6 s timeout) after the stop.
+  const bool ended = attempt.wait_for(4s) == std::future_status::ready;
   proxy.forward();
   ASSERT_TRUE(ended) << "the stop must end the acquire while the server does not answer";
   EXPECT_EQ(attempt.get(), "stopped");

@@ -1,9 +1,24 @@
 #include "common.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <string_view>
 
 namespace turnstile::cli {
+
+std::string iso8601(std::chrono::system_clock::time_point when) {
+  const auto ms = std::chrono::floor<std::chrono::milliseconds>(when.time_since_epoch());
+  const auto seconds = std::chrono::floor<std::chrono::seconds>(ms);
+  const std::time_t t = seconds.count();
+  std::tm utc{};
+  gmtime_r(&t, &utc);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
+                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, static_cast<int>((ms - seconds).count()));
+  return buf;
+}
 
 void complain(const std::string& message) { std::fprintf(stderr, "turnstile: %s\n", message.c_str()); }
 
@@ -21,6 +36,95 @@ int exit_status_for(const Error& error) {
     default:
       return kExitUnavailable;
   }
+}
+
+// The length of the well-formed UTF-8 sequence at text[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0.
+static std::size_t utf8_length(std::string_view text, std::size_t i, char32_t& code_point) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  std::size_t length;
+  unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + length > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
+  code_point = lead & (0x7F >> length);
+  for (std::size_t k = 1; k < length; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+    code_point = (code_point << 6) | (byte(i + k) & 0x3F);
+  }
+  return length;
+}
+
+std::string name_problem(std::string_view name) {
+  constexpr std::size_t kMaxLength = 255;
+  const std::string quoted = "'" + printable(name) + "'";
+  if (name.empty()) return "invalid name: it is empty";
+  if (name.size() > kMaxLength) {
+    return "invalid name: it is " + std::to_string(name.size()) + " bytes long, the limit is " + std::to_string(kMaxLength);
+  }
+  if (name.front() == '/' || name.back() == '/') return "invalid name: " + quoted + " starts or ends with '/'";
+  for (std::size_t i = 0; i < name.size();) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7F) return "invalid name: it contains the control character " + std::to_string(c);
+    char32_t code_point = c;
+    const std::size_t length = c < 0x80 ? 1 : utf8_length(name, i, code_point);
+    if (length == 0) return "invalid name: it is not valid UTF-8 at byte " + std::to_string(i);
+    i += length;
+  }
+  for (std::size_t start = 0; start <= name.size();) {
+    const auto end = std::min(name.find('/', start), name.size());
+    const auto segment = name.substr(start, end - start);
+    if (segment.empty()) return "invalid name: " + quoted + " has an empty segment";
+    if (segment == "." || segment == "..") return "invalid name: " + quoted + " has a '.' or '..' segment";
+    start = end + 1;
+  }
+  return {};
+}
+
+// Characters a terminal acts on or that reorder or hide text: C0 and C1 controls, DEL, and
+// Unicode's invisible formatting marks (zero-width, bidirectional overrides, line separators).
+static bool invisible(char32_t c) {
+  return c < 0x20 || (c >= 0x7F && c <= 0x9F) || (c >= 0x200B && c <= 0x200F) || (c >= 0x2028 && c <= 0x202E) ||
+         (c >= 0x2060 && c <= 0x2069) || c == 0xFEFF;
+}
+
+// Text from the backend — written by any peer — as shown on a terminal: each control or
+// formatting character becomes \u{...}, each byte that is not UTF-8 \xNN, and a backslash \\,
+// so no peer can move the cursor, recolour or hide a row, and the escapes are unambiguous.
+std::string printable(std::string_view text) {
+  std::string out;
+  char escape[16];
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    char32_t code_point = c;
+    const std::size_t length = c < 0x80 ? 1 : utf8_length(text, i, code_point);
+    if (length == 0) {
+      std::snprintf(escape, sizeof escape, "\\x%02x", c);
+      out += escape;
+      ++i;
+    } else if (invisible(code_point)) {
+      std::snprintf(escape, sizeof escape, "\\u{%x}", static_cast<unsigned>(code_point));
+      out += escape;
+      i += length;
+    } else {
+      if (c == '\\') out += '\\';
+      out.append(text.substr(i, length));
+      i += length;
+    }
+  }
+  return out;
 }
 
 Client connect_backend(const std::optional<std::string>& url, ClientOptions options) {

@@ -2,8 +2,10 @@
 // connecting to a backend.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <turnstile/turnstile.hpp>
 
@@ -18,6 +20,19 @@ inline constexpr int kExitTimeout = 75;      // the timeout passed before acquis
 inline constexpr int kExitNoPermission = 77; // refused: credentials, ACL, a state directory we may not use
 inline constexpr int kExitCannotExecute = 126;
 inline constexpr int kExitNotFound = 127;
+
+// Text from the backend — written by any peer — as shown on a terminal: each control or
+// formatting character becomes \u{...}, each byte that is not UTF-8 \xNN, and a backslash \\.
+std::string printable(std::string_view text);
+
+// ISO 8601 in UTC with milliseconds: 2024-05-01T10:00:00.123Z.
+std::string iso8601(std::chrono::system_clock::time_point when);
+
+// Why `name` is not a valid name by the rules Client documents ('/'-separated non-empty
+// segments, no '.' or '..', at most 255 bytes of UTF-8 without control characters), in the
+// library's words; "" when it is valid. For inspect of a directory that does not exist, which
+// must not connect (connecting creates it).
+std::string name_problem(std::string_view name);
 
 // Prints "turnstile: <message>" on stderr.
 void complain(const std::string& message);

@@ -1,7 +1,20 @@
-// `turnstile inspect`: the holders and waiters of a name, as a table or one JSON object.
-#include <ctime>
+// `turnstile inspect`: the holders and waiters of a name, as a table or one JSON object (schema:
+// docs/inspect-json.md), once or again whenever they change (--watch).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -12,141 +25,242 @@
 namespace turnstile::cli {
 namespace {
 
-// ISO 8601 in UTC with milliseconds: 2024-05-01T10:00:00.123Z.
-std::string iso8601(std::chrono::system_clock::time_point when) {
-  const auto ms = std::chrono::floor<std::chrono::milliseconds>(when.time_since_epoch());
-  const auto seconds = std::chrono::floor<std::chrono::seconds>(ms);
-  const std::time_t t = seconds.count();
-  std::tm utc{};
-  gmtime_r(&t, &utc);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
-                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, static_cast<int>((ms - seconds).count()));
-  return buf;
-}
+// The version of the JSON that --json prints; raised when a field changes meaning or goes away
+// (new fields may appear within a version).
+constexpr int kJsonSchemaVersion = 1;
 
-// The length of the well-formed UTF-8 sequence at text[i] (RFC 3629: no overlong forms, no
-// surrogates, nothing above U+10FFFF), or 0.
-std::size_t utf8_length(std::string_view text, std::size_t i, char32_t& code_point) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char lead = byte(i);
-  std::size_t length;
-  unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) low = 0xA0;
-    if (lead == 0xED) high = 0x9F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) low = 0x90;
-    if (lead == 0xF4) high = 0x8F;
-  } else {
-    return 0;
-  }
-  if (i + length > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
-  code_point = lead & (0x7F >> length);
-  for (std::size_t k = 1; k < length; ++k) {
-    if ((byte(i + k) & 0xC0) != 0x80) return 0;
-    code_point = (code_point << 6) | (byte(i + k) & 0x3F);
-  }
-  return length;
-}
-
-// Characters a terminal acts on or that reorder or hide text: C0 and C1 controls, DEL, and
-// Unicode's invisible formatting marks (zero-width, bidirectional overrides, line separators).
-bool invisible(char32_t c) {
-  return c < 0x20 || (c >= 0x7F && c <= 0x9F) || (c >= 0x200B && c <= 0x200F) || (c >= 0x2028 && c <= 0x202E) ||
-         (c >= 0x2060 && c <= 0x2069) || c == 0xFEFF;
-}
-
-// Text from the backend — written by any peer — as shown on a terminal: each control or
-// formatting character becomes \u{...}, each byte that is not UTF-8 \xNN, and a backslash \\,
-// so no peer can move the cursor, recolour or hide a row, and the escapes are unambiguous.
-std::string printable(std::string_view text) {
-  std::string out;
-  char escape[16];
-  for (std::size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    char32_t code_point = c;
-    const std::size_t length = c < 0x80 ? 1 : utf8_length(text, i, code_point);
-    if (length == 0) {
-      std::snprintf(escape, sizeof escape, "\\x%02x", c);
-      out += escape;
-      ++i;
-    } else if (invisible(code_point)) {
-      std::snprintf(escape, sizeof escape, "\\u{%x}", static_cast<unsigned>(code_point));
-      out += escape;
-      i += length;
-    } else {
-      if (c == '\\') out += '\\';
-      out.append(text.substr(i, length));
-      i += length;
-    }
-  }
-  return out;
-}
+// A backend that does not know when an entry started leaves the epoch: shown as unknown, never
+// as 1970-01-01 (and pid 0 likewise).
+bool known(std::chrono::system_clock::time_point since) { return since.time_since_epoch().count() != 0; }
 
 nlohmann::ordered_json entries_json(const std::vector<EntryInfo>& entries) {
   auto out = nlohmann::ordered_json::array();
   for (const auto& e : entries) {
+    const bool foreign = !e.foreign.empty();
     out.push_back({{"fencing_token", e.fencing_token},
                    {"kind", e.kind},
                    {"permits", e.permits},
-                   {"pid", e.pid},
-                   {"host", e.host},
-                   {"since", iso8601(e.since)}});
+                   {"pid", foreign || e.pid == 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.pid)},
+                   {"host", foreign ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.host)},
+                   {"since", foreign || !known(e.since) ? nlohmann::ordered_json(nullptr)
+                                                        : nlohmann::ordered_json(iso8601(e.since))},
+                   {"label", e.label.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.label)},
+                   {"foreign", foreign ? nlohmann::ordered_json(e.foreign) : nlohmann::ordered_json(nullptr)}});
   }
   return out;
 }
 
-void print_json(const Inspection& q) {
-  nlohmann::ordered_json out = {{"name", q.name},
-                        {"mode", q.mode},
-                        {"limit", q.mode == "semaphore" ? nlohmann::ordered_json(q.limit) : nlohmann::ordered_json(nullptr)},
-                        {"permits", q.permits ? nlohmann::ordered_json(*q.permits) : nlohmann::ordered_json(nullptr)},
-                        {"holders", entries_json(q.holders)},
-                        {"waiters", entries_json(q.waiters)}};
+std::string render_json(const std::string& backend, const Inspection& q) {
+  nlohmann::ordered_json out = {
+      {"schema_version", kJsonSchemaVersion},
+      {"backend", backend},
+      {"name", q.name},
+      {"mode", q.mode},
+      {"limit", q.mode == "semaphore" ? nlohmann::ordered_json(q.limit) : nlohmann::ordered_json(nullptr)},
+      {"permits", q.permits ? nlohmann::ordered_json(*q.permits) : nlohmann::ordered_json(nullptr)},
+      {"holders", entries_json(q.holders)},
+      {"waiters", entries_json(q.waiters)}};
   // Bytes that are not UTF-8 (a peer may write anything) become U+FFFD instead of an exception;
   // control characters are escaped by JSON itself.
-  std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << '\n';
+  return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
-void print_table(const Inspection& q) {
-  std::printf("name     %s\n", printable(q.name).c_str());
+// What one look found: the backend read (URL with credentials redacted, and a note on where it
+// came from), and the queue.
+struct Look {
+  std::string url;
+  std::string note;  // " (the default)", " (TURNSTILE_BACKEND)", ", no such directory ..."
+  Inspection queue;
+};
+
+std::string render_table(const std::string& backend, const Inspection& q) {
+  std::string out;
+  char line[1024];
+  const auto add = [&](const char* format, auto... values) {
+    std::snprintf(line, sizeof line, format, values...);
+    out += line;
+  };
+  out += "backend  " + printable(backend) + "\n";
+  out += "name     " + printable(q.name) + "\n";
   if (q.mode.empty()) {
-    std::printf("mode     (nobody queued)\n");
+    out += "mode     (nobody queued)\n";
   } else if (q.mode == "semaphore") {
-    std::printf("mode     semaphore, limit %lld\n", static_cast<long long>(q.limit));
+    add("mode     semaphore, limit %lld\n", static_cast<long long>(q.limit));
   } else {
-    std::printf("mode     %s\n", printable(q.mode).c_str());
+    out += "mode     " + printable(q.mode) + "\n";
   }
-  if (q.permits) std::printf("permits  %lld\n", static_cast<long long>(*q.permits));
-  if (q.holders.empty() && q.waiters.empty()) return;
-  std::printf("%-8s %-10s %-10s %-8s %-25s %-8s %s\n", "ROLE", "TOKEN", "KIND", "PERMITS", "SINCE", "PID", "HOST");
-  const auto rows = [](const char* role, const std::vector<EntryInfo>& entries) {
+  if (q.permits) add("permits  %lld\n", static_cast<long long>(*q.permits));
+  if (q.holders.empty() && q.waiters.empty()) return out;
+  add("%-8s %-10s %-10s %-8s %-25s %-8s %s\n", "ROLE", "TOKEN", "KIND", "PERMITS", "SINCE", "PID", "HOST");
+  const auto rows = [&](const char* role, const std::vector<EntryInfo>& entries) {
     for (const auto& e : entries) {
-      std::printf("%-8s %-10llu %-10s %-8lld %-25s %-8lld %s\n", role, static_cast<unsigned long long>(e.fencing_token),
-                  printable(e.kind).c_str(), static_cast<long long>(e.permits), iso8601(e.since).c_str(),
-                  static_cast<long long>(e.pid), printable(e.host).c_str());
+      // A holder that is not turnstile's has no pid, host or start time we could know.
+      const bool foreign = !e.foreign.empty();
+      std::string host = foreign ? "foreign: " + printable(e.foreign) : printable(e.host);
+      if (!e.label.empty()) host += " \"" + printable(e.label) + "\"";
+      add("%-8s %-10llu %-10s %-8lld %-25s %-8s ", role, static_cast<unsigned long long>(e.fencing_token),
+          printable(e.kind).c_str(), static_cast<long long>(e.permits),
+          foreign || !known(e.since) ? "-" : iso8601(e.since).c_str(),
+          foreign || e.pid == 0 ? "-" : std::to_string(e.pid).c_str());
+      out += host + "\n";
     }
   };
   rows("holder", q.holders);
   rows("waiter", q.waiters);
+  return out;
+}
+
+// The directory of a plain file:// URL — file:///DIR or file://localhost/DIR, percent-escapes
+// decoded — or nullopt for anything else (parameters, '.' or '..', another scheme), which the
+// library judges when it connects.
+std::optional<std::string> plain_file_directory(std::string_view url) {
+  constexpr std::string_view kScheme = "file://";
+  if (!url.starts_with(kScheme)) return std::nullopt;
+  url.remove_prefix(kScheme.size());
+  if (url.starts_with("localhost/")) url.remove_prefix(std::string_view("localhost").size());
+  if (!url.starts_with('/') || url.find_first_of("?#") != std::string_view::npos) return std::nullopt;
+  std::string path;
+  for (std::size_t i = 0; i < url.size(); ++i) {
+    if (url[i] != '%') {
+      path += url[i];
+      continue;
+    }
+    if (i + 2 >= url.size() || !std::isxdigit(static_cast<unsigned char>(url[i + 1])) ||
+        !std::isxdigit(static_cast<unsigned char>(url[i + 2]))) {
+      return std::nullopt;
+    }
+    path += static_cast<char>(std::stoi(std::string(url.substr(i + 1, 2)), nullptr, 16));
+    i += 2;
+  }
+  if (path.find('\0') != std::string::npos) return std::nullopt;
+  for (std::size_t start = 1; start < path.size();) {
+    const auto end = std::min(path.find('/', start), path.size());
+    const auto segment = std::string_view(path).substr(start, end - start);
+    if (segment == "." || segment == "..") return std::nullopt;
+    start = end + 1;
+  }
+  return path;
+}
+
+// Reads the queue of one name, again and again for --watch: connects once (again after a
+// failed connect). On file:// it never creates the directory (connecting would): a directory
+// that does not exist has nobody queued in it, and is looked at each time until it appears.
+class Reader {
+ public:
+  explicit Reader(const InspectOptions& options) : name_(options.name) {
+    const char* env = std::getenv("TURNSTILE_BACKEND");
+    if (options.backend) {
+      url_ = *options.backend;
+    } else if (env && *env) {
+      url_ = env;
+      from_ = " (TURNSTILE_BACKEND)";
+    } else {
+      url_ = Client::default_url();
+      from_ = " (the default)";
+    }
+    directory_ = plain_file_directory(url_);
+    client_options_.connect_timeout = std::max(
+        std::chrono::milliseconds(1),
+        std::chrono::ceil<std::chrono::milliseconds>(std::chrono::duration<double>(options.connect_timeout_sec)));
+  }
+
+  // Throws Error.
+  Look look() {
+    struct stat st {};
+    if (directory_ && lstat(directory_->c_str(), &st) != 0 && errno == ENOENT) {
+      client_.reset();  // it went away: connecting again later must not make it again
+      if (const auto problem = name_problem(name_); !problem.empty()) throw InvalidArgument(problem);
+      Inspection nobody;
+      nobody.name = name_;
+      // A file:// URL carries no credentials: shown as given.
+      return {url_, from_ + ", a directory that does not exist (not created)", nobody};
+    }
+    if (!client_) client_.emplace(Client::connect(url_, client_options_));
+    return {client_->url(), from_, client_->inspect(name_)};
+  }
+
+ private:
+  std::string name_, url_, from_;
+  std::optional<std::string> directory_;
+  ClientOptions client_options_;
+  std::optional<Client> client_;
+};
+
+std::string render(const InspectOptions& options, const Look& look) {
+  return options.json ? render_json(look.url, look.queue) : render_table(look.url + look.note, look.queue);
+}
+
+bool print(const std::string& text) {
+  std::fputs(text.c_str(), stdout);
+  return std::fflush(stdout) == 0 && !std::ferror(stdout);
+}
+
+// --watch: looks every --interval and prints the view again when it changed (a terminal is
+// cleared first; JSON is one object per line), until SIGINT, SIGTERM or SIGHUP (exit 0) or
+// until nobody reads stdout. Polling is enough for a display; errors that a later look may not
+// have (the backend unreachable) are shown and the watch goes on.
+int watch(const InspectOptions& options, Reader& reader, const sigset_t& stop_signals) {
+  const bool terminal = isatty(STDOUT_FILENO);
+  const auto interval = std::chrono::duration<double>(options.interval_sec);
+  std::optional<std::string> shown;
+  for (;;) {
+    std::string text, error;
+    try {
+      text = render(options, reader.look());
+    } catch (const Error& e) {
+      if (exit_status_for(e) == kExitUsage) {
+        complain(e.what());
+        return kExitUsage;
+      }
+      error = e.what();
+      text = "error: " + error + "\n";
+    }
+    if (text != shown) {
+      bool ok = true;
+      if (options.json && !error.empty()) {
+        complain(error);
+      } else if (terminal) {
+        char every[32];
+        std::snprintf(every, sizeof every, "%g", options.interval_sec);
+        ok = print("\x1b[H\x1b[2J" + text + "\n(looked at every " + every + " s; last change " +
+                   iso8601(std::chrono::system_clock::now()) + "; Ctrl-C ends)\n");
+      } else {
+        ok = print(shown && !options.json ? "\n" + text : text);
+      }
+      if (!ok) return 0;  // nobody reads any more
+      shown = text;
+    }
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(interval).count();
+    const timespec wait{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    if (sigtimedwait(&stop_signals, nullptr, &wait) > 0) return 0;
+  }
 }
 
 }  // namespace
 
 int inspect_command(const InspectOptions& options) {
+  if (!(std::isfinite(options.connect_timeout_sec) && options.connect_timeout_sec > 0 &&
+        options.connect_timeout_sec <= 1e9)) {
+    complain("--connect-timeout must be a number of seconds, more than 0 and at most 1e9");
+    return kExitUsage;
+  }
+  if (!(std::isfinite(options.interval_sec) && options.interval_sec >= 0.01 && options.interval_sec <= 3600)) {
+    complain("--interval must be a number of seconds, 0.01 to 3600");
+    return kExitUsage;
+  }
+  // Blocked before any thread exists (a network client starts some), so that they all arrive
+  // in watch()'s sigtimedwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  if (options.watch) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop_signals, sig);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+  }
   try {
-    auto client = connect_backend(options.backend);
-    const auto inspection = client.inspect(options.name);
-    if (options.json) {
-      print_json(inspection);
-    } else {
-      print_table(inspection);
-    }
+    Reader reader(options);
+    if (options.watch) return watch(options, reader, stop_signals);
+    print(render(options, reader.look()));
     return 0;
   } catch (const Error& error) {
     complain(error.what());

@@ -20,6 +20,7 @@
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -33,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -224,6 +226,9 @@ class AcquisitionGuard {
 // How long acquire() may wait: nothing (one try), until a deadline, or forever.
 using Wait = std::optional<std::optional<std::chrono::steady_clock::time_point>>;
 constexpr Wait kTryOnce = std::nullopt;
+// With --timeout 0 and no --connect-timeout: how long connecting may take (a try-once acquire
+// gets about as long to reach the server).
+constexpr auto kTryOnceConnect = std::chrono::seconds(1);
 
 // Takes the hold; nullopt when the wait ended first (deadline, or `stop` requested: the waiter
 // has then left the queue).
@@ -328,8 +333,14 @@ LossBounds loss_bounds(const RunOptions& options, std::string_view url) {
   return {margin / 2};
 }
 
-// Bad usage found before anything is touched; empty when the options are fine.
-std::string usage_problem(const RunOptions& o) {
+// The name given with --lock, --read, --write or --semaphore.
+const std::string& hold_name(const RunOptions& o) {
+  return o.lock ? *o.lock : o.read ? *o.read : o.write ? *o.write : *o.semaphore;
+}
+
+// Bad usage found before anything is touched; empty when the options are fine. `run` needs a
+// command; `hold` takes none.
+std::string usage_problem(const RunOptions& o, bool needs_command) {
   const int chosen = !!o.lock + !!o.read + !!o.write + !!o.semaphore;
   if (chosen != 1) return "give exactly one of --lock, --read, --write, --semaphore";
   if (o.semaphore && !o.limit) return "--semaphore needs --limit N";
@@ -342,8 +353,83 @@ std::string usage_problem(const RunOptions& o) {
   if (bad_seconds(o.timeout_sec)) return "--timeout must be a number of seconds, 0 to 1e9";
   if (bad_seconds(o.ttl_sec)) return "--ttl must be a number of seconds, 0 to 1e9";
   if (bad_seconds(std::optional<double>(o.grace_sec))) return "--grace must be a number of seconds, 0 to 1e9";
-  if (o.command.empty()) return "no command to run: put it after '--'";
+  if (!(std::isfinite(o.connect_timeout_sec) && o.connect_timeout_sec > 0 && o.connect_timeout_sec <= 1e9)) {
+    return "--connect-timeout must be a number of seconds, more than 0 and at most 1e9";
+  }
+  if (o.conflict_exit_code && (*o.conflict_exit_code < 0 || *o.conflict_exit_code > 255)) {
+    return "--conflict-exit-code must be 0 to 255, got " + std::to_string(*o.conflict_exit_code);
+  }
+  if (!needs_command) return {};
+  if (o.shell && !o.command.empty()) return "give either -c 'COMMAND LINE' or a COMMAND after '--', not both";
+  if (o.shell && o.shell->empty()) return "-c needs a command line";
+  if (!o.shell && o.command.empty()) return "no command to run: put it after '--' (or give -c 'COMMAND LINE')";
   return {};
+}
+
+// One holder as messages name it: its label, pid@host and since when, or the foreign client.
+std::string holder_text(const EntryInfo& holder) {
+  if (!holder.foreign.empty()) return printable(holder.foreign);
+  std::string text;
+  if (!holder.label.empty()) text += "\"" + printable(holder.label) + "\" ";
+  // What a backend does not know (pid 0, the epoch) is left out rather than made up.
+  if (holder.pid != 0) {
+    text += "pid " + std::to_string(holder.pid) + "@" + printable(holder.host);
+  } else if (!holder.host.empty()) {
+    text += printable(holder.host);
+  } else if (holder.label.empty()) {
+    text += "an unidentified holder";
+  }
+  if (holder.since.time_since_epoch().count() != 0) text += " since " + iso8601(holder.since);
+  while (text.ends_with(' ')) text.pop_back();
+  return text;
+}
+
+// Who is in the queue of a name, as far as inspect tells; `known` is false when it failed
+// (a message about the queue must not fail for it).
+struct QueueView {
+  bool known = false;
+  std::string holder;  // holder_text of the first holder, "" when none
+  std::size_t holders = 0, waiters = 0;
+};
+// A look for messages only: it never holds turnstile up for long, whatever the server does (a
+// look the server does not answer in time just names nobody).
+constexpr auto kLookPatience = std::chrono::milliseconds(500);
+
+QueueView look_at_queue(Client& client, const std::string& name) {
+  try {
+    const auto inspection = client.inspect(name, SteadyClock::now() + kLookPatience);
+    QueueView view{true, {}, inspection.holders.size(), inspection.waiters.size()};
+    if (!inspection.holders.empty()) view.holder = holder_text(inspection.holders.front());
+    return view;
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+// "; held by LABEL pid@host since TIME (and N more)", or "" when no holder is known.
+std::string held_by(const QueueView& view) {
+  if (view.holder.empty()) return {};
+  std::string text = "; held by " + view.holder;
+  if (view.holders > 1) text += " (and " + std::to_string(view.holders - 1) + " more)";
+  return text;
+}
+
+// What a hold is called in messages: "the lock 'jobs/nightly'", "a lease of the semaphore ...".
+std::string what_is_held(Kind kind, const std::string& name, const RunOptions& options) {
+  const auto quoted = "'" + printable(name) + "'";
+  switch (kind) {
+    case Kind::lock: return "the lock " + quoted;
+    case Kind::read: return "the read side of " + quoted;
+    case Kind::write: return "the write side of " + quoted;
+    case Kind::semaphore: return "a lease of the semaphore " + quoted + " (limit " + std::to_string(*options.limit) + ")";
+  }
+  return quoted;
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", seconds);
+  return text;
 }
 
 // The child's environment: ours with TURNSTILE_FENCING_TOKEN and TURNSTILE_NAME set.
@@ -617,7 +703,7 @@ constexpr auto kSettleAfterContinue = std::chrono::milliseconds(100);
 
 // Runs the command under the hold; returns turnstile's exit status, or _exits with it when the
 // hold was lost (no clean-up may wait on the network then). Releases the hold.
-int supervise(Hold& hold, const std::string& name, const RunOptions& options, int signal_fd,
+int supervise(Hold& hold, const std::string& name, const std::string& what, const RunOptions& options, int signal_fd,
               const sigset_t& original_mask, const LossBounds& loss, StateChanges& changes) {
   int lost_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (lost_fd < 0) throw std::runtime_error(describe_errno("eventfd"));
@@ -791,6 +877,7 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
       complain(std::string("releasing the hold failed: ") + error.what());
     }
     if (!lost) {
+      if (options.verbose) complain("released " + what);
       on_loss.reset();  // waits for a callback running right now
       close(lost_fd);
       return status;
@@ -806,16 +893,21 @@ int supervise(Hold& hold, const std::string& name, const RunOptions& options, in
 
 }  // namespace
 
-int run_command(const RunOptions& options) {
-  if (const auto problem = usage_problem(options); !problem.empty()) {
-    complain(problem);
-    return kExitUsage;
-  }
+namespace {
+
+// What run and hold do with a hold once it is taken; returns turnstile's exit status.
+using HeldBody = std::function<int(Client& client, Hold& hold, const std::string& what, int signal_fd,
+                                   const sigset_t& original_mask, StateChanges& changes)>;
+
+// Connects, takes the hold (one try first, then the wait --timeout allows), and hands it to
+// `body`; the exit status when it is not taken (busy, a signal first, an error).
+int take_hold_then(const RunOptions& options, const HeldBody& body) {
   const Kind kind = options.lock ? Kind::lock : options.read ? Kind::read : options.write ? Kind::write : Kind::semaphore;
   const std::string name = options.lock ? *options.lock
                            : options.read ? *options.read
                            : options.write ? *options.write
                                            : *options.semaphore;
+  const auto what = what_is_held(kind, name, options);
 
   // Block before any thread exists so that every thread inherits the mask and the signals
   // wait in the signalfd; the child gets the original mask back before exec.
@@ -838,15 +930,30 @@ int run_command(const RunOptions& options) {
     if (options.ttl_sec) {
       client_options.ttl = std::chrono::ceil<std::chrono::milliseconds>(std::chrono::duration<double>(*options.ttl_sec));
     }
-    auto client = connect_backend(options.backend, std::move(client_options));
-
-    // The deadline counts from before the first try.
+    client_options.holder_label = options.holder_label;
+    // The deadline counts from before connecting: --timeout bounds the whole wait.
+    const auto started = std::chrono::steady_clock::now();
     Wait wait = kTryOnce;
     if (!options.timeout_sec) {
       wait.emplace(std::nullopt);
     } else if (*options.timeout_sec > 0) {
-      wait.emplace(std::chrono::steady_clock::now() +
+      wait.emplace(started +
                    std::chrono::ceil<std::chrono::steady_clock::duration>(std::chrono::duration<double>(*options.timeout_sec)));
+    }
+    auto connect_within = std::chrono::duration<double>(options.connect_timeout_sec);
+    if (options.timeout_sec && *options.timeout_sec > 0) {
+      connect_within = std::min(connect_within, std::chrono::duration<double>(*options.timeout_sec));
+    } else if (options.timeout_sec && !options.connect_timeout_given) {
+      // --timeout 0 (flock -n): a try, connecting included, is not held up by a dead server
+      // for the whole default connect timeout.
+      connect_within = std::min(connect_within, std::chrono::duration<double>(kTryOnceConnect));
+    }
+    client_options.connect_timeout =
+        std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(connect_within));
+    auto client = connect_backend(options.backend, std::move(client_options));
+    if (options.ttl_sec && *options.ttl_sec > 0 && client.url().starts_with("file:")) {
+      complain("note: --ttl has no effect on " + client.url() +
+               ": a hold on the embedded backend lasts exactly as long as its process");
     }
     // Try once first: uncontended, that is the whole acquisition. On file:// a try is quick, so
     // no signal thread is started for it; a network try waits for the server, and a signal
@@ -855,10 +962,18 @@ int run_command(const RunOptions& options) {
     if (!client.url().starts_with("file:")) guard.emplace(signal_fd, name);
     auto hold = acquire(client, kind, name, options, kTryOnce);
     if (!hold && wait && !(guard && guard->token().stop_requested())) {
+      if (options.verbose) {
+        const auto queue = look_at_queue(client, name);
+        std::string text = "waiting for " + what + " on " + client.url();
+        if (options.timeout_sec) text += " (at most " + seconds_text(*options.timeout_sec) + " s in all)";
+        text += held_by(queue);
+        if (queue.known && queue.waiters > 0) text += "; " + std::to_string(queue.waiters) + " waiting ahead";
+        complain(text);
+      }
       if (!guard) guard.emplace(signal_fd, name);
       hold = acquire(client, kind, name, options, wait, guard->token());
     }
-    // Any signal until now came before the command started: it is not run.
+    // Any signal until now came before the hold was used: the command is not run.
     int cancelled_by = guard ? guard->disarm() : 0;
     if (const int unread = cancelling_signal(signal_fd); cancelled_by == 0) cancelled_by = unread;
     if (cancelled_by != 0) {
@@ -869,21 +984,29 @@ int run_command(const RunOptions& options) {
           // Nothing ran under it; the backend's expiry or retry cleans up.
         }
       }
-      complain(std::string(strsignal(cancelled_by)) + " before the command started; " +
-               (hold ? "released '" + name + "'" : "left the queue of '" + name + "'") + ", the command was not run");
+      const bool run = !options.command.empty();
+      complain(std::string(strsignal(cancelled_by)) + (run ? " before the command started; " : " before it was held; ") +
+               (hold ? "released '" + name + "'" : "left the queue of '" + name + "'") +
+               (run ? ", the command was not run" : ""));
       return 128 + cancelled_by;
     }
     if (!hold) {
+      const auto holder = held_by(look_at_queue(client, name));
       if (*options.timeout_sec == 0) {
-        complain("'" + name + "' is busy");
+        complain("'" + name + "' is busy" + holder);
       } else {
         char seconds[32];
         std::snprintf(seconds, sizeof seconds, "%g", *options.timeout_sec);
-        complain("timed out after " + std::string(seconds) + " s waiting for '" + name + "'");
+        complain("timed out after " + std::string(seconds) + " s waiting for '" + name + "'" + holder);
       }
-      return kExitTimeout;
+      return options.conflict_exit_code.value_or(kExitTimeout);
     }
-    return supervise(*hold, name, options, signal_fd, original_mask, loss_bounds(options, client.url()), changes);
+    if (options.verbose) {
+      const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - started;
+      complain("got " + what + " on " + client.url() + " at " + iso8601(std::chrono::system_clock::now()) + " after " +
+               seconds_text(waited.count()) + " s; fencing token " + std::to_string(hold->token));
+    }
+    return body(client, *hold, what, signal_fd, original_mask, changes);
   } catch (const Error& error) {
     complain(error.what());
     return exit_status_for(error);
@@ -891,6 +1014,141 @@ int run_command(const RunOptions& options) {
     complain(error.what());
     return kExitOsError;
   }
+}
+
+// Whether `fd` is a pipe, FIFO or socket: what a script gives `turnstile hold` to talk with it
+// (coproc, a pipeline, process substitution). A terminal is the user's (reading it would take
+// their input), and /dev/null or a file would end the hold at once.
+bool is_channel(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
+}
+
+bool write_all(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+// `turnstile hold`: prints the token and keeps the hold until stdin (a pipe) reaches its end,
+// the reader of stdout (a pipe) goes away, or a terminating signal comes; then releases it.
+// Returns 0 when it was kept until then; _exits 70 when it was lost meanwhile.
+int keep(Hold& hold, const std::string& what, const RunOptions& options, int signal_fd,
+         StateChanges& changes) {
+  const int lost_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (lost_fd < 0) throw std::runtime_error(describe_errno("eventfd"));
+  const auto wake = [lost_fd] {
+    const std::uint64_t one = 1;
+    (void)!write(lost_fd, &one, sizeof one);
+  };
+  std::optional<std::stop_callback<decltype(wake)>> on_loss(std::in_place, hold.lost, wake);
+
+  std::string ended_by;
+  if (!write_all(STDOUT_FILENO, std::to_string(hold.token) + "\n")) {
+    complain(describe_errno("cannot write the fencing token to stdout") + "; releasing");
+    ended_by = "error";
+  }
+  const bool watch_stdin = is_channel(STDIN_FILENO);
+  const bool watch_stdout = is_channel(STDOUT_FILENO);
+  bool lost = false, suspended = false;
+  while (ended_by.empty()) {
+    // A pollfd of -1 is skipped; stdout is polled for nothing but its errors (reader gone).
+    pollfd fds[5] = {{signal_fd, POLLIN, 0}, {lost_fd, POLLIN, 0}, {changes.fd(), POLLIN, 0},
+                     {watch_stdin ? STDIN_FILENO : -1, POLLIN, 0}, {watch_stdout ? STDOUT_FILENO : -1, 0, 0}};
+    if (poll(fds, 5, -1) < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(describe_errno("poll"));
+    }
+    if (fds[1].revents & POLLIN) {
+      lost = true;
+      break;
+    }
+    if (fds[2].revents & POLLIN) {
+      const auto [state, reason] = changes.take();
+      if (state == HoldState::suspended && !suspended) {
+        suspended = true;
+        complain("the hold on '" + hold_name(options) + "' is suspended (" + reason + ")");
+      } else if (state == HoldState::held && suspended) {
+        suspended = false;
+        complain("the hold on '" + hold_name(options) + "' is confirmed again");
+      }
+    }
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo info{};
+      if (read(signal_fd, &info, sizeof info) == sizeof info) {
+        const int sig = static_cast<int>(info.ssi_signo);
+        if (sig == SIGTSTP) {
+          stop_self();
+        } else if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT) {
+          ended_by = strsignal(sig);
+        }
+      }
+    }
+    if (fds[3].revents) {
+      // Whatever is written to stdin means nothing; its end is the signal to let go.
+      char bytes[4096];
+      const ssize_t n = read(STDIN_FILENO, bytes, sizeof bytes);
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) ended_by = "stdin closed";
+    }
+    if (fds[4].revents & (POLLERR | POLLHUP | POLLNVAL)) ended_by = "the reader of stdout went away";
+  }
+  if (!lost && hold.lost.stop_requested()) lost = true;  // lost as we were told to let go
+  if (lost) {
+    complain("the hold on '" + hold_name(options) + "' (fencing token " + std::to_string(hold.token) +
+             ") may have been lost");
+    release_within(hold, LossBounds::kCleanUp);
+    // The client's clean-up could wait on a connection that is gone; the server's expiry
+    // removes whatever is left.
+    std::fflush(nullptr);
+    _exit(kExitHoldLost);
+  }
+  int status = ended_by == "error" ? kExitOsError : 0;
+  try {
+    hold.release();
+    if (options.verbose) complain("released " + what + " (" + ended_by + ")");
+  } catch (const HoldLost& error) {
+    complain(error.what());
+    status = kExitHoldLost;
+  } catch (const Error& error) {
+    complain(std::string("releasing the hold failed: ") + error.what());
+    status = exit_status_for(error);
+  }
+  on_loss.reset();  // waits for a callback running right now
+  close(lost_fd);
+  return status;
+}
+
+}  // namespace
+
+int run_command(const RunOptions& given) {
+  if (const auto problem = usage_problem(given, true); !problem.empty()) {
+    complain(problem);
+    return kExitUsage;
+  }
+  RunOptions options = given;
+  if (options.shell) options.command = {"/bin/sh", "-c", *options.shell};
+  return take_hold_then(options, [&](Client& client, Hold& hold, const std::string& what, int signal_fd,
+                                     const sigset_t& original_mask, StateChanges& changes) {
+    return supervise(hold, hold_name(options), what, options, signal_fd, original_mask,
+                     loss_bounds(options, client.url()), changes);
+  });
+}
+
+int hold_command(const RunOptions& options) {
+  if (const auto problem = usage_problem(options, false); !problem.empty()) {
+    complain(problem);
+    return kExitUsage;
+  }
+  // A reader of stdout that went away is an error on write, not a signal that kills us.
+  ::signal(SIGPIPE, SIG_IGN);
+  return take_hold_then(options, [&](Client&, Hold& hold, const std::string& what, int signal_fd, const sigset_t&,
+                                     StateChanges& changes) {
+    return keep(hold, what, options, signal_fd, changes);
+  });
 }
 
 }  // namespace turnstile::cli

@@ -59,8 +59,13 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     if (address.empty()) address = "127.0.0.1:8500";
   }
   const auto host = parse_host_port(address, 8500, url);
+  if (!url.path.empty() && url.path != "/") {
+    throw InvalidUrl("Consul URLs take no path, got '" + url.path + "' in '" + url.text + "'");
+  }
   settings.endpoint.base = std::string(tls ? "https://" : "http://") + host.host + ":" + std::to_string(host.port);
-  settings.endpoint.token = !url.password.empty() ? url.password : !url.user.empty() ? url.user : env("CONSUL_HTTP_TOKEN");
+  // The whole userinfo is the token (consul://TOKEN@; a ':' in it is the token's own).
+  const auto userinfo = url.user.empty() ? url.password : url.password.empty() ? url.user : url.user + ":" + url.password;
+  settings.endpoint.token = !userinfo.empty() ? userinfo : env("CONSUL_HTTP_TOKEN");
   settings.endpoint.cacert = url.hosts.empty() ? env("CONSUL_CACERT") : "";
   settings.endpoint.shown = url.text;
   for (const auto& [key, value] : url.query) {
@@ -71,10 +76,15 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     else if (key == "cacert") settings.endpoint.cacert = value;
     else throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected ttl, lock_delay, dc, cacert)");
   }
+  check_ttl_option(options.ttl, 1);
   if (options.ttl.count() > 0) settings.session.ttl = options.ttl;
+  if (options.connect_timeout.count() > 0) settings.connect_timeout = options.connect_timeout;
+  settings.label = options.holder_label;
   char name[256] = {};
   gethostname(name, sizeof name - 1);
-  settings.session.name = "turnstile " + std::string(name) + " " + std::to_string(getpid());
+  // As `consul lock -name`: the label names the session when given.
+  settings.session.name = !options.holder_label.empty() ? options.holder_label
+                                                        : "turnstile " + std::string(name) + " " + std::to_string(getpid());
   return settings;
 }
 
@@ -123,7 +133,8 @@ void Cleanup::run(std::stop_token stop) {
 milliseconds call_timeout(Deadline deadline, milliseconds floor) {
   if (!deadline) return kCallCap;
   const auto left = std::chrono::duration_cast<milliseconds>(*deadline - SteadyClock::now());
-  return std::clamp(left, floor, kCallCap);
+  if (left <= milliseconds(0)) return floor;
+  return std::clamp(left, std::min(floor, kTimedCallFloor), kCallCap);
 }
 
 nlohmann::json kv_op(const char* verb, const std::string& key) { return {{"KV", {{"Verb", verb}, {"Key", key}}}}; }
@@ -136,14 +147,27 @@ nlohmann::json kv_lock(const std::string& key, const std::string& value, std::ui
   return op;
 }
 
+nlohmann::json kv_unlock(const std::string& key, std::uint64_t flags, const std::string& session) {
+  auto op = kv_lock(key, "", flags, session);
+  op["KV"]["Verb"] = "unlock";
+  return op;
+}
+
+nlohmann::json kv_check_session(const std::string& key, const std::string& session) {
+  auto op = kv_op("check-session", key);
+  op["KV"]["Session"] = session;
+  return op;
+}
+
 ConsulBackend::ConsulBackend(Settings settings)
     : http_(settings.endpoint), sessions_(settings.endpoint, http_, settings.session) {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   host_ = name;
   client_id_ = random_id();
+  label_ = settings.label;
   // Reaches Consul once, so a wrong address or token is reported by connect.
-  sessions_.main(kCallCap);
+  sessions_.main(settings.connect_timeout);
 }
 
 ConsulBackend::~ConsulBackend() = default;
@@ -158,11 +182,42 @@ std::vector<KvEntry> ConsulBackend::read(const std::string& key, bool recurse, m
 }
 
 std::optional<std::vector<KvEntry>> ConsulBackend::txn(const nlohmann::json& ops, milliseconds timeout,
-                                                       const std::string& context) {
+                                                       const std::string& context, std::vector<std::size_t>* failed) {
   const auto reply = http_.call("PUT", "/v1/txn", ops.dump(), timeout);
-  if (reply.status == 409) return std::nullopt;
+  if (reply.status == 409) {
+    if (failed) {
+      failed->clear();
+      const auto answer = nlohmann::json::parse(reply.body, nullptr, false);
+      if (const auto errors = answer.find("Errors"); answer.is_object() && errors != answer.end() && errors->is_array()) {
+        for (const auto& error : *errors) {
+          if (error.is_object() && error.contains("OpIndex") && error["OpIndex"].is_number_unsigned()) {
+            failed->push_back(error["OpIndex"].get<std::size_t>());
+          }
+        }
+      }
+    }
+    return std::nullopt;
+  }
   if (reply.status != 200) throw_error(context, reply, http_.endpoint());
   return parse_txn_results(nlohmann::json::parse(reply.body, nullptr, false));
+}
+
+std::optional<std::uint64_t> ConsulBackend::released_lock_index(const std::string& name) {
+  std::lock_guard lock(released_mutex_);
+  const auto found = released_locks_.find(name);
+  if (found == released_locks_.end()) return std::nullopt;
+  return found->second;
+}
+
+void ConsulBackend::note_released_lock(const std::string& name, std::optional<std::uint64_t> index) {
+  constexpr std::size_t kRemembered = 4096;  // names; past this, the oldest knowledge is dropped
+  std::lock_guard lock(released_mutex_);
+  if (!index) {
+    released_locks_.erase(name);
+    return;
+  }
+  if (released_locks_.size() >= kRemembered && !released_locks_.count(name)) released_locks_.clear();
+  released_locks_[name] = *index;
 }
 
 bool ConsulBackend::write(const char* method, const std::string& path, const std::string& body, milliseconds timeout,
@@ -173,7 +228,16 @@ bool ConsulBackend::write(const char* method, const std::string& path, const std
 }
 
 void ConsulBackend::block(const WaitTarget& target, Deadline deadline, const std::stop_token& stop) {
-  if (target.index == 0 || stop.stop_requested()) return;
+  if (stop.stop_requested()) return;
+  if (target.index == 0) {
+    // A lock-delay on a key that is gone (its session's Behavior delete took it): nothing in
+    // the store will change when the delay ends, so look again after a while, as api.Lock does.
+    if (target.retry) {
+      auto pause = kLockDelayRetry;
+      pause_before_resend(deadline, stop, pause);
+    }
+    return;
+  }
   auto wait = target.retry ? kLockDelayRetry : kBlockingWaitMax;
   auto timeout = wait + wait / 16 + kBlockingSlack;
   if (deadline) {
@@ -223,6 +287,7 @@ EntryValue ConsulBackend::new_value(const QueueRequest& request) const {
   value.pid = getpid();
   value.host = host_;
   value.since_ms = now_ms();
+  value.label = label_;
   return value;
 }
 
@@ -248,16 +313,19 @@ EntryInfo info_of(const KvEntry& entry, const EntryValue& value, bool holding) {
   info.pid = value.pid;
   info.host = value.host;
   info.since = std::chrono::system_clock::time_point(milliseconds(value.since_ms));
+  info.label = value.label;
   return info;
 }
 
 }  // namespace
 
-Inspection ConsulBackend::inspect(const std::string& name) {
+Inspection ConsulBackend::inspect(const std::string& name, Deadline deadline) {
+  // Each read gets what is left of the deadline (at least 1 ms: an answer already there counts).
+  const auto timeout = [&] { return call_timeout(deadline, milliseconds(1)); };
   Inspection result;
   result.name = name;
   const auto key = encode_name(name);
-  const auto queue = children(read(queue_prefix(name), true, kCallCap), queue_prefix(name));
+  const auto queue = children(read(queue_prefix(name), true, timeout()), queue_prefix(name));
   std::vector<QueueEntryView> views;
   for (const auto& entry : queue) {
     const auto value = entry_value(entry.value);
@@ -278,12 +346,12 @@ Inspection ConsulBackend::inspect(const std::string& name) {
       return mine.session == session || std::find(sessions.begin(), sessions.end(), session) != sessions.end();
     });
   };
-  for (const auto& entry : read(key, false, kCallCap)) {
+  for (const auto& entry : read(key, false, timeout())) {
     if (entry.flags != kLockFlags || entry.session.empty()) continue;
     if (!ours(entry.session)) foreign.emplace_back(entry.session, 1);
     if (result.mode.empty()) result.mode = "lock";
   }
-  const auto under = read(key + "/", true, kCallCap);
+  const auto under = read(key + "/", true, timeout());
   for (const auto& entry : under) {
     if (entry.key != key + "/.lock" || entry.flags != kSemaphoreFlags) continue;
     const auto lock = semaphore_lock(entry, name);
@@ -302,16 +370,16 @@ Inspection ConsulBackend::inspect(const std::string& name) {
     info.kind = result.mode == "semaphore" ? "lease" : "exclusive";
     info.permits = permits;
     info.holding = true;
-    info.host = "consul session " + session;
-    const auto reply = http_.call("GET", "/v1/session/info/" + session, "", kCallCap);
+    info.foreign = "consul session " + session;
+    const auto reply = http_.call("GET", "/v1/session/info/" + session, "", timeout());
     const auto json = nlohmann::json::parse(reply.body, nullptr, false);
     if (reply.status == 200 && json.is_array() && !json.empty() && json[0].is_object()) {
-      info.host += " (node " + json[0].value("Node", std::string()) + ", name \"" + json[0].value("Name", std::string()) + "\")";
+      info.foreign += " (node " + json[0].value("Node", std::string()) + ", name \"" + json[0].value("Name", std::string()) + "\")";
     }
     result.holders.insert(result.holders.begin(), info);
   }
-  result.permits = counter_value(read(counter_key(name), false, kCallCap));
-  for (const auto& entry : children(read(line_prefix(name), true, kCallCap), line_prefix(name))) {
+  result.permits = counter_value(read(counter_key(name), false, timeout()));
+  for (const auto& entry : children(read(line_prefix(name), true, timeout()), line_prefix(name))) {
     auto info = info_of(entry, entry_value(entry.value), false);
     info.kind = "permits";
     result.waiters.push_back(info);

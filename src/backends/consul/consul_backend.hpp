@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +35,9 @@ using std::chrono::milliseconds;
 constexpr milliseconds kCallCap{10000};
 // The least time a call that must reach Consul once gets (a try-once join, a release).
 constexpr milliseconds kCallFloor{1000};
+// The least a call of a timed acquire gets however little is left: it may overrun the deadline
+// by this much when the server stalls, rather than fail a call a healthy server answers at once.
+constexpr milliseconds kTimedCallFloor{250};
 // A blocking query's longest `wait`: the waiter then looks again (Consul's default is 5 min).
 constexpr milliseconds kBlockingWaitMax{60000};
 // Beyond `wait`, Consul adds up to wait/16 of jitter; plus room for the answer itself.
@@ -60,6 +64,8 @@ constexpr milliseconds kResendBackoffMax{1000};
 struct Settings {
   Endpoint endpoint;
   SessionSettings session;
+  milliseconds connect_timeout = kCallCap;  // ClientOptions::connect_timeout, else kCallCap
+  std::string label;                        // ClientOptions::holder_label
 };
 
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
@@ -92,7 +98,7 @@ class ConsulBackend final : public Backend {
                                    Standing& first) override;
   std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
                                             const std::stop_token& stop) override;
-  Inspection inspect(const std::string& name) override;
+  Inspection inspect(const std::string& name, Deadline deadline) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
@@ -106,8 +112,15 @@ class ConsulBackend final : public Backend {
   EntryValue new_value(const QueueRequest& request) const;
   // GET a key or (recurse) a prefix: its entries (none when 404) and X-Consul-Index.
   std::vector<KvEntry> read(const std::string& key, bool recurse, milliseconds timeout, std::uint64_t* index = nullptr);
-  // PUT /v1/txn: the KV results, or nullopt when Consul refused it (409: a check failed).
-  std::optional<std::vector<KvEntry>> txn(const nlohmann::json& ops, milliseconds timeout, const std::string& context);
+  // PUT /v1/txn: the KV results, or nullopt when Consul refused it (409: a check failed; the
+  // indexes of the failed operations in `failed`, when given).
+  std::optional<std::vector<KvEntry>> txn(const nlohmann::json& ops, milliseconds timeout, const std::string& context,
+                                          std::vector<std::size_t>* failed = nullptr);
+  // The api.Lock key of `name` as this client last left it (released, ModifyIndex), so an
+  // uncontended exclusive join can take it in one transaction that checks it is still so
+  // (forgotten when a join finds it moved on).
+  std::optional<std::uint64_t> released_lock_index(const std::string& name);
+  void note_released_lock(const std::string& name, std::optional<std::uint64_t> index);
   // After a call found no server: sleeps `backoff` (then doubles it) within the deadline and
   // the stop; false when either ended it (the caller gives up).
   bool pause_before_resend(Deadline deadline, const std::stop_token& stop, milliseconds& backoff);
@@ -144,14 +157,21 @@ class ConsulBackend final : public Backend {
   std::string client_id_;  // random, for request ids
   std::atomic<std::uint64_t> requests_{0};
   std::string host_;
+  std::string label_;
+  std::mutex released_mutex_;
+  std::map<std::string, std::uint64_t> released_locks_;  // name -> ModifyIndex, bounded
 };
 
-// The timeout of one call under the caller's deadline: at least kCallFloor, at most kCallCap.
+// The timeout of one call under the caller's deadline: what is left of it, at least
+// kTimedCallFloor (or `floor` if less), at most kCallCap; `floor` once the deadline has passed
+// (a try-once acquire still reaches Consul once).
 milliseconds call_timeout(Deadline deadline, milliseconds floor = kCallFloor);
 
 // Transaction operations (Consul's /v1/txn KV verbs).
 nlohmann::json kv_op(const char* verb, const std::string& key);
 nlohmann::json kv_lock(const std::string& key, const std::string& value, std::uint64_t flags, const std::string& session);
+nlohmann::json kv_unlock(const std::string& key, std::uint64_t flags, const std::string& session);
+nlohmann::json kv_check_session(const std::string& key, const std::string& session);
 
 std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueRequest& request, Deadline deadline,
                                        Standing& first);

@@ -100,6 +100,7 @@ std::string encode_name(std::string_view name) {
 std::string queue_prefix(std::string_view name) { return "turnstile/q/" + encode_name(name) + "/"; }
 std::string counter_key(std::string_view name) { return "turnstile/c/" + encode_name(name); }
 std::string line_prefix(std::string_view name) { return "turnstile/cq/" + encode_name(name) + "/"; }
+std::string occupancy_key(std::string_view name) { return "turnstile/o/" + encode_name(name); }
 std::string marker_key(std::string_view entry_id) { return "turnstile/x/" + std::string(entry_id); }
 
 std::vector<KvEntry> parse_entries(const nlohmann::json& array) {

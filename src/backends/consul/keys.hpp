@@ -28,6 +28,10 @@ std::string queue_prefix(std::string_view name);     // turnstile/q/<key>/: queu
 std::string counter_key(std::string_view name);      // turnstile/c/<key>: PermitCounter value
 std::string line_prefix(std::string_view name);      // turnstile/cq/<key>/: its waiters
 std::string marker_key(std::string_view entry_id);   // turnstile/x/<id>: a join given up
+// turnstile/o/<key>: present whenever the name's queue has an entry (every join writes it, so
+// its ModifyIndex moves with each); only the last one out deletes it, by CAS on that index. Its
+// absence lets an exclusive join take the name at once (places.cpp).
+std::string occupancy_key(std::string_view name);
 
 // One KV entry as Consul answers it (GET /v1/kv, /v1/txn results), the value decoded.
 struct KvEntry {

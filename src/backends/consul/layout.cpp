@@ -48,6 +48,7 @@ std::string to_json(const EntryValue& value) {
                          {"held", value.held},           {"pid", value.pid},         {"host", host_text(value.host)},
                          {"since", value.since_ms}};
   if (!value.sessions.empty()) json["sessions"] = value.sessions;
+  if (!value.label.empty()) json["label"] = host_text(value.label);
   return json.dump();
 }
 
@@ -64,6 +65,7 @@ EntryValue entry_value(const std::string& text) {
     value.pid = json.value("pid", std::int64_t{0});
     value.host = host_bytes(json.value("host", std::string()));
     value.since_ms = json.value("since", std::int64_t{0});
+    value.label = host_bytes(json.value("label", std::string()));
     if (const auto sessions = json.find("sessions"); sessions != json.end() && sessions->is_array()) {
       for (const auto& session : *sessions) {
         if (session.is_string()) value.sessions.push_back(session.get<std::string>());

@@ -24,6 +24,7 @@ struct EntryValue {
   std::int64_t pid = 0;
   std::string host;
   std::int64_t since_ms = 0;
+  std::string label;  // ClientOptions::holder_label
 };
 
 std::string to_json(const EntryValue& value);

@@ -20,12 +20,14 @@ struct Snapshot {
 
 class ConsulHold final : public BackendHold {
  public:
+  // `last_in`: the occupancy key's ModifyIndex when our entry was the queue's only one (0: not
+  // known to be): our release deletes that key if nobody joined since.
   ConsulHold(ConsulBackend& backend, std::string name, std::shared_ptr<Session> session, std::string entry_key,
              EntryValue value, std::vector<std::shared_ptr<Session>> permits, std::uint64_t token,
-             std::shared_ptr<LossSignal> loss)
+             std::shared_ptr<LossSignal> loss, std::uint64_t last_in)
       : backend_(backend), name_(std::move(name)), session_(std::move(session)), entry_key_(std::move(entry_key)),
         value_(std::move(value)), permits_(std::move(permits)), token_(token), loss_(std::move(loss)),
-        holds_key_(value_.kind == EntryKind::exclusive) {
+        holds_key_(value_.kind == EntryKind::exclusive), last_in_(last_in) {
     session_->lease->attach(loss_);
     for (const auto& permit : permits_) permit->lease->attach(loss_);
   }
@@ -62,18 +64,47 @@ class ConsulHold final : public BackendHold {
     for (const auto& permit : permits_) permit->lease->detach(loss_.get());
   }
 
-  // api.Lock's Unlock (?release, which answers false when not ours: nothing to undo), then the
-  // entry. A retry after the key's release does not release it again: another hold of this
-  // client's session may own it by then (the entry, still first, keeps it from being taken
-  // before the release is confirmed).
+  // api.Lock's Unlock and our entry's removal in one transaction that first checks the entry is
+  // still ours: a resend of a release already applied (or a release after the session ended)
+  // changes nothing, so it can never unlock the key for another hold of this client's session.
   void release_lock(milliseconds timeout) {
+    nlohmann::json ops = nlohmann::json::array();
+    ops.push_back(kv_check_session(entry_key_, session_->id));
+    if (holds_key_) ops.push_back(kv_unlock(encode_name(name_), kLockFlags, session_->id));
+    ops.push_back(kv_op("delete", entry_key_));
+    const auto results = finish(std::move(ops), timeout);
     if (holds_key_) {
-      backend_.write("PUT", "/v1/kv/" + url_escape(encode_name(name_)) + "?release=" + session_->id +
-                                "&flags=" + std::to_string(kLockFlags),
-                     "", timeout, "releasing '" + name_ + "'");
-      holds_key_ = false;
+      // The key as we left it: the next uncontended join of ours may take it in one step.
+      std::optional<std::uint64_t> released;
+      for (const auto& entry : results.value_or(std::vector<KvEntry>{})) {
+        if (entry.key == encode_name(name_)) released = entry.modify_index;
+      }
+      backend_.note_released_lock(name_, released);
     }
-    backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", timeout, "releasing '" + name_ + "'");
+    holds_key_ = false;
+  }
+
+  // Runs a release's transaction, with the occupancy key's removal when we were the last one in
+  // (left out when someone joined since: then the rest of it is applied without it). Refused
+  // otherwise: our entry is no longer ours (released already, or its session ended), and its
+  // removal alone is made sure of.
+  std::optional<std::vector<KvEntry>> finish(nlohmann::json ops, milliseconds timeout) {
+    const auto context = "releasing '" + name_ + "'";
+    if (last_in_ != 0) {
+      auto op = kv_op("delete-cas", occupancy_key(name_));
+      op["KV"]["Index"] = last_in_;
+      ops.push_back(op);
+      std::vector<std::size_t> failed;
+      if (auto results = backend_.txn(ops, timeout, context, &failed)) return results;
+      ops.erase(ops.size() - 1);
+      if (!(failed.size() == 1 && failed.front() == ops.size())) {
+        backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", timeout, context);
+        return std::nullopt;
+      }
+    }
+    if (auto results = backend_.txn(ops, timeout, context)) return results;
+    backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", timeout, context);
+    return std::nullopt;
   }
 
   // api.Semaphore's Release: our holders out of `.lock` by CAS (deleted when none is left),
@@ -96,7 +127,17 @@ class ConsulHold final : public BackendHold {
       }
       for (const auto& permit : permits_) ops.push_back(kv_op("delete", key + "/" + permit->id));
       ops.push_back(kv_op("delete", entry_key_));
-      if (backend_.txn(ops, timeout, "releasing Semaphore '" + name_ + "'")) return;
+      if (!last_in_) {
+        if (backend_.txn(ops, timeout, "releasing Semaphore '" + name_ + "'")) return;
+        continue;
+      }
+      auto op = kv_op("delete-cas", occupancy_key(name_));
+      op["KV"]["Index"] = last_in_;
+      ops.push_back(op);
+      std::vector<std::size_t> failed;
+      if (backend_.txn(ops, timeout, "releasing Semaphore '" + name_ + "'", &failed)) return;
+      // Someone joined since: the occupancy key stays theirs.
+      if (std::find(failed.begin(), failed.end(), ops.size() - 1) != failed.end()) last_in_ = 0;
     }
   }
 
@@ -109,6 +150,7 @@ class ConsulHold final : public BackendHold {
   std::uint64_t token_;
   std::shared_ptr<LossSignal> loss_;
   bool holds_key_;  // the api.Lock key: taken by a writer, kept through a downgrade
+  std::uint64_t last_in_;
   bool released_ = false;
 };
 
@@ -120,13 +162,21 @@ class ConsulPlace final : public QueuePlace {
         value_(backend.new_value(request)) {}
   ~ConsulPlace() override { leave(); }
 
-  // One transaction adds our entry (unless this join was given up: its marker) and reads the
-  // queue and the peers' keys.
+  // An exclusive join first tries to take the name outright: when nobody is in the queue (no
+  // occupancy key) and the api.Lock key is as this client last released it (or absent), one
+  // transaction marks the name occupied, takes the key and adds our entry already held: the
+  // uncontended lock costs one round trip, and the occupancy key keeps it from ever jumping a
+  // queue or a reader. Otherwise one transaction adds our entry (unless this join was given up:
+  // its marker), marks the name occupied, and reads the queue and the peers' keys.
   Standing join(Deadline deadline) {
     deadline_ = deadline;
+    if (request_.kind == EntryKind::exclusive) {
+      if (auto taken = take_at_once(deadline)) return *taken;
+    }
     nlohmann::json ops = nlohmann::json::array();
     ops.push_back(kv_op("check-not-exists", marker_key(id_)));
     ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
+    ops.push_back(occupy());
     ops.push_back(kv_op("get-tree", prefix_));
     ops.push_back(is_lease(request_) ? kv_op("get-tree", key_ + "/") : kv_op("get-or-empty", key_));
     std::optional<std::vector<KvEntry>> results;
@@ -144,8 +194,8 @@ class ConsulPlace final : public QueuePlace {
     }
     joined_ = true;
     Snapshot snapshot;
-    // The first result is the lock's own (no value); the reads follow.
-    if (!results->empty()) results->erase(results->begin());
+    // The first two results are the writes' own (no value); the reads follow.
+    results->erase(results->begin(), results->begin() + std::min<std::size_t>(2, results->size()));
     for (auto& entry : *results) {
       if (entry.key == key_) snapshot.lock_key = entry;
       else if (entry.key.rfind(prefix_, 0) == 0) snapshot.queue.push_back(entry);
@@ -155,13 +205,21 @@ class ConsulPlace final : public QueuePlace {
     return stand(snapshot);
   }
 
-  // Reads are resent while no server answers (a restart), until the deadline or a stop.
+  // Reads are resent while no server answers (a restart), until the deadline or a stop: then
+  // the acquire ends not admitted, as a wait that ran out does.
   Standing look(Deadline deadline) override {
+    // One that was due already (try once) reports an unreachable server instead.
+    const bool due = deadline && *deadline <= SteadyClock::now();
     for (auto backoff = kResendBackoff;;) {
       try {
         return look_once(deadline);
       } catch (const BackendUnavailable&) {
-        if (!backend_.pause_before_resend(deadline, request_.stop, backoff)) throw;
+        if (due) throw;
+        if (!backend_.pause_before_resend(deadline, request_.stop, backoff)) {
+          Standing not_admitted;
+          not_admitted.decided = Verdict{WaitFor::admission, 0};
+          return not_admitted;
+        }
       }
     }
   }
@@ -187,13 +245,20 @@ class ConsulPlace final : public QueuePlace {
   }
 
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
+    if (taken_at_once_) {
+      left_ = true;  // the hold owns the entry now
+      return std::make_unique<ConsulHold>(backend_, request_.name, session_, entry_key_, value_,
+                                          std::vector<std::shared_ptr<Session>>{}, token_, std::move(loss), last_in_);
+    }
     value_.held = true;
     std::vector<std::shared_ptr<Session>> permits;
     nlohmann::json ops = nlohmann::json::array();
-    if (request_.kind == EntryKind::exclusive) ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
     if (is_lease(request_)) {
-      // One session holds the lease's permits, its count in `.lock` (layout.hpp).
+      // One session holds the lease's permits, its count in `.lock` (layout.hpp). Its contender
+      // key comes first: already there, it tells a resend of this very transaction (libcurl
+      // resends a request whose kept-alive connection died unanswered) from a lost race.
       const auto& permit = permits.emplace_back(backend_.sessions().spare(call_timeout(deadline_)));
+      ops.push_back(kv_op("check-not-exists", key_ + "/" + permit->id));
       auto lock = semaphore_;
       ops.push_back(kv_lock(key_ + "/" + permit->id, "", kSemaphoreFlags, permit->id));
       lock.holders[permit->id] = request_.permits;
@@ -204,28 +269,46 @@ class ConsulPlace final : public QueuePlace {
       op["KV"]["Flags"] = kSemaphoreFlags;
       ops.push_back(op);
     }
+    std::optional<std::size_t> lock_op;  // the take of the api.Lock key
+    if (request_.kind == EntryKind::exclusive) {
+      lock_op = ops.size();
+      ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
+    }
     ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
+    // Read in the same step: whether ours is the queue's only entry, and the occupancy key's
+    // index then, so that our release can end the occupancy if nobody joins meanwhile.
+    ops.push_back(kv_op("get-or-empty", occupancy_key(request_.name)));
+    ops.push_back(kv_op("get-tree", prefix_));
     std::optional<std::vector<KvEntry>> results;
+    std::vector<std::size_t> failed;
     try {
-      results = backend_.txn(ops, call_timeout(deadline_), "taking '" + request_.name + "'");
+      results = backend_.txn(ops, call_timeout(deadline_), "taking '" + request_.name + "'", &failed);
     } catch (const BackendUnavailable&) {
       release_unknown_hold(std::move(permits));
       throw;
+    }
+    if (!results && is_lease(request_) && std::find(failed.begin(), failed.end(), 0) != failed.end()) {
+      results = applied_before();  // our own earlier delivery of it
     }
     if (!results) {
       value_.held = false;
       value_.sessions.clear();
       for (auto& permit : permits) backend_.sessions().give_back(std::move(permit));
-      retry_soon_ = true;  // held by someone we have not seen yet, or a lock-delay
+      // The key refused us: held by someone we have not seen yet, or a lock-delay.
+      retry_soon_ = lock_op && std::find(failed.begin(), failed.end(), *lock_op) != failed.end();
       throw QueueChanged();
     }
     std::uint64_t token = 0;
+    std::uint64_t occupancy = 0;
+    std::set<std::string> in_queue;  // our entry comes twice: written, then read with the queue
     for (const auto& entry : *results) {
-      if (entry.key == entry_key_) token = entry.modify_index;
+      if (entry.key == entry_key_) token = std::max(token, entry.modify_index);
+      if (entry.key == occupancy_key(request_.name)) occupancy = entry.modify_index;
+      if (entry.key.rfind(prefix_, 0) == 0 && entry.create_index != 0) in_queue.insert(entry.key);
     }
     left_ = true;  // the hold owns the entry now
     return std::make_unique<ConsulHold>(backend_, request_.name, session_, entry_key_, value_, std::move(permits),
-                                        token, std::move(loss));
+                                        token, std::move(loss), in_queue.size() == 1 ? occupancy : 0);
   }
 
   void leave() noexcept override {
@@ -252,7 +335,7 @@ class ConsulPlace final : public QueuePlace {
     try {
       auto orphan = std::make_shared<ConsulHold>(backend_, request_.name, session_, entry_key_, value_,
                                                  std::move(permits), 0,
-                                                 std::make_shared<LossSignal>(request_.name, nullptr));
+                                                 std::make_shared<LossSignal>(request_.name, nullptr), 0);
       backend_.cleanup().add([orphan] {
         try {
           orphan->release();
@@ -266,18 +349,94 @@ class ConsulPlace final : public QueuePlace {
     }
   }
 
+  // The occupancy key written with our entry's id: a value no join wrote before, so its
+  // ModifyIndex moves with every join (Consul skips a write that changes nothing).
+  nlohmann::json occupy() const {
+    auto op = kv_op("set", occupancy_key(request_.name));
+    op["KV"]["Value"] = base64_encode(id_);
+    return op;
+  }
+
+  // The one-step exclusive take (see join): nullopt when the name is not free as this client
+  // last saw it (someone is in the queue, or the key moved on): then the ordinary join follows.
+  std::optional<Standing> take_at_once(Deadline deadline) {
+    const auto released = backend_.released_lock_index(request_.name);
+    value_.held = true;
+    nlohmann::json ops = nlohmann::json::array();
+    ops.push_back(kv_op("check-not-exists", marker_key(id_)));
+    ops.push_back(kv_op("check-not-exists", entry_key_));  // fails only on a resend of ours
+    ops.push_back(kv_op("check-not-exists", occupancy_key(request_.name)));
+    if (released) {
+      auto op = kv_op("check-index", key_);
+      op["KV"]["Index"] = *released;
+      ops.push_back(op);
+    } else {
+      // A key we do not know may be someone else's (other flags): the ordinary join reads it first.
+      ops.push_back(kv_op("check-not-exists", key_));
+    }
+    ops.push_back(occupy());
+    ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
+    ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
+    std::optional<std::vector<KvEntry>> results;
+    std::vector<std::size_t> failed;
+    try {
+      results = backend_.txn(ops, call_timeout(deadline), "taking '" + request_.name + "'", &failed);
+    } catch (const BackendUnavailable&) {
+      joined_ = true;
+      give_up_join(true);
+      throw;
+    }
+    if (!results && std::find(failed.begin(), failed.end(), 1) != failed.end()) results = applied_before();
+    if (!results) {
+      value_.held = false;
+      if (std::find(failed.begin(), failed.end(), 3) != failed.end()) backend_.note_released_lock(request_.name, {});
+      return std::nullopt;
+    }
+    joined_ = true;
+    taken_at_once_ = true;
+    for (const auto& entry : *results) {
+      if (entry.key == entry_key_) token_ = entry.modify_index;
+      if (entry.key == occupancy_key(request_.name)) last_in_ = entry.modify_index;
+    }
+    Standing standing;
+    standing.decided = Verdict{};
+    return standing;
+  }
+
+  // After a refusal that says our entry or permit key was already written: our own earlier
+  // delivery of the same transaction applied. Its results as a read of our entry finds them
+  // (the occupancy left unknown: the release then keeps it, and a later last one out ends it).
+  std::optional<std::vector<KvEntry>> applied_before() {
+    auto entries = backend_.read(entry_key_, false, call_timeout(deadline_));
+    if (entries.empty() || entries.front().session != session_->id) {
+      left_ = true;
+      throw QueueEntryGone();  // applied, then gone with its session
+    }
+    return entries;
+  }
+
   // A join whose answer never came may still be applied: its marker (on our session, so it
   // goes with it) keeps a late delivery from adding the entry, and the entry goes if it came.
-  void give_up_join() noexcept {
+  // `took_key`: the join may also have taken the api.Lock key (take_at_once), which is then
+  // released with the entry, by the transaction that checks the entry is ours.
+  void give_up_join(bool took_key = false) noexcept {
     left_ = true;
     nlohmann::json ops = nlohmann::json::array();
     ops.push_back(kv_lock(marker_key(id_), "", 0, session_->id));
-    ops.push_back(kv_op("delete", entry_key_));
+    nlohmann::json undo = nlohmann::json::array();
+    undo.push_back(kv_check_session(entry_key_, session_->id));
+    if (took_key) undo.push_back(kv_unlock(key_, kLockFlags, session_->id));
+    undo.push_back(kv_op("delete", entry_key_));
     auto& backend = backend_;
     auto session = session_;
-    backend_.cleanup().add([&backend, ops, session] {
+    backend_.cleanup().add([&backend, ops, undo, session, marked = false]() mutable {
       if (session->lease->lost()) return true;  // the entry went with the session
-      return backend.txn(ops, kCallFloor, "removing a given-up entry").has_value();
+      // The marker first: from then on a late delivery of the join cannot apply.
+      if (!marked) marked = backend.txn(ops, kCallFloor, "removing a given-up entry").has_value();
+      if (!marked) return false;
+      // Refused: the entry never came (or is gone already): nothing else to undo.
+      backend.txn(undo, kCallFloor, "removing a given-up entry");
+      return true;
     });
   }
 
@@ -307,11 +466,21 @@ class ConsulPlace final : public QueuePlace {
   // An api.Lock holder that is not our queue's head goes in front; so does a lock-delay we ran into.
   void add_lock_holder(const Snapshot& snapshot, const std::vector<KvEntry>& queue, Standing& standing) {
     const bool retry = std::exchange(retry_soon_, false);
-    if (!snapshot.lock_key) return;
+    if (!snapshot.lock_key) {
+      // Refused with the key absent: a lock-delay (a session invalidated with it deleted the
+      // key). Wait that out in front of our entry rather than try again at once.
+      if (retry) {
+        standing.entries.push_back({EntryKind::exclusive, 1});
+        targets_.push_back({key_, 0, false, true});
+      }
+      return;
+    }
     const auto& key = *snapshot.lock_key;
     if (key.flags != kLockFlags) {
-      throw KindMismatch("'" + request_.name + "': Consul key " + key.key + " has flags " + std::to_string(key.flags) +
-                         ", not api.Lock's: it is someone else's");
+      char flags[32];
+      std::snprintf(flags, sizeof flags, "0x%016llx", static_cast<unsigned long long>(key.flags));
+      throw KindMismatch("'" + request_.name + "': Consul key " + key.key + " has flags " + flags +
+                         ", not api.Lock's (0x2ddccbc058a50c18): it is someone else's");
     }
     // A released key (api.Lock leaves it behind) says nothing: only a held one makes the name a lock.
     if (!key.session.empty()) standing.mode = QueueMode::lock;
@@ -367,6 +536,9 @@ class ConsulPlace final : public QueuePlace {
   WaitTarget holders_target_;
   SemaphoreLock semaphore_;  // `.lock` as the last look saw it, pruned
   Deadline deadline_;  // the acquire's, for hold()
+  bool taken_at_once_ = false;  // take_at_once took the name: hold() has nothing left to write
+  std::uint64_t token_ = 0;     // then: its fencing token
+  std::uint64_t last_in_ = 0;   // then: the occupancy key's index (we are the only one in)
   bool joined_ = false;
   bool left_ = false;
   bool retry_soon_ = false;
@@ -397,13 +569,21 @@ class ConsulCounterLine final : public CounterLine {
         prefix_(line_prefix(name_)), stop_(std::move(stop)) {}
   ~ConsulCounterLine() override { leave(); }
 
-  // Reads are resent while no server answers (a restart), until the deadline or a stop.
+  // Reads are resent while no server answers (a restart), until the deadline or a stop: then
+  // the acquire ends not taken (shown as a wait for permits, which ends at once).
   CounterStanding look(bool, Deadline deadline) override {
+    // One that was due already (try once) reports an unreachable server instead.
+    const bool due = deadline && *deadline <= SteadyClock::now();
     for (auto backoff = kResendBackoff;;) {
       try {
         return look_once(deadline);
       } catch (const BackendUnavailable&) {
-        if (!backend_.pause_before_resend(deadline, stop_, backoff)) throw;
+        if (due) throw;
+        if (!backend_.pause_before_resend(deadline, stop_, backoff)) {
+          CounterStanding not_taken;
+          not_taken.in_line = true;
+          return not_taken;
+        }
       }
     }
   }

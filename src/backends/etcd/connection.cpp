@@ -124,38 +124,19 @@ std::string prefix_end(std::string key) {
   return key;
 }
 
-namespace {
-
-// A host as gRPC's resolver takes it: a name or IPv4 address, or an IPv6 address in brackets.
-// Anything else is refused here rather than left to fail inside gRPC (a resolver error on
-// stderr, then BackendUnavailable after the connect deadline).
-bool valid_host(std::string_view host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    const auto address = host.substr(1, host.size() - 2);
-    return address.find(':') != std::string_view::npos &&
-           address.find_first_not_of("0123456789abcdefABCDEF:.") == std::string_view::npos;
-  }
-  if (host.empty() || host.size() > 253) return false;
-  for (char c : host) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   Settings settings;
+  settings.holder_label = options.holder_label;
+  settings.connect_timeout = options.connect_timeout;
   settings.tls = url.scheme == "etcds";
   if (url.hosts.empty()) throw InvalidUrl("no host:port in '" + url.text + "'");
   if (url.user.empty() && !url.password.empty()) {
     throw InvalidUrl("a password without a user name in '" + url.text + "' (expected user:password@)");
   }
   for (const auto& host : url.hosts) {
-    // etcd endpoints are host:port: checked, used as written.
-    if (!valid_host(parse_host_port(host, 0, url).host)) {
-      throw InvalidUrl("bad host '" + host + "' in '" + url.text + "' (a name, an IPv4 address or [an IPv6 address])");
-    }
+    // etcd endpoints are host:port: checked (as gRPC's resolver takes them), used as written.
+    parse_host_port(host, 0, url);
     settings.endpoints.push_back(host);
     settings.description += (settings.description.empty() ? "" : ",") + host;
   }
@@ -173,7 +154,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     }
   }
   if (options.ttl.count() > 0) {
-    if (options.ttl < milliseconds(1000)) throw InvalidArgument("etcd lease TTLs are whole seconds: ttl must be at least 1 s");
+    check_ttl_option(options.ttl, 1);  // etcd lease TTLs are whole seconds
     settings.ttl = options.ttl;
   }
   return settings;
@@ -181,7 +162,9 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
 
 // --- Connection ----------------------------------------------------------------------------
 
-Connection::Connection(Settings settings) : settings_(std::move(settings)) {
+Connection::Connection(Settings settings)
+    : settings_(std::move(settings)),
+      connect_by_(SteadyClock::now() + (settings_.connect_timeout.count() > 0 ? settings_.connect_timeout : kCallCap)) {
   enable_fork_support();
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (settings_.tls) {
@@ -210,7 +193,7 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
     endpoint.key_watch = pb::Watch::NewStub(endpoint.key_watch_channel);
     endpoints_.push_back(std::move(endpoint));
   }
-  if (!settings_.user.empty()) authenticate(SteadyClock::now() + kConnectAuthentication);
+  if (!settings_.user.empty()) authenticate(std::min(SteadyClock::now() + kConnectAuthentication, connect_by_));
 }
 
 Connection::Endpoint& Connection::current() {
@@ -404,7 +387,14 @@ void Connection::lease_revoke(std::int64_t lease, SteadyClock::time_point deadli
         deadline, true, "a lease revoke", {});
 }
 
-std::int64_t Connection::keep_alive(std::int64_t lease, SteadyClock::time_point deadline) {
+std::uint64_t Connection::linearizable_term(const std::string& key, SteadyClock::time_point deadline) {
+  pb::RangeRequest request;
+  request.set_key(key);  // only the read's header matters
+  request.set_count_only(true);
+  return range(request, deadline).header().raft_term();
+}
+
+Connection::KeepAliveAnswer Connection::keep_alive(std::int64_t lease, SteadyClock::time_point deadline) {
   grpc::ClientContext context;
   prepare(context, deadline);
   GrpcScope scope(&context);
@@ -416,7 +406,7 @@ std::int64_t Connection::keep_alive(std::int64_t lease, SteadyClock::time_point 
   stream->WritesDone();
   context.TryCancel();  // one round per stream: do not wait for the server to close it
   const auto status = stream->Finish();
-  if (answered) return response.ttl();
+  if (answered) return {response.ttl(), response.header().raft_term()};
   check_retryable(status, "a lease keep-alive", deadline);
   throw_error(Failure::transient, status, "a lease keep-alive");
 }

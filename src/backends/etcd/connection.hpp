@@ -54,6 +54,9 @@ struct Settings {
   std::string user;
   std::string password;
   std::chrono::milliseconds ttl{10'000};  // etcdctl lock's default
+  std::string holder_label;               // ClientOptions::holder_label, kept in our entries
+  // Client::connect's bound, from ClientOptions::connect_timeout (0: kCallCap).
+  std::chrono::milliseconds connect_timeout{0};
 };
 
 // etcd[s]://[user:password@]host:port[,host:port...][?ttl=SECONDS][&cacert=PATH];
@@ -107,6 +110,9 @@ class Connection {
   // Connects (lazily, as gRPC does) and authenticates when a user is given (the backend's
   // first lease grant checks that an etcd answers). Throws BackendUnavailable, AccessDenied.
   explicit Connection(Settings settings);
+  // When connecting (authenticating, the first lease grant) must be over: connect_timeout
+  // from when this connection was made.
+  SteadyClock::time_point connect_by() const { return connect_by_; }
 
   const Settings& settings() const { return settings_; }
   // From now on every call fails at once with BackendUnavailable (the client ended at exit).
@@ -123,9 +129,18 @@ class Connection {
                                      const std::stop_token& stop = {});
   // Throws LeaseGone when the lease is already gone, BackendUnavailable when etcd did not answer.
   void lease_revoke(std::int64_t lease, SteadyClock::time_point deadline);
-  // One keep-alive round on a LeaseKeepAlive stream: the lease's remaining TTL in seconds,
-  // <= 0 when etcd no longer knows the lease. Throws BackendUnavailable.
-  std::int64_t keep_alive(std::int64_t lease, SteadyClock::time_point deadline);
+  // One keep-alive round on a LeaseKeepAlive stream: the lease's remaining TTL in seconds
+  // (<= 0 when etcd no longer knows the lease) and the Raft term of the server that answered.
+  // Throws BackendUnavailable.
+  struct KeepAliveAnswer {
+    std::int64_t ttl = 0;
+    std::uint64_t raft_term = 0;
+  };
+  KeepAliveAnswer keep_alive(std::int64_t lease, SteadyClock::time_point deadline);
+  // The Raft term a linearizable read of `key` is served in now: a leader serves it only once a
+  // quorum confirmed it still leads. Throws BackendUnavailable (AccessDenied without read
+  // permission on `key`).
+  std::uint64_t linearizable_term(const std::string& key, SteadyClock::time_point deadline);
 
   // For WatchStream: a context with the auth token and deadline, and the current endpoint.
   // `may_wait_for_connection`: the call waits for the connection to be up (within its
@@ -161,6 +176,7 @@ class Connection {
   void next_endpoint();
 
   Settings settings_;
+  SteadyClock::time_point connect_by_;
   std::vector<Endpoint> endpoints_;
   std::mutex mutex_;
   std::size_t current_ = 0;

@@ -112,8 +112,8 @@ std::vector<const mvccpb::KeyValue*> children(const pb::RangeResponse& range, co
 }
 
 // One queue entry as stored: "turnstile <kind> <permits> <limit> <pid> <host> <since ms>
-// <request>" (the request number makes each join's value unique). Anything else — etcdctl
-// lock's empty value — is an exclusive entry of a foreign contender.
+// <request>[ <label>]" (the request number makes each join's value unique). Anything else —
+// etcdctl lock's empty value — is an exclusive entry of a foreign contender.
 struct EntryKey {
   std::string key;
   std::int64_t create_revision = 0;
@@ -123,16 +123,26 @@ struct EntryKey {
   std::int64_t pid = 0;
   std::string host;
   std::int64_t since_ms = 0;
+  std::string label;
+  bool foreign = true;  // not written by turnstile (etcdctl lock's empty value, or anything else)
 };
 
 std::int64_t now_ms() {
   return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// `identity` is "<pid> <host>", `label_suffix` " <holder label>" or "".
 std::string entry_value(EntryKind kind, std::int64_t permits, std::int64_t limit, const std::string& identity,
-                        std::uint64_t request) {
+                        std::uint64_t request, const std::string& label_suffix) {
   return "turnstile " + std::string(to_string(kind)) + " " + std::to_string(permits) + " " + std::to_string(limit) + " " +
-         identity + " " + std::to_string(now_ms()) + " " + std::to_string(request);
+         identity + " " + std::to_string(now_ms()) + " " + std::to_string(request) + label_suffix;
+}
+
+// The holder label a value ends with, after the space that follows its last number.
+std::string label_after(std::istringstream& text) {
+  std::string rest;
+  std::getline(text, rest);
+  return rest.size() > 1 && rest[0] == ' ' ? rest.substr(1) : std::string();
 }
 
 EntryKey parse_entry(const mvccpb::KeyValue& kv) {
@@ -141,12 +151,15 @@ EntryKey parse_entry(const mvccpb::KeyValue& kv) {
   entry.create_revision = kv.create_revision();
   std::istringstream text(kv.value());
   std::string magic, kind;
+  std::uint64_t request = 0;
   EntryKey parsed = entry;
-  if (text >> magic >> kind >> parsed.permits >> parsed.limit >> parsed.pid >> parsed.host >> parsed.since_ms &&
+  if (text >> magic >> kind >> parsed.permits >> parsed.limit >> parsed.pid >> parsed.host >> parsed.since_ms >> request &&
       magic == "turnstile") {
+    parsed.label = label_after(text);
     if (kind == "shared") parsed.kind = EntryKind::shared;
     else if (kind == "lease") parsed.kind = EntryKind::lease;
     else parsed.kind = EntryKind::exclusive;
+    parsed.foreign = false;
     return parsed;
   }
   return entry;
@@ -258,6 +271,9 @@ struct ClientLease {
   bool revoked_by_client = false;      // by the client's end: its holds were released with it
   int unresolved_takes = 0;            // PermitCounter takes whose receipt (on it) is still to be read
   std::set<WatchStream*> waits;
+  // A key this client wrote on the lease (so it may read it, whatever its etcd role): the
+  // keep-alive's term check reads it. Empty until the first entry.
+  std::string readable_key;
 };
 
 // A keep-alive round every TTL/3, as etcd's own client does.
@@ -337,7 +353,7 @@ class EtcdBackend final : public Backend {
                                    Standing& first) override;
   std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
                                             const std::stop_token& stop) override;
-  Inspection inspect(const std::string& name) override;
+  Inspection inspect(const std::string& name, Deadline deadline) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
@@ -346,6 +362,7 @@ class EtcdBackend final : public Backend {
   Connection& connection() { return connection_; }
   KeyWatcher& key_watcher() { return key_watcher_; }
   const std::string& identity() const { return identity_; }
+  const std::string& label_suffix() const { return label_suffix_; }
   void leave_local_turn(const std::string& name);
   bool lease_gone(const ClientLease& lease) {
     std::lock_guard lock(mutex_);
@@ -447,6 +464,7 @@ class EtcdBackend final : public Backend {
   const pid_t pid_ = getpid();
   bool ended_at_exit_ = false;  // guarded by live_backends()'s mutex
   std::string identity_;  // "<pid> <host>", for inspect
+  std::string label_suffix_;  // " <holder label>" at the end of our values, or ""
   std::atomic<std::uint64_t> unique_{0};
 
   std::mutex mutex_;
@@ -472,10 +490,11 @@ class EtcdBackend final : public Backend {
 
 EtcdBackend::EtcdBackend(Settings settings)
     : owned_connection_(std::make_unique<Connection>(std::move(settings))), connection_(*owned_connection_),
-      identity_(std::to_string(getpid()) + " " + host_name()) {
+      identity_(std::to_string(getpid()) + " " + host_name()),
+      label_suffix_(connection_.settings().holder_label.empty() ? "" : " " + connection_.settings().holder_label) {
   // The lease now: connecting checks that etcd answers, a client's first entry needs one round
   // trip rather than two, and no acquire depends on a grant's reply.
-  client_lease(call_deadline());
+  client_lease(connection_.connect_by());
   keeper_ = std::jthread([this](std::stop_token stop) { keep_alive_loop(stop); });
   janitor_ = std::jthread([this](std::stop_token stop) { janitor_loop(stop); });
   {
@@ -537,7 +556,7 @@ void EtcdHold::let_go() {
 }
 
 void EtcdHold::downgrade() {
-  const auto value = entry_value(EntryKind::shared, 1, 0, backend_.identity(), 0);
+  const auto value = entry_value(EntryKind::shared, 1, 0, backend_.identity(), 0, backend_.label_suffix());
   backend_.key_watcher().allow(*watched_, value);  // our own write is no loss
   pb::TxnRequest txn;
   add_compare(txn, key_, pb::Compare::CREATE, revision_);
@@ -729,22 +748,44 @@ void EtcdBackend::keep_alive_loop(std::stop_token stop) {
 
 std::optional<milliseconds> EtcdBackend::keep_alive_round(const std::shared_ptr<ClientLease>& lease,
                                                           SteadyClock::time_point sent_at, milliseconds patience) {
-  std::optional<std::int64_t> ttl_left;
+  std::optional<etcd::Connection::KeepAliveAnswer> answer;
   try {
-    ttl_left = connection_.keep_alive(lease->id, sent_at + patience);
+    answer = connection_.keep_alive(lease->id, sent_at + patience);
   } catch (const LeaseGone&) {
-    ttl_left = 0;
+    answer.emplace();
   } catch (const Error&) {
   }
-  if (!ttl_left) {
+  if (!answer) {
     lease->server_lease->unconfirmed("the lease keep-alive got no answer from etcd; the lease may still be alive");
     return std::nullopt;
   }
-  if (*ttl_left <= 0) {
+  if (answer->ttl <= 0) {
     lose_lease(lease, "etcd no longer knows the client's lease (it expired)", true);
     return std::nullopt;
   }
-  const milliseconds ttl = seconds(*ttl_left);
+  // A leader resumed after a pause answers keep-alives of leases the new leader may already have
+  // revoked (etcd 3.4, etcd-io/etcd#15247): two holders at once. Only a linearizable read served
+  // in the keep-alive's own term proves that its answerer still led, with a quorum, after it
+  // answered; otherwise this round confirms nothing (the next one, 100 ms later, may). The read
+  // is of one of our own keys, which any etcd role that lets us lock lets us read. (Before the
+  // lease has an entry, nothing rides on it to be protected.)
+  std::string readable_key;
+  {
+    std::lock_guard lock(mutex_);
+    readable_key = lease->readable_key;
+  }
+  if (!readable_key.empty()) {
+    std::optional<std::uint64_t> term;
+    try {
+      term = connection_.linearizable_term(readable_key, sent_at + patience);
+    } catch (const Error&) {
+    }
+    if (!term || *term != answer->raft_term) {
+      lease->server_lease->unconfirmed("the etcd server that renewed the lease may no longer lead the cluster");
+      return std::nullopt;
+    }
+  }
+  const milliseconds ttl = seconds(answer->ttl);
   lease->server_lease->set_ttl(ttl);
   lease->server_lease->confirmed(sent_at);
   return ttl;
@@ -970,6 +1011,10 @@ EtcdBackend::Joined EtcdBackend::put_entry(const std::shared_ptr<ClientLease>& l
     leave_unconfirmed(lease, key, marker, value, turn);
     throw;
   }
+  {
+    std::lock_guard lock(mutex_);
+    if (lease->readable_key.empty()) lease->readable_key = key;
+  }
   Joined joined{lease, std::move(key), std::move(value), answer.header().revision(), {}, answer.header().revision()};
   // Both branches read the queue second (success: put, range; failure: own key, range).
   joined.range = std::move(*answer.mutable_responses(1)->mutable_response_range());
@@ -1025,7 +1070,8 @@ Standing EtcdPlace::join(const QueueRequest& request, Deadline deadline) {
       prefix_,
       [&](const ClientLease& lease, std::uint64_t number) {
         return std::pair{prefix_ + lease.hex + (exclusive_ ? "" : "_" + std::to_string(number)),
-                         entry_value(request.kind, request.permits, request.limit, backend_.identity(), number)};
+                         entry_value(request.kind, request.permits, request.limit, backend_.identity(), number,
+                                     backend_.label_suffix())};
       },
       deadline, &turn_);
   lease_ = std::move(joined.lease);
@@ -1266,7 +1312,7 @@ void EtcdCounterLine::join(Deadline deadline) {
         [&](const ClientLease& lease, std::uint64_t number) {
           return std::pair{line_prefix_ + lease.hex + "_" + std::to_string(number),
                            std::to_string(permits_) + " " + backend_.identity() + " " + std::to_string(now_ms()) + " " +
-                               std::to_string(number)};
+                               std::to_string(number) + backend_.label_suffix()};
         },
         deadline, nullptr, stop_);
   } catch (const BackendUnavailable&) {
@@ -1329,13 +1375,13 @@ std::unique_ptr<CounterLine> EtcdBackend::counter_line(const std::string& name, 
 
 // --- inspection and the PermitCounter's plain operations -----------------------------------
 
-Inspection EtcdBackend::inspect(const std::string& name) {
+Inspection EtcdBackend::inspect(const std::string& name, Deadline deadline) {
   const auto prefix = name + "/";
   pb::TxnRequest read;
   add_range(read.mutable_success(), queue_range(prefix));
   add_range(read.mutable_success(), key_range(kCounterPrefix + name));
   add_range(read.mutable_success(), queue_range(kCounterWaiterPrefix + name + "/"));
-  const auto answer = connection_.txn(read, call_deadline(), true);
+  const auto answer = connection_.txn(read, deadline ? std::min(*deadline, call_deadline()) : call_deadline(), true);
   Inspection result;
   result.name = name;
   const auto entries = entries_of(answer.responses(0).response_range(), prefix);
@@ -1351,6 +1397,9 @@ Inspection EtcdBackend::inspect(const std::string& name) {
     info.pid = entries[i].pid;
     info.host = entries[i].host;
     info.since = std::chrono::system_clock::time_point(milliseconds(entries[i].since_ms));
+    info.label = entries[i].label;
+    // Its key is NAME/<lease id in hex>, as etcdctl lock and concurrency.Mutex write it.
+    if (entries[i].foreign) info.foreign = "etcd client (etcdctl lock), lease " + entries[i].key.substr(prefix.size());
     info.holding = evaluate_queue(views_of(entries, i), i, entries[0].limit).admitted();
     (info.holding ? result.holders : result.waiters).push_back(info);
   }
@@ -1361,7 +1410,9 @@ Inspection EtcdBackend::inspect(const std::string& name) {
     info.fencing_token = static_cast<std::uint64_t>(kv->create_revision());
     std::istringstream text(kv->value());
     long long since_ms = 0;
-    text >> info.permits >> info.pid >> info.host >> since_ms;
+    std::uint64_t number = 0;
+    text >> info.permits >> info.pid >> info.host >> since_ms >> number;
+    info.label = label_after(text);
     info.since = std::chrono::system_clock::time_point(milliseconds(since_ms));
     result.waiters.push_back(info);
   }

@@ -1,5 +1,6 @@
 #include "backends/file/directory.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
@@ -46,9 +47,22 @@ bool private_group(gid_t gid) {
   return true;
 }
 
+bool ours_or_roots(uid_t owner) { return owner == 0 || owner == geteuid(); }
+
 void check_above(const std::string& root, const std::string& dir) {
+  struct stat link {};
+  if (lstat(dir.c_str(), &link) != 0) fail_io("cannot look at " + dir);
+  if (S_ISLNK(link.st_mode) && !ours_or_roots(link.st_uid)) {
+    throw AccessDenied("refusing " + root + ": " + dir + " above it is a symbolic link owned by uid " +
+                       std::to_string(link.st_uid) + ", who could point it anywhere");
+  }
   struct stat st {};
   if (stat(dir.c_str(), &st) != 0) fail_io("cannot look at " + dir);
+  if (!ours_or_roots(st.st_uid)) {
+    throw AccessDenied("refusing " + root + ": " + dir + " above it belongs to uid " + std::to_string(st.st_uid) +
+                       ", who could rename it away and put another in its place (this is uid " +
+                       std::to_string(geteuid()) + ")");
+  }
   const bool writable = (st.st_mode & S_IWOTH) || ((st.st_mode & S_IWGRP) && !private_group(st.st_gid));
   if (writable && !(st.st_mode & S_ISVTX)) {
     throw AccessDenied("refusing " + root + ": " + dir + " above it may be written by its group or others (mode " +
@@ -98,20 +112,58 @@ void create_missing(const std::string& root) {
   }
 }
 
+// Whether this process is in group `gid` (its effective group or a supplementary one).
+bool in_group(gid_t gid) {
+  if (getegid() == gid) return true;
+  const int count = getgroups(0, nullptr);
+  if (count <= 0) return false;
+  std::vector<gid_t> groups(static_cast<std::size_t>(count));
+  const int got = getgroups(count, groups.data());
+  return got > 0 && std::find(groups.begin(), groups.begin() + got, gid) != groups.begin() + got;
+}
+
+// Every entry of the directory is turnstile's (a state file n.* or h.*, or one being built):
+// anything else means the directory is someone else's (file:///etc as root), left alone.
+void check_contents(const Fd& fd, const std::string& root) {
+  const int listing = openat(fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (listing < 0) fail_io("cannot list " + root);
+  DIR* dir = fdopendir(listing);
+  if (!dir) {
+    close(listing);
+    fail_io("cannot list " + root);
+  }
+  struct Close {
+    DIR* dir;
+    ~Close() { closedir(dir); }
+  } close_dir{dir};
+  while (const dirent* entry = readdir(dir)) {
+    const std::string_view name = entry->d_name;
+    if (name == "." || name == ".." || name.starts_with("n.") || name.starts_with("h.")) continue;
+    throw AccessDenied("refusing " + root + ": it holds '" + std::string(name) +
+                       "', which is not turnstile's; give turnstile a directory of its own");
+  }
+}
+
 // Refuses a directory owned by someone else, or one its group or others may write to (they
-// could remove or replace the state files).
+// could remove or replace the state files), unless its group shares it (shared_by_group); and
+// one that holds anything but turnstile's files.
 void check_opened(const Fd& fd, const std::string& root) {
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) fail_io("stat " + root);
-  if (st.st_uid != geteuid()) {
-    throw AccessDenied("refusing " + root + ": it is owned by uid " + std::to_string(st.st_uid) +
-                       ", not by this user (uid " + std::to_string(geteuid()) + ")");
-  }
-  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
-    throw AccessDenied("refusing " + root + ": its group or others may write to it (mode " + mode_text(st.st_mode) +
-                       "); make it private (chmod go-w) or use another directory");
+  if (!shared_by_group(st)) {
+    if (st.st_uid != geteuid()) {
+      throw AccessDenied("refusing " + root + ": it is owned by uid " + std::to_string(st.st_uid) +
+                         ", not by this user (uid " + std::to_string(geteuid()) +
+                         "; a directory a group shares is made by root, mode 2770, and its users are in its group)");
+    }
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+      throw AccessDenied("refusing " + root + ": its group or others may write to it (mode " + mode_text(st.st_mode) +
+                         "); make it private (chmod go-w), or, for a group to share it, chmod 2770 with others "
+                         "kept out, or use another directory");
+    }
   }
   check_ancestors(root, parent_of(root));
+  check_contents(fd, root);
 }
 
 // State files belong in a directory of their own, never among the system's (as root, nothing
@@ -158,9 +210,27 @@ std::string root_of(const BackendUrl& url) {
   return root;
 }
 
+bool shared_by_group(const struct stat& st) {
+  return S_ISDIR(st.st_mode) && (st.st_uid == 0 || st.st_uid == geteuid()) && (st.st_mode & S_ISGID) &&
+         (st.st_mode & S_IWGRP) && !(st.st_mode & S_IWOTH) && (in_group(st.st_gid) || geteuid() == 0);
+}
+
 Fd open_root(const std::string& root) {
   create_missing(root);
   Fd fd(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat link {};
+  if (!fd && (errno == ELOOP || errno == ENOTDIR) && lstat(root.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    // A symbolic link (/var/lock -> /run/lock) is followed when root or this user owns it: only
+    // its owner can point it elsewhere (and the directory holding it is checked like every
+    // directory above). Anyone else's is refused.
+    if (!ours_or_roots(link.st_uid)) {
+      throw AccessDenied("refusing " + root + ": it is a symbolic link owned by uid " + std::to_string(link.st_uid) +
+                         ", who could point it anywhere (only links owned by root or this user are followed)");
+    }
+    fd = Fd(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    char real[PATH_MAX] = {};
+    if (fd && realpath(root.c_str(), real) != nullptr) check_ancestors(root, parent_of(real));
+  }
   if (!fd) {
     if (errno == ELOOP || errno == ENOTDIR) {
       throw AccessDenied("refusing " + root + ": it is a symbolic link or not a directory");
@@ -169,6 +239,11 @@ Fd open_root(const std::string& root) {
   }
   check_opened(fd, root);
   return fd;
+}
+
+bool shared_by_group(int root_fd) {
+  struct stat st {};
+  return fstat(root_fd, &st) == 0 && shared_by_group(st);
 }
 
 bool unlinked_dir(int fd) {

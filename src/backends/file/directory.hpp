@@ -2,6 +2,7 @@
 // the directories above it), and the pins on it that outlive the state files in it.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -21,6 +22,13 @@ std::string root_of(const BackendUrl& url);
 // Opens the backend directory, creating missing parts private to this user (see directory.cpp).
 // Refusals are AccessDenied.
 Fd open_root(const std::string& root);
+
+// A directory a group shares: made by root (or this user), setgid so that every file made in
+// it belongs to its group, writable by that group and not by others (e.g. mode 2770, group
+// ops), and this process is in that group. Its state files are made group-writable (0660) and
+// those of the group's other users are accepted.
+bool shared_by_group(const struct stat& directory);
+bool shared_by_group(int root_fd);
 
 // Whether the directory we hold open was removed from the tree.
 bool unlinked_dir(int fd);

@@ -129,7 +129,8 @@ class FileHold;
 
 class FileBackend final : public Backend, public ForkLocked {
  public:
-  FileBackend(std::string root, Fd root_fd) : root_(std::move(root)), root_fd_(std::move(root_fd)) {
+  FileBackend(std::string root, Fd root_fd, std::string holder_label)
+      : root_(std::move(root)), root_fd_(std::move(root_fd)), holder_label_(std::move(holder_label)) {
     register_for_fork(this);
   }
   ~FileBackend() override;
@@ -138,7 +139,8 @@ class FileBackend final : public Backend, public ForkLocked {
                                    Standing& first) override;
   std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
                                             const std::stop_token& stop) override;
-  Inspection inspect(const std::string& name) override;
+  Inspection inspect(const std::string& name, Deadline deadline) override;
+  const std::string& holder_label() const { return holder_label_; }
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
@@ -165,11 +167,16 @@ class FileBackend final : public Backend, public ForkLocked {
  private:
   std::shared_ptr<StateFile> file(const std::string& name);
   void reopen_root_if_removed();
+  // Under files_mutex_: in a forked child, drops the parent's files and opens the directory anew.
+  void adopt_after_fork_locked();
+  // Whether `name` has a state file (nothing is created).
+  bool has_state(const std::string& name);
   struct WatchState;
   static void watch_loop(const std::shared_ptr<WatchState>& state);
 
   std::string root_;
   Fd root_fd_;
+  std::string holder_label_;  // kept with our entries, for inspect
   std::uint64_t generation_ = current_generation();
   std::vector<Fd> removed_root_fds_;  // still named by StateFiles that outlive their directory
   std::shared_ptr<DirectoryPins> pins_ = std::make_shared<DirectoryPins>(root_fd_.get());
@@ -346,7 +353,8 @@ void FilePlace::add_slot(Header& h, std::uint64_t seq, bool admitted) {
   set_lock(fd_.get(), F_WRLCK, byte_offset(seq, Byte::life), kind_ == EntryKind::exclusive ? 2 : 1, false);
   if (kind_ == EntryKind::lease && !admitted) set_lock(fd_.get(), F_WRLCK, byte_offset(seq, Byte::waiting), 1, false);
   seq_ = seq;
-  file_->append(Slot{seq, permits_, realtime_ns(), my_pid(), static_cast<std::uint8_t>(kind_), {}});
+  file_->append(Slot{seq, permits_, realtime_ns(), my_pid(), static_cast<std::uint8_t>(kind_), 0, 0},
+                backend_.holder_label());
   if (h.mode == Mode::none) {
     h.mode = kind_ == EntryKind::lease ? Mode::semaphore : Mode::lock;
     h.limit = kind_ == EntryKind::lease ? limit_ : 0;
@@ -466,7 +474,8 @@ void FilePlace::leave() noexcept { leave_slot(*file_, seq_, fd_); }
 // the waiter just ahead.
 class FileCounterLine final : public CounterLine {
  public:
-  FileCounterLine(std::shared_ptr<StateFile> file, std::int64_t permits) : file_(std::move(file)), permits_(permits) {}
+  FileCounterLine(std::shared_ptr<StateFile> file, std::int64_t permits, const std::string& label)
+      : file_(std::move(file)), permits_(permits), label_(label) {}
   ~FileCounterLine() override { leave(); }
 
   CounterStanding look(bool last_try, Deadline deadline) override;
@@ -484,6 +493,7 @@ class FileCounterLine final : public CounterLine {
 
   std::shared_ptr<StateFile> file_;
   std::int64_t permits_;
+  std::string label_;
   Fd fd_;
   std::uint64_t seq_ = 0;          // 0: not in line
   std::uint64_t predecessor_ = 0;  // the waiter just ahead at the last read
@@ -547,7 +557,7 @@ void FileCounterLine::join(Deadline) {
   const std::uint64_t seq = next_token(h);
   set_lock(fd_.get(), F_WRLCK, byte_offset(seq, Byte::life), 1, false);
   seq_ = seq;
-  file_->append(Slot{seq, permits_, realtime_ns(), my_pid(), kCounterWaiter, {}});
+  file_->append(Slot{seq, permits_, realtime_ns(), my_pid(), kCounterWaiter, 0, 0}, label_);
   file_->check_intact();
 }
 
@@ -622,16 +632,25 @@ void FileBackend::reopen_root_if_removed() {
   pins_ = std::make_shared<DirectoryPins>(root_fd_.get());
 }
 
+void FileBackend::adopt_after_fork_locked() {
+  if (generation_ == current_generation()) return;
+  // In a forked child: the parent's files and descriptors are not ours (see the fork handlers).
+  files_.clear();
+  removed_root_fds_.clear();
+  root_fd_ = open_root(root_);
+  pins_ = std::make_shared<DirectoryPins>(root_fd_.get());
+  generation_ = current_generation();
+}
+
+bool FileBackend::has_state(const std::string& name) {
+  std::lock_guard lock(files_mutex_);
+  adopt_after_fork_locked();
+  return files_.count(name) || StateFile::exists(root_fd_.get(), name);
+}
+
 std::shared_ptr<StateFile> FileBackend::file(const std::string& name) {
   std::lock_guard lock(files_mutex_);
-  if (generation_ != current_generation()) {
-    // In a forked child: the parent's files and descriptors are not ours (see the fork handlers).
-    files_.clear();
-    removed_root_fds_.clear();
-    root_fd_ = open_root(root_);
-    pins_ = std::make_shared<DirectoryPins>(root_fd_.get());
-    generation_ = current_generation();
-  }
+  adopt_after_fork_locked();
   auto& slot = files_[name];
   // A state file removed, replaced or truncated under us (rm -rf, a tmp cleaner) no longer
   // excludes anyone: use the one now at the path, never the orphan. Holds on the orphan keep it
@@ -689,7 +708,7 @@ std::unique_ptr<QueuePlace> FileBackend::join(const QueueRequest& request, bool 
 
 std::unique_ptr<CounterLine> FileBackend::counter_line(const std::string& name, std::int64_t permits,
                                             [[maybe_unused]] const std::stop_token& stop) {
-  return std::make_unique<FileCounterLine>(file(name), permits);
+  return std::make_unique<FileCounterLine>(file(name), permits, holder_label_);
 }
 
 void FileBackend::watch(FileHold* hold) {
@@ -750,13 +769,14 @@ void FileBackend::watch_loop(const std::shared_ptr<WatchState>& state) {
   }
 }
 
-Inspection FileBackend::inspect(const std::string& name) {
+Inspection FileBackend::inspect(const std::string& name, Deadline) {  // local: no call to bound
+  Inspection result;
+  result.name = name;
+  if (!has_state(name)) return result;  // looking creates nothing: no state file, nobody queued
   auto file = this->file(name);
   StateFile::Guard guard(*file);
   file->sweep_dead();
   auto& h = file->header();
-  Inspection result;
-  result.name = name;
   result.mode = h.mode == Mode::lock ? "lock" : h.mode == Mode::semaphore ? "semaphore" : "";
   result.limit = h.limit;
   if (h.counter_set) result.permits = h.counter;
@@ -768,6 +788,7 @@ Inspection FileBackend::inspect(const std::string& name) {
     info.permits = slot.permits;
     info.pid = slot.pid;
     info.host = host_name();
+    info.label = file->label_of(slot);
     info.since = std::chrono::system_clock::time_point(
         std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(slot.since_ns)));
     if (slot.kind == kCounterWaiter) {
@@ -840,10 +861,10 @@ std::int64_t FileBackend::counter_drain(const std::string& name) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions&) {
+std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions& options) {
   std::string root = file_state::root_of(url);
   file_state::Fd fd = file_state::open_root(root);
-  return std::make_unique<FileBackend>(std::move(root), std::move(fd));
+  return std::make_unique<FileBackend>(std::move(root), std::move(fd), options.holder_label);
 }
 
 }  // namespace turnstile::detail

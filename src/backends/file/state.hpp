@@ -12,9 +12,11 @@ namespace turnstile::detail::file_state {
 
 constexpr std::uint32_t kMagic = 0x54534C31;  // "TSL1"
 // 2: no wake-up FIFOs (a futex word for PermitCounter waiters), crash-safe entry removal.
-constexpr std::uint32_t kVersion = 2;
+// 3: holder labels (ClientOptions::holder_label), in a table the slots point into.
+constexpr std::uint32_t kVersion = 3;
 constexpr std::size_t kCapacity = 1024;
 constexpr std::size_t kMaxName = 256;
+constexpr std::size_t kMaxLabel = 256;  // ClientOptions::holder_label's limit
 constexpr std::uint8_t kCounterWaiter = 9;  // a slot of the PermitCounter's own line
 
 // Each entry owns OFD locks on bytes far beyond the end of the file, at 2^40 + 4·seq + byte.
@@ -34,7 +36,15 @@ struct Slot {
   std::int64_t since_ns;  // CLOCK_REALTIME, for inspect
   std::int32_t pid;       // for inspect only: never used to decide liveness
   std::uint8_t kind;      // EntryKind or kCounterWaiter
-  std::uint8_t reserved[3];
+  std::uint8_t reserved;
+  std::uint16_t label;    // 1 + its index in Header::labels, 0 for none (for inspect only)
+};
+static_assert(sizeof(Slot) == 32);
+
+// A holder label, NUL-terminated. Written before the slot that points to it is appended, and
+// free again once no slot points to it: a crash in between leaves nothing to repair.
+struct Label {
+  char text[kMaxLabel + 1];
 };
 
 struct Header {
@@ -53,6 +63,7 @@ struct Header {
   char name[kMaxName];
   std::uint32_t count;
   Slot slots[kCapacity];  // the queue, in arrival order: slots[0..count)
+  Label labels[kCapacity];
 };
 
 }  // namespace turnstile::detail::file_state

@@ -6,6 +6,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <bitset>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <set>
@@ -55,10 +57,29 @@ std::string encode_name(const std::string& name) {
   return prefix + "." + out.substr(0, 180);
 }
 
-bool same_boot(const Header& h) { return std::strncmp(h.boot_id, boot_id().c_str(), sizeof h.boot_id) == 0; }
+bool same_boot(const char (&id)[40]) { return std::strncmp(id, boot_id().c_str(), sizeof id) == 0; }
+bool same_boot(const Header& h) { return same_boot(h.boot_id); }
+
+constexpr std::size_t kPage = 4096;
+
+// Backs [offset, offset + length) of the state file with storage before anything is written
+// there. The file is sparse: a page is otherwise allocated when first touched, and on a full
+// file system (a 5 MB /run/lock) that touch is a SIGBUS, possibly with the mutex held. Asked
+// only when a write reaches a page not written before; refused with a clear error instead.
+void back_with_storage(int fd, std::size_t offset, std::size_t length, const std::string& name) {
+  const auto first = offset / kPage * kPage;
+  const auto last = (offset + length + kPage - 1) / kPage * kPage;
+  int error;
+  do {
+    error = fallocate(fd, 0, static_cast<off_t>(first), static_cast<off_t>(last - first)) == 0 ? 0 : errno;
+  } while (error == EINTR);
+  if (error == EOPNOTSUPP) return;  // a file system without it: pages are allocated as touched
+  if (error != 0) fail_io("no room for the state of '" + name + "'", error);
+}
 
 [[noreturn]] void refuse_foreign_file(const std::string& name) {
-  throw AccessDenied("refusing the state file of '" + name + "': not a regular file owned by this user");
+  throw AccessDenied("refusing the state file of '" + name +
+                     "': not a regular file owned by this user (or, in a directory a group shares, by the group)");
 }
 
 }  // namespace
@@ -168,6 +189,11 @@ void StateFile::repair() {
 
 // ---- opening, creating, replacing ----------------------------------------------------------
 
+bool StateFile::exists(int root_fd, const std::string& name) {
+  struct stat st {};
+  return fstatat(root_fd, (encode_name(name) + ".s").c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
 StateFile::StateFile(int root_fd, std::shared_ptr<DirectoryPins> pins, std::string name)
     : name_(std::move(name)),
       base_(encode_name(name_)),
@@ -180,6 +206,11 @@ StateFile::StateFile(int root_fd, std::shared_ptr<DirectoryPins> pins, std::stri
 }
 
 StateFile::~StateFile() = default;
+
+bool StateFile::made_by_the_group(const struct stat& file) const {
+  struct stat dir {};
+  return fstat(root_fd_, &dir) == 0 && shared_by_group(dir) && file.st_gid == dir.st_gid && !(file.st_mode & S_IWOTH);
+}
 
 void StateFile::open_or_create() {
   for (int attempt = 0; attempt < kOpenAttempts; ++attempt) {
@@ -194,7 +225,7 @@ void StateFile::open_or_create() {
     }
     struct stat st {};
     if (fstat(fd.get(), &st) != 0) fail_io("stat");
-    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) refuse_foreign_file(name_);
+    if (!S_ISREG(st.st_mode) || (st.st_uid != geteuid() && !made_by_the_group(st))) refuse_foreign_file(name_);
     if (static_cast<std::size_t>(st.st_size) != sizeof(Header)) {
       replace_truncated(fd, st);
       continue;
@@ -247,7 +278,7 @@ void StateFile::refuse(Found found) const {
       throw BackendUnavailable("the state file of '" + name_ + "' is not a turnstile v" + std::to_string(kVersion) +
                                " state file (another turnstile version?)");
     case Found::older_version:
-      // Written in this boot by turnstile 1, whose waiters wake another way: a process of that
+      // Written in this boot by an earlier version (whose layout differs): a process of that
       // version may join it at any moment, so never take it over (after a reboot we do).
       throw BackendUnavailable("the state file of '" + name_ + "' belongs to an older turnstile version; remove " +
                                state_name_ + " once no process of that version uses it");
@@ -266,6 +297,23 @@ void StateFile::replace_truncated(const Fd& fd, const struct stat& st) {
                     (pread(fd.get(), &magic, sizeof magic, 0) == sizeof magic && magic == kMagic);
   if (!ours || st.st_size > static_cast<off_t>(sizeof(Header))) {
     throw BackendUnavailable("the state file of '" + name_ + "' has an unexpected size (another turnstile version?)");
+  }
+  // An earlier version's file (smaller: version 2 kept no labels) starts as ours does. Written
+  // in this boot, processes of that version may use it (and a PermitCounter's count lives in it
+  // unlocked): never taken over. From an earlier boot: replaced, keeping the fencing counter.
+  static_assert(offsetof(Header, version) == 4 && offsetof(Header, boot_id) == 8);
+  struct {
+    std::uint32_t magic, version;
+    char boot_id[40];
+  } start{};
+  std::uint64_t next_seq = 0;
+  if (st.st_size >= static_cast<off_t>(offsetof(Header, next_seq) + sizeof next_seq) &&
+      pread(fd.get(), &start, sizeof start, 0) == static_cast<ssize_t>(sizeof start) &&
+      pread(fd.get(), &next_seq, sizeof next_seq, offsetof(Header, next_seq)) == static_cast<ssize_t>(sizeof next_seq) &&
+      start.magic == kMagic && start.version != 0 && start.version < kVersion) {
+    if (same_boot(start.boot_id)) refuse(Found::older_version);
+    replace(st.st_ino, next_seq);
+    return;
   }
   if (is_locked(fd.get(), kByteBase, 0)) {
     throw StateFileInUse("the state file of '" + name_ + "' was truncated and is still used by a live "
@@ -310,13 +358,17 @@ void StateFile::create() {
   const std::string temp = base_ + ".tmp." + std::to_string(getpid()) + "." + std::to_string(random());
   Fd fd(openat(root_fd_, temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd) fail_io("cannot create the state of '" + name_ + "'");
+  // In a directory a group shares, the group's other users open it too, whatever our umask.
+  if (shared_by_group(root_fd_) && fchmod(fd.get(), 0660) != 0) fail_io("cannot share the state of '" + name_ + "'");
   struct RemoveTemp {
     int root_fd;
     const std::string& temp;
     ~RemoveTemp() { unlinkat(root_fd, temp.c_str(), 0); }
   } remove_temp{root_fd_, temp};
-  // ftruncate fills with zeros without writing them: only the pages we touch below use space.
+  // ftruncate fills with zeros without writing them: only the pages we touch use space, and
+  // those are backed first (the header and the first slots now, later ones as they are reached).
   if (ftruncate(fd.get(), sizeof(Header)) != 0) fail_io("ftruncate");
+  back_with_storage(fd.get(), 0, offsetof(Header, slots) + sizeof(Slot), name_);
   initialise(*Mapping(fd.get()).get());
   if (pins_->pinned(pin_byte_)) {
     struct stat now {};
@@ -365,12 +417,36 @@ std::ptrdiff_t StateFile::find(std::uint64_t seq) const {
 
 // Writes whose order matters to a process that finds our state after we were killed between
 // two of them: the compiler must not reorder them (the CPU commits a dead thread's stores too).
-void StateFile::append(const Slot& slot) {
+void StateFile::append(const Slot& slot, const std::string& label) {
   auto& h = header();
+  // A slot that reaches a page no slot reached before: backed first (see back_with_storage).
+  const auto begin = offsetof(Header, slots) + h.count * sizeof(Slot);
+  if ((begin + sizeof(Slot) - 1) / kPage != (begin - 1) / kPage) back_with_storage(fd_.get(), begin, sizeof(Slot), name_);
   h.slots[h.count] = slot;
+  h.slots[h.count].label = 0;
+  if (!label.empty()) {
+    // A place no slot points to (there are as many places as slots, so one is free).
+    std::bitset<kCapacity> used;
+    for (std::size_t i = 0; i < h.count; ++i) {
+      if (h.slots[i].label != 0 && h.slots[i].label <= kCapacity) used.set(h.slots[i].label - 1u);
+    }
+    std::size_t free = 0;
+    while (used.test(free)) ++free;
+    const auto length = std::min(label.size(), kMaxLabel);
+    back_with_storage(fd_.get(), offsetof(Header, labels) + free * sizeof(Label), length + 1, name_);
+    std::memcpy(h.labels[free].text, label.data(), length);
+    h.labels[free].text[length] = '\0';
+    h.slots[h.count].label = static_cast<std::uint16_t>(free + 1);
+  }
   h.next_seq = slot.seq;
   std::atomic_signal_fence(std::memory_order_seq_cst);
   ++h.count;  // only after the slot is written: a crash leaves no half entry
+}
+
+std::string StateFile::label_of(const Slot& slot) const {
+  if (slot.label == 0 || slot.label > kCapacity) return {};
+  const auto& text = map_.get()->labels[slot.label - 1u].text;
+  return std::string(text, strnlen(text, kMaxLabel));
 }
 
 void StateFile::remove_at(std::size_t index) {
@@ -387,6 +463,7 @@ void StateFile::remove_at(std::size_t index) {
     to.since_ns = from.since_ns;
     to.pid = from.pid;
     to.kind = from.kind;
+    to.label = from.label;
     std::atomic_signal_fence(std::memory_order_seq_cst);
     std::atomic_ref<std::uint64_t>(to.seq).store(from.seq, std::memory_order_relaxed);
     std::atomic_signal_fence(std::memory_order_seq_cst);

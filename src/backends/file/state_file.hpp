@@ -72,6 +72,8 @@ class MappingAccess {
 class StateFile {
  public:
   StateFile(int root_fd, std::shared_ptr<DirectoryPins> pins, std::string name);
+  // Whether the state file of `name` exists in the directory (nothing is created).
+  static bool exists(int root_fd, const std::string& name);
   ~StateFile();
   StateFile(const StateFile&) = delete;
   StateFile& operator=(const StateFile&) = delete;
@@ -109,7 +111,10 @@ class StateFile {
 
   // Under the guard:
   std::ptrdiff_t find(std::uint64_t seq) const;
-  void append(const Slot& slot);
+  // Appends `slot`, with `label` (if any) stored in a free place of the label table.
+  void append(const Slot& slot, const std::string& label);
+  // The label of a slot ("" when none or unreadable).
+  std::string label_of(const Slot& slot) const;
   void remove_at(std::size_t index);
   // Removes our own slot, if still there (a slot of ours never held by anyone else).
   void remove(std::uint64_t seq);
@@ -142,6 +147,9 @@ class StateFile {
   void refuse(Found found) const;
   void replace_truncated(const Fd& fd, const struct stat& st);
   void create();
+  // A state file another user of a directory its group shares made: the directory's group's,
+  // and nobody outside it may write to it.
+  bool made_by_the_group(const struct stat& file) const;
   void initialise(Header& header) const;
   void replace(ino_t ino, std::uint64_t carried_seq);
   void repair();

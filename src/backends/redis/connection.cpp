@@ -226,14 +226,42 @@ SteadyClock::time_point Wait::reply_until() const { return std::min(until, Stead
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   // url.text is already redacted (no password); messages name only it.
   Settings settings;
-  if (url.scheme == "rediss") throw BackendNotBuilt("rediss:// (TLS) needs a hiredis with TLS, which Debian 12's 0.14 lacks");
-  if (url.hosts.size() != 1) {
-    throw InvalidUrl("redis:// URLs name exactly one host:port, got '" + url.text + "'");
+  if (options.connect_timeout.count() > 0) settings.connect_by = SteadyClock::now() + options.connect_timeout;
+  if (url.scheme == "rediss" || url.scheme == "rediss+sentinel") {
+    throw BackendNotBuilt(url.scheme + ":// (TLS) needs a hiredis with TLS, which Debian 12's 0.14 lacks");
   }
-  const auto endpoint = parse_host_port(url.hosts.front(), 6379, url);
-  settings.host = endpoint.host;
-  settings.port = endpoint.port;
-  settings.description = settings.host + ":" + std::to_string(settings.port);
+  // getaddrinfo takes an IPv6 address without its URL brackets.
+  const auto unbracketed = [](const std::string& host) {
+    return host.starts_with('[') ? host.substr(1, host.size() - 2) : host;
+  };
+  const bool sentinel = url.scheme == "redis+sentinel";
+  if (sentinel) {
+    if (url.hosts.empty()) throw InvalidUrl("redis+sentinel:// URLs name at least one sentinel host:port, got '" + url.text + "'");
+    for (const auto& host : url.hosts) {
+      const auto endpoint = parse_host_port(host, 26379, url);
+      settings.sentinels.push_back({unbracketed(endpoint.host), endpoint.port, endpoint.host + ":" + std::to_string(endpoint.port)});
+    }
+    settings.master_name = url.path.empty() ? std::string() : url.path.substr(1);
+    if (settings.master_name.empty() || settings.master_name.find('/') != std::string::npos ||
+        std::any_of(settings.master_name.begin(), settings.master_name.end(),
+                    [](char c) { return static_cast<unsigned char>(c) <= 0x20 || c == 0x7f; })) {
+      throw InvalidUrl("redis+sentinel:// URLs end in /MASTERNAME (one segment, no spaces or control characters), got '" +
+                       url.text + "'");
+    }
+    settings.host.clear();
+    settings.port = 0;
+    std::string names;
+    for (const auto& address : settings.sentinels) names += (names.empty() ? "" : ",") + address.description;
+    settings.description = "the primary of '" + settings.master_name + "' (sentinels " + names + ")";
+  } else {
+    if (url.hosts.size() != 1) {
+      throw InvalidUrl("redis:// URLs name exactly one host:port, got '" + url.text + "'");
+    }
+    const auto endpoint = parse_host_port(url.hosts.front(), 6379, url);
+    settings.host = unbracketed(endpoint.host);
+    settings.port = endpoint.port;
+    settings.description = endpoint.host + ":" + std::to_string(settings.port);
+  }
   settings.user = url.user;
   settings.password = url.password;
   if (!url.user.empty() && url.password.empty()) {
@@ -241,7 +269,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     settings.password = url.user;
     settings.user.clear();
   }
-  if (!url.path.empty() && url.path != "/") {
+  if (!sentinel && !url.path.empty() && url.path != "/") {
     const auto db_text = url.path.substr(1);
     const auto [end, error] = std::from_chars(db_text.data(), db_text.data() + db_text.size(), settings.db);
     if (error != std::errc() || end != db_text.data() + db_text.size() || settings.db < 0) {
@@ -249,11 +277,26 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     }
   }
   for (const auto& [key, value] : url.query) {
-    if (key != "ttl") throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected ttl)");
-    settings.ttl = parse_seconds("ttl", value, 0.3, 86400);
+    if (key == "ttl") {
+      settings.ttl = parse_seconds("ttl", value, 0.3, 86400);
+    } else if (key == "min_replicas") {
+      int n = -1;
+      const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (error != std::errc() || end != value.data() + value.size() || n < 0 || n > kMaxMinReplicas) {
+        throw InvalidUrl("bad min_replicas=" + value + " in '" + url.text + "' (expected a whole number from 0 to " +
+                         std::to_string(kMaxMinReplicas) + ")");
+      }
+      settings.min_replicas = n;
+    } else if (key == "sentinel_password" && sentinel) {
+      if (value.empty()) throw InvalidUrl("empty sentinel_password in '" + url.text + "'");
+      settings.sentinel_password = value;
+    } else {
+      throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected ttl, min_replicas" +
+                       (sentinel ? ", sentinel_password" : "") + ")");
+    }
   }
   if (options.ttl.count() > 0) {
-    if (options.ttl < milliseconds(300)) throw InvalidArgument("ttl must be at least 300 ms");
+    check_ttl_option(options.ttl, 0.3);
     settings.ttl = options.ttl;
   }
   return settings;
@@ -262,9 +305,10 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
 std::string redacted(const Settings& settings, std::string_view text) {
   constexpr std::size_t kMaxShown = 300;
   std::string out(text.substr(0, kMaxShown));
-  if (!settings.password.empty()) {
-    for (auto at = out.find(settings.password); at != std::string::npos; at = out.find(settings.password, at + 3)) {
-      out.replace(at, settings.password.size(), "***");
+  for (const auto* secret : {&settings.password, &settings.sentinel_password}) {
+    if (secret->empty()) continue;
+    for (auto at = out.find(*secret); at != std::string::npos; at = out.find(*secret, at + 3)) {
+      out.replace(at, secret->size(), "***");
     }
   }
   for (auto& c : out) {
@@ -428,6 +472,7 @@ namespace {
 struct Hello {
   std::vector<Command> commands;
   std::size_t info_at = 0;     // INFO's index (AUTH and SELECT come before)
+  std::size_t role_at = 0;     // ROLE's, right after INFO (with sentinels only)
   std::size_t scripts_at = 0;  // the first SCRIPT LOAD's; the probes follow the scripts
 };
 
@@ -441,6 +486,10 @@ Hello hello_commands(const Settings& settings, const redisContext* context, cons
   if (settings.db != 0) commands.push_back({"SELECT", std::to_string(settings.db)});
   hello.info_at = commands.size();
   commands.push_back({"INFO", "server"});
+  if (settings.sentinel()) {
+    hello.role_at = commands.size();
+    commands.push_back({"ROLE"});
+  }
   hello.scripts_at = commands.size();
   if (!scripts) return hello;
   for (const auto* script : *scripts) commands.push_back({"SCRIPT", "LOAD", script->body});
@@ -497,6 +546,18 @@ void read_hello(const Settings& settings, const Hello& hello, const std::vector<
     }
     opened.run_id = std::string(info.substr(at + 7, info.find_first_of("\r\n", at) - at - 7));
   }
+  if (settings.sentinel()) {
+    // The sentinels may name a server that has just been demoted (their view lags a failover):
+    // only a primary will do.
+    check(hello.role_at, "run ROLE");
+    const auto* role = replies[hello.role_at].get();
+    const auto first = role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 ? reply_view(role->element[0])
+                                                                                      : std::string_view();
+    if (first != "master") {
+      throw BackendUnavailable("redis at " + settings.description + ", named by the sentinels, is not a primary (ROLE: " +
+                               redacted(settings, first) + ")");
+    }
+  }
   if (!scripts) return;
   for (std::size_t i = hello.scripts_at; i < hello.scripts_at + scripts->size(); ++i) {
     check(i, "run scripts");
@@ -518,10 +579,105 @@ void read_hello(const Settings& settings, const Hello& hello, const std::vector<
   }
 }
 
+// Asks the sentinels, each in turn, for the address of the primary of settings.master_name; every
+// sentinel gets its share of the time left until `until` (at least kSentinelShare), so one that
+// hangs does not use up the others' time. Throws AccessDenied when a sentinel refuses
+// sentinel_password, BackendUnavailable when none answers with an address.
+constexpr milliseconds kSentinelShare{300};
+
 }  // namespace
 
-Opened open_context(const Settings& settings, const Wait& wait, const std::vector<const Script*>* scripts, int cancel_fd) {
+HostPort ask_sentinels(const Settings& settings, SteadyClock::time_point until, int cancel_fd) {
+  std::string failures;
+  const auto count = settings.sentinels.size();
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto& sentinel = settings.sentinels[i];
+    const auto now = SteadyClock::now();
+    if (now >= until) {
+      failures += (failures.empty() ? "" : "; ") + std::string("no time left for the others");
+      break;
+    }
+    const auto share = std::max<SteadyClock::duration>((until - now) / static_cast<long>(count - i), kSentinelShare);
+    const auto by = std::min(until, now + share);
+    Settings probe;  // messages and redaction for this sentinel
+    probe.host = sentinel.host;
+    probe.port = sentinel.port;
+    probe.description = "sentinel " + sentinel.description;
+    probe.password = settings.sentinel_password;
+    probe.sentinel_password = settings.password;
+    const auto failed = [&](const std::string& why) {
+      failures += (failures.empty() ? "" : "; ") + sentinel.description + ": " + why;
+    };
+    try {
+      const int fd = connect_socket(probe, by, cancel_fd);
+      Context context(redisConnectFd(fd));
+      if (!context) {
+        close(fd);
+        failed("out of memory");
+        continue;
+      }
+      context->flags &= ~REDIS_BLOCK;
+      bound_replies(context.get());
+      std::vector<Command> commands;
+      if (!settings.sentinel_password.empty()) commands.push_back({"AUTH", settings.sentinel_password});
+      commands.push_back({"SENTINEL", "get-master-addr-by-name", settings.master_name});
+      std::vector<Reply> replies;
+      if (const auto why = exchange(context.get(), commands, replies, by, cancel_fd); !why.empty()) {
+        if (why == "cancelled") throw BackendUnavailable("asking the sentinels was cancelled");
+        failed(why);
+        continue;
+      }
+      if (!settings.sentinel_password.empty() && replies.front()->type == REDIS_REPLY_ERROR) {
+        throw AccessDenied("redis " + probe.description + " refused the sentinel password: " +
+                           redacted(probe, reply_view(replies.front().get())));
+      }
+      const auto* reply = replies.back().get();
+      if (reply->type == REDIS_REPLY_ERROR) {
+        if (is_error(reply, "NOAUTH") || is_error(reply, "NOPERM") || is_error(reply, "WRONGPASS")) {
+          throw AccessDenied("redis " + probe.description + " refused SENTINEL get-master-addr-by-name: " +
+                             redacted(probe, reply_view(reply)) + " (sentinel_password=)");
+        }
+        failed(redacted(probe, reply_view(reply)));
+        continue;
+      }
+      if (reply->type == REDIS_REPLY_NIL) {
+        failed("knows no master named '" + redacted(settings, settings.master_name) + "'");
+        continue;
+      }
+      int port = 0;
+      if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 && reply->element[0]->type == REDIS_REPLY_STRING &&
+          reply->element[1]->type == REDIS_REPLY_STRING) {
+        const auto text = reply_view(reply->element[1]);
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), port);
+        if (error == std::errc() && end == text.data() + text.size() && port > 0 && port <= 65535 &&
+            valid_host(reply_view(reply->element[0]))) {
+          return {std::string(reply_view(reply->element[0])), port};
+        }
+      }
+      failed("answered get-master-addr-by-name oddly");
+    } catch (const AccessDenied&) {
+      throw;
+    } catch (const BackendUnavailable& error) {
+      if (std::string_view(error.what()).ends_with("cancelled")) throw;
+      failed(error.what());
+    }
+  }
+  throw BackendUnavailable("no sentinel named the primary of '" + redacted(settings, settings.master_name) + "': " + failures);
+}
+
+Opened open_context(const Settings& given, const Wait& wait, const std::vector<const Script*>* scripts, int cancel_fd) {
   Opened opened;
+  Settings found;
+  if (given.sentinel()) {
+    // Connection loss, a READONLY reply or a demotion all end up here: ask again every time.
+    const auto primary = ask_sentinels(given, wait.connect_until(), cancel_fd);
+    found = given;
+    found.host = primary.host.starts_with('[') ? primary.host.substr(1, primary.host.size() - 2) : primary.host;
+    found.port = primary.port;
+    found.description = primary.host + ":" + std::to_string(primary.port) + " (the primary of '" + given.master_name + "')";
+  }
+  const Settings& settings = given.sentinel() ? found : given;
+  opened.address = settings.host + ":" + std::to_string(settings.port);
   const int fd = connect_socket(settings, wait.connect_until(), cancel_fd);
   opened.context.reset(redisConnectFd(fd));
   if (!opened.context) {
@@ -541,11 +697,13 @@ Opened open_context(const Settings& settings, const Wait& wait, const std::vecto
     throw BackendUnavailable("redis at " + settings.description + " did not answer: " + why);
   }
   read_hello(settings, hello, replies, scripts, opened);
+  opened.server = opened.address + " " + opened.run_id;
   return opened;
 }
 
 struct Connection::Link {
   Context context;
+  std::string server;  // Opened::server
   std::uint64_t generation = 0;
   SteadyClock::time_point last_reply{};
   bool used = false;  // completed a call
@@ -566,14 +724,16 @@ bool looks_alive(const redisContext* context) {
 
 }  // namespace
 
-Connection::Connection(Settings settings, std::vector<const Script*> scripts, std::function<void()> on_server_changed,
+Connection::Connection(Settings settings, std::vector<const Script*> scripts,
+                       std::function<void(const std::string&)> on_server_changed,
                        std::chrono::milliseconds max_backoff)
     : settings_(std::move(settings)),
       scripts_(std::move(scripts)),
       on_server_changed_(std::move(on_server_changed)),
       max_backoff_(std::max(max_backoff, kFirstBackoff)) {
   // One attempt: Client::connect reports a bad URL, password or ACL at once.
-  const Wait wait(SteadyClock::now());
+  Wait wait(SteadyClock::now());
+  if (settings_.connect_by) wait.until = *settings_.connect_by;
   ++links_;
   std::unique_ptr<Link> link;
   try {
@@ -604,14 +764,19 @@ std::unique_ptr<Connection::Link> Connection::open_link(const Wait& wait) {
   auto opened = open_context(settings_, wait, &scripts_, wait.cancel_fd);
   auto link = std::make_unique<Link>();
   link->context = std::move(opened.context);
+  link->server = opened.server;
   link->last_reply = SteadyClock::now();
   bool changed = false;
   std::vector<std::unique_ptr<Link>> stale;
   {
     std::lock_guard lock(mutex_);
     if (shas_.empty()) shas_ = std::move(opened.shas);  // the constructor's; SHA1s never change
-    changed = !opened.run_id.empty() && !run_id_.empty() && opened.run_id != run_id_;
-    if (!opened.run_id.empty()) run_id_ = opened.run_id;
+    // Another boot of the server (run_id; unknown when INFO is refused), or with sentinels
+    // another server altogether.
+    if (!opened.run_id.empty() || settings_.sentinel()) {
+      changed = !server_.empty() && opened.server != server_;
+      server_ = opened.server;
+    }
     if (changed) {
       ++generation_;
       // Idle links lead to the server we knew: gone.
@@ -621,7 +786,7 @@ std::unique_ptr<Connection::Link> Connection::open_link(const Wait& wait) {
     link->generation = generation_;
   }
   stale.clear();
-  if (changed && on_server_changed_) on_server_changed_();
+  if (changed && on_server_changed_) on_server_changed_(link->server);
   return link;
 }
 
@@ -707,8 +872,46 @@ void Connection::discard(std::unique_ptr<Link> link, bool fresh) {
   notify_returned();
 }
 
+void Connection::follow(const std::string& server) {
+  if (!settings_.sentinel()) return;
+  std::vector<std::unique_ptr<Link>> stale;
+  {
+    std::lock_guard lock(mutex_);
+    if (server_.empty() || server_ == server) return;
+    server_ = server;
+    ++generation_;  // busy links are dropped when they come back
+    links_ -= static_cast<int>(idle_.size());
+    stale.swap(idle_);
+    notify_returned();
+  }
+}
+
+bool Connection::primary_moved(const std::string& address) {
+  if (!settings_.sentinel()) return false;
+  std::vector<std::unique_ptr<Link>> stale;
+  {
+    std::lock_guard lock(mutex_);
+    if (server_.empty() || server_.substr(0, server_.find(' ')) == address) return false;
+    ++generation_;
+    links_ -= static_cast<int>(idle_.size());
+    stale.swap(idle_);
+    notify_returned();
+  }
+  return true;
+}
+
+void Connection::forget_idle() {
+  std::vector<std::unique_ptr<Link>> stale;
+  {
+    std::lock_guard lock(mutex_);
+    links_ -= static_cast<int>(idle_.size());
+    stale.swap(idle_);
+    notify_returned();
+  }
+}
+
 std::vector<Reply> Connection::run(const std::vector<Command>& commands, const Wait& wait, bool retry,
-                                   std::uint64_t* server_generation) {
+                                   std::string* server, const FollowUp* follow_up, Reply* follow_reply) {
   for (;;) {
     auto link = checkout(wait);  // throws once a stop is requested
     if (!retry && SteadyClock::now() - link->last_reply >= kIdleProbe) {
@@ -733,7 +936,34 @@ std::vector<Reply> Connection::run(const std::vector<Command>& commands, const W
     if (why.empty()) {
       link->last_reply = SteadyClock::now();
       link->used = true;
-      if (server_generation) *server_generation = link->generation;
+      if (settings_.sentinel() &&
+          std::any_of(replies.begin(), replies.end(), [](const Reply& reply) { return is_error(reply.get(), "READONLY"); })) {
+        // The primary was demoted under us: nothing was written (a replica refuses every
+        // write). The call goes out again to the primary the sentinels name now.
+        discard(std::move(link), false);
+        forget_idle();
+        if (wait.expired() || wait.stop.stop_requested()) {
+          throw BackendUnavailable("redis at " + settings_.description +
+                                   " is no longer a primary (READONLY) and no new one answered in time");
+        }
+        continue;
+      }
+      if (server) *server = link->server;
+      if (follow_up && *follow_up) {
+        if (auto next = (*follow_up)(replies)) {
+          std::vector<Reply> more;
+          // Bounded by the follow-up's own timeout (WAIT's is below kConnectTimeout).
+          if (exchange(link->context.get(), std::vector<Command>{*next}, more, SteadyClock::now() + kReplyTimeout,
+                       wait.cancel_fd)
+                  .empty()) {
+            link->last_reply = SteadyClock::now();
+            if (follow_reply) *follow_reply = std::move(more.front());
+          } else {
+            discard(std::move(link), false);
+            return replies;
+          }
+        }
+      }
       checkin(std::move(link));
       return replies;
     }
@@ -759,10 +989,20 @@ Command Connection::eval_command(const Script& script, const std::vector<std::st
 }
 
 std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, bool retry,
-                                            std::uint64_t* server_generation) {
+                                            std::string* server, const FollowUp* follow_up, Reply* follow_reply) {
   std::vector<Command> commands;
   for (const auto& [script, keys, args] : calls) commands.push_back(eval_command(*script, keys, args, true));
-  auto replies = run(commands, wait, retry, server_generation);
+  // No follow-up after a NOSCRIPT: it goes after the EVAL that runs the script instead.
+  FollowUp unless_noscript;
+  if (follow_up && *follow_up) {
+    unless_noscript = [follow_up](const std::vector<Reply>& replies) -> std::optional<Command> {
+      for (const auto& reply : replies) {
+        if (is_error(reply.get(), "NOSCRIPT")) return std::nullopt;
+      }
+      return (*follow_up)(replies);
+    };
+  }
+  auto replies = run(commands, wait, retry, server, &unless_noscript, follow_reply);
   // The server lost its script cache (restart, SCRIPT FLUSH): those scripts did not run; EVAL
   // sends and caches them, in one more round trip.
   std::vector<std::size_t> missing;
@@ -774,7 +1014,7 @@ std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls
     commands.push_back(eval_command(*script, keys, args, false));
   }
   if (!missing.empty()) {
-    auto again = run(commands, wait, retry, nullptr);
+    auto again = run(commands, wait, retry, server, follow_up, follow_reply);
     for (std::size_t k = 0; k < missing.size(); ++k) replies[missing[k]] = std::move(again[k]);
   }
   std::vector<Result> results(calls.size());
@@ -786,22 +1026,21 @@ std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls
 }
 
 Reply Connection::eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                       Deadline deadline, bool retry, std::uint64_t* server_generation, std::stop_token stop) {
+                       Deadline deadline, bool retry, std::string* server, std::stop_token stop,
+                       const FollowUp* follow_up, Reply* follow_reply) {
   const StopFd cancel(stop);
-  return run_scripts({ScriptCall{&script, keys, args}}, Wait(deadline, std::move(stop), cancel.fd()), retry,
-                     server_generation)
+  return run_scripts({ScriptCall{&script, keys, args}}, Wait(deadline, std::move(stop), cancel.fd()), retry, server,
+                     follow_up, follow_reply)
       .front()
       .take();
 }
 
-std::vector<Result> Connection::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline,
-                                          std::uint64_t* server_generation) {
-  return run_scripts(calls, Wait(deadline), true, server_generation);
+std::vector<Result> Connection::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline, std::string* server) {
+  return run_scripts(calls, Wait(deadline), true, server);
 }
 
-std::vector<Reply> Connection::eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline,
-                                              std::uint64_t* server_generation) {
-  auto results = eval_each(calls, deadline, server_generation);
+std::vector<Reply> Connection::eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline, std::string* server) {
+  auto results = eval_each(calls, deadline, server);
   std::vector<Reply> replies;
   for (auto& result : results) replies.push_back(result.take());
   return replies;

@@ -27,17 +27,40 @@
 
 namespace turnstile::detail::redis {
 
+// A sentinel of a redis+sentinel:// URL.
+struct SentinelAddress {
+  std::string host;  // without an IPv6 address' brackets
+  int port = 26379;
+  std::string description;  // host:port as written
+};
+
 struct Settings {
-  std::string description;  // host:port, for messages (never the password)
-  std::string host;
+  std::string description;  // host:port, for messages (never the password); with sentinels,
+                            // the master's name and the sentinels until a primary is found
+  std::string host;         // "" with sentinels: open_context asks them
   int port = 6379;
   std::string user;
   std::string password;
   int db = 0;
   std::chrono::milliseconds ttl{30'000};
+  // When set, Client::connect's bound (ClientOptions::connect_timeout from the parse): what
+  // the backend does while it is being made (its connections, the eviction check) ends by then.
+  std::optional<SteadyClock::time_point> connect_by;
+  // redis+sentinel://: the sentinels to ask, in order, for the primary of `master_name`; and
+  // the password they want (sentinel_password=), if any.
+  std::vector<SentinelAddress> sentinels;
+  std::string master_name;
+  std::string sentinel_password;
+  // ?min_replicas=N: an acquire returns only once WAIT says N replicas have its entry.
+  int min_replicas = 0;
+  bool sentinel() const { return !sentinels.empty(); }
 };
 
-// redis://[user:password@]host:port[/db][?ttl=SECONDS]; ClientOptions::ttl wins when set.
+inline constexpr int kMaxMinReplicas = 100;
+
+// redis://[user:password@]host:port[/db][?ttl=SECONDS&min_replicas=N] and
+// redis+sentinel://[user:password@]s1:p1,s2:p2/MASTER[?ttl=…&min_replicas=N&sentinel_password=…];
+// ClientOptions::ttl wins when set.
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
 
 // Caps on each network wait; each is also bounded by the caller's deadline.
@@ -110,16 +133,24 @@ struct Wait {
 struct Opened {
   Context context;
   std::string run_id;               // "" when the user may not run INFO
+  std::string server;               // "host:port run_id": which server (and which of its boots)
+  std::string address;              // host:port connected to (with sentinels: the primary found)
   std::vector<std::string> shas;    // of `scripts`, in order
 };
 
 // Connects (close-on-exec socket), authenticates, selects the database and reads the server's
-// run_id. With `scripts` (command connections), also loads them and checks every permission the
+// run_id. With sentinels, first asks them (each in turn, within the connect timeout) for the
+// primary's address, and checks with ROLE that the server found is a primary. With `scripts` (command connections), also loads them and checks every permission the
 // backend needs: scripts, turnstile's keys, publishing and subscribing on its channels.
 // Every wait ends by `wait`'s limits, and at once when `cancel_fd` (if >= 0) becomes readable.
-// Throws AccessDenied (password, ACL) or BackendUnavailable (unreachable, not Redis, replica).
+// Throws AccessDenied (password, ACL) or BackendUnavailable (unreachable, not Redis, replica,
+// no sentinel answering).
 Opened open_context(const Settings& settings, const Wait& wait, const std::vector<const Script*>* scripts,
                     int cancel_fd = -1);
+
+// With sentinels: asks them, each in turn (each its share of the time until `until`), for the
+// address of the primary. Throws AccessDenied (sentinel_password) or BackendUnavailable.
+HostPort ask_sentinels(const Settings& settings, SteadyClock::time_point until, int cancel_fd = -1);
 
 // Sends every command and reads every reply by `until` (each reply at most kMaxReplyBytes).
 // Returns "" on success, else what failed (the context is then unusable). `sent` (optional) is
@@ -176,12 +207,18 @@ struct Result {
 
 using ScriptCall = std::tuple<const Script*, std::vector<std::string>, std::vector<std::string>>;
 
+// After a call's replies came, a command to send on the same connection (WAIT counts the
+// replicas that have that connection's writes), or none.
+using FollowUp = std::function<std::optional<Command>(const std::vector<Reply>&)>;
+
 class Connection {
  public:
   // Opens the first connection now (one attempt), so a bad URL, password or ACL fails at once.
-  // on_server_changed runs (with nothing locked) when a new connection finds a different server
-  // (run_id) than the last one did. Reconnects back off up to `max_backoff`.
-  Connection(Settings settings, std::vector<const Script*> scripts, std::function<void()> on_server_changed,
+  // on_server_changed(server) runs (with nothing locked) when a new connection finds a different
+  // server (run_id, or with sentinels another primary) than the last one did.
+  // Reconnects back off up to `max_backoff`.
+  Connection(Settings settings, std::vector<const Script*> scripts,
+             std::function<void(const std::string& server)> on_server_changed,
              std::chrono::milliseconds max_backoff = kMaxReconnectBackoff);
   ~Connection();
   Connection(const Connection&) = delete;
@@ -194,18 +231,23 @@ class Connection {
   // unknown. Error replies throw their typed error (see reply_error). Throws
   // BackendUnavailable when the deadline passes, or at once when `stop` is requested (every wait:
   // connect, reply, backoff, a busy pool).
-  // `server_generation`, when given, receives the generation of the server the script ran on:
-  // it grows each time a new connection finds a different server (run_id).
+  // `server`, when given, receives the identity of the server the script ran on (Opened::server).
+  // `follow_up`, when given, may name a command to send on the same connection once the script's
+  // reply came; its reply goes to `follow_reply` (left empty when it failed: the connection is
+  // dropped then).
+  // With sentinels, a READONLY reply (the primary was demoted) drops the connection and the call
+  // goes out again on a new one to the primary the sentinels name, until the deadline.
   Reply eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-             Deadline deadline, bool retry, std::uint64_t* server_generation = nullptr, std::stop_token stop = {});
+             Deadline deadline, bool retry, std::string* server = nullptr, std::stop_token stop = {},
+             const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr);
   // Several idempotent script calls in one round trip, each with its own outcome: an error
   // reply to one (OOM, READONLY, BUSY...) is that call's typed error, never thrown. Throws
   // BackendUnavailable only when no reply came by the deadline.
   std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, Deadline deadline,
-                                std::uint64_t* server_generation = nullptr);
+                                std::string* server = nullptr);
   // The same, throwing the first call's error reply as its typed error.
   std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline,
-                                    std::uint64_t* server_generation = nullptr);
+                                    std::string* server = nullptr);
   // A plain command, retried like an idempotent script; error replies throw typed errors.
   Reply command(const Command& command, Deadline deadline);
 
@@ -217,6 +259,16 @@ class Connection {
   bool watch_idle(SteadyClock::time_point until, int wake_fd);
 
   const Settings& settings() const { return settings_; }
+
+  // With sentinels: when `server` (Opened::server) is not the one this Connection last found,
+  // its connections are dropped (idle ones now, busy ones when they come back), so the next call
+  // connects to the primary the sentinels name.
+  void follow(const std::string& server);
+  // With sentinels: `address` (host:port) is the primary the sentinels name now; when it is not
+  // the one this Connection's latest connection found, drops its connections and returns true. A
+  // primary demoted by a failover may go on accepting writes for seconds before the sentinels
+  // reconfigure it: this is how a client connected to it learns of the failover.
+  bool primary_moved(const std::string& address);
 
  private:
   struct Link;
@@ -231,16 +283,19 @@ class Connection {
   bool wait_returned(std::unique_lock<std::mutex>& lock, SteadyClock::time_point until, const std::stop_token& stop);
   void notify_returned();  // mutex_ held
   // One round trip of `commands` on some link; error replies are returned, not thrown.
-  std::vector<Reply> run(const std::vector<Command>& commands, const Wait& wait, bool retry,
-                         std::uint64_t* server_generation);
+  std::vector<Reply> run(const std::vector<Command>& commands, const Wait& wait, bool retry, std::string* server,
+                         const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr);
   std::vector<Result> run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, bool retry,
-                                  std::uint64_t* server_generation);
+                                  std::string* server, const FollowUp* follow_up = nullptr,
+                                  Reply* follow_reply = nullptr);
+  // With sentinels: drops the idle links (they lead to a demoted primary). mutex_ not held.
+  void forget_idle();
   Command eval_command(const Script& script, const std::vector<std::string>& keys,
                        const std::vector<std::string>& args, bool by_sha) const;
 
   const Settings settings_;
   const std::vector<const Script*> scripts_;
-  const std::function<void()> on_server_changed_;
+  const std::function<void(const std::string&)> on_server_changed_;
   const std::chrono::milliseconds max_backoff_;
   std::vector<std::string> shas_;  // by index in scripts_; set by the constructor (SHA1s never change)
 
@@ -249,7 +304,7 @@ class Connection {
   std::uint64_t returns_ = 0;             // counts notify_returned(): what returned_'s waiters wait for
   std::vector<std::unique_ptr<Link>> idle_;
   int links_ = 0;  // idle, in use and being opened
-  std::string run_id_;
+  std::string server_;  // the last server a new link found (Opened::server)
   std::uint64_t generation_ = 0;
   std::chrono::milliseconds backoff_{0};
   SteadyClock::time_point next_attempt_{};

@@ -165,8 +165,17 @@ constexpr milliseconds kOneShotFloor{1000};
 constexpr milliseconds kEvictionCheckPatience = kConnectTimeout;
 // A release is remembered at least this long (and 2 TTLs), so a resend after a lost reply is recognised.
 constexpr milliseconds kMinReleaseMemory{60'000};
+// ?min_replicas=N: WAIT gets the caller's time left, but at least this.
+constexpr milliseconds kMinReplicaWait{200};
 
 bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
+
+// The first element of a script's array reply when it is an integer, else -1000.
+long long first_integer(const redisReply* reply) {
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0) return -1000;
+  const auto* first = reply->element[0];
+  return first->type == REDIS_REPLY_INTEGER ? first->integer : -1000;
+}
 
 // The deadline of a join: the caller's, but at least kOneShotFloor from now (none stays none; one
 // already passed stays passed: the connection then tries once, within its own caps).
@@ -187,7 +196,7 @@ struct HoldLease {
 class RedisHold final : public BackendHold {
  public:
   RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::string request,
-            std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease);
+            std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease, std::string server);
   ~RedisHold() override;
 
   std::uint64_t fencing_token() const override { return seq_; }
@@ -198,11 +207,14 @@ class RedisHold final : public BackendHold {
   std::uint64_t seq() const { return seq_; }
   const std::string& request() const { return request_; }
   const std::shared_ptr<HoldLease>& state() const { return state_; }
+  // The server (Opened::server) whose script admitted the hold.
+  const std::string& server() const { return server_; }
 
  private:
   RedisBackend& backend_;
   std::string name_;
   std::uint64_t seq_;
+  std::string server_;
   std::string request_;  // the acquire's request id: the entry's owner
   std::shared_ptr<LossSignal> loss_;
   std::shared_ptr<ServerLease> lease_;
@@ -344,12 +356,14 @@ class Listener {
 
 class RedisBackend final : public Backend {
  public:
-  RedisBackend(Settings settings, EvictionRule eviction, ErrorHandler warn)
+  RedisBackend(Settings settings, EvictionRule eviction, ErrorHandler warn, const std::string& label)
       : settings_(settings),
         identity_(std::to_string(getpid()) + " " + host_name()),
+        label_suffix_(label.empty() ? "" : " " + label),
         wake_fd_(make_wake_fd()),
-        connection_(settings, all_scripts(), [this] { renew_soon(); }),
-        renewals_(settings, all_scripts(), [this] { renew_soon(); }, renewal_retry()),
+        connection_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); }),
+        renewals_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); },
+                  renewal_retry()),
         subscriber_(settings, [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
                     [this] { on_subscriber_reset(); }) {
     check_eviction_policy(eviction, warn);
@@ -366,7 +380,7 @@ class RedisBackend final : public Backend {
                                    Standing& first) override;
   std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
                                             const std::stop_token& stop) override;
-  Inspection inspect(const std::string& name) override;
+  Inspection inspect(const std::string& name, Deadline deadline) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
@@ -381,7 +395,16 @@ class RedisBackend final : public Backend {
   void track(RedisHold* hold) {
     std::lock_guard lock(holds_mutex_);
     holds_.insert(hold);
+    // A primary change noticed between the admitting script's reply and now.
+    if (settings_.sentinel() && !primary_.empty() && hold->server() != primary_) {
+      hold->state()->lease->lose(primary_changed(hold->server(), primary_));
+    }
   }
+  // With sentinels: WAIT for min_replicas after the script that admits an entry (a FollowUp
+  // for Connection::eval; none without min_replicas). `admitted` reads the script's reply.
+  FollowUp replica_wait(Deadline deadline, bool (*admitted)(const redisReply*)) const;
+  // Throws NotReplicated unless `reply` (WAIT's) counts min_replicas replicas.
+  void check_replicas(const Reply& reply) const;
   void untrack(RedisHold* hold) {
     std::lock_guard lock(holds_mutex_);
     holds_.erase(hold);
@@ -401,24 +424,32 @@ class RedisBackend final : public Backend {
   }
   void check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn);
   void on_subscriber_reset();
+  // A new connection found another server. With sentinels every hold admitted by another
+  // server than `server` is lost: a failover (or a restart) may have lost its entry, or handed
+  // the name to someone else, and the holder must not go on believing it holds.
+  void on_server_changed(const std::string& server);
+  static std::string primary_changed(const std::string& was, const std::string& now);
   void renew_soon();
   void watchdog_loop(std::stop_token stop);
   // What the watchdog renews: a hold's lease, by seq and request id.
   struct Renewal {
     std::shared_ptr<HoldLease> state;
     std::string seq, request;
+    std::string server;  // that admitted the hold
   };
   // One pipelined round of renewals and orphan removals. False when something went unanswered
   // (the next round comes after renewal_retry()).
   bool renewal_round();
   // Applies a name's renewal reply to its holds. False when it confirmed nothing for one of them.
-  bool settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at);
+  bool settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
+                       const std::string& server);
   // Takes the entry of `request` out of the queue (by seq when known), bounded; when that
   // fails, the watchdog keeps trying (an entry left behind would hold the name up for a TTL).
   void leave(const std::string& name, const std::string& seq, const std::string& request) noexcept;
 
   Settings settings_;
   std::string identity_;  // "<pid> <host>", for inspect
+  std::string label_suffix_;  // " <holder label>" after the entry's since, or "" (for inspect)
   // Wakes the watchdog (renew now, or stop). Closed last, after every thread that uses it.
   struct WakeFd {
     int fd;
@@ -438,6 +469,7 @@ class RedisBackend final : public Backend {
 
   std::mutex holds_mutex_;
   std::set<RedisHold*> holds_;
+  std::string primary_;  // with sentinels: the server the latest new connection found
   std::vector<Orphan> orphans_;
 
   Subscriber subscriber_;  // after the waiter tables: its thread calls into them
@@ -445,8 +477,9 @@ class RedisBackend final : public Backend {
 };
 
 RedisHold::RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::string request,
-                     std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease)
-    : backend_(backend), name_(std::move(name)), seq_(seq), request_(std::move(request)), loss_(std::move(loss)),
+                     std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease, std::string server)
+    : backend_(backend), name_(std::move(name)), seq_(seq), server_(std::move(server)), request_(std::move(request)),
+      loss_(std::move(loss)),
       lease_(std::move(lease)), state_(std::make_shared<HoldLease>(lease_)) {
   lease_->attach(loss_);
   backend_.track(this);
@@ -495,7 +528,9 @@ void RedisHold::release() {
 void RedisBackend::check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn) {
   Reply reply;
   try {
-    reply = connection_.command({"CONFIG", "GET", "maxmemory-policy"}, SteadyClock::now() + kEvictionCheckPatience);
+    auto until = SteadyClock::now() + kEvictionCheckPatience;
+    if (settings_.connect_by) until = std::min(until, *settings_.connect_by);
+    reply = connection_.command({"CONFIG", "GET", "maxmemory-policy"}, until);
   } catch (const AccessDenied&) {
     return;  // CONFIG not allowed to this user (or renamed away): nothing to check
   } catch (const BackendUnavailable&) {
@@ -524,6 +559,62 @@ void RedisBackend::on_subscriber_reset() {
   // The subscriber lost its connection and made a new one: the server may have restarted
   // without the holds' entries. One renewal round finds out.
   renew_soon();
+}
+
+std::string RedisBackend::primary_changed(const std::string& was, const std::string& now) {
+  const auto address = [](const std::string& server) { return server.substr(0, server.find(' ')); };
+  return "the redis primary changed (a failover or a restart: the hold was taken on " + address(was) +
+         (address(was) == address(now) ? " before it restarted" : ", the primary is now " + address(now)) +
+         "); replication is asynchronous, so its entry may be gone or the name handed to another";
+}
+
+void RedisBackend::on_server_changed(const std::string& server) {
+  if (settings_.sentinel()) {
+    // Both connections follow: no call goes to the old primary any more.
+    connection_.follow(server);
+    renewals_.follow(server);
+    std::lock_guard lock(holds_mutex_);
+    primary_ = server;
+    for (auto* hold : holds_) {
+      if (hold->server() != server && !hold->state()->releasing) {
+        hold->state()->lease->lose(primary_changed(hold->server(), server));
+      }
+    }
+  }
+  renew_soon();
+}
+
+FollowUp RedisBackend::replica_wait(Deadline deadline, bool (*admitted)(const redisReply*)) const {
+  if (settings_.min_replicas <= 0) return {};
+  const auto replicas = settings_.min_replicas;
+  return [deadline, admitted, replicas](const std::vector<Reply>& replies) -> std::optional<Command> {
+    if (replies.empty() || !admitted(replies.front().get())) return std::nullopt;
+    // The caller's time left, at least kMinReplicaWait (a try-once or a deadline about to pass
+    // still gets a chance), at most kConnectTimeout.
+    auto wait = kConnectTimeout;
+    if (deadline) {
+      const auto left = std::chrono::ceil<milliseconds>(*deadline - SteadyClock::now());
+      wait = std::clamp(left, kMinReplicaWait, kConnectTimeout);
+    }
+    return Command{"WAIT", std::to_string(replicas), std::to_string(wait.count())};
+  };
+}
+
+void RedisBackend::check_replicas(const Reply& reply) const {
+  const auto need = settings_.min_replicas;
+  if (!reply) {
+    throw NotReplicated("redis at " + settings_.description + ": no answer to WAIT " + std::to_string(need) +
+                        " (min_replicas); nothing was taken");
+  }
+  if (reply->type == REDIS_REPLY_INTEGER && reply->integer >= need) return;
+  if (reply->type == REDIS_REPLY_INTEGER) {
+    throw NotReplicated("redis at " + settings_.description + ": the entry reached " + std::to_string(reply->integer) +
+                        " replica(s) in time, min_replicas=" + std::to_string(need) + " asked for " +
+                        std::to_string(need) + "; nothing was taken");
+  }
+  throw NotReplicated("redis at " + settings_.description + " refused WAIT " + std::to_string(need) +
+                      " (min_replicas): " + redacted(settings_, reply->str ? std::string_view(reply->str, reply->len) : "") +
+                      "; nothing was taken");
 }
 
 void RedisBackend::leave(const std::string& name, const std::string& seq, const std::string& request) noexcept {
@@ -562,13 +653,15 @@ class RedisPlace final : public QueuePlace {
   std::optional<bool> join(const QueueRequest& request, bool try_once, Deadline deadline) {
     const auto sent_at = SteadyClock::now();
     Reply reply;
+    Reply replicas;  // WAIT's answer, with min_replicas and an admitted entry
+    const auto follow_up = backend_.replica_wait(deadline, [](const redisReply* r) { return first_integer(r) == 1; });
     try {
       reply = backend_.connection_.eval(
           scripts::acquire, keys_.keys,
           {keys_.channel, std::string(1, kind_code(request.kind)), std::to_string(request.permits),
            std::to_string(request.limit), std::to_string(backend_.settings_.ttl.count()), try_once ? "1" : "0",
-           request_id_, backend_.identity_},
-          at_least_floor(deadline), true, nullptr, stop_);
+           request_id_, backend_.identity_, backend_.label_suffix_},
+          at_least_floor(deadline), true, &server_, stop_, &follow_up, &replicas);
     } catch (const BackendUnavailable&) {
       // The script may have run and its reply been lost: take out the entry it may have made
       // (found by our request id) rather than leave it to hold up the name for a TTL.
@@ -583,6 +676,14 @@ class RedisPlace final : public QueuePlace {
     if (status != 1 && status != 2) throw BackendUnavailable("redis answered acquire with status " + std::to_string(status));
     seq_ = token_at(reply.get(), 1);
     if (listener_) backend_.waiters_.update(listener_->waiter, [&](Waiters::Waiter& w) { w.seq = std::to_string(seq_); });
+    if (status == 1 && backend_.settings_.min_replicas > 0) {
+      try {
+        backend_.check_replicas(replicas);
+      } catch (...) {
+        leave();  // nothing is left behind: the entry goes
+        throw;
+      }
+    }
     if (status == 1) admitted_at_ = sent_at;
     return status == 1;
   }
@@ -593,11 +694,13 @@ class RedisPlace final : public QueuePlace {
     if (listener_) listener_->unpoke();
     const auto sent_at = SteadyClock::now();
     Reply reply;
+    Reply replicas;  // WAIT's answer, with min_replicas once admitted
+    const auto follow_up = backend_.replica_wait(deadline, [](const redisReply* r) { return first_integer(r) == 2; });
     try {
       reply = backend_.connection_.eval(
           scripts::renew, keys_.keys,
           {keys_.channel, std::to_string(backend_.settings_.ttl.count()), std::to_string(seq_), request_id_}, deadline,
-          true, nullptr, stop_);
+          true, &server_, stop_, &follow_up, &replicas);
     } catch (const BackendUnavailable&) {
       // Ended by the stop or the deadline: not admitted (the core gives up and leaves).
       if (stop_.stop_requested() || passed(deadline)) return standing(false);
@@ -609,6 +712,8 @@ class RedisPlace final : public QueuePlace {
       left_ = true;
       throw QueueEntryGone();
     }
+    // Not replicated: NotReplicated ends the acquire, and the core takes our entry out.
+    if (where == 2 && backend_.settings_.min_replicas > 0) backend_.check_replicas(replicas);
     if (where == 2) admitted_at_ = sent_at;
     return standing(where == 2);
   }
@@ -624,7 +729,7 @@ class RedisPlace final : public QueuePlace {
     left_ = true;  // the hold owns the entry now
     // The lease counts from the send time of the script that found us admitted.
     return std::make_unique<RedisHold>(backend_, name_, seq_, request_id_, std::move(loss),
-                                       backend_.loss_clock_.watch(backend_.settings_.ttl, admitted_at_));
+                                       backend_.loss_clock_.watch(backend_.settings_.ttl, admitted_at_), server_);
   }
 
   void leave() noexcept override {
@@ -649,6 +754,7 @@ class RedisPlace final : public QueuePlace {
   std::stop_token stop_;
   std::optional<Listener> listener_;  // none on a try-once: it never waits
   std::uint64_t seq_ = 0;             // 0 until the acquire answered
+  std::string server_;                // the server that answered the last script (Opened::server)
   SteadyClock::time_point admitted_at_{};
   bool left_ = false;
 };
@@ -732,7 +838,7 @@ class RedisCounterLine final : public CounterLine {
     auto reply = backend_.connection_.eval(scripts::counter_acquire, keys_.keys,
                                            {keys_.channel, std::to_string(permits_),
                                             std::to_string(backend_.settings_.ttl.count()), mode, backend_.identity_,
-                                            request_id_},
+                                            request_id_, backend_.label_suffix_},
                                            until, true, nullptr, stop);
     CounterStanding standing;
     const auto status = integer_at(reply.get(), 0);
@@ -810,12 +916,27 @@ bool RedisBackend::renewal_round() {
       // A hold being released is still renewed (a release that failed is retried later and
       // its entry must not expire under it meanwhile), but its answers are ignored.
       if (!hold->state()->lease->lost()) {
-        by_name[hold->name()].push_back({hold->state(), std::to_string(hold->seq()), hold->request()});
+        by_name[hold->name()].push_back({hold->state(), std::to_string(hold->seq()), hold->request(), hold->server()});
       }
     }
     const auto now = SteadyClock::now();
     std::erase_if(orphans_, [&](const Orphan& orphan) { return orphan.give_up <= now; });
     orphans = orphans_;
+  }
+  if (settings_.sentinel()) {
+    // A demoted primary may accept our calls for seconds after the failover (until the
+    // sentinels reconfigure it, ~10 s): ask them, every round, holds or not. When they name
+    // another, both connections drop theirs: waiters look and acquires go to the new primary,
+    // and the renewals below reach it, whose new server loses the holds (on_server_changed).
+    try {
+      const auto primary = ask_sentinels(settings_, SteadyClock::now() + std::min(renewal_period(), kRenewalPatience));
+      const auto host = primary.host.starts_with('[') ? primary.host.substr(1, primary.host.size() - 2) : primary.host;
+      const auto address = host + ":" + std::to_string(primary.port);
+      connection_.primary_moved(address);
+      renewals_.primary_moved(address);
+    } catch (const std::exception&) {
+      // No sentinel answered: the renewal itself says what the primary we know thinks.
+    }
   }
   if (by_name.empty() && orphans.empty()) return true;
   std::vector<ScriptCall> calls;
@@ -836,8 +957,9 @@ bool RedisBackend::renewal_round() {
   }
   const auto sent_at = SteadyClock::now();
   std::vector<Result> results;
+  std::string server;
   try {
-    results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience));
+    results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience), &server);
   } catch (const std::exception&) {
     for (auto& [name, holds] : by_name) {
       for (auto& renewal : holds) {
@@ -848,7 +970,7 @@ bool RedisBackend::renewal_round() {
   }
   bool settled = true;
   std::size_t at = 0;
-  for (auto& [name, holds] : by_name) settled = settle_renewals(holds, results[at++], sent_at) && settled;
+  for (auto& [name, holds] : by_name) settled = settle_renewals(holds, results[at++], sent_at, server) && settled;
   if (!orphans.empty()) {
     std::set<std::string> removed;
     for (const auto& orphan : orphans) {
@@ -861,7 +983,8 @@ bool RedisBackend::renewal_round() {
   return settled;
 }
 
-bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at) {
+bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
+                                   const std::string& server) {
   // An error reply (OOM, READONLY, BUSY...) confirms nothing, and proves no loss either.
   std::string trouble = "redis answered the renewal unexpectedly";
   if (result.error) {
@@ -881,7 +1004,11 @@ bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Resu
     auto& lease = holds[i].state->lease;
     long long where = -1;
     if (usable && reply->element[i]->type == REDIS_REPLY_INTEGER) where = reply->element[i]->integer;
-    if (where == 2) {
+    if (settings_.sentinel() && holds[i].server != server) {
+      // Renewed on another primary than the one that admitted it: its entry there may be a
+      // replica's copy, or another's. Never carried over.
+      lease->lose(primary_changed(holds[i].server, server));
+    } else if (where == 2) {
       lease->confirmed(sent_at);
     } else if (where == 0 || where == 1) {
       // Gone, not ours, or no longer admitted: the server's state is not the one that
@@ -896,7 +1023,14 @@ bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Resu
   return settled;
 }
 
-Inspection RedisBackend::inspect(const std::string& name) {
+// The holder label an entry's text ends with, after the space that follows its since.
+std::string label_after(std::istringstream& text) {
+  std::string rest;
+  std::getline(text, rest);
+  return rest.size() > 1 && rest[0] == ' ' ? rest.substr(1) : std::string();
+}
+
+Inspection RedisBackend::inspect(const std::string& name, Deadline deadline) {
   const auto keys = keys_of(name);
   std::vector<ScriptCall> calls{{&scripts::inspect, keys.keys, {keys.channel}}};
   bool counter = true;
@@ -907,7 +1041,9 @@ Inspection RedisBackend::inspect(const std::string& name) {
   } catch (const InvalidArgument&) {
     counter = false;  // a lock name that no counter may use
   }
-  auto replies = connection_.eval_pipelined(calls, SteadyClock::now() + kCallPatience);
+  auto until = SteadyClock::now() + kCallPatience;
+  if (deadline) until = std::min(until, *deadline);
+  auto replies = connection_.eval_pipelined(calls, until);
   for (const auto& reply : replies) {
     if (reply->type != REDIS_REPLY_ARRAY) unexpected_reply("inspect");
   }
@@ -918,12 +1054,13 @@ Inspection RedisBackend::inspect(const std::string& name) {
     const auto* item = queue->element[i];
     EntryInfo info;
     info.fencing_token = static_cast<std::uint64_t>(integer_at(item, 0));
-    // "<kind><admitted> <permits> <limit> <request> <until ms> <pid> <host> <since ms>"
+    // "<kind><admitted> <permits> <limit> <request> <until ms> <pid> <host> <since ms>[ <label>]"
     std::istringstream text(string_at(item, 1));
     std::string state, request;
     std::int64_t limit = 0;
     long long until_ms = 0, since_ms = 0;
     text >> state >> info.permits >> limit >> request >> until_ms >> info.pid >> info.host >> since_ms;
+    info.label = label_after(text);
     const char kind = state.empty() ? 'x' : state[0];
     info.kind = kind == 's' ? "shared" : kind == 'l' ? "lease" : "exclusive";
     info.holding = state.size() > 1 && state[1] == '1';
@@ -949,6 +1086,7 @@ Inspection RedisBackend::inspect(const std::string& name) {
     std::istringstream text(string_at(permits->element[i], 1));
     long long since_ms = 0;
     text >> info.pid >> info.host >> since_ms;
+    info.label = label_after(text);
     info.since = std::chrono::system_clock::time_point(milliseconds(since_ms));
     result.waiters.push_back(info);
   }
@@ -1002,5 +1140,6 @@ extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory
   using namespace turnstile::detail::redis;
   auto own = url;
   const auto eviction = take_eviction_rule(own);
-  return std::make_unique<RedisBackend>(parse_settings(own, options), eviction, options.error_handler);
+  return std::make_unique<RedisBackend>(parse_settings(own, options), eviction, options.error_handler,
+                                        options.holder_label);
 }

@@ -10,6 +10,8 @@ namespace turnstile::detail::zookeeper {
 
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   Settings settings;
+  settings.holder_label = options.holder_label;
+  settings.connect_timeout = options.connect_timeout;
   if (url.hosts.empty()) throw InvalidUrl("no host in '" + url.text + "'");
   for (const auto& host : url.hosts) {
     const auto endpoint = parse_host_port(host, 2181, url);
@@ -31,6 +33,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     }
     settings.session_timeout = parse_seconds("session_timeout", value, 0.1, 86400);
   }
+  check_ttl_option(options.ttl, 0.1);
   if (options.ttl.count() > 0) settings.session_timeout = options.ttl;
   return settings;
 }
@@ -328,7 +331,9 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
   {
     std::unique_lock lock(mutex_);
     adopt_locked(first);
-    const auto wait = std::max(kMinCallWait, std::min(settings_.session_timeout, kMaxConnectWait));
+    const auto wait = settings_.connect_timeout.count() > 0
+                          ? settings_.connect_timeout
+                          : std::max(kMinCallWait, std::min(settings_.session_timeout, kMaxConnectWait));
     cv_.wait_for(lock, wait, [&] { return first->connected() || first->expired(); });
     if (!first->connected()) {
       session_.reset();

@@ -52,6 +52,8 @@ struct Settings {
   std::string password;
   milliseconds session_timeout{30'000};  // asked for; the server may grant another
   std::string description;    // for messages
+  std::string holder_label;   // ClientOptions::holder_label, kept in our nodes' data
+  milliseconds connect_timeout{0};  // ClientOptions::connect_timeout; 0: see kMaxConnectWait
 };
 
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);

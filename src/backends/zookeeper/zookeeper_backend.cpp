@@ -139,20 +139,28 @@ std::size_t index_of(const std::vector<EntryNode>& entries, const std::string& n
 struct NodeInfo {
   std::int64_t pid = 0;
   std::string host;
+  std::string label;
   bool downgraded = false;
   std::int64_t permits = 1;
 };
 
-std::string node_data(const std::string& kind, std::int64_t permits = 1) {
-  static const std::string identity = "turnstile pid=" + std::to_string(getpid()) + " host=" + host_name();
-  return identity + " kind=" + kind + (permits != 1 ? " permits=" + std::to_string(permits) : "");
+// "turnstile pid=<pid> host=<host> kind=<kind>[ permits=<n>][ label=<holder label>]": the
+// label, free text, comes last and ends the data.
+std::string node_data(const std::string& kind, const std::string& label, std::int64_t permits = 1) {
+  static const std::string host = host_name();  // asked once: not a system call per entry
+  return "turnstile pid=" + std::to_string(getpid()) + " host=" + host + " kind=" + kind +
+         (permits != 1 ? " permits=" + std::to_string(permits) : "") + (label.empty() ? "" : " label=" + label);
 }
 
+constexpr std::string_view kLabelField = " label=";
+
+// A field of the data before its label (so a label can never pose as another field).
 std::string field(const std::string& data, const std::string& key) {
-  const auto at = data.find(" " + key + "=");
+  const std::string_view fields = std::string_view(data).substr(0, data.find(kLabelField));
+  const auto at = fields.find(" " + key + "=");
   if (at == std::string::npos) return {};
   const auto start = at + key.size() + 2;
-  return data.substr(start, data.find(' ', start) - start);
+  return std::string(fields.substr(start, fields.find(' ', start) - start));
 }
 
 NodeInfo parse_node_data(const std::string& data) {
@@ -162,6 +170,7 @@ NodeInfo parse_node_data(const std::string& data) {
     return info;
   }
   info.host = field(data, "host");
+  if (const auto at = data.find(kLabelField); at != std::string::npos) info.label = data.substr(at + kLabelField.size());
   const auto pid = field(data, "pid");
   std::from_chars(pid.data(), pid.data() + pid.size(), info.pid);
   info.downgraded = field(data, "kind") == "downgraded";
@@ -360,6 +369,7 @@ EntryInfo entry_info(const EntryNode& entry, const NodeInfo& node, const Stat& s
   info.permits = node.permits;
   info.pid = node.pid;
   info.host = node.host;
+  info.label = node.label;
   info.since = std::chrono::system_clock::time_point(milliseconds(stat.ctime));
   return info;
 }
@@ -400,13 +410,14 @@ class ZookeeperBackend final : public Backend {
                                    Standing& first) override;
   std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
                                             const std::stop_token& stop) override;
-  Inspection inspect(const std::string& name) override;
+  Inspection inspect(const std::string& name, Deadline deadline) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
   std::int64_t counter_drain(const std::string& name) override;
 
   Connection& connection() { return connection_; }
+  const std::string& holder_label() const { return connection_.settings().holder_label; }
   std::shared_ptr<Session> session_for(Deadline deadline, const std::stop_token& stop = {}) {
     return connection_.session(deadline, stop);
   }
@@ -503,7 +514,8 @@ ZookeeperHold::~ZookeeperHold() {
 void ZookeeperHold::downgrade() {
   // The entry keeps its place and token: its data now says "shared", which turnstile readers
   // behind it read (their watch on it fires). Curator's readers still wait for it: safe.
-  const int rc = session_->set(paths_.front(), node_data("downgraded"), -1, SteadyClock::now() + session_->short_wait());
+  const int rc = session_->set(paths_.front(), node_data("downgraded", backend_.holder_label()), -1,
+                               SteadyClock::now() + session_->short_wait());
   if (rc == ZOK) return;
   if (rc == ZNONODE || session_gone(rc)) {
     loss_->lose("its ZooKeeper session expired");
@@ -770,7 +782,7 @@ class LockPlace final : public EntryPlace {
  public:
   LockPlace(ZookeeperBackend& backend, std::shared_ptr<Session> session, const QueueRequest& request)
       : EntryPlace(backend, session, request, backend.path_of(request.name), label_of(request),
-                   node_data(request.kind == EntryKind::shared ? "shared" : "exclusive")) {}
+                   node_data(request.kind == EntryKind::shared ? "shared" : "exclusive", backend.holder_label())) {}
 
   Standing look(Deadline deadline) override {
     return queue_step([&] {
@@ -841,7 +853,7 @@ class LeasePlace final : public EntryPlace {
  public:
   LeasePlace(ZookeeperBackend& backend, std::shared_ptr<Session> session, const QueueRequest& request, bool try_once)
       : EntryPlace(backend, session, request, backend.path_of(request.name) + "/locks", kMutexLabel,
-                   node_data("lease", request.permits)),
+                   node_data("lease", backend.holder_label(), request.permits)),
         leases_(path_ + "/leases"), lease_prefix_(leases_ + "/_c_" + uuid_ + "-" + kLeaseLabel), try_once_(try_once) {
     backend.check_lease_request(request, lease_prefix_, data_);
   }
@@ -1095,7 +1107,8 @@ class PermitLine final : public CounterLine {
     queue_step([&] {
       auto& session = this->session(deadline);
       const auto uuid = random_uuid();
-      node_ = backend_.create_entry(session, line_, "_c_" + uuid + "-" + kWaitLabel, uuid, node_data("permits", permits_),
+      node_ = backend_.create_entry(session, line_, "_c_" + uuid + "-" + kWaitLabel, uuid,
+                                    node_data("permits", backend_.holder_label(), permits_),
                                     backend_.call_bound(session, deadline, stop_));
     });
   }
@@ -1361,8 +1374,9 @@ void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& pa
   }
 }
 
-Inspection ZookeeperBackend::inspect(const std::string& name) {
-  const auto deadline = call_deadline();
+Inspection ZookeeperBackend::inspect(const std::string& name, Deadline until) {
+  auto deadline = call_deadline();
+  if (until) deadline = std::min(*deadline, *until);
   auto session = session_for(deadline);
   const auto path = path_of(name);
   return outside_queue("inspect", [&] {

@@ -1,5 +1,5 @@
 -- Joins the queue. ARGV: 2 kind (x|s|l), 3 permits, 4 limit (leases), 5 lease ms,
--- 6 try once (1|0), 7 request id, 8 "<pid> <host>".
+-- 6 try once (1|0), 7 request id, 8 "<pid> <host>", 9 " <holder label>" or "".
 -- Returns {1, seq} admitted, {2, seq} waiting, {0} not admitted on a try-once (nothing
 -- changed), {-1, mode} kind mismatch, {-2, limit} limit mismatch.
 local kind, permits_text, limit_text, lease_ms = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
@@ -50,7 +50,7 @@ if not seq then return exhausted() end
 last = seq
 local e = {seq = seq, field = fmt(seq), kind = kind, admitted = false, permits = permits, permits_text = permits_text,
            limit = limit, limit_text = limit_text, request = request, expiry = now + lease_ms,
-           who = ARGV[8] .. ' ' .. fmt(now)}
+           who = ARGV[8] .. ' ' .. fmt(now) .. (ARGV[9] or '')}
 entries[#entries + 1] = e
 put(e.field, entry_text(e))
 admit(e.field)

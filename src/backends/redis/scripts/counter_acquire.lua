@@ -1,7 +1,8 @@
 -- Takes permits in arrival order. ARGV: 2 permits, 3 lease ms, 4 mode (0 wait, 1 try once,
 -- 2 only leave the line), 5 "<pid> <host>", 6 request id (the same for every look of one
--- acquire call). Returns {1} taken (now, or by an earlier look whose reply was lost), {0} not
--- taken (try once, or leave: we left the line), {2, seq, head seq} waiting.
+-- acquire call), 7 " <holder label>" or "". Returns {1} taken (now, or by an earlier look
+-- whose reply was lost), {0} not taken (try once, or leave: we left the line), {2, seq, head
+-- seq} waiting.
 local wanted, lease_ms, mode, request = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[6]
 local try_once = mode ~= '0'
 if load_or_recall(request) == 1 then return {1} end  -- a resend: the permits were taken already
@@ -35,7 +36,7 @@ local w = me and waiters[me]
 if not w then
   last = next_token(last, 0)
   if not last then return exhausted() end
-  w = {seq = last, field = fmt(last), request = request, who = ARGV[5] .. ' ' .. fmt(now)}
+  w = {seq = last, field = fmt(last), request = request, who = ARGV[5] .. ' ' .. fmt(now) .. (ARGV[7] or '')}
   waiters[#waiters + 1] = w
 end
 w.expiry = now + lease_ms

@@ -3,7 +3,7 @@
 -- ARGV[1] (Redisson's channel for the name). turnstile's FIFO of waiters lives beside it, in
 -- the same cluster slot, in ONE hash KEYS[2]:
 --   'seq'        the last place in line handed out
---   '<seq>'      a waiter: "<until ms> <request> <pid> <host> <since ms>"
+--   '<seq>'      a waiter: "<until ms> <request> <pid> <host> <since ms>[ <label>]"
 --   'r:<client>' what the client's latest changes did (a resend gets the first answer)
 -- Redisson's own waiters do not queue there: they may overtake turnstile's.
 local permits_key, line_key, channel = KEYS[1], KEYS[2], ARGV[1]

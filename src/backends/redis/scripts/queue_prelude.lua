@@ -1,6 +1,6 @@
 -- The queue scripts: one queue per name in the hash KEYS[1] = "turnstile:{NAME}:q":
 --   'seq'        the last fencing token handed out
---   '<seq>'      an entry: "<kind><admitted> <permits> <limit> <request> <until ms> <pid> <host> <since ms>"
+--   '<seq>'      an entry: "<kind><admitted> <permits> <limit> <request> <until ms> <pid> <host> <since ms>[ <label>]"
 --                kind x|s|l, admitted 0|1, limit the Semaphore's (0 for locks), until its lease end
 --   'r:<client>' what the client's latest releases did (see remember())
 -- ARGV[1] is always the wake-up channel: a message there only wakes; admission is what these

@@ -1,0 +1,219 @@
+// redis+sentinel://: the primary found through the sentinels, holds reported lost when the primary
+// changes (SENTINEL FAILOVER, kill -9), waiters served by the new primary, and ?min_replicas=N.
+//
+// Tests that disturb the set-up start one of their own (tests/servers/redis_sentinel.sh); the
+// others use the suite's fixture (TURNSTILE_REDIS_SENTINEL_URL_FILE).
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "conformance/support.hpp"
+#include "support/server_tests.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using turnstile::Client;
+using namespace server_tests;
+
+// A sentinel set-up of a test's own: p1 p2 (data), s1 s2 s3 (sentinels).
+class SentinelSet {
+ public:
+  const std::string& url() const { return set_.url(); }
+  int run(const std::string& action, const std::string& id = "") { return set_.action(action, id); }
+  std::string leader() { return shell(std::string(TURNSTILE_REDIS_SENTINEL_SCRIPT) + " leader " + set_.dir()); }
+  // redis://127.0.0.1:PORT of a data node.
+  std::string node_url(const std::string& id) {
+    return "redis://127.0.0.1:" + shell("awk '$1 == \"" + id + "\" { print $4 }' " + set_.dir() + "/nodes");
+  }
+  bool healthy_within(std::chrono::milliseconds bound) {
+    return eventually([&] { return run("healthy") == 0; }, bound);
+  }
+
+ private:
+  OwnServer set_{TURNSTILE_REDIS_SENTINEL_SCRIPT};
+};
+
+// The hash of a name's queue on a server, as redis-cli shows its fields.
+std::string queue_fields(const std::string& node_url, const std::string& name) {
+  return redis_cli(node_url, "HKEYS " + quoted("turnstile:{" + name + "}:q"));
+}
+
+class RedisSentinel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    url_ = read_first_line(TURNSTILE_REDIS_SENTINEL_URL_FILE);
+    ASSERT_FALSE(url_.empty()) << "no URL in " << TURNSTILE_REDIS_SENTINEL_URL_FILE
+                               << " (did the redis_sentinel_server fixture run?)";
+  }
+  std::string url_;
+};
+
+TEST_F(RedisSentinel, DiscoversThePrimaryLocksAndHandsOver) {
+  auto client = Client::connect(url_);
+  auto other = Client::connect(url_);
+  const auto name = unique_name("basic");
+  auto mutex = client.mutex(name);
+  auto theirs = other.mutex(name);
+  mutex.lock();
+  const auto first_token = mutex.fencing_token();
+  EXPECT_FALSE(theirs.try_lock());
+  // Holds belong to threads: the waiter takes, reads its token and unlocks in its own.
+  auto waiter = std::async(std::launch::async, [&]() -> std::uint64_t {
+    if (!theirs.try_lock_for(20s)) return 0;
+    const auto token = theirs.fencing_token();
+    theirs.unlock();
+    return token;
+  });
+  EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout) << "a waiter got in while the lock was held";
+  mutex.unlock();
+  EXPECT_GT(waiter.get(), first_token) << "the waiter was not admitted after the release (token 0), or its token did not grow";
+  auto pool = client.semaphore(unique_name("pool"), 2);
+  auto a = pool.acquire();
+  auto b = pool.acquire();
+  EXPECT_FALSE(pool.try_acquire_for(100ms));
+}
+
+TEST_F(RedisSentinel, MinReplicasWithTheReplicaUpAcquires) {
+  auto client = Client::connect(url_ + "?min_replicas=1");
+  auto mutex = client.mutex(unique_name("replicated"));
+  ASSERT_TRUE(mutex.try_lock_for(5s));
+  mutex.unlock();
+  // On redis:// too (the primary's own address, found through the sentinels' answer).
+  const auto sentinel = url_.substr(url_.find("//") + 2, url_.find(',') - url_.find("//") - 2);
+  const auto address = shell("redis-cli -h " + sentinel.substr(0, sentinel.find(':')) + " -p " +
+                             sentinel.substr(sentinel.find(':') + 1) +
+                             " SENTINEL get-master-addr-by-name turnstile | paste -sd:");
+  auto direct = Client::connect("redis://" + address + "?min_replicas=1");
+  auto same = direct.mutex(mutex.name());
+  ASSERT_TRUE(same.try_lock_for(5s));
+  same.unlock();
+}
+
+TEST_F(RedisSentinel, BadUrlsAreRefusedAndSecretsNeverShown) {
+  const auto hosts = url_.substr(0, url_.rfind('/'));  // redis+sentinel://h1,h2,h3
+  for (const auto* bad : {"?min_replicas=-1", "?min_replicas=101", "?min_replicas=x", "?min_replicas=", "?bogus=1"}) {
+    EXPECT_THROW(Client::connect(url_ + bad), turnstile::InvalidUrl) << bad;
+  }
+  EXPECT_THROW(Client::connect(hosts), turnstile::InvalidUrl) << "no master name";
+  EXPECT_THROW(Client::connect(hosts + "/a/b"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect("redis://127.0.0.1:1?min_replicas=two"), turnstile::InvalidUrl);
+  EXPECT_THROW(Client::connect(hosts + "/turnstile?sentinel_password="), turnstile::InvalidUrl);
+  try {
+    Client::connect(hosts + "/no-such-master");
+    ADD_FAILURE() << "an unknown master name connected";
+  } catch (const turnstile::BackendUnavailable& error) {
+    EXPECT_NE(std::string(error.what()).find("no-such-master"), std::string::npos) << error.what();
+  }
+  // These sentinels have no password: one given is refused, and never shown.
+  try {
+    Client::connect(url_ + "?sentinel_password=s3cr3t-sentinel");
+    ADD_FAILURE() << "a wrong sentinel password connected";
+  } catch (const turnstile::AccessDenied& error) {
+    EXPECT_EQ(std::string(error.what()).find("s3cr3t-sentinel"), std::string::npos) << error.what();
+  }
+  try {
+    Client::connect("redis+sentinel://127.0.0.1:1,127.0.0.1:2/turnstile?sentinel_password=s3cr3t-sentinel");
+    ADD_FAILURE() << "unreachable sentinels connected";
+  } catch (const turnstile::BackendUnavailable& error) {
+    EXPECT_EQ(std::string(error.what()).find("s3cr3t-sentinel"), std::string::npos) << error.what();
+  }
+  auto client = Client::connect(url_ + "?ttl=5");
+  EXPECT_EQ(client.url(), url_ + "?ttl=5");
+}
+
+// The primary changes under a hold: the holder is told it lost the hold long before its TTL, a
+// waiter that was queued before gets the name from the new primary, and tokens keep growing.
+void expect_failover_reported(SentinelSet& set, const std::function<void()>& fault, std::chrono::milliseconds loss_bound) {
+  const auto name = unique_name("failover");
+  // TTL 15 s: renewed every 5 s, and each renewal round asks the sentinels who the primary is.
+  auto client = Client::connect(set.url(), with_ttl(15s));
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  const auto token = mutex.fencing_token();
+  const auto lost = mutex.lost_token();
+  auto waiting = Client::connect(set.url(), with_ttl(15s));
+  auto theirs = waiting.mutex(name);
+  auto waiter = std::async(std::launch::async, [&]() -> std::uint64_t {
+    if (!theirs.try_lock_for(60s)) return 0;
+    const auto token = theirs.fencing_token();
+    theirs.unlock();
+    return token;
+  });
+  EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout);
+  const auto before = set.leader();
+  const auto started = std::chrono::steady_clock::now();
+  fault();
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, loss_bound))
+      << "the hold survived a change of primary (from " << before << ")";
+  const auto noticed = std::chrono::steady_clock::now() - started;
+  std::printf("hold reported lost %lld ms after the fault\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(noticed).count()));
+  EXPECT_NE(set.leader(), before);
+  // The lost holder's release goes to the new primary (its replicated entry leaves).
+  try {
+    mutex.unlock();
+  } catch (const turnstile::HoldLost&) {
+  }
+  ASSERT_EQ(waiter.wait_for(15s), std::future_status::ready) << "the waiter was not served by the new primary";
+  EXPECT_GT(waiter.get(), token) << "the waiter was not served (0), or fencing tokens went backwards across the failover";
+  // A new client finds the new primary at once.
+  auto fresh = Client::connect(set.url());
+  auto again = fresh.mutex(name);
+  EXPECT_TRUE(again.try_lock_for(5s));
+}
+
+TEST(RedisSentinelFaults, FailoverReportsHoldsLostAndServesWaitersOnTheNewPrimary) {
+  SentinelSet set;
+  // The sentinels switch within about a second; the demoted primary keeps accepting writes
+  // until they reconfigure it (about 10 s later), so the holder learns of it from its next
+  // renewal round's question to the sentinels: within a renewal period (5 s) of the switch.
+  expect_failover_reported(set, [&] { ASSERT_EQ(set.run("failover"), 0); }, 8s);
+}
+
+TEST(RedisSentinelFaults, KilledPrimaryReportsHoldsLostAndServesWaitersOnTheNewPrimary) {
+  SentinelSet set;
+  // down-after-milliseconds 1000, then a vote and a promotion: a few seconds, below the TTL's
+  // 13.5 s loss bound, so only the change of primary can have reported the loss.
+  expect_failover_reported(set, [&] { ASSERT_EQ(set.run("kill", set.leader()), 0); }, 10s);
+}
+
+TEST(RedisSentinelFaults, MinReplicasWithoutTheReplicaFailsAndLeavesNothing) {
+  SentinelSet set;
+  const auto primary = set.leader();
+  const auto replica = primary == "p1" ? "p2" : "p1";
+  ASSERT_EQ(set.run("kill", replica), 0);
+  auto client = Client::connect(set.url() + "?min_replicas=1");
+  const auto name = unique_name("unreplicated");
+  auto mutex = client.mutex(name);
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_THROW(mutex.try_lock_for(1s), turnstile::NotReplicated);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 4s);
+  try {
+    mutex.try_lock_for(500ms);
+  } catch (const turnstile::NotReplicated& error) {
+    EXPECT_EQ(error.code(), turnstile::ErrorCode::not_replicated);
+    EXPECT_NE(std::string(error.what()).find("min_replicas"), std::string::npos) << error.what();
+  }
+  // No entry left on the primary: only the fencing counter and release memory.
+  const auto fields = queue_fields(set.node_url(primary), name);
+  for (std::size_t at = 0, end; at < fields.size(); at = end + 1) {
+    end = fields.find('\n', at);
+    if (end == std::string::npos) end = fields.size();
+    const auto field = fields.substr(at, end - at);
+    EXPECT_TRUE(field == "seq" || field.rfind("r:", 0) == 0) << "left behind: " << field << " in\n" << fields;
+  }
+  // Without min_replicas the same name is free at once.
+  auto plain = Client::connect(set.url());
+  auto same = plain.mutex(name);
+  EXPECT_TRUE(same.try_lock());
+  same.unlock();
+  // With the replica back, min_replicas=1 acquires again.
+  ASSERT_EQ(set.run("start-node", replica), 0);
+  ASSERT_TRUE(set.healthy_within(30s));
+  EXPECT_TRUE(mutex.try_lock_for(5s));
+  mutex.unlock();
+}
+
+}  // namespace
