@@ -92,6 +92,7 @@ std::stop_token LossSignal::token() const {
 
 std::string LossSignal::reason() const {
   std::lock_guard lock(mutex_);
+  if (reason_.empty() && past_due()) return "no renewal was confirmed before its loss deadline";
   return reason_;
 }
 
@@ -134,7 +135,7 @@ void HoldRecord::release() {
   } catch (const BackendUnavailable& error) {
     client_->retry_release_later(name_, std::move(hold));
     // A hold already reported lost is reported as lost: that is what the caller must act on.
-    if (loss_->lost()) {
+    if (loss_->lost_by_now()) {
       throw HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(token_) +
                      ") may have been lost before its release: " + loss_->reason() +
                      "; its release is retried in the background");
@@ -142,7 +143,7 @@ void HoldRecord::release() {
     throw BackendUnavailable("release of '" + name_ + "' failed and is retried in the background: " +
                              error.what());
   }
-  if (loss_->lost()) {
+  if (loss_->lost_by_now()) {
     throw HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(token_) +
                    ") may have been lost before its release: " + loss_->reason());
   }

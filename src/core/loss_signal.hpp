@@ -54,7 +54,10 @@ class LossSignal {
     due_.store(due.time_since_epoch().count(), std::memory_order_release);
   }
   bool lost() const noexcept { return state() == HoldState::lost; }
-  std::string reason() const;  // why it was lost
+  // lost(), or past its loss deadline (what a release must report: its call may have been cut
+  // by token() before the loss clock's thread marked the hold lost).
+  bool lost_by_now() const noexcept { return observed_state() == HoldState::lost; }
+  std::string reason() const;  // why it was lost (or that its deadline passed)
   // Stopped once lost, and when first asked for past the deadline (as observed_state); a token
   // asked for earlier is stopped by the loss clock's thread, which is due then too.
   std::stop_token token() const;

@@ -49,7 +49,7 @@ class ConsulHold final : public BackendHold {
 
   void release() override {
     if (released_) return;
-    const auto timeout = loss_->lost() ? kLostReleaseTry : kReleaseTry;
+    const auto timeout = loss_->lost_by_now() ? kLostReleaseTry : kReleaseTry;
     if (value_.kind == EntryKind::lease) release_permits(timeout);
     else release_lock(timeout);
     released_ = true;

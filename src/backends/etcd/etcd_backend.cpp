@@ -587,7 +587,7 @@ void EtcdHold::release() {
     add_range(txn.mutable_failure(), key_range(receipt));
     try {
       const auto answer = backend_.connection().txn(
-          txn, SteadyClock::now() + (loss_->lost() ? kLostReleaseTry : kReleaseTry), true);
+          txn, SteadyClock::now() + (loss_->lost_by_now() ? kLostReleaseTry : kReleaseTry), true);
       existed = answer.succeeded() || answer.responses(0).response_range().kvs_size() > 0;
       if (answer.succeeded()) backend_.receipts_deleted(garbage);
       if (existed) backend_.receipt_done(receipt);

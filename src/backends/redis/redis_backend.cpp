@@ -507,7 +507,7 @@ void RedisHold::release() {
   // already lost gets one short try): the caller must hear of a loss at once, and the core
   // retries a failed release in the background. A resend after a lost reply finds the release
   // remembered, not a loss.
-  const bool lost = loss_->lost();
+  const bool lost = loss_->lost_by_now();
   const auto patience = lost ? kLostReleasePatience : kReleasePatience;
   // From now on a renewal that finds the entry gone may have crossed this release: only the
   // release's own answer says whether the hold was lost.
