@@ -443,11 +443,10 @@ TEST_P(Wakeups, OneReleaseWakesOneOfAThousandWaiters) {
     ASSERT_EQ(held.waiters[i - 1].fencing_token, queued.waiters[i].fencing_token) << "waiter " << i << " moved";
   }
   if (server) {
-    // consul:// wakes 2 (known, documented in the README, not yet fixed): the admitted waiter's
-    // hold marks its own entry key held, and its successor, blocked on that key, wakes once,
-    // looks, and blocks again. Never more: a herd would show here as hundreds.
-    const double expected = scheme == "consul" ? 2 : 1;
-    EXPECT_EQ(counts.woken, expected) << server->woken_means();
+    // Exactly one: a herd would show here as hundreds, and a waiter woken for nothing (consul://
+    // once woke the admitted waiter's successor: its hold rewrote the entry key that successor
+    // blocks on) as 2.
+    EXPECT_EQ(counts.woken, 1) << server->woken_means();
   } else {
     // file://: the kernel wakes the one F_OFD_SETLKW on the released byte (a watch thread), which
     // wakes the one waiter listening to it.
