@@ -221,7 +221,8 @@ class ZooKeeperCounter : public ServerCounter {
 
 // Redis: the waiters sleep on one subscriber connection per client and a script that admits
 // someone publishes the admitted entries' seqs on the name's channel; only a waiter named looks
-// again (the others' periodic renew scripts go on regardless, every min(2 s, TTL/3)). Counted
+// again (the client's watchdog renews all its entries of the name in one script call a round,
+// every min(2 s, TTL/3), regardless). Counted
 // from MONITOR: the seqs named in the PUBLISHes on the name's channel after the snapshot, one
 // wake-up each (this test's waiters share one client, so one receiver per message).
 class RedisCounter : public ServerCounter {
@@ -319,11 +320,7 @@ TEST_P(Wakeups, OneReleaseWakesOneOfAThousandWaiters) {
   }
   ASSERT_TRUE(server || scheme == "file") << "no wake-up counter for " << url();
 
-  // Redis: a waiter's entry lives by its TTL, so every waiter runs the renew script every
-  // min(2 s, TTL/3), and that script reads the whole queue: 1000 waiters ask ~500 scripts a second
-  // of ~5 ms each, more than the one-threaded server can do, and the queue never forms. 200
-  // waiters cost it ~10%.
-  const std::size_t kWaiters = scheme == "redis" ? 200 : kThousand;
+  const std::size_t kWaiters = kThousand;
   // etcd: one key per lease and name (concurrency.Mutex's layout), so a client's own waiters
   // line up inside the client and one of them at a time waits on the server: each waiter has a
   // client of its own there (its memory then includes that client's).
