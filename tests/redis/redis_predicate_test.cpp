@@ -10,6 +10,8 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <thread>
+#include <algorithm>
 
 #include "core/queue.hpp"
 #include "support/server_tests.hpp"
@@ -173,6 +175,93 @@ TEST_F(RedisPredicate, LuaAdmitAgreesWithTheCorePredicateOnRandomQueues) {
   EXPECT_GT(locks, 300);
   EXPECT_GT(downgrades, 100);
   EXPECT_GT(waiting, 1000);
+}
+
+// Issue 14: 1000 waiters renew their entries every round, so a renewal must not read the whole
+// queue: renew.lua reads and writes only the entries it names while the queue's 'w' field says
+// none can have expired and no field came or went since the last walk. It still walks (and
+// prunes, and admits) once an entry's lease may have ended, or the hash changed behind the
+// scripts' back. What the scripts run is read from MONITOR (which shows the commands a script
+// calls) on a connection of its own.
+TEST_F(RedisPredicate, ARenewalReadsOnlyItsOwnEntriesUntilOneMayHaveExpired) {
+  const auto url = read_first_line(TURNSTILE_REDIS_URL_FILE);
+  const auto port = std::stoi(url.substr(url.rfind(':') + 1));
+  std::unique_ptr<redisContext, decltype(&redisFree)> monitor(redisConnect("127.0.0.1", port), redisFree);
+  ASSERT_TRUE(monitor && !monitor->err);
+  timeval patience{10, 0};  // a guard against a hang, not a measurement
+  redisSetTimeout(monitor.get(), patience);
+  {
+    Reply ok(static_cast<redisReply*>(redisCommand(monitor.get(), "MONITOR")), freeReplyObject);
+    ASSERT_TRUE(ok && ok->type == REDIS_REPLY_STATUS);
+  }
+  const auto prelude = read_script("common_prelude.lua") + read_script("queue_prelude.lua");
+  const auto acquire = prelude + read_script("acquire.lua");
+  const auto renew = prelude + read_script("renew.lua");
+  const auto name = unique_name("renew-cost");
+  const std::string key = "turnstile:{" + name + "}:q", channel = "turnstile:{" + name + "}:w:0";
+  // {status, seq} of a join by request `request` with a lease of `lease_ms`.
+  const auto join = [&](const std::string& request, const std::string& lease_ms) {
+    auto reply = command({"EVAL", acquire, "1", key, channel, "x", "1", "0", lease_ms, "0", request, "1 test", ""});
+    EXPECT_TRUE(reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2) << (reply && reply->str ? reply->str : "");
+    return std::to_string(reply->element[1]->integer);
+  };
+  std::vector<std::string> seqs;
+  for (int i = 0; i < 200; ++i) seqs.push_back(join("c" + std::to_string(i) + ":1", "60000"));
+  // The commands scripts ran on the name's keys (queue and channel) since the last call: read
+  // from MONITOR up to a marker sent now.
+  int markers = 0;
+  const auto ran_since = [&] {
+    std::vector<std::string> ran;
+    const auto marker = "renew-cost-marker-" + name + "-" + std::to_string(++markers);
+    command({"ECHO", marker});
+    for (;;) {
+      void* raw = nullptr;
+      if (redisGetReply(monitor.get(), &raw) != REDIS_OK || !raw) {
+        ADD_FAILURE() << "MONITOR went quiet";
+        break;
+      }
+      Reply line(static_cast<redisReply*>(raw), freeReplyObject);
+      const std::string text = line->type == REDIS_REPLY_STATUS ? std::string(line->str, line->len) : "";
+      if (text.find(marker) != std::string::npos) break;
+      if (text.find(" lua] ") != std::string::npos && text.find("{" + name + "}") != std::string::npos) ran.push_back(text);
+    }
+    return ran;
+  };
+  // Renews entry `i` of `seqs`: its answer, and the commands that renewal ran.
+  const auto renew_entry = [&](std::size_t i, std::vector<std::string>& ran) {
+    ran_since();  // what came before
+    auto reply = command({"EVAL", renew, "1", key, channel, "60000", seqs[i], "c" + std::to_string(i) + ":1"});
+    EXPECT_TRUE(reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 1) << (reply && reply->str ? reply->str : "");
+    ran = ran_since();
+    return reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 1 ? reply->element[0]->integer : -1;
+  };
+  const auto count = [](const std::vector<std::string>& ran, const std::string& command) {
+    return std::count_if(ran.begin(), ran.end(), [&](const std::string& line) { return line.find("\"" + command + "\"") != std::string::npos; });
+  };
+
+  // Nothing expired: the entry is read and written, nothing else.
+  std::vector<std::string> ran;
+  EXPECT_EQ(renew_entry(100, ran), 1);  // waiting
+  EXPECT_EQ(count(ran, "HGETALL"), 0) << "a renewal read the whole queue";
+  EXPECT_LE(ran.size(), 5u) << "a renewal of one entry of 200 ran more than a few commands on the queue";
+
+  // An entry whose lease ends at once (its client died): the next renewal, of anyone's, walks
+  // the queue and prunes it.
+  const auto dying = join("dead:1", "1");
+  ASSERT_EQ(command({"HEXISTS", key, dying})->integer, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past its lease (1 ms)
+  ran.clear();
+  EXPECT_EQ(renew_entry(100, ran), 1);
+  EXPECT_EQ(count(ran, "HGETALL"), 1) << "a renewal after a lease ended did not walk the queue";
+  EXPECT_EQ(command({"HEXISTS", key, dying})->integer, 0) << "the expired entry was not pruned";
+
+  // The holder's entry deleted by hand (no script ran): the next renewal walks and admits the next.
+  ASSERT_EQ(command({"HDEL", key, seqs[0]})->integer, 1);
+  ran.clear();
+  EXPECT_EQ(renew_entry(1, ran), 2) << "the entry behind a vanished holder was not admitted";
+  EXPECT_EQ(count(ran, "HGETALL"), 1);
+  EXPECT_EQ(count(ran, "PUBLISH"), 1) << "the admitted entry's waiter was not named";
+  command({"DEL", key});
 }
 
 }  // namespace

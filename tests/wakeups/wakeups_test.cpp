@@ -221,7 +221,8 @@ class ZooKeeperCounter : public ServerCounter {
 
 // Redis: the waiters sleep on one subscriber connection per client and a script that admits
 // someone publishes the admitted entries' seqs on the name's channel; only a waiter named looks
-// again (the others' periodic renew scripts go on regardless, every min(2 s, TTL/3)). Counted
+// again (the client's watchdog renews all its entries of the name in one script call a round,
+// every min(2 s, TTL/3), regardless). Counted
 // from MONITOR: the seqs named in the PUBLISHes on the name's channel after the snapshot, one
 // wake-up each (this test's waiters share one client, so one receiver per message).
 class RedisCounter : public ServerCounter {
@@ -319,11 +320,7 @@ TEST_P(Wakeups, OneReleaseWakesOneOfAThousandWaiters) {
   }
   ASSERT_TRUE(server || scheme == "file") << "no wake-up counter for " << url();
 
-  // Redis: a waiter's entry lives by its TTL, so every waiter runs the renew script every
-  // min(2 s, TTL/3), and that script reads the whole queue: 1000 waiters ask ~500 scripts a second
-  // of ~5 ms each, more than the one-threaded server can do, and the queue never forms. 200
-  // waiters cost it ~10%.
-  const std::size_t kWaiters = scheme == "redis" ? 200 : kThousand;
+  const std::size_t kWaiters = kThousand;
   // etcd: one key per lease and name (concurrency.Mutex's layout), so a client's own waiters
   // line up inside the client and one of them at a time waits on the server: each waiter has a
   // client of its own there (its memory then includes that client's).
@@ -443,11 +440,10 @@ TEST_P(Wakeups, OneReleaseWakesOneOfAThousandWaiters) {
     ASSERT_EQ(held.waiters[i - 1].fencing_token, queued.waiters[i].fencing_token) << "waiter " << i << " moved";
   }
   if (server) {
-    // consul:// wakes 2 (known, documented in the README, not yet fixed): the admitted waiter's
-    // hold marks its own entry key held, and its successor, blocked on that key, wakes once,
-    // looks, and blocks again. Never more: a herd would show here as hundreds.
-    const double expected = scheme == "consul" ? 2 : 1;
-    EXPECT_EQ(counts.woken, expected) << server->woken_means();
+    // Exactly one: a herd would show here as hundreds, and a waiter woken for nothing (consul://
+    // once woke the admitted waiter's successor: its hold rewrote the entry key that successor
+    // blocks on) as 2.
+    EXPECT_EQ(counts.woken, 1) << server->woken_means();
   } else {
     // file://: the kernel wakes the one F_OFD_SETLKW on the released byte (a watch thread), which
     // wakes the one waiter listening to it.

@@ -326,15 +326,23 @@ Inspection ConsulBackend::inspect(const std::string& name, Deadline deadline) {
   result.name = name;
   const auto key = encode_name(name);
   const auto queue = children(read(queue_prefix(name), true, timeout()), queue_prefix(name));
-  std::vector<QueueEntryView> views;
+  const auto lock_keys = read(key, false, timeout());
+  // An exclusive hold leaves its entry as it was written (places.cpp, hold): it holds when it
+  // heads the queue and its session holds the api.Lock key, whose ModifyIndex is its token.
+  std::optional<KvEntry> held_key;
+  if (!lock_keys.empty() && lock_keys.front().flags == kLockFlags && !lock_keys.front().session.empty()) {
+    held_key = lock_keys.front();
+  }
   for (const auto& entry : queue) {
     const auto value = entry_value(entry.value);
-    views.push_back({value.kind, value.permits});
     if (result.mode.empty()) {
       result.mode = value.kind == EntryKind::lease ? "semaphore" : "lock";
       result.limit = value.limit;
     }
-    auto info = info_of(entry, value, value.held);
+    const bool heads_with_key = !value.held && value.kind == EntryKind::exclusive && &entry == &queue.front() &&
+                                held_key && held_key->session == entry.session;
+    auto info = info_of(entry, value, value.held || heads_with_key);
+    if (heads_with_key) info.fencing_token = held_key->modify_index;
     (info.holding ? result.holders : result.waiters).push_back(info);
   }
   // Holders only Consul's own clients know of: an api.Lock session, api.Semaphore holders
@@ -346,7 +354,7 @@ Inspection ConsulBackend::inspect(const std::string& name, Deadline deadline) {
       return mine.session == session || std::find(sessions.begin(), sessions.end(), session) != sessions.end();
     });
   };
-  for (const auto& entry : read(key, false, timeout())) {
+  for (const auto& entry : lock_keys) {
     if (entry.flags != kLockFlags || entry.session.empty()) continue;
     if (!ours(entry.session)) foreign.emplace_back(entry.session, 1);
     if (result.mode.empty()) result.mode = "lock";

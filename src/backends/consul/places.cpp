@@ -41,6 +41,7 @@ class ConsulHold final : public BackendHold {
   // key stays ours until the release, so Consul's own clients stay out while we read.
   void downgrade() override {
     value_.kind = EntryKind::shared;
+    value_.held = true;  // a reader's entry says it holds (an exclusive one's head and key do)
     if (!backend_.write("PUT", "/v1/kv/" + url_escape(entry_key_) + "?acquire=" + session_->id, to_json(value_),
                         kReleaseTry, "downgrading '" + name_ + "'")) {
       throw HoldLost("the write lock of '" + name_ + "' was lost before its downgrade (its Consul session ended)");
@@ -244,13 +245,20 @@ class ConsulPlace final : public QueuePlace {
     if (verdict.index < targets_.size()) backend_.block(targets_[verdict.index], deadline, stop);
   }
 
+  // An exclusive hold takes the api.Lock key and only checks that our entry is still ours: its
+  // entry is left as it is, so the one waiting behind it (blocked on its ModifyIndex) sleeps on
+  // until it leaves, and a release wakes exactly one waiter. It reads as held because it heads the
+  // queue while its session holds the key (inspect); its fencing token is the key's ModifyIndex.
+  // A reader or a lease marks its entry held (with the lease's permit session): a lease's
+  // successor waits for exactly that write (WaitFor::admission).
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
     if (taken_at_once_) {
       left_ = true;  // the hold owns the entry now
       return std::make_unique<ConsulHold>(backend_, request_.name, session_, entry_key_, value_,
                                           std::vector<std::shared_ptr<Session>>{}, token_, std::move(loss), last_in_);
     }
-    value_.held = true;
+    const bool exclusive = request_.kind == EntryKind::exclusive;
+    value_.held = !exclusive;
     std::vector<std::shared_ptr<Session>> permits;
     nlohmann::json ops = nlohmann::json::array();
     if (is_lease(request_)) {
@@ -270,11 +278,13 @@ class ConsulPlace final : public QueuePlace {
       ops.push_back(op);
     }
     std::optional<std::size_t> lock_op;  // the take of the api.Lock key
-    if (request_.kind == EntryKind::exclusive) {
+    if (exclusive) {
       lock_op = ops.size();
       ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
+      ops.push_back(kv_check_session(entry_key_, session_->id));
+    } else {
+      ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
     }
-    ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
     // Read in the same step: whether ours is the queue's only entry, and the occupancy key's
     // index then, so that our release can end the occupancy if nobody joins meanwhile.
     ops.push_back(kv_op("get-or-empty", occupancy_key(request_.name)));
@@ -302,7 +312,7 @@ class ConsulPlace final : public QueuePlace {
     std::uint64_t occupancy = 0;
     std::set<std::string> in_queue;  // our entry comes twice: written, then read with the queue
     for (const auto& entry : *results) {
-      if (entry.key == entry_key_) token = std::max(token, entry.modify_index);
+      if (entry.key == (exclusive ? key_ : entry_key_)) token = std::max(token, entry.modify_index);
       if (entry.key == occupancy_key(request_.name)) occupancy = entry.modify_index;
       if (entry.key.rfind(prefix_, 0) == 0 && entry.create_index != 0) in_queue.insert(entry.key);
     }

@@ -145,10 +145,12 @@ constexpr milliseconds kLostReleasePatience{250};
 constexpr milliseconds kLeavePatience{1000};
 // An orphan (an entry whose removal failed) is retried until TTL + this: gone on the server by then.
 constexpr milliseconds kOrphanSlack{5000};
-// How long a waiter waits for the server to confirm its SUBSCRIBE; unconfirmed, its periodic
-// look covers what it may miss.
+// How long a waiter waits for the server to confirm its SUBSCRIBE; unconfirmed, the watchdog's
+// rounds (which wake a waiter whose entry is admitted) cover what it may miss.
 constexpr milliseconds kSubscribeConfirm{1000};
-// A waiter asks the server at least this often (and every TTL/3), so no lost message strands it.
+// While this client has waiters, the watchdog's round (which renews their entries too, and wakes
+// those it finds admitted or gone) comes at least this often (and every TTL/3), so no lost
+// message strands a waiter.
 constexpr milliseconds kMaxRecheck{2000};
 // Renewals: every TTL/3 but not more often than this; a round unanswered is retried after
 // kMaxRenewalRetry at most (also the renewal connection's longest reconnect backoff, so a
@@ -224,6 +226,8 @@ class RedisHold final : public BackendHold {
 };
 
 // This process's waiters, by channel. A message only wakes a waiter: it then asks the server.
+// Each sleeps on a condition variable of its own, notified only when it is poked, so a message
+// that names one waiter runs one thread.
 class Waiters {
  public:
   enum class Line { queue, counter };
@@ -231,6 +235,15 @@ class Waiters {
     std::string seq;          // queue waiters: our entry, "" until known (every message wakes us)
     std::uint64_t place = 0;  // counter waiters: our place in line, 0 until known (likewise)
     bool poked = false;
+    // Queue waiters: the name and the entry's request id, and whether its entry waits in the
+    // queue (the watchdog renews it then, and wakes it when the server says admitted or gone).
+    std::string name, request;
+    bool queued = false;
+    std::condition_variable_any wake;  // notified (under the table's mutex) when poked
+  };
+  // A queued entry the watchdog renews.
+  struct Queued {
+    std::string channel, name, seq, request;
   };
 
   void add(Line line, const std::string& channel, Waiter& waiter) {
@@ -239,6 +252,7 @@ class Waiters {
   }
   void remove(Line line, const std::string& channel, Waiter& waiter) {
     std::lock_guard lock(mutex_);
+    if (std::exchange(waiter.queued, false)) --queued_;
     auto& waiters = table(line)[channel];
     waiters.erase(&waiter);
     if (waiters.empty()) table(line).erase(channel);
@@ -257,51 +271,83 @@ class Waiters {
       std::istringstream seqs(payload);
       for (std::string seq; seqs >> seq;) named.insert(seq);
       for (auto* waiter : queue->second) {
-        if (waiter->seq.empty() || named.count(waiter->seq)) waiter->poked = true;
+        if (waiter->seq.empty() || named.count(waiter->seq)) poke(*waiter);
       }
     }
     if (const auto counter = counter_.find(channel); counter != counter_.end()) {
       Waiter* first = nullptr;
       for (auto* waiter : counter->second) {
-        if (waiter->place == 0) waiter->poked = true;
+        if (waiter->place == 0) poke(*waiter);
         else if (!first || waiter->place < first->place) first = waiter;
       }
-      if (first) first->poked = true;
+      if (first) poke(*first);
     }
-    changed_.notify_all();
   }
   // The local counter waiter first in line (place `head`) looks again.
   void poke_counter_head(const std::string& channel, std::uint64_t head) {
     std::lock_guard lock(mutex_);
     if (const auto counter = counter_.find(channel); counter != counter_.end()) {
       for (auto* waiter : counter->second) {
-        if (waiter->place == head) waiter->poked = true;
+        if (waiter->place == head) poke(*waiter);
       }
     }
-    changed_.notify_all();
+  }
+  // Marks a queue waiter's entry queued (or no longer): true when it is this client's first.
+  bool set_queued(Waiter& waiter, bool queued) {
+    std::lock_guard lock(mutex_);
+    if (waiter.queued == queued) return false;
+    waiter.queued = queued;
+    queued_ += queued ? 1 : -1;
+    return queued && queued_ == 1;
+  }
+  bool any_queued() {
+    std::lock_guard lock(mutex_);
+    return queued_ > 0;
+  }
+  std::vector<Queued> queued() {
+    std::lock_guard lock(mutex_);
+    std::vector<Queued> entries;
+    for (const auto& [channel, waiters] : queue_) {
+      for (const auto* waiter : waiters) {
+        if (waiter->queued && !waiter->seq.empty()) entries.push_back({channel, waiter->name, waiter->seq, waiter->request});
+      }
+    }
+    return entries;
+  }
+  // The queue waiter of entry `seq` on `channel` looks again (the watchdog found it admitted or gone).
+  void poke_entry(const std::string& channel, const std::string& seq) {
+    std::lock_guard lock(mutex_);
+    if (const auto queue = queue_.find(channel); queue != queue_.end()) {
+      for (auto* waiter : queue->second) {
+        if (waiter->seq == seq) poke(*waiter);
+      }
+    }
   }
   void poke_all() {
     std::lock_guard lock(mutex_);
     for (auto* line : {&queue_, &counter_}) {
       for (auto& [channel, waiters] : *line) {
-        for (auto* waiter : waiters) waiter->poked = true;
+        for (auto* waiter : waiters) poke(*waiter);
       }
     }
-    changed_.notify_all();
   }
   // Sleeps until the waiter is poked, `until`, or a stop.
   void sleep(Waiter& waiter, SteadyClock::time_point until, const std::stop_token& stop) {
     std::unique_lock lock(mutex_);
-    changed_.wait_until(lock, stop, until, [&] { return waiter.poked; });
+    waiter.wake.wait_until(lock, stop, until, [&] { return waiter.poked; });
   }
 
  private:
   std::map<std::string, std::set<Waiter*>>& table(Line line) { return line == Line::queue ? queue_ : counter_; }
+  static void poke(Waiter& waiter) {
+    waiter.poked = true;
+    waiter.wake.notify_all();
+  }
 
   std::mutex mutex_;
-  std::condition_variable_any changed_;
   std::map<std::string, std::set<Waiter*>> queue_;    // channel -> waiters
   std::map<std::string, std::set<Waiter*>> counter_;  // channel -> waiters
+  std::size_t queued_ = 0;  // queue waiters whose entries wait (Waiter::queued)
 };
 
 // One acquire's waiter: registered before its first script runs, so that a message published
@@ -336,9 +382,10 @@ class Listener {
   void unpoke() {
     waiters_.update(waiter, [](Waiters::Waiter& w) { w.poked = false; });
   }
-  // Until a message names us, the re-check interval passes, the deadline, or a stop.
-  void sleep(milliseconds recheck, Deadline deadline, const std::stop_token& stop) {
-    auto until = SteadyClock::now() + recheck;
+  // Until a message names us (or the watchdog pokes us), the re-check interval passes (none:
+  // never), the deadline, or a stop.
+  void sleep(std::optional<milliseconds> recheck, Deadline deadline, const std::stop_token& stop) {
+    auto until = SteadyClock::now() + recheck.value_or(std::chrono::hours(24));
     if (deadline) until = std::min(until, *deadline);
     waiters_.sleep(waiter, until, stop);
   }
@@ -440,9 +487,10 @@ class RedisBackend final : public Backend {
   // One pipelined round of renewals and orphan removals. False when something went unanswered
   // (the next round comes after renewal_retry()).
   bool renewal_round();
-  // Applies a name's renewal reply to its holds. False when it confirmed nothing for one of them.
+  // Applies a name's renewal reply to its holds (the first answers; `queued` waiting entries'
+  // answers follow). False when it confirmed nothing for one of them.
   bool settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
-                       const std::string& server);
+                       const std::string& server, std::size_t queued);
   // Takes the entry of `request` out of the queue (by seq when known), bounded; when that
   // fails, the watchdog keeps trying (an entry left behind would hold the name up for a TTL).
   void leave(const std::string& name, const std::string& seq, const std::string& request) noexcept;
@@ -643,7 +691,13 @@ class RedisPlace final : public QueuePlace {
   RedisPlace(RedisBackend& backend, const QueueRequest& request, bool may_wait)
       : backend_(backend), name_(request.name), keys_(backend.keys_of(request.name)),
         request_id_(backend.request_ids_.next()), stop_(request.stop) {
-    if (may_wait) listener_.emplace(backend.waiters_, backend.subscriber_, Waiters::Line::queue, keys_.channel);
+    if (may_wait) {
+      listener_.emplace(backend.waiters_, backend.subscriber_, Waiters::Line::queue, keys_.channel);
+      backend.waiters_.update(listener_->waiter, [&](Waiters::Waiter& w) {
+        w.name = name_;
+        w.request = request_id_;
+      });
+    }
   }
 
   // Runs the acquire script: admitted or not; none when no entry stays (not admitted on a
@@ -685,6 +739,9 @@ class RedisPlace final : public QueuePlace {
       }
     }
     if (status == 1) admitted_at_ = sent_at;
+    // Waiting: from now on the watchdog renews our entry with the client's others of the name,
+    // and wakes us when it finds it admitted or gone (a message lost, or an entry ahead expired).
+    if (status == 2 && listener_ && backend_.waiters_.set_queued(listener_->waiter, true)) backend_.renew_soon();
     return status == 1;
   }
 
@@ -710,6 +767,7 @@ class RedisPlace final : public QueuePlace {
     if (where == 0) {
       // Gone (we were paused past the TTL, or the server lost the name's state): nothing to leave.
       left_ = true;
+      if (listener_) backend_.waiters_.set_queued(listener_->waiter, false);
       throw QueueEntryGone();
     }
     // Not replicated: NotReplicated ends the acquire, and the core takes our entry out.
@@ -719,14 +777,18 @@ class RedisPlace final : public QueuePlace {
   }
 
   // Whatever the verdict names, the script that admits us publishes our seq: we sleep until a
-  // message names us (or the subscriber reconnects), and ask the server now and then anyway.
+  // message names us, the subscriber reconnects, or the watchdog's round (every TTL/3 and at
+  // most kMaxRecheck apart while we wait) finds our entry admitted or gone. Sleeping, a waiter
+  // sends nothing: its lease is renewed by that round, in one call for all of the client's
+  // entries of the name.
   void wait(const Verdict&, Deadline deadline, const std::stop_token& stop) override {
     if (!listener_ || listener_->subscribe(deadline, stop)) return;
-    listener_->sleep(backend_.recheck_interval(), deadline, stop);
+    listener_->sleep(std::nullopt, deadline, stop);
   }
 
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
     left_ = true;  // the hold owns the entry now
+    if (listener_) backend_.waiters_.set_queued(listener_->waiter, false);
     // The lease counts from the send time of the script that found us admitted.
     return std::make_unique<RedisHold>(backend_, name_, seq_, request_id_, std::move(loss),
                                        backend_.loss_clock_.watch(backend_.settings_.ttl, admitted_at_), server_);
@@ -734,6 +796,7 @@ class RedisPlace final : public QueuePlace {
 
   void leave() noexcept override {
     if (std::exchange(left_, true)) return;
+    if (listener_) backend_.waiters_.set_queued(listener_->waiter, false);
     // By request id alone while the seq is unknown (the acquire's reply was lost).
     backend_.leave(name_, seq_ ? std::to_string(seq_) : std::string(), request_id_);
   }
@@ -891,7 +954,10 @@ void RedisBackend::renew_soon() {
 // at once when the server shows a change: the idle renewal connection gets an EOF or reset (a
 // restart or shutdown: this thread sleeps in poll() on it), the subscriber reconnects, or a
 // connection finds another run_id. Entries whose removal failed (orphans) are removed in the
-// same round trips until done.
+// same round trips until done. The client's waiting entries are renewed in the same calls (one
+// per name: renew.lua reads only the entries it names, unless one of the name's has expired),
+// and a waiter whose entry the server calls admitted or gone is woken to look; while there are
+// waiters, rounds come every min(TTL/3, kMaxRecheck).
 void RedisBackend::watchdog_loop(std::stop_token stop) {
   auto wait = renewal_period();
   while (!stop.stop_requested()) {
@@ -902,13 +968,20 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
       if (read(wake_fd_.fd, &count, sizeof count) > 0) break;  // renew_soon(), or stop
     }
     if (stop.stop_requested()) break;
-    wait = renewal_round() ? renewal_period() : renewal_retry();
+    wait = !renewal_round()         ? renewal_retry()
+           : waiters_.any_queued() ? std::min(renewal_period(), recheck_interval())
+                                   : renewal_period();
   }
 }
 
 bool RedisBackend::renewal_round() {
   // A snapshot (leases are shared: a hold may be released and destroyed meanwhile).
-  std::map<std::string, std::vector<Renewal>> by_name;
+  struct Entries {
+    std::vector<Renewal> holds;
+    std::vector<Waiters::Queued> queued;  // after the holds, in the same call
+  };
+  std::map<std::string, Entries> by_name;
+  for (auto& queued : waiters_.queued()) by_name[queued.name].queued.push_back(std::move(queued));
   std::vector<Orphan> orphans;
   {
     std::lock_guard lock(holds_mutex_);
@@ -916,7 +989,7 @@ bool RedisBackend::renewal_round() {
       // A hold being released is still renewed (a release that failed is retried later and
       // its entry must not expire under it meanwhile), but its answers are ignored.
       if (!hold->state()->lease->lost()) {
-        by_name[hold->name()].push_back({hold->state(), std::to_string(hold->seq()), hold->request(), hold->server()});
+        by_name[hold->name()].holds.push_back({hold->state(), std::to_string(hold->seq()), hold->request(), hold->server()});
       }
     }
     const auto now = SteadyClock::now();
@@ -940,12 +1013,16 @@ bool RedisBackend::renewal_round() {
   }
   if (by_name.empty() && orphans.empty()) return true;
   std::vector<ScriptCall> calls;
-  for (auto& [name, holds] : by_name) {
+  for (auto& [name, entries] : by_name) {
     const auto keys = keys_of(name);
     std::vector<std::string> args{keys.channel, std::to_string(settings_.ttl.count())};
-    for (auto& renewal : holds) {
+    for (auto& renewal : entries.holds) {
       args.push_back(renewal.seq);
       args.push_back(renewal.request);
+    }
+    for (auto& queued : entries.queued) {
+      args.push_back(queued.seq);
+      args.push_back(queued.request);
     }
     calls.emplace_back(&scripts::renew, keys.keys, std::move(args));
   }
@@ -961,8 +1038,8 @@ bool RedisBackend::renewal_round() {
   try {
     results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience), &server);
   } catch (const std::exception&) {
-    for (auto& [name, holds] : by_name) {
-      for (auto& renewal : holds) {
+    for (auto& [name, entries] : by_name) {
+      for (auto& renewal : entries.holds) {
         if (!renewal.state->releasing) renewal.state->lease->unconfirmed("the renewal did not reach redis; its entry may still be alive");
       }
     }
@@ -970,7 +1047,20 @@ bool RedisBackend::renewal_round() {
   }
   bool settled = true;
   std::size_t at = 0;
-  for (auto& [name, holds] : by_name) settled = settle_renewals(holds, results[at++], sent_at, server) && settled;
+  for (auto& [name, entries] : by_name) {
+    const auto& result = results[at++];
+    settled = settle_renewals(entries.holds, result, sent_at, server, entries.queued.size()) && settled;
+    // A waiter whose entry is admitted (a message lost) or gone looks; one still waiting sleeps on.
+    const auto* reply = result.ok() ? result.reply.get() : nullptr;
+    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != entries.holds.size() + entries.queued.size()) {
+      settled = settled && entries.queued.empty();  // their leases too: the next round comes soon
+      continue;
+    }
+    for (std::size_t i = 0; i < entries.queued.size(); ++i) {
+      const auto* where = reply->element[entries.holds.size() + i];
+      if (where->type == REDIS_REPLY_INTEGER && where->integer != 1) waiters_.poke_entry(entries.queued[i].channel, entries.queued[i].seq);
+    }
+  }
   if (!orphans.empty()) {
     std::set<std::string> removed;
     for (const auto& orphan : orphans) {
@@ -984,7 +1074,7 @@ bool RedisBackend::renewal_round() {
 }
 
 bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
-                                   const std::string& server) {
+                                   const std::string& server, std::size_t queued) {
   // An error reply (OOM, READONLY, BUSY...) confirms nothing, and proves no loss either.
   std::string trouble = "redis answered the renewal unexpectedly";
   if (result.error) {
@@ -995,7 +1085,7 @@ bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Resu
     }
   }
   const auto* reply = result.ok() ? result.reply.get() : nullptr;
-  const bool usable = reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == holds.size();
+  const bool usable = reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == holds.size() + queued;
   bool settled = true;
   for (std::size_t i = 0; i < holds.size(); ++i) {
     // Read after the answer came: a release sent before the server ran this renewal set it

@@ -3,6 +3,10 @@
 --   '<seq>'      an entry: "<kind><admitted> <permits> <limit> <request> <until ms> <pid> <host> <since ms>[ <label>]"
 --                kind x|s|l, admitted 0|1, limit the Semaphore's (0 for locks), until its lease end
 --   'r:<client>' what the client's latest releases did (see remember())
+--   'w'          "<walk at ms> <fields>": written by every script that walks the queue (save()),
+--                the earliest lease end of its entries then and the hash's field count; until
+--                that time, with no field added or removed since, no entry can have expired and
+--                the predicate's marks stand, so a renewal need not walk the queue (quick_renew)
 -- ARGV[1] is always the wake-up channel: a message there only wakes; admission is what these
 -- scripts say. Anything unreadable is dropped (a hand edit, a partial write): never fail on it.
 local state_key, channel = KEYS[1], ARGV[1]
@@ -13,19 +17,68 @@ local function entry_text(e)
          ' ' .. fmt(e.expiry) .. ' ' .. e.who
 end
 
+-- An entry as its text says, or nil when unreadable.
+local function parse_entry(seq, field, value)
+  local kind, admitted, permits, limit, request, expiry, who =
+    string.match(value, '^([xsl])([01]) (%d+) (%d+) (%S+) (%d+) (.*)$')
+  if not kind then return nil end
+  return {seq = seq, field = field, kind = kind, admitted = admitted == '1', permits = tonumber(permits),
+          permits_text = permits, limit = tonumber(limit), limit_text = limit, request = request,
+          expiry = tonumber(expiry), who = who}
+end
+
 local function load()
   entries, last = load_hash(state_key, function(seq, field, value)
-    local kind, admitted, permits, limit, request, expiry, who =
-      string.match(value, '^([xsl])([01]) (%d+) (%d+) (%S+) (%d+) (.*)$')
+    local e = parse_entry(seq, field, value)
     -- Gone once its holder stopped renewing (dead, or paused past its lease), or unreadable.
-    if not kind or tonumber(expiry) <= now then return nil end
-    return {seq = seq, field = field, kind = kind, admitted = admitted == '1', permits = tonumber(permits),
-            permits_text = permits, limit = tonumber(limit), limit_text = limit, request = request,
-            expiry = tonumber(expiry), who = who}
+    if not e or e.expiry <= now then return nil end
+    return e
   end)
 end
 
-local function save() save_hash(state_key, last) end
+-- Writes back what changed, then 'w' (see above): the earliest lease end and the field count,
+-- 'w' included (written first so that HLEN counts it). An empty queue has no 'w' (a look at a
+-- name nobody uses writes nothing; the next entry's script walks).
+local function save()
+  if #entries == 0 then
+    drop('w')
+    return save_hash(state_key, last)
+  end
+  local walk_at = max_token
+  for _, e in ipairs(entries) do walk_at = math.min(walk_at, e.expiry) end
+  put('w', '0 0')
+  save_hash(state_key, last)
+  redis.call('HSET', state_key, 'w', fmt(walk_at) .. ' ' .. fmt(redis.call('HLEN', state_key)))
+end
+
+-- Renews the entries named by ARGV[from..] (pairs of seq and request id) without walking the
+-- queue, when 'w' allows it (its time not reached, no field added or removed since by anyone
+-- but a script: a hand edit, an eviction or a lost write makes the caller walk). Returns per
+-- pair 0 gone or not ours, 1 waiting, 2 admitted; nil when the queue must be walked instead.
+-- O(pairs): no other entry is read.
+local function quick_renew(from, lease_ms)
+  local walk_at, count = string.match(redis.call('HGET', state_key, 'w') or '', '^(%d+) (%d+)$')
+  if not walk_at or tonumber(walk_at) <= now or tonumber(count) ~= redis.call('HLEN', state_key) then return nil end
+  local earliest, set, result = tonumber(walk_at), {}, {}
+  for i = from, #ARGV, 2 do
+    local field, seq = ARGV[i], token_of(ARGV[i])
+    local value = seq and redis.call('HGET', state_key, field)
+    local e = value and parse_entry(seq, field, value)
+    if e and e.request == ARGV[i + 1] then
+      e.expiry = now + lease_ms
+      earliest = math.min(earliest, e.expiry)  -- a shorter lease than the others' moves 'w' earlier
+      set[#set + 1] = field
+      set[#set + 1] = entry_text(e)
+    end
+    result[#result + 1] = e and e.request == ARGV[i + 1] and (e.admitted and 2 or 1) or 0
+  end
+  if earliest < tonumber(walk_at) then
+    set[#set + 1] = 'w'
+    set[#set + 1] = fmt(earliest) .. ' ' .. count
+  end
+  for i = 1, #set, 1000 do redis.call('HSET', state_key, unpack(set, i, math.min(i + 999, #set))) end
+  return result
+end
 
 local function find(field, request)
   for i, e in ipairs(entries) do
