@@ -187,4 +187,20 @@ TEST_P(Conformance, HolderLabelsAreKeptWithEveryEntry) {
   shared.unlock_shared();
 }
 
+// Red team: inspect shows a downgraded writer with the token its hold has (Consul showed the
+// ModifyIndex of the downgrade's rewrite instead).
+TEST_P(Conformance, ADowngradedWriterShowsTheTokenItHolds) {
+  auto rw = client().shared_mutex(name("rw"));
+  rw.lock();
+  const auto token = rw.fencing_token();
+  rw.lock_shared();
+  rw.unlock();  // downgraded
+  ASSERT_EQ(rw.fencing_token(), token);
+  const auto seen = connect().inspect(name("rw"));
+  ASSERT_EQ(seen.holders.size(), 1u);
+  EXPECT_EQ(seen.holders[0].kind, "shared");
+  EXPECT_EQ(seen.holders[0].fencing_token, token);
+  rw.unlock_shared();
+}
+
 }  // namespace conformance

@@ -592,6 +592,22 @@ TEST(Consul, AHolderLabelIsShownByInspectAndNamesTheSession) {
   mutex.unlock();
 }
 
+// Red team: a turnstile session carries no node health check (Consul adds serfHealth unless the
+// request names its checks), so nothing but its TTL, which the holder's own clock tracks, ends
+// it unasked: readers and leases have no lock-delay to cover an early end.
+TEST(Consul, SessionsCarryNoNodeHealthCheck) {
+  auto client = turnstile::Client::connect(url());
+  const auto name = unique("checks");
+  auto mutex = client.mutex(name);
+  ASSERT_TRUE(mutex.try_lock());
+  const auto entries = nlohmann::json::parse(curl("GET", "/v1/kv/" + name));
+  const auto session = entries[0]["Session"].get<std::string>();
+  const auto info = nlohmann::json::parse(curl("GET", "/v1/session/info/" + session));
+  ASSERT_EQ(info.size(), 1u) << info.dump();
+  EXPECT_TRUE(info[0]["NodeChecks"].empty()) << info.dump();
+  mutex.unlock();
+}
+
 // connect_timeout bounds Client::connect against a server that answers nothing (paused): it
 // gives up with BackendUnavailable instead of waiting the 10 s default.
 TEST(ConsulOwnServer, ConnectGivesUpAtItsConnectTimeout) {

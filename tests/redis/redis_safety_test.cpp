@@ -129,6 +129,41 @@ void expect_admitted_only_once_released(Client& client, turnstile::Mutex& holder
   EXPECT_TRUE(waiter.get());
 }
 
+// Red team (wake-ups): a waiter that no longer looks by itself (the watchdog renews its entry)
+// still hears what the server answers about its name: with the state key overwritten by a
+// string, every renewal gets WRONGTYPE, and the waiter without a deadline fails with
+// BackendUnavailable, as a new acquire would, instead of sleeping on for good.
+TEST_F(RedisSafety, AWaiterHearsAnErrorReplyToItsRenewals) {
+  const auto name = unique_name("wrongtype");
+  auto holder_client = Client::connect(url_);
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  auto waiting = std::async(std::launch::async, [&] {
+    auto client = Client::connect(url_, with_ttl(1500ms));
+    try {
+      client.mutex(name).lock();
+      return std::string("admitted");
+    } catch (const turnstile::BackendUnavailable& error) {
+      return std::string("BackendUnavailable: ") + error.what();
+    } catch (const std::exception& error) {
+      return std::string("other: ") + error.what();
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return holder_client.inspect(name).waiters.size() == 1; }));
+  ASSERT_EQ(waiting.wait_for(1s), std::future_status::timeout) << "the waiter did not wait";
+  redis_cli(url_, "DEL " + quoted(state_key(name)));
+  redis_cli(url_, "SET " + quoted(state_key(name)) + " junk");
+  ASSERT_EQ(waiting.wait_for(20s), std::future_status::ready) << "the waiter never heard the error";
+  const auto outcome = waiting.get();
+  EXPECT_EQ(outcome.rfind("BackendUnavailable", 0), 0u) << outcome;
+  EXPECT_NE(outcome.find("WRONGTYPE"), std::string::npos) << outcome;
+  redis_cli(url_, "DEL " + quoted(state_key(name)));
+  try {
+    holder.unlock();  // its hold was lost with the state: not what this test is about
+  } catch (const turnstile::Error&) {
+  }
+}
+
 // Issue 10.1: Pub/Sub ignores the database. A release in db 0 must not admit db 1's waiter of
 // the same name while db 1's holder holds.
 TEST_F(RedisSafety, AReleaseInOneDatabaseDoesNotAdmitAWaiterInAnother) {

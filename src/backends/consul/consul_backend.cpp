@@ -339,10 +339,12 @@ Inspection ConsulBackend::inspect(const std::string& name, Deadline deadline) {
       result.mode = value.kind == EntryKind::lease ? "semaphore" : "lock";
       result.limit = value.limit;
     }
-    const bool heads_with_key = !value.held && value.kind == EntryKind::exclusive && &entry == &queue.front() &&
-                                held_key && held_key->session == entry.session;
+    // A writer keeps the key through a downgrade (its entry then marked held, shared): its
+    // token stays the key's ModifyIndex, as its hold's fencing_token() says.
+    const bool has_key = &entry == &queue.front() && held_key && held_key->session == entry.session;
+    const bool heads_with_key = has_key && !value.held && value.kind == EntryKind::exclusive;
     auto info = info_of(entry, value, value.held || heads_with_key);
-    if (heads_with_key) info.fencing_token = held_key->modify_index;
+    if (has_key && info.holding) info.fencing_token = held_key->modify_index;
     (info.holding ? result.holders : result.waiters).push_back(info);
   }
   // Holders only Consul's own clients know of: an api.Lock session, api.Semaphore holders

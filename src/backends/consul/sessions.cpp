@@ -39,6 +39,11 @@ std::shared_ptr<Session> Sessions::create(milliseconds timeout) {
   const nlohmann::json request = {{"Name", settings_.name},
                                   {"TTL", go_duration(settings_.ttl)},
                                   {"Behavior", "delete"},
+                                  // No node health check (Consul adds serfHealth unless told): its
+                                  // failure would end the session at once, before the holder's own
+                                  // clock could tell it, and readers and leases have no lock-delay.
+                                  // The TTL, which the holder tracks, is the session's only end.
+                                  {"Checks", nlohmann::json::array()},
                                   {"LockDelay", go_duration(settings_.lock_delay)}};
   const auto sent_at = SteadyClock::now();
   // The name is for people (inspect, Consul's UI): a host name that is not UTF-8 is shown with

@@ -1054,6 +1054,10 @@ bool RedisBackend::renewal_round() {
     const auto* reply = result.ok() ? result.reply.get() : nullptr;
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != entries.holds.size() + entries.queued.size()) {
       settled = settled && entries.queued.empty();  // their leases too: the next round comes soon
+      // The server answered, but not with their places (an error reply such as WRONGTYPE):
+      // each waiter looks itself, and its look reports what the server says, as a new acquire's
+      // would. (A round that reached no server pokes nobody: the waiters wait through an outage.)
+      for (const auto& queued : entries.queued) waiters_.poke_entry(queued.channel, queued.seq);
       continue;
     }
     for (std::size_t i = 0; i < entries.queued.size(); ++i) {
