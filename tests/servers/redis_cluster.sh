@@ -1,0 +1,282 @@
+#!/bin/sh
+# A throwaway Redis Cluster on free 127.0.0.1 ports, for tests: three primaries (n1 n2 n3) with
+# one replica each (n4 n5 n6), cluster-node-timeout 1000 ms so a failover takes seconds.
+#   redis_cluster.sh start DIR         writes DIR/url (redis+cluster://n1,n2,n3) and DIR/nodes
+#                                      ("ID ROLE HOST PORT PID BUSPORT" lines; ROLE as started)
+#   redis_cluster.sh stop DIR
+#   redis_cluster.sh kill DIR ID       kill -9 of one node
+#   redis_cluster.sh start-node DIR ID [wipe]
+#                                      restarts a node with its cluster configuration (it rejoins;
+#                                      a primary that was failed over comes back as a replica).
+#                                      Nodes keep no data on disk (persistence off), so a node
+#                                      always comes back empty; `wipe` also forgets its cluster
+#                                      configuration: it rejoins as a new replica.
+#   redis_cluster.sh pause|resume DIR ID    SIGSTOP / SIGCONT
+#   redis_cluster.sh owner DIR KEY     the ID of the node serving KEY's slot (by n1's view, or
+#                                      the first node that answers)
+#   redis_cluster.sh replica-of DIR ID the ID of a replica of primary ID
+#   redis_cluster.sh failover DIR ID   CLUSTER FAILOVER on a replica of primary ID, then waits
+#                                      until that replica serves the slots (prints its ID)
+#   redis_cluster.sh healthy DIR       exit 0 when every node runs, every node says
+#                                      cluster_state:ok, the configuration agrees (--cluster
+#                                      check) and each of three primaries has a replica linked
+set -eu
+action=$1
+dir=$2
+nodes_all="n1 n2 n3 n4 n5 n6"
+
+# Below the kernel's ephemeral range (32768 up), so no outgoing connection holds it, and not
+# in use now (a race with another starter fails the start, which is tried again).
+free_port() {
+  while :; do
+    p=$(shuf -i 20000-32767 -n 1)
+    if [ -z "$(ss -Htan "sport = :$p" 2>/dev/null)" ] && ! grep -q " $p" "$dir/nodes.tmp" 2>/dev/null; then
+      echo "$p"
+      return
+    fi
+  done
+}
+
+node_field() {  # ID FIELD(2=role 3=host 4=port 5=pid 6=bus port)
+  awk -v id="$1" -v f="$2" '$1 == id { print $f }' "$dir/nodes"
+}
+
+set_pid() {  # ID PID
+  awk -v id="$1" -v pid="$2" '$1 == id { $5 = pid } { print }' "$dir/nodes" > "$dir/nodes.new"
+  mv "$dir/nodes.new" "$dir/nodes"
+}
+
+cli() {  # ID ARGS...
+  port=$(node_field "$1" 4)
+  shift
+  redis-cli -h 127.0.0.1 -p "$port" "$@"
+}
+
+wait_ping() {  # PORT
+  for _ in $(seq 1 100); do
+    [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+start_data() {  # ID
+  id=$1
+  mkdir -p "$dir/$id"
+  port=$(node_field "$id" 4)
+  redis-server --bind 127.0.0.1 --port "$port" --cluster-enabled yes --cluster-port "$(node_field "$id" 6)" \
+    --cluster-config-file "$dir/$id/nodes.conf" --cluster-node-timeout 1000 \
+    --cluster-replica-validity-factor 0 --cluster-require-full-coverage no \
+    --save '' --appendonly no --daemonize yes \
+    --dir "$dir/$id" --pidfile "$dir/$id.pid" --logfile "$dir/$id.log" \
+    --repl-diskless-sync yes --repl-diskless-sync-delay 0 --repl-ping-replica-period 1
+  wait_ping "$port"
+}
+
+pid_of() { cat "$dir/$1.pid" 2>/dev/null || echo 0; }
+# The pid of a running node, or exit 1: never 0, which kill(1) takes for its own process group.
+live_pid() {
+  pid=$(pid_of "$1")
+  if [ "$pid" -le 0 ] 2>/dev/null || ! kill -0 "$pid" 2>/dev/null; then echo "$1 is not running" >&2; exit 1; fi
+  echo "$pid"
+}
+
+# Waits (up to 5 s) until PID is gone or a zombie (a container's init may never reap it).
+wait_gone() {
+  for _ in $(seq 1 50); do
+    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)
+    { [ -z "$state" ] || [ "$state" = Z ]; } && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+stop_node() {  # ID: SIGTERM (after SIGCONT: a paused node must hear it), then SIGKILL
+  pid=$(pid_of "$1")
+  if [ "$pid" != 0 ]; then
+    kill -CONT "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+    wait_gone "$pid" || kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/$1.pid"
+}
+
+# CLUSTER NODES from the first node that answers.
+cluster_nodes() {
+  for id in $nodes_all; do
+    out=$(cli "$id" CLUSTER NODES 2>/dev/null) && [ -n "$out" ] && { echo "$out"; return 0; }
+  done
+  return 1
+}
+
+id_of_port() {  # PORT
+  awk -v p="$1" '$4 == p { print $1 }' "$dir/nodes"
+}
+
+owner() {  # KEY
+  for id in $nodes_all; do
+    slot=$(cli "$id" CLUSTER KEYSLOT "$1" 2>/dev/null) || continue
+    case $slot in ''|*[!0-9]*) continue ;; esac
+    # CLUSTER SLOTS: start, end, then the primary's host and port.
+    port=$(cli "$id" CLUSTER SLOTS 2>/dev/null | awk -v s="$slot" '
+      { line[NR] = $0 }
+      END {
+        for (i = 1; i + 3 <= NR; i++) {
+          if (line[i] ~ /^[0-9]+$/ && line[i + 1] ~ /^[0-9]+$/ && line[i + 2] ~ /\./ && line[i] + 0 <= s && s <= line[i + 1] + 0) {
+            print line[i + 3]; exit
+          }
+        }
+      }') || continue
+    [ -n "$port" ] && { id_of_port "$port"; return 0; }
+  done
+  return 1
+}
+
+replica_of() {  # ID
+  primary_id=$(cli "$1" CLUSTER MYID 2>/dev/null) || return 1
+  port=$(cluster_nodes | awk -v m="$primary_id" '$4 == m && $3 !~ /fail/ { split($2, a, "[:@]"); print a[2]; exit }')
+  [ -n "$port" ] && id_of_port "$port"
+}
+
+healthy() {
+  for id in $nodes_all; do
+    [ "$(cli "$id" ping 2>/dev/null)" = PONG ] || return 1
+    cli "$id" CLUSTER INFO 2>/dev/null | tr -d '\r' | grep -q '^cluster_state:ok$' || return 1
+  done
+  redis-cli --cluster check "127.0.0.1:$(node_field n1 4)" >/dev/null 2>&1 || return 1
+  # Three primaries with slots, each with a replica that is linked and not failing.
+  nodes=$(cluster_nodes) || return 1
+  echo "$nodes" | awk '
+    $3 ~ /master/ && $3 !~ /fail/ && NF >= 9 { primary[$1] = 1; n++ }
+    $3 ~ /slave/ && $3 !~ /fail/ && $8 == "connected" { replica[$4] = 1 }
+    END { if (n != 3) exit 1; for (m in primary) if (!(m in replica)) exit 1; exit 0 }' || return 1
+  for id in $nodes_all; do
+    role=$(cli "$id" ROLE 2>/dev/null | head -n 1)
+    if [ "$role" = slave ]; then
+      cli "$id" INFO replication 2>/dev/null | tr -d '\r' | grep -q '^master_link_status:up$' || return 1
+    fi
+  done
+  return 0
+}
+
+wait_healthy() {  # SECONDS
+  for _ in $(seq 1 $(($1 * 5))); do
+    healthy && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+case "$action" in
+start)
+  # A port taken between its choice and its use fails an attempt: up to three.
+  for attempt in 1 2 3; do
+    if "$0" start-once "$dir"; then exit 0; fi
+    "$0" stop "$dir" 2>/dev/null || true
+  done
+  exit 1
+  ;;
+start-once)
+  "$0" stop "$dir" 2>/dev/null || true
+  mkdir -p "$dir"
+  rm -rf "$dir/url" "$dir/nodes" "$dir/nodes.tmp" "$dir"/n?
+  : > "$dir/nodes.tmp"
+  for id in $nodes_all; do
+    case $id in n1|n2|n3) role=primary ;; *) role=replica ;; esac
+    port=$(free_port)
+    echo "$id $role 127.0.0.1 $port 0 " >> "$dir/nodes.tmp"
+    bus=$(free_port)
+    sed -i "\$s/\$/$bus/" "$dir/nodes.tmp"
+  done
+  mv "$dir/nodes.tmp" "$dir/nodes"
+  for id in $nodes_all; do
+    start_data "$id" || { echo "$id did not start" >&2; cat "$dir/$id.log" >&2; exit 1; }
+    set_pid "$id" "$(pid_of "$id")"
+  done
+  addresses=""
+  for id in $nodes_all; do addresses="$addresses 127.0.0.1:$(node_field "$id" 4)"; done
+  # shellcheck disable=SC2086
+  redis-cli --cluster create $addresses --cluster-replicas 1 --cluster-yes > "$dir/create.log" 2>&1 ||
+    { echo "redis-cli --cluster create failed" >&2; cat "$dir/create.log" >&2; exit 1; }
+  if ! wait_healthy 60; then
+    echo "the cluster did not become healthy" >&2
+    tail -n 20 "$dir"/*.log >&2
+    exit 1
+  fi
+  # redis-cli pairs replicas with primaries as it likes: record the roles as they are.
+  for id in $nodes_all; do
+    role=$(cli "$id" ROLE | head -n 1)
+    [ "$role" = master ] && role=primary || role=replica
+    awk -v id="$id" -v r="$role" '$1 == id { $2 = r } { print }' "$dir/nodes" > "$dir/nodes.new"
+    mv "$dir/nodes.new" "$dir/nodes"
+  done
+  echo "redis+cluster://127.0.0.1:$(node_field n1 4),127.0.0.1:$(node_field n2 4),127.0.0.1:$(node_field n3 4)" > "$dir/url"
+  echo "redis cluster ready: $(cat "$dir/url")"
+  ;;
+stop)
+  for id in $nodes_all; do stop_node "$id"; done
+  ;;
+kill)
+  pid=$(pid_of "$3")
+  [ "$pid" != 0 ] && kill -9 "$pid" 2>/dev/null || true
+  wait_gone "$pid" || true
+  rm -f "$dir/$3.pid"
+  ;;
+start-node)
+  id=$3
+  port=$(node_field "$id" 4)
+  [ -n "$port" ] || { echo "no node $id" >&2; exit 64; }
+  [ -f "$dir/$id.pid" ] && kill -0 "$(cat "$dir/$id.pid")" 2>/dev/null && { echo "$id is running" >&2; exit 1; }
+  if [ "${4:-}" = wipe ]; then
+    rm -rf "${dir:?}/$id"
+    start_data "$id"
+    # A new node: introduced to the cluster, then made a replica of the primary with the fewest.
+    cli "$id" CLUSTER MEET 127.0.0.1 "$(node_field n1 4)" "$(node_field n1 6)" >/dev/null
+    for _ in $(seq 1 50); do
+      target=$(cluster_nodes | awk '$3 ~ /master/ && $3 !~ /fail/ && NF >= 9 { print $1; exit }')
+      [ -n "$target" ] && cli "$id" CLUSTER REPLICATE "$target" 2>/dev/null | grep -q OK && break
+      sleep 0.2
+    done
+  else
+    start_data "$id"
+  fi
+  set_pid "$id" "$(pid_of "$id")"
+  ;;
+pause)
+  pid=$(live_pid "$3")
+  kill -STOP "$pid"
+  ;;
+resume)
+  pid=$(live_pid "$3")
+  kill -CONT "$pid"
+  ;;
+owner)
+  owner "$3"
+  ;;
+replica-of)
+  replica_of "$3"
+  ;;
+failover)
+  replica=$(replica_of "$3") || { echo "no replica of $3" >&2; exit 1; }
+  [ -n "$replica" ] || { echo "no replica of $3" >&2; exit 1; }
+  # Refused while the replica is still syncing: try again for a while.
+  for _ in $(seq 1 50); do
+    out=$(cli "$replica" CLUSTER FAILOVER 2>&1) && [ "$out" = OK ] && break
+    sleep 0.2
+  done
+  [ "$out" = OK ] || { echo "CLUSTER FAILOVER: $out" >&2; exit 1; }
+  for _ in $(seq 1 150); do
+    [ "$(cli "$replica" ROLE 2>/dev/null | head -n 1)" = master ] && { echo "$replica"; exit 0; }
+    sleep 0.1
+  done
+  echo "$replica did not become a primary after CLUSTER FAILOVER" >&2
+  exit 1
+  ;;
+healthy)
+  healthy
+  ;;
+*)
+  echo "usage: $0 start|stop|kill|start-node|pause|resume|owner|replica-of|failover|healthy DIR [ID|KEY]" >&2
+  exit 64
+  ;;
+esac
