@@ -181,6 +181,12 @@ std::string Router::owner(const std::string& key) {
   return slots_.empty() || slots_[slot] < 0 ? std::string() : addresses_[slots_[slot]];
 }
 
+bool Router::serves_slots(const std::string& address) {
+  std::lock_guard lock(mutex_);
+  const auto at = std::find(addresses_.begin(), addresses_.end(), address);
+  return at != addresses_.end() && std::find(slots_.begin(), slots_.end(), at - addresses_.begin()) != slots_.end();
+}
+
 std::string Router::owner_of(int slot, Deadline deadline, const std::stop_token& stop) {
   for (;;) {
     {

@@ -59,6 +59,9 @@ class Router {
   bool refresh(SteadyClock::time_point until, const std::stop_token& stop = {});
   // With a cluster: host:port of the node serving `key`'s slot by the map ("" when unknown).
   std::string owner(const std::string& key);
+  // With a cluster: whether the map has `address` (host:port) serve any slot. A primary demoted
+  // by a failover, or gone, serves none; one that gave a slot away to a resharding serves others.
+  bool serves_slots(const std::string& address);
 
  private:
   Connection& node(const std::string& address);

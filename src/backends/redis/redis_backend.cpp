@@ -400,11 +400,8 @@ class RedisBackend final : public Backend {
     if (settings_.sentinel() && !primary_.empty() && hold->server() != primary_) {
       hold->state()->lease->lose(primary_changed(hold->server(), primary_));
     }
-    if (settings_.cluster()) {
-      const auto owner = connection_.owner(keys_of(hold->name()).keys.front());
-      if (!owner.empty() && owner != address_of(hold->server())) {
-        hold->state()->lease->lose(primary_changed(hold->server(), owner));
-      }
+    if (settings_.cluster() && demoted(connection_, *hold->state(), hold->name(), hold->server())) {
+      hold->state()->lease->lose(primary_changed(hold->server(), connection_.owner(keys_of(hold->name()).keys.front())));
     }
   }
   // With sentinels: WAIT for min_replicas after the script that admits an entry (a FollowUp
@@ -438,6 +435,14 @@ class RedisBackend final : public Backend {
   static std::string primary_changed(const std::string& was, const std::string& now);
   // host:port of a server (Opened::server: "host:port run_id").
   static std::string address_of(const std::string& server) { return server.substr(0, server.find(' ')); }
+  // With a cluster: by `router`'s map, the node that admitted a hold (`server`) serves the
+  // name's slot no more and no slot at all: a failover demoted it, or it is gone. (A node that
+  // only gave the slot away to a resharding, or admitted the hold through ASK while the slot
+  // moves to it, still serves slots: the renewal's answer decides then, by which node answers.)
+  bool demoted(Router& router, const HoldLease& state, const std::string& name, const std::string& server) {
+    const auto owner = router.owner(keys_of(name).keys.front());
+    return !state.releasing && !owner.empty() && owner != address_of(server) && !router.serves_slots(address_of(server));
+  }
   void renew_soon();
   void watchdog_loop(std::stop_token stop);
   // What the watchdog renews: a hold's lease, by seq and request id.
@@ -957,15 +962,15 @@ bool RedisBackend::renewal_round() {
     }
   }
   if (settings_.cluster()) {
-    // As with sentinels: the slot map, read again every round, holds or not. A hold whose slot
-    // another node serves now (a failover, a resharding) is lost, and not renewed there: its
-    // entry on the new node, if replication carried it, runs out by its TTL.
+    // As with sentinels: the slot map, read again every round, holds or not. A hold whose node
+    // a failover demoted is lost, and not renewed on the new primary: its entry there, if
+    // replication carried it, runs out by its TTL. Any other hold is renewed, and lost when
+    // another node than its own answers (settle_renewals).
     renewals_.refresh(SteadyClock::now() + std::min(renewal_period(), kRenewalPatience));
     for (auto it = by_name.begin(); it != by_name.end();) {
-      const auto owner = renewals_.owner(keys_of(it->first).keys.front());
       std::erase_if(it->second, [&](const Renewal& renewal) {
-        if (owner.empty() || owner == address_of(renewal.server)) return false;
-        if (!renewal.state->releasing) renewal.state->lease->lose(primary_changed(renewal.server, owner));
+        if (!demoted(renewals_, *renewal.state, it->first, renewal.server)) return false;
+        renewal.state->lease->lose(primary_changed(renewal.server, renewals_.owner(keys_of(it->first).keys.front())));
         return true;
       });
       it = it->second.empty() ? by_name.erase(it) : std::next(it);
