@@ -15,6 +15,8 @@
 #   redis_cluster.sh owner DIR KEY     the ID of the node serving KEY's slot (by n1's view, or
 #                                      the first node that answers)
 #   redis_cluster.sh replica-of DIR ID the ID of a replica of primary ID
+#   redis_cluster.sh leader DIR        the ID of a primary (the first that says so), for the fault
+#                                      suite's "hit the leader"
 #   redis_cluster.sh failover DIR ID   CLUSTER FAILOVER on a replica of primary ID, then waits
 #                                      until that replica serves the slots (prints its ID)
 #   redis_cluster.sh healthy DIR       exit 0 when every node runs, every node says
@@ -230,10 +232,17 @@ start-node)
   if [ "${4:-}" = wipe ]; then
     rm -rf "${dir:?}/$id"
     start_data "$id"
-    # A new node: introduced to the cluster, then made a replica of the primary with the fewest.
-    cli "$id" CLUSTER MEET 127.0.0.1 "$(node_field n1 4)" "$(node_field n1 6)" >/dev/null
+    # A new node: introduced to the cluster (through any live node), then made a replica of the
+    # primary with the fewest live replicas.
+    for other in $nodes_all; do
+      [ "$other" = "$id" ] && continue
+      cli "$id" CLUSTER MEET 127.0.0.1 "$(node_field "$other" 4)" "$(node_field "$other" 6)" >/dev/null 2>&1 || true
+    done
     for _ in $(seq 1 50); do
-      target=$(cluster_nodes | awk '$3 ~ /master/ && $3 !~ /fail/ && NF >= 9 { print $1; exit }')
+      target=$(cluster_nodes | awk '
+        $3 ~ /master/ && $3 !~ /fail/ && NF >= 9 { count[$1] += 0 }
+        $3 ~ /slave/ && $3 !~ /fail/ { count[$4]++ }
+        END { best = ""; for (m in count) if (best == "" || count[m] < count[best]) best = m; print best }')
       [ -n "$target" ] && cli "$id" CLUSTER REPLICATE "$target" 2>/dev/null | grep -q OK && break
       sleep 0.2
     done
@@ -256,6 +265,12 @@ owner)
 replica-of)
   replica_of "$3"
   ;;
+leader)
+  for id in $nodes_all; do
+    [ "$(cli "$id" ROLE 2>/dev/null | head -n 1)" = master ] && { echo "$id"; exit 0; }
+  done
+  exit 1
+  ;;
 failover)
   replica=$(replica_of "$3") || { echo "no replica of $3" >&2; exit 1; }
   [ -n "$replica" ] || { echo "no replica of $3" >&2; exit 1; }
@@ -276,7 +291,7 @@ healthy)
   healthy
   ;;
 *)
-  echo "usage: $0 start|stop|kill|start-node|pause|resume|owner|replica-of|failover|healthy DIR [ID|KEY]" >&2
+  echo "usage: $0 start|stop|kill|start-node|pause|resume|owner|replica-of|leader|failover|healthy DIR [ID|KEY]" >&2
   exit 64
   ;;
 esac
