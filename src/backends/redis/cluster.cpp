@@ -238,7 +238,8 @@ Result Router::routed(int slot, Deadline deadline, bool retry, const std::stop_t
     try {
       std::rethrow_exception(result.error);
     } catch (const Redirected& redirect) {
-      if (++redirects > kMaxRedirects || stop.stop_requested()) return result;
+      // CLUSTERDOWN/TRYAGAIN pass with the failover or the migration: waited out by the deadline.
+      if ((redirect.kind != Redirected::Kind::again && ++redirects > kMaxRedirects) || stop.stop_requested()) return result;
       switch (redirect.kind) {
         case Redirected::Kind::ask:
           ask = redirect.address;
