@@ -288,7 +288,7 @@ std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Dead
     by_node[owner_of(key_slot(std::get<1>(calls[i]).front()), deadline, {})].push_back(i);
   }
   std::vector<Result> results(calls.size());
-  std::vector<bool> again(calls.size(), false);
+  std::vector<char> again(calls.size(), 0);  // not vector<bool>: the nodes' threads set their own elements
   const auto run_node = [&](const std::string& address, const std::vector<std::size_t>& indices) {
     std::vector<ScriptCall> mine;
     for (const auto i : indices) mine.push_back(calls[i]);
@@ -298,7 +298,7 @@ std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Dead
     } catch (...) {
       for (const auto i : indices) {
         results[i].error = std::current_exception();
-        again[i] = true;
+        again[i] = 1;
       }
     }
   };
