@@ -112,6 +112,29 @@ TEST_F(RedisCluster, NamesSpreadOverEveryPrimaryAndHandOver) {
   EXPECT_EQ(counter.available_permits(), 3);
 }
 
+TEST_F(RedisCluster, HoldsOnEveryPrimaryStayHeldThroughManyRenewalRounds) {
+  // TTL 1.5 s: a round every 500 ms, each split into one round trip per primary.
+  HoldStateLog log;
+  auto client = Client::connect(url_, log.options(1500ms));
+  auto other = Client::connect(url_);
+  std::vector<turnstile::Mutex> mutexes;
+  std::set<std::string> owners;
+  for (int i = 0; i < 12; ++i) {
+    mutexes.push_back(client.mutex(unique_name("renewed") + std::to_string(i)));
+    ASSERT_TRUE(mutexes.back().try_lock_for(5s));
+    owners.insert(nodes_->owner(queue_key(mutexes.back().name())));
+  }
+  EXPECT_EQ(owners.size(), 3u) << "12 names all on fewer than three primaries";
+  std::this_thread::sleep_for(4500ms);  // three TTLs: unrenewed entries would have run out
+  for (auto& mutex : mutexes) {
+    EXPECT_EQ(mutex.hold_state(), turnstile::HoldState::held) << mutex.name();
+    EXPECT_TRUE(log.states_of(mutex.name()).empty() || log.reached(mutex.name(), turnstile::HoldState::held))
+        << mutex.name() << " was suspended or lost";
+    EXPECT_FALSE(other.mutex(mutex.name()).try_lock()) << mutex.name() << " is free on the server";
+    mutex.unlock();
+  }
+}
+
 TEST_F(RedisCluster, MinReplicasWithEveryReplicaUpAcquires) {
   auto client = Client::connect(url_ + "?min_replicas=1");
   for (int i = 0; i < 6; ++i) {
@@ -238,6 +261,39 @@ TEST(RedisClusterFaults, MovedAndAskAreFollowedWhenASlotMoves) {
   EXPECT_EQ(nodes.cli(target, "EXISTS " + quoted(queue_key(name))), "1");
   again.unlock();
   EXPECT_TRUE(client.mutex(name).try_lock());
+}
+
+// The subscriber's node (the URL's first) is killed while a waiter waits: the subscription moves
+// to another node, and the release still admits the waiter.
+TEST(RedisClusterFaults, WaitersResubscribeElsewhereWhenTheSubscribersNodeDies) {
+  OwnCluster cluster;
+  const auto& nodes = cluster.nodes();
+  std::string name;
+  for (int i = 0; name.empty(); ++i) {
+    const auto candidate = unique_name("subscribed") + std::to_string(i);
+    if (nodes.owner(queue_key(candidate)) != "n1") name = candidate;
+  }
+  const auto channel = "turnstile:{" + name + "}:w:0";
+  const auto listeners = [&](const std::string& id) { return nodes.cli(id, "PUBSUB NUMSUB " + quoted(channel)); };
+  auto holder = Client::connect(nodes.url());
+  auto waiting = Client::connect(nodes.url());
+  auto mutex = holder.mutex(name);
+  mutex.lock();
+  auto theirs = waiting.mutex(name);
+  auto waiter = std::async(std::launch::async, [&] {
+    const bool got = theirs.try_lock_for(60s);
+    if (got) theirs.unlock();
+    return got;
+  });
+  ASSERT_TRUE(eventually([&] { return listeners("n1") == channel + "\n1"; }, 10s))
+      << "the waiter's subscription is not on the URL's first node: " << listeners("n1");
+  ASSERT_EQ(waiter.wait_for(0s), std::future_status::timeout) << "a waiter got in while the lock was held";
+  ASSERT_EQ(nodes.run("kill", "n1"), 0);
+  EXPECT_TRUE(eventually([&] { return listeners("n2") == channel + "\n1" || listeners("n3") == channel + "\n1"; }, 20s))
+      << "the subscription did not move to another node";
+  EXPECT_EQ(waiter.wait_for(0s), std::future_status::timeout) << "a waiter got in while the lock was held";
+  mutex.unlock();
+  EXPECT_TRUE(waiter.get()) << "the waiter was not admitted after the release";
 }
 
 TEST(RedisClusterFaults, ClusterFailoverReportsHoldsLostAndServesWaitersOnTheNewPrimary) {
