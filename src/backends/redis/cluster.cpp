@@ -175,6 +175,13 @@ bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop)
   return false;
 }
 
+void Router::refresh_by(Deadline deadline, const std::stop_token& stop) {
+  // A connect timeout's worth, by the deadline (one already passed: a try-once's own caps).
+  auto until = SteadyClock::now() + kConnectTimeout;
+  if (deadline && !passed(deadline)) until = std::min(until, *deadline);
+  refresh(until, stop);
+}
+
 std::string Router::owner(const std::string& key) {
   const auto slot = key_slot(key);
   std::lock_guard lock(mutex_);
@@ -195,9 +202,7 @@ std::string Router::owner_of(int slot, Deadline deadline, const std::stop_token&
     }
     // No node serves the slot by our map (its primary failed with no replica to take over, or
     // the map is being changed): read it again, by the deadline.
-    auto until = SteadyClock::now() + kConnectTimeout;
-    if (deadline && !passed(deadline)) until = std::min(until, *deadline);
-    refresh(until, stop);
+    refresh_by(deadline, stop);
     {
       std::lock_guard lock(mutex_);
       if (slots_[slot] >= 0) return addresses_[slots_[slot]];
@@ -230,7 +235,7 @@ Result Router::routed(int slot, Deadline deadline, bool retry, const std::stop_t
     } catch (const BackendUnavailable&) {
       // The node did not answer (down, paused, failing over): the map may name another by now.
       if (!retry || passed(deadline) || stop.stop_requested()) throw;
-      refresh(SteadyClock::now() + kConnectTimeout, stop);
+      refresh_by(deadline, stop);
       pause(kRetryPause, deadline, stop);
       continue;
     }
@@ -245,9 +250,7 @@ Result Router::routed(int slot, Deadline deadline, bool retry, const std::stop_t
           ask = redirect.address;
           break;
         case Redirected::Kind::moved: {
-          auto until = SteadyClock::now() + kConnectTimeout;
-          if (deadline && !passed(deadline)) until = std::min(until, *deadline);
-          refresh(until, stop);
+          refresh_by(deadline, stop);
           // The map may lag the node that answered: the redirection wins for this slot.
           std::lock_guard lock(mutex_);
           if (slots_[slot] < 0 || addresses_[slots_[slot]] != redirect.address) {

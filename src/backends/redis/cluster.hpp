@@ -65,6 +65,8 @@ class Router {
 
  private:
   Connection& node(const std::string& address);
+  // refresh() by the deadline, at most a connect timeout.
+  void refresh_by(Deadline deadline, const std::stop_token& stop);
   // The node serving `slot`, by the map (reading it again when it names none).
   std::string owner_of(int slot, Deadline deadline, const std::stop_token& stop);
   // Runs `attempt(node, its deadline, asking)` (a Result: an error reply inside, a failed
