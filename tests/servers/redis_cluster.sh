@@ -9,8 +9,10 @@
 #                                      restarts a node with its cluster configuration (it rejoins;
 #                                      a primary that was failed over comes back as a replica).
 #                                      Nodes keep no data on disk (persistence off), so a node
-#                                      always comes back empty; `wipe` also forgets its cluster
-#                                      configuration: it rejoins as a new replica.
+#                                      always comes back without its data, `wipe` or not. Its
+#                                      identity (nodes.conf) is kept: a node of a new identity on
+#                                      the old one's address leaves the old one's slots served by
+#                                      nobody until an operator steps in (CLUSTER FORGET).
 #   redis_cluster.sh pause|resume DIR ID    SIGSTOP / SIGCONT
 #   redis_cluster.sh owner DIR KEY     the ID of the node serving KEY's slot (by n1's view, or
 #                                      the first node that answers)
@@ -163,26 +165,8 @@ start-node)
   port=$(node_field "$id" 4)
   [ -n "$port" ] || { echo "no node $id" >&2; exit 64; }
   [ -f "$dir/$id.pid" ] && kill -0 "$(cat "$dir/$id.pid")" 2>/dev/null && { echo "$id is running" >&2; exit 1; }
-  if [ "${4:-}" = wipe ]; then
-    rm -rf "${dir:?}/$id"
-    start_data "$id"
-    # A new node: introduced to the cluster (through any live node), then made a replica of the
-    # primary with the fewest live replicas.
-    for other in $nodes_all; do
-      [ "$other" = "$id" ] && continue
-      cli "$id" CLUSTER MEET 127.0.0.1 "$(node_field "$other" 4)" "$(node_field "$other" 6)" >/dev/null 2>&1 || true
-    done
-    for _ in $(seq 1 50); do
-      target=$(cluster_nodes | awk '
-        $3 ~ /master/ && $3 !~ /fail/ && NF >= 9 { count[$1] += 0 }
-        $3 ~ /slave/ && $3 !~ /fail/ { count[$4]++ }
-        END { best = ""; for (m in count) if (best == "" || count[m] < count[best]) best = m; print best }')
-      [ -n "$target" ] && cli "$id" CLUSTER REPLICATE "$target" 2>/dev/null | grep -q OK && break
-      sleep 0.2
-    done
-  else
-    start_data "$id"
-  fi
+  # `wipe`: nothing more to remove (no data files; the identity stays, see above).
+  start_data "$id"
   set_pid "$id" "$(pid_of "$id")"
   ;;
 owner)

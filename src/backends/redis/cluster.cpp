@@ -77,7 +77,8 @@ Router::Router(Settings settings, std::vector<const Script*> scripts,
   if (settings_.connect_by) until = *settings_.connect_by;
   if (!refresh(until)) {
     // Ask the first seed once more for its error: unreachable, refused, or no cluster.
-    node(settings_.cluster_seeds.front().description).command({"CLUSTER", "SLOTS"}, SteadyClock::now());
+    const auto& seed = settings_.cluster_seeds.front();
+    node(seed.host + ":" + std::to_string(seed.port)).command({"CLUSTER", "SLOTS"}, SteadyClock::now());
     throw BackendUnavailable("no node of " + settings_.description + " answered CLUSTER SLOTS");
   }
 }
@@ -90,9 +91,8 @@ Connection& Router::node(const std::string& address) {
   if (!slot) {
     Settings settings = settings_;
     const auto colon = address.rfind(':');
-    settings.host = address.substr(0, colon);
+    settings.host = address.substr(0, colon);  // unbracketed, as Opened::address (IPv6 too)
     settings.port = std::stoi(address.substr(colon + 1));
-    if (settings.host.starts_with('[')) settings.host = settings.host.substr(1, settings.host.size() - 2);
     settings.description = address + " (a node of the redis cluster)";
     slot = std::make_unique<Connection>(std::move(settings), scripts_, on_server_changed_, max_backoff_, false);
   }
@@ -108,7 +108,7 @@ bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop)
     if (SteadyClock::now() - refreshed_at_ < kMinRefreshInterval) return true;  // another caller just did
     // The URL's nodes, then every node the map has named; starting where the last pass
     // started + 1, so one node that answers wrongly does not answer every time.
-    for (const auto& seed : settings_.cluster_seeds) candidates.push_back(seed.description);
+    for (const auto& seed : settings_.cluster_seeds) candidates.push_back(seed.host + ":" + std::to_string(seed.port));
     for (const auto& address : addresses_) {
       if (std::find(candidates.begin(), candidates.end(), address) == candidates.end()) candidates.push_back(address);
     }
@@ -142,11 +142,14 @@ bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop)
         break;
       }
       const auto first = range->element[0]->integer, last = range->element[1]->integer;
+      const auto port = range->element[2]->element[1]->integer;
+      if (port <= 0 || port > 65535) continue;  // a primary whose address is unknown (noaddr): no node serves these
       auto host = text_of(range->element[2]->element[0]);
       if (host.empty() || host == "?") host = asked_host;  // "this node's address", as redis-cli reads it
-      if (host.find(':') != std::string::npos && !host.starts_with('[')) host = "[" + host + "]";
-      const auto address = host + ":" + std::to_string(range->element[2]->element[1]->integer);
-      if (first < 0 || last >= kClusterSlots || first > last || !valid_host(host)) {
+      // host:port with the host unbracketed, as Opened::address and MOVED write it.
+      const auto address = host + ":" + std::to_string(port);
+      if (first < 0 || last >= kClusterSlots || first > last ||
+          !valid_host(host.find(':') == std::string::npos ? host : "[" + host + "]")) {
         odd = true;
         break;
       }

@@ -83,7 +83,7 @@ class Router {
   std::timed_mutex refreshing_;  // one refresh at a time
   std::mutex mutex_;             // guards what follows; never held across network I/O
   std::vector<int> slots_;       // node index by slot, -1 when unknown
-  std::vector<std::string> addresses_;  // node index -> host:port
+  std::vector<std::string> addresses_;  // node index -> host:port (the host unbracketed, as MOVED writes it)
   std::map<std::string, std::unique_ptr<Connection>> nodes_;  // never erased: references stay valid
   std::size_t next_seed_ = 0;  // where the next refresh starts asking
   SteadyClock::time_point refreshed_at_{};
