@@ -67,6 +67,16 @@ wait_healthy() {  # SECONDS
   return 1
 }
 
+# start: `$0 start-once DIR` up to three times (a port taken between its choice and its use
+# fails an attempt), stopping what an attempt left.
+start_retrying() {
+  for _ in 1 2 3; do
+    if "$0" start-once "$dir"; then exit 0; fi
+    "$0" stop "$dir" 2>/dev/null || true
+  done
+  exit 1
+}
+
 # kill ID (kill -9), pause ID (SIGSTOP), resume ID (SIGCONT); false for any other action.
 node_action() {  # ACTION ID
   case $1 in

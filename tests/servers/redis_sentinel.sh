@@ -101,12 +101,7 @@ healthy() {
 
 case "$action" in
 start)
-  # A port taken between its choice and its use fails an attempt: up to three.
-  for attempt in 1 2 3; do
-    if "$0" start-once "$dir"; then exit 0; fi
-    "$0" stop "$dir" 2>/dev/null || true
-  done
-  exit 1
+  start_retrying
   ;;
 start-once)
   "$0" stop "$dir" 2>/dev/null || true
