@@ -326,7 +326,8 @@ BackendFactory load_backend(const std::string& family) {
 
 std::string family_of(const std::string& scheme) {
   if (scheme == "file") return "file";
-  if (scheme == "redis" || scheme == "rediss" || scheme == "redis+sentinel" || scheme == "rediss+sentinel") return "redis";
+  if (scheme == "redis" || scheme == "rediss" || scheme == "redis+sentinel" || scheme == "rediss+sentinel" ||
+      scheme == "redis+cluster" || scheme == "rediss+cluster") return "redis";
   if (scheme == "zk") return "zookeeper";
   if (scheme == "etcd" || scheme == "etcds") return "etcd";
   if (scheme == "consul" || scheme == "consuls") return "consul";

@@ -25,9 +25,10 @@ constexpr auto kQuiet = 50ms;
 
 #define SKIP_WITHOUT_SERVER()                                                                                      \
   if (!has_server()) GTEST_SKIP() << "file:// holds live as long as their process: no server lease, no reply to lose"; \
-  if (url().rfind("redis+sentinel:", 0) == 0)                                                                        \
-  GTEST_SKIP() << "the proxy would stand between the client and the sentinels, not the primary (the redis family "  \
-                  "covers these faults; redis_sentinel_test the failovers)"
+  if (url().rfind("redis+sentinel:", 0) == 0 || url().rfind("redis+cluster:", 0) == 0)                              \
+  GTEST_SKIP() << "the proxy would stand between the client and the sentinels or one cluster node, not the nodes "  \
+                  "serving the names (the redis family covers these faults; redis_sentinel_test and "              \
+                  "redis_cluster_test the failovers)"
 
 // The documented loss rule: reported no later than the send time of the last confirmed renewal
 // + TTL - max(TTL/10, 50 ms).

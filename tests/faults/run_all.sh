@@ -3,7 +3,7 @@
 # MIN_HOLDS holds each (default 10000), one table (BUILD/faults/table.md) printed at the end.
 #   tests/faults/run_all.sh BUILD_DIR [BACKEND...]
 # Backends: file redis zookeeper etcd consul, and the clusters whose scripts exist:
-# zookeeper-ensemble etcd-cluster redis-sentinel. Exit status 1 when any run found a problem.
+# zookeeper-ensemble etcd-cluster redis-sentinel redis-cluster. Exit status 1 when any run found a problem.
 set -u
 build=$(cd "$1" && pwd)
 shift
@@ -27,6 +27,7 @@ if [ ${#backends[@]} -eq 0 ]; then
   [ -x "$servers/zookeeper_ensemble.sh" ] && backends+=(zookeeper-ensemble)
   [ -x "$servers/etcd_cluster.sh" ] && backends+=(etcd-cluster)
   [ -x "$servers/redis_sentinel.sh" ] && backends+=(redis-sentinel)
+  [ -x "$servers/redis_cluster.sh" ] && backends+=(redis-cluster)
 fi
 
 status=0
@@ -49,6 +50,10 @@ for backend in "${backends[@]}"; do
       # notices a new primary (see the README's Redis Sentinel section).
       extra=(--url-query min_replicas=1
              --allow-overlaps "Sentinel: a client may act on the old primary until it notices the failover") ;;
+    redis-cluster) target=(--server "$servers/redis_cluster.sh"); kinds=$server_faults
+      # Likewise: a failover's window before a client notices its slot's new primary.
+      extra=(--url-query min_replicas=1
+             --allow-overlaps "Redis Cluster: a client may act on the old primary until it notices the failover") ;;
     *) echo "unknown backend $backend" >&2; exit 2 ;;
   esac
   echo "== $backend: at least $min_holds holds, $seconds s or more, faults $kinds" >&2

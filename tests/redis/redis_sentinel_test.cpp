@@ -54,25 +54,7 @@ TEST_F(RedisSentinel, DiscoversThePrimaryLocksAndHandsOver) {
   auto client = Client::connect(url_);
   auto other = Client::connect(url_);
   const auto name = unique_name("basic");
-  auto mutex = client.mutex(name);
-  auto theirs = other.mutex(name);
-  mutex.lock();
-  const auto first_token = mutex.fencing_token();
-  EXPECT_FALSE(theirs.try_lock());
-  // Holds belong to threads: the waiter takes, reads its token and unlocks in its own.
-  auto waiter = std::async(std::launch::async, [&]() -> std::uint64_t {
-    if (!theirs.try_lock_for(20s)) return 0;
-    const auto token = theirs.fencing_token();
-    theirs.unlock();
-    return token;
-  });
-  EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout) << "a waiter got in while the lock was held";
-  mutex.unlock();
-  EXPECT_GT(waiter.get(), first_token) << "the waiter was not admitted after the release (token 0), or its token did not grow";
-  auto pool = client.semaphore(unique_name("pool"), 2);
-  auto a = pool.acquire();
-  auto b = pool.acquire();
-  EXPECT_FALSE(pool.try_acquire_for(100ms));
+  expect_handover(client, other, name);
 }
 
 TEST_F(RedisSentinel, MinReplicasWithTheReplicaUpAcquires) {
@@ -123,60 +105,21 @@ TEST_F(RedisSentinel, BadUrlsAreRefusedAndSecretsNeverShown) {
   EXPECT_EQ(client.url(), url_ + "?ttl=5");
 }
 
-// The primary changes under a hold: the holder is told it lost the hold long before its TTL, a
-// waiter that was queued before gets the name from the new primary, and tokens keep growing.
-void expect_failover_reported(SentinelSet& set, const std::function<void()>& fault, std::chrono::milliseconds loss_bound) {
-  const auto name = unique_name("failover");
-  // TTL 15 s: renewed every 5 s, and each renewal round asks the sentinels who the primary is.
-  auto client = Client::connect(set.url(), with_ttl(15s));
-  auto mutex = client.mutex(name);
-  mutex.lock();
-  const auto token = mutex.fencing_token();
-  const auto lost = mutex.lost_token();
-  auto waiting = Client::connect(set.url(), with_ttl(15s));
-  auto theirs = waiting.mutex(name);
-  auto waiter = std::async(std::launch::async, [&]() -> std::uint64_t {
-    if (!theirs.try_lock_for(60s)) return 0;
-    const auto token = theirs.fencing_token();
-    theirs.unlock();
-    return token;
-  });
-  EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout);
-  const auto before = set.leader();
-  const auto started = std::chrono::steady_clock::now();
-  fault();
-  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, loss_bound))
-      << "the hold survived a change of primary (from " << before << ")";
-  const auto noticed = std::chrono::steady_clock::now() - started;
-  std::printf("hold reported lost %lld ms after the fault\n",
-              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(noticed).count()));
-  EXPECT_NE(set.leader(), before);
-  // The lost holder's release goes to the new primary (its replicated entry leaves).
-  try {
-    mutex.unlock();
-  } catch (const turnstile::HoldLost&) {
-  }
-  ASSERT_EQ(waiter.wait_for(15s), std::future_status::ready) << "the waiter was not served by the new primary";
-  EXPECT_GT(waiter.get(), token) << "the waiter was not served (0), or fencing tokens went backwards across the failover";
-  // A new client finds the new primary at once.
-  auto fresh = Client::connect(set.url());
-  auto again = fresh.mutex(name);
-  EXPECT_TRUE(again.try_lock_for(5s));
-}
-
 TEST(RedisSentinelFaults, FailoverReportsHoldsLostAndServesWaitersOnTheNewPrimary) {
   SentinelSet set;
   // The sentinels switch within about a second; the demoted primary keeps accepting writes
   // until they reconfigure it (about 10 s later), so the holder learns of it from its next
   // renewal round's question to the sentinels: within a renewal period (5 s) of the switch.
-  expect_failover_reported(set, [&] { ASSERT_EQ(set.run("failover"), 0); }, 8s);
+  expect_failover_reported(set.url(), unique_name("failover"), [&] { return set.leader(); },
+                           [&](const std::string&) { ASSERT_EQ(set.run("failover"), 0); }, 8s);
 }
 
 TEST(RedisSentinelFaults, KilledPrimaryReportsHoldsLostAndServesWaitersOnTheNewPrimary) {
   SentinelSet set;
   // down-after-milliseconds 1000, then a vote and a promotion: a few seconds, below the TTL's
   // 13.5 s loss bound, so only the change of primary can have reported the loss.
-  expect_failover_reported(set, [&] { ASSERT_EQ(set.run("kill", set.leader()), 0); }, 10s);
+  expect_failover_reported(set.url(), unique_name("failover"), [&] { return set.leader(); },
+                           [&](const std::string& primary) { ASSERT_EQ(set.run("kill", primary), 0); }, 10s);
 }
 
 TEST(RedisSentinelFaults, MinReplicasWithoutTheReplicaFailsAndLeavesNothing) {

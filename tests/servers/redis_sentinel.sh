@@ -21,34 +21,7 @@ action=$1
 dir=$2
 master=turnstile
 
-# Below the kernel's ephemeral range (32768 up), so no outgoing connection holds it, and not
-# in use now (a race with another starter fails the start, which is tried again).
-free_port() {
-  while :; do
-    p=$(shuf -i 20000-32767 -n 1)
-    if [ -z "$(ss -Htan "sport = :$p" 2>/dev/null)" ] && ! grep -q " $p " "$dir/nodes.tmp" 2>/dev/null; then
-      echo "$p"
-      return
-    fi
-  done
-}
-
-node_field() {  # ID FIELD(2=role 3=host 4=port 5=pid)
-  awk -v id="$1" -v f="$2" '$1 == id { print $f }' "$dir/nodes"
-}
-
-set_pid() {  # ID PID
-  awk -v id="$1" -v pid="$2" '$1 == id { $5 = pid } { print }' "$dir/nodes" > "$dir/nodes.new"
-  mv "$dir/nodes.new" "$dir/nodes"
-}
-
-wait_ping() {  # PORT
-  for _ in $(seq 1 100); do
-    [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
+. "$(dirname "$0")/redis_nodes.sh"
 
 start_data() {  # ID PORT [REPLICAOF_PORT]
   mkdir -p "$dir/$1"
@@ -80,34 +53,6 @@ sentinel parallel-syncs $master 1
 EOF
   redis-server "$dir/$1.conf" --sentinel
   wait_ping "$2"
-}
-
-pid_of() { cat "$dir/$1.pid" 2>/dev/null || echo 0; }
-# The pid of a running node, or exit 1: never 0, which kill(1) takes for its own process group.
-live_pid() {
-  pid=$(pid_of "$1")
-  if [ "$pid" -le 0 ] 2>/dev/null || ! kill -0 "$pid" 2>/dev/null; then echo "$1 is not running" >&2; exit 1; fi
-  echo "$pid"
-}
-
-# Waits (up to 5 s) until PID is gone or a zombie (a container's init may never reap it).
-wait_gone() {
-  for _ in $(seq 1 50); do
-    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)
-    { [ -z "$state" ] || [ "$state" = Z ]; } && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
-stop_node() {  # ID: SIGTERM (after SIGCONT: a paused node must hear it), then SIGKILL
-  pid=$(pid_of "$1")
-  if [ "$pid" != 0 ]; then
-    kill -CONT "$pid" 2>/dev/null || true
-    kill "$pid" 2>/dev/null || true
-    wait_gone "$pid" || kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$dir/$1.pid"
 }
 
 # The primary's port as the sentinels answer (the first that answers).
@@ -154,22 +99,9 @@ healthy() {
   return 0
 }
 
-wait_healthy() {  # SECONDS
-  for _ in $(seq 1 $(($1 * 5))); do
-    healthy && return 0
-    sleep 0.2
-  done
-  return 1
-}
-
 case "$action" in
 start)
-  # A port taken between its choice and its use fails an attempt: up to three.
-  for attempt in 1 2 3; do
-    if "$0" start-once "$dir"; then exit 0; fi
-    "$0" stop "$dir" 2>/dev/null || true
-  done
-  exit 1
+  start_retrying
   ;;
 start-once)
   "$0" stop "$dir" 2>/dev/null || true
@@ -201,11 +133,8 @@ start-once)
 stop)
   for id in s1 s2 s3 p1 p2; do stop_node "$id"; done
   ;;
-kill)
-  pid=$(pid_of "$3")
-  [ "$pid" != 0 ] && kill -9 "$pid" 2>/dev/null || true
-  wait_gone "$pid" || true
-  rm -f "$dir/$3.pid"
+kill|pause|resume)
+  node_action "$action" "$3"
   ;;
 start-node)
   id=$3
@@ -230,14 +159,6 @@ start-node)
     ;;
   esac
   set_pid "$id" "$(pid_of "$id")"
-  ;;
-pause)
-  pid=$(live_pid "$3")
-  kill -STOP "$pid"
-  ;;
-resume)
-  pid=$(live_pid "$3")
-  kill -CONT "$pid"
   ;;
 leader)
   leader

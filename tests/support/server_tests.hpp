@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <random>
 #include <string>
@@ -111,6 +113,79 @@ class HoldStateLog {
   mutable std::mutex mutex_;
   std::vector<turnstile::HoldStateChange> changes_;
 };
+
+// Two clients of one server: a Mutex `name` held by `client` keeps out a waiter of `other` (it
+// was still waiting 300 ms on), whom the release admits with a larger token; a Semaphore of 2
+// admits two and no third.
+inline void expect_handover(turnstile::Client& client, turnstile::Client& other, const std::string& name) {
+  auto mutex = client.mutex(name);
+  auto theirs = other.mutex(name);
+  mutex.lock();
+  const auto first_token = mutex.fencing_token();
+  EXPECT_FALSE(theirs.try_lock());
+  // Holds belong to threads: the waiter takes, reads its token and unlocks in its own.
+  auto waiter = std::async(std::launch::async, [&]() -> std::uint64_t {
+    if (!theirs.try_lock_for(20s)) return 0;
+    const auto token = theirs.fencing_token();
+    theirs.unlock();
+    return token;
+  });
+  EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout) << "a waiter got in while the lock was held";
+  mutex.unlock();
+  EXPECT_GT(waiter.get(), first_token) << "the waiter was not admitted after the release (token 0), or its token did not grow";
+  auto pool = client.semaphore(unique_name("pool"), 2);
+  auto a = pool.acquire();
+  auto b = pool.acquire();
+  EXPECT_FALSE(pool.try_acquire_for(100ms));
+}
+
+// The primary serving a held name changes by `fault(primary)` (`primary()` names it, before and
+// after): the holder is told it lost the hold within `loss_bound` (long before its TTL) and before
+// a waiter queued on the old primary is admitted on the new one; the lost holder's release lets
+// the waiter in, with a larger token; a new client finds the new primary at once. Clients of
+// `url` with TTL 15 s: renewed every 5 s, and each renewal round asks who the primary is.
+inline void expect_failover_reported(const std::string& url, const std::string& name,
+                                     const std::function<std::string()>& primary,
+                                     const std::function<void(const std::string&)>& fault,
+                                     std::chrono::milliseconds loss_bound) {
+  auto client = turnstile::Client::connect(url, with_ttl(15s));
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  const auto token = mutex.fencing_token();
+  const auto lost = mutex.lost_token();
+  auto waiting = turnstile::Client::connect(url, with_ttl(15s));
+  auto theirs = waiting.mutex(name);
+  std::atomic<bool> lost_at_admission{false};
+  auto waiter = std::async(std::launch::async, [&]() -> std::uint64_t {
+    if (!theirs.try_lock_for(60s)) return 0;
+    lost_at_admission = lost.stop_requested();
+    const auto token = theirs.fencing_token();
+    theirs.unlock();
+    return token;
+  });
+  ASSERT_EQ(waiter.wait_for(500ms), std::future_status::timeout) << "a waiter got in while the lock was held";
+  const auto before = primary();
+  const auto started = std::chrono::steady_clock::now();
+  fault(before);
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, loss_bound))
+      << "the hold survived a change of primary (from " << before << ")";
+  const auto noticed = std::chrono::steady_clock::now() - started;
+  std::printf("hold reported lost %lld ms after the fault\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(noticed).count()));
+  EXPECT_TRUE(eventually([&] { const auto now = primary(); return !now.empty() && now != before; }, 10s));
+  // The waiter was still waiting when the loss was reported (its entry reached the replica).
+  EXPECT_EQ(waiter.wait_for(0s), std::future_status::timeout) << "the waiter was admitted before the holder was told";
+  // The lost holder's release goes to the new primary (its replicated entry leaves).
+  try {
+    mutex.unlock();
+  } catch (const turnstile::HoldLost&) {
+  }
+  ASSERT_EQ(waiter.wait_for(30s), std::future_status::ready) << "the waiter was not served by the new primary";
+  EXPECT_GT(waiter.get(), token) << "the waiter was not served (0), or fencing tokens went backwards across the failover";
+  EXPECT_TRUE(lost_at_admission) << "the waiter was admitted before the holder was told";
+  auto fresh = turnstile::Client::connect(url);
+  EXPECT_TRUE(fresh.mutex(name).try_lock_for(5s));
+}
 
 // A holder whose client has TTL `ttl`, killed with SIGKILL: another client gets its Mutex
 // within `bound` of the kill (what the backend's session or lease expiry promises).

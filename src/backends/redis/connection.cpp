@@ -227,7 +227,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   // url.text is already redacted (no password); messages name only it.
   Settings settings;
   if (options.connect_timeout.count() > 0) settings.connect_by = SteadyClock::now() + options.connect_timeout;
-  if (url.scheme == "rediss" || url.scheme == "rediss+sentinel") {
+  if (url.scheme == "rediss" || url.scheme == "rediss+sentinel" || url.scheme == "rediss+cluster") {
     throw BackendNotBuilt(url.scheme + ":// (TLS) needs a hiredis with TLS, which Debian 12's 0.14 lacks");
   }
   // getaddrinfo takes an IPv6 address without its URL brackets.
@@ -235,7 +235,22 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     return host.starts_with('[') ? host.substr(1, host.size() - 2) : host;
   };
   const bool sentinel = url.scheme == "redis+sentinel";
-  if (sentinel) {
+  const bool cluster = url.scheme == "redis+cluster";
+  if (cluster) {
+    if (url.hosts.empty()) throw InvalidUrl("redis+cluster:// URLs name at least one node host:port, got '" + url.text + "'");
+    if (!url.path.empty() && url.path != "/") {
+      throw InvalidUrl("redis+cluster:// URLs name no database (a cluster has only database 0), got '" + url.text + "'");
+    }
+    std::string names;
+    for (const auto& host : url.hosts) {
+      const auto endpoint = parse_host_port(host, 6379, url);
+      settings.cluster_seeds.push_back({unbracketed(endpoint.host), endpoint.port, endpoint.host + ":" + std::to_string(endpoint.port)});
+      names += (names.empty() ? "" : ",") + settings.cluster_seeds.back().description;
+    }
+    settings.host.clear();
+    settings.port = 0;
+    settings.description = "the redis cluster of " + names;
+  } else if (sentinel) {
     if (url.hosts.empty()) throw InvalidUrl("redis+sentinel:// URLs name at least one sentinel host:port, got '" + url.text + "'");
     for (const auto& host : url.hosts) {
       const auto endpoint = parse_host_port(host, 26379, url);
@@ -269,7 +284,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     settings.password = url.user;
     settings.user.clear();
   }
-  if (!sentinel && !url.path.empty() && url.path != "/") {
+  if (!sentinel && !cluster && !url.path.empty() && url.path != "/") {
     const auto db_text = url.path.substr(1);
     const auto [end, error] = std::from_chars(db_text.data(), db_text.data() + db_text.size(), settings.db);
     if (error != std::errc() || end != db_text.data() + db_text.size() || settings.db < 0) {
@@ -340,6 +355,23 @@ std::exception_ptr reply_error(const Settings& settings, const std::string& call
       text.find("The user executing the script can't") != std::string_view::npos) {
     const auto who = user_of(settings);
     return std::make_exception_ptr(AccessDenied(message + " (as " + who + ")"));
+  }
+  if (is_error(reply, "MOVED") || is_error(reply, "ASK")) {
+    // "MOVED 3999 127.0.0.1:6381"; an address without a host (":6381") is on the same host.
+    const bool ask = is_error(reply, "ASK");
+    const auto rest = text.substr(ask ? 4 : 6);
+    const auto kind = ask ? Redirected::Kind::ask : Redirected::Kind::moved;
+    const auto space = rest.find(' ');
+    int slot = -1;
+    std::from_chars(rest.data(), rest.data() + std::min(space, rest.size()), slot);
+    auto address = space == std::string_view::npos ? std::string() : std::string(rest.substr(space + 1));
+    if (address.starts_with(':')) address = settings.host + address;
+    if (slot >= 0 && slot < 16384 && address.find(':') != std::string::npos) {
+      return std::make_exception_ptr(Redirected(message, kind, slot, address));
+    }
+  }
+  if (is_error(reply, "CLUSTERDOWN") || is_error(reply, "TRYAGAIN")) {
+    return std::make_exception_ptr(Redirected(message, Redirected::Kind::again, -1, ""));
   }
   // OOM, READONLY, MASTERDOWN, CLUSTERDOWN, MOVED, ASK, BUSY, MISCONF, LOADING, script errors:
   // the server cannot do it now; the caller's retry or keep-alive policy decides.
@@ -569,7 +601,11 @@ void read_hello(const Settings& settings, const Hello& hello, const std::vector<
   const auto probes = hello.scripts_at + scripts->size();
   check(probes, "publish on turnstile's channels (turnstile:*)");
   check(probes + 1, "publish on PermitCounter's channels (redisson_sc:*)");
-  check(probes + 2, "read and write turnstile's keys (turnstile:*) from scripts");
+  // On a cluster node that does not serve the probe's slot, MOVED says the script was not run:
+  // its permissions are checked by the node that serves it.
+  if (!settings.cluster() || !(is_error(replies[probes + 2].get(), "MOVED") || is_error(replies[probes + 2].get(), "ASK"))) {
+    check(probes + 2, "read and write turnstile's keys (turnstile:*) from scripts");
+  }
   for (std::size_t i = probes + 3; i < probes + 7; ++i) {
     check(i, "subscribe to turnstile's channels (turnstile:*, redisson_sc:*)");
     const auto* reply = replies[i].get();
@@ -676,6 +712,33 @@ Opened open_context(const Settings& given, const Wait& wait, const std::vector<c
     found.port = primary.port;
     found.description = primary.host + ":" + std::to_string(primary.port) + " (the primary of '" + given.master_name + "')";
   }
+  if (given.cluster() && given.host.empty()) {
+    // Any node will do (the subscriber's: PUBLISH reaches every node). Each seed in turn, each
+    // with its share of the time left.
+    std::string failures;
+    const auto until = wait.connect_until();
+    for (std::size_t i = 0; i < given.cluster_seeds.size(); ++i) {
+      const auto& seed = given.cluster_seeds[i];
+      Settings node = given;
+      node.host = seed.host;
+      node.port = seed.port;
+      node.description = seed.description;
+      Wait share = wait;
+      const auto now = SteadyClock::now();
+      if (now >= until) break;
+      share.until = std::min(until, now + std::max<SteadyClock::duration>((until - now) / static_cast<long>(given.cluster_seeds.size() - i),
+                                                                       kSentinelShare));
+      try {
+        return open_context(node, share, scripts, cancel_fd);
+      } catch (const AccessDenied&) {
+        throw;
+      } catch (const BackendUnavailable& error) {
+        if (std::string_view(error.what()).ends_with("cancelled")) throw;
+        failures += (failures.empty() ? "" : "; ") + std::string(error.what());
+      }
+    }
+    throw BackendUnavailable("no node of " + given.description + " answered: " + failures);
+  }
   const Settings& settings = given.sentinel() ? found : given;
   opened.address = settings.host + ":" + std::to_string(settings.port);
   const int fd = connect_socket(settings, wait.connect_until(), cancel_fd);
@@ -726,11 +789,12 @@ bool looks_alive(const redisContext* context) {
 
 Connection::Connection(Settings settings, std::vector<const Script*> scripts,
                        std::function<void(const std::string&)> on_server_changed,
-                       std::chrono::milliseconds max_backoff)
+                       std::chrono::milliseconds max_backoff, bool connect_now)
     : settings_(std::move(settings)),
       scripts_(std::move(scripts)),
       on_server_changed_(std::move(on_server_changed)),
       max_backoff_(std::max(max_backoff, kFirstBackoff)) {
+  if (!connect_now) return;
   // One attempt: Client::connect reports a bad URL, password or ACL at once.
   Wait wait(SteadyClock::now());
   if (settings_.connect_by) wait.until = *settings_.connect_by;
@@ -770,7 +834,7 @@ std::unique_ptr<Connection::Link> Connection::open_link(const Wait& wait) {
   std::vector<std::unique_ptr<Link>> stale;
   {
     std::lock_guard lock(mutex_);
-    if (shas_.empty()) shas_ = std::move(opened.shas);  // the constructor's; SHA1s never change
+    if (shas_.empty()) shas_ = std::move(opened.shas);  // the first link's; SHA1s never change
     // Another boot of the server (run_id; unknown when INFO is refused), or with sentinels
     // another server altogether.
     if (!opened.run_id.empty() || settings_.sentinel()) {
@@ -911,7 +975,12 @@ void Connection::forget_idle() {
 }
 
 std::vector<Reply> Connection::run(const std::vector<Command>& commands, const Wait& wait, bool retry,
-                                   std::string* server, const FollowUp* follow_up, Reply* follow_reply) {
+                                   std::string* server, const FollowUp* follow_up, Reply* follow_reply, bool asking) {
+  std::vector<Command> asked;
+  if (asking) {
+    asked.push_back({"ASKING"});
+    asked.insert(asked.end(), commands.begin(), commands.end());
+  }
   for (;;) {
     auto link = checkout(wait);  // throws once a stop is requested
     if (!retry && SteadyClock::now() - link->last_reply >= kIdleProbe) {
@@ -932,7 +1001,8 @@ std::vector<Reply> Connection::run(const std::vector<Command>& commands, const W
     }
     bool sent = false;
     std::vector<Reply> replies;
-    const auto why = exchange(link->context.get(), commands, replies, wait.reply_until(), wait.cancel_fd, &sent);
+    const auto why = exchange(link->context.get(), asking ? asked : commands, replies, wait.reply_until(), wait.cancel_fd, &sent);
+    if (why.empty() && asking) replies.erase(replies.begin());  // ASKING's OK
     if (why.empty()) {
       link->last_reply = SteadyClock::now();
       link->used = true;
@@ -980,16 +1050,26 @@ std::vector<Reply> Connection::run(const std::vector<Command>& commands, const W
 }
 
 Command Connection::eval_command(const Script& script, const std::vector<std::string>& keys,
-                                 const std::vector<std::string>& args, bool by_sha) const {
+                                 const std::vector<std::string>& args, bool by_sha) {
   const auto index = static_cast<std::size_t>(std::find(scripts_.begin(), scripts_.end(), &script) - scripts_.begin());
-  Command command{by_sha ? "EVALSHA" : "EVAL", by_sha ? shas_.at(index) : script.body, std::to_string(keys.size())};
+  std::string sha;
+  if (by_sha) {
+    // Known once a first link loaded the scripts (a cluster's node connects at its first call:
+    // until then EVAL, which loads the script too).
+    std::lock_guard lock(mutex_);
+    if (index < shas_.size()) sha = shas_[index];
+  }
+  Command command{sha.empty() ? "EVAL" : "EVALSHA", sha.empty() ? script.body : sha, std::to_string(keys.size())};
   command.insert(command.end(), keys.begin(), keys.end());
   command.insert(command.end(), args.begin(), args.end());
   return command;
 }
 
 std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, bool retry,
-                                            std::string* server, const FollowUp* follow_up, Reply* follow_reply) {
+                                            std::string* server, const FollowUp* follow_up, Reply* follow_reply,
+                                            bool asking) {
+  std::string answered;
+  if (!server) server = &answered;
   std::vector<Command> commands;
   for (const auto& [script, keys, args] : calls) commands.push_back(eval_command(*script, keys, args, true));
   // No follow-up after a NOSCRIPT: it goes after the EVAL that runs the script instead.
@@ -1002,7 +1082,7 @@ std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls
       return (*follow_up)(replies);
     };
   }
-  auto replies = run(commands, wait, retry, server, &unless_noscript, follow_reply);
+  auto replies = run(commands, wait, retry, server, &unless_noscript, follow_reply, asking);
   // The server lost its script cache (restart, SCRIPT FLUSH): those scripts did not run; EVAL
   // sends and caches them, in one more round trip.
   std::vector<std::size_t> missing;
@@ -1014,29 +1094,31 @@ std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls
     commands.push_back(eval_command(*script, keys, args, false));
   }
   if (!missing.empty()) {
-    auto again = run(commands, wait, retry, server, follow_up, follow_reply);
+    auto again = run(commands, wait, retry, server, follow_up, follow_reply, asking);
     for (std::size_t k = 0; k < missing.size(); ++k) replies[missing[k]] = std::move(again[k]);
   }
   std::vector<Result> results(calls.size());
   for (std::size_t i = 0; i < calls.size(); ++i) {
     results[i].error = reply_error(settings_, "script " + std::get<0>(calls[i])->name, replies[i].get());
     if (results[i].ok()) results[i].reply = std::move(replies[i]);
+    results[i].server = *server;
   }
   return results;
 }
 
-Reply Connection::eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                       Deadline deadline, bool retry, std::string* server, std::stop_token stop,
-                       const FollowUp* follow_up, Reply* follow_reply) {
+Result Connection::eval_result(const Script& script, const std::vector<std::string>& keys,
+                               const std::vector<std::string>& args, Deadline deadline, bool retry, std::string* server,
+                               std::stop_token stop, const FollowUp* follow_up, Reply* follow_reply, bool asking) {
   const StopFd cancel(stop);
-  return run_scripts({ScriptCall{&script, keys, args}}, Wait(deadline, std::move(stop), cancel.fd()), retry, server,
-                     follow_up, follow_reply)
-      .front()
-      .take();
+  return std::move(run_scripts({ScriptCall{&script, keys, args}}, Wait(deadline, std::move(stop), cancel.fd()), retry,
+                               server, follow_up, follow_reply, asking)
+                       .front());
 }
 
-std::vector<Result> Connection::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline, std::string* server) {
-  return run_scripts(calls, Wait(deadline), true, server);
+std::vector<Result> Connection::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline, std::string* server,
+                                          std::stop_token stop) {
+  const StopFd cancel(stop);
+  return run_scripts(calls, Wait(deadline, std::move(stop), cancel.fd()), true, server);
 }
 
 std::vector<Reply> Connection::eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline, std::string* server) {
@@ -1071,10 +1153,14 @@ bool Connection::watch_idle(SteadyClock::time_point until, int wake_fd) {
   return false;
 }
 
-Reply Connection::command(const Command& command, Deadline deadline) {
-  auto replies = run({command}, Wait(deadline), true, nullptr);
-  if (auto error = reply_error(settings_, command.front(), replies.front().get())) std::rethrow_exception(error);
-  return std::move(replies.front());
+Result Connection::command_result(const Command& command, Deadline deadline, std::stop_token stop, bool asking) {
+  const StopFd cancel(stop);
+  Result result;
+  auto replies = run({command}, Wait(deadline, std::move(stop), cancel.fd()), true, &result.server, nullptr, nullptr,
+                     asking);
+  result.error = reply_error(settings_, command.front(), replies.front().get());
+  if (result.ok()) result.reply = std::move(replies.front());
+  return result;
 }
 
 }  // namespace turnstile::detail::redis

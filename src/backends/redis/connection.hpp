@@ -27,7 +27,7 @@
 
 namespace turnstile::detail::redis {
 
-// A sentinel of a redis+sentinel:// URL.
+// A sentinel of a redis+sentinel:// URL, or a node of a redis+cluster:// URL.
 struct SentinelAddress {
   std::string host;  // without an IPv6 address' brackets
   int port = 26379;
@@ -51,15 +51,20 @@ struct Settings {
   std::vector<SentinelAddress> sentinels;
   std::string master_name;
   std::string sentinel_password;
+  // redis+cluster://: the nodes the URL names, asked in turn for the slot map (and, by the
+  // subscriber, for any node to listen on: PUBLISH reaches every node of a cluster).
+  std::vector<SentinelAddress> cluster_seeds;
   // ?min_replicas=N: an acquire returns only once WAIT says N replicas have its entry.
   int min_replicas = 0;
   bool sentinel() const { return !sentinels.empty(); }
+  bool cluster() const { return !cluster_seeds.empty(); }
 };
 
 inline constexpr int kMaxMinReplicas = 100;
 
-// redis://[user:password@]host:port[/db][?ttl=SECONDS&min_replicas=N] and
-// redis+sentinel://[user:password@]s1:p1,s2:p2/MASTER[?ttl=…&min_replicas=N&sentinel_password=…];
+// redis://[user:password@]host:port[/db][?ttl=SECONDS&min_replicas=N],
+// redis+sentinel://[user:password@]s1:p1,s2:p2/MASTER[?ttl=…&min_replicas=N&sentinel_password=…]
+// and redis+cluster://[user:password@]h1:p1,h2:p2[?ttl=…&min_replicas=N] (database 0 only);
 // ClientOptions::ttl wins when set.
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
 
@@ -183,6 +188,18 @@ std::exception_ptr reply_error(const Settings& settings, const std::string& call
 // A server's text made safe to show: bounded, printable, the password masked.
 std::string redacted(const Settings& settings, std::string_view text);
 
+// A cluster node's MOVED or ASK reply (reply_error makes these): the slot is served by `address`
+// (host:port), for good (MOVED) or for this one command (ASK: resend it there after ASKING); or
+// a refusal that passes (CLUSTERDOWN, TRYAGAIN: a failover or a migration under way).
+struct Redirected : BackendUnavailable {
+  enum class Kind { moved, ask, again };
+  Redirected(const std::string& message, Kind what, int slot_number, std::string to)
+      : BackendUnavailable(message), kind(what), slot(slot_number), address(std::move(to)) {}
+  Kind kind;
+  int slot;             // -1 with again
+  std::string address;  // "" with again
+};
+
 // Throws BackendUnavailable: redis answered `call` with a reply of a shape it never gives.
 [[noreturn]] void unexpected_reply(const std::string& call);
 // Fencing tokens and places in line stay below 2^53 (the scripts refuse to hand out more), so
@@ -200,6 +217,7 @@ long long integer_of(const Reply& reply);
 struct Result {
   Reply reply;
   std::exception_ptr error;
+  std::string server;  // the server that answered (Opened::server)
   bool ok() const { return error == nullptr; }
   // The reply; rethrows the error.
   Reply take();
@@ -216,10 +234,11 @@ class Connection {
   // Opens the first connection now (one attempt), so a bad URL, password or ACL fails at once.
   // on_server_changed(server) runs (with nothing locked) when a new connection finds a different
   // server (run_id, or with sentinels another primary) than the last one did.
-  // Reconnects back off up to `max_backoff`.
+  // Reconnects back off up to `max_backoff`. Without `connect_now` (a cluster's nodes) the first
+  // connection is made by the first call.
   Connection(Settings settings, std::vector<const Script*> scripts,
              std::function<void(const std::string& server)> on_server_changed,
-             std::chrono::milliseconds max_backoff = kMaxReconnectBackoff);
+             std::chrono::milliseconds max_backoff = kMaxReconnectBackoff, bool connect_now = true);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -237,19 +256,30 @@ class Connection {
   // dropped then).
   // With sentinels, a READONLY reply (the primary was demoted) drops the connection and the call
   // goes out again on a new one to the primary the sentinels name, until the deadline.
+  // `asking` sends ASKING first, in the same round trip (a cluster's ASK redirection).
   Reply eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
              Deadline deadline, bool retry, std::string* server = nullptr, std::stop_token stop = {},
-             const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr);
+             const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr, bool asking = false) {
+    return eval_result(script, keys, args, deadline, retry, server, std::move(stop), follow_up, follow_reply, asking)
+        .take();
+  }
+  // The same, with an error reply returned in the Result rather than thrown.
+  Result eval_result(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
+                     Deadline deadline, bool retry, std::string* server = nullptr, std::stop_token stop = {},
+                     const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr, bool asking = false);
   // Several idempotent script calls in one round trip, each with its own outcome: an error
   // reply to one (OOM, READONLY, BUSY...) is that call's typed error, never thrown. Throws
   // BackendUnavailable only when no reply came by the deadline.
   std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, Deadline deadline,
-                                std::string* server = nullptr);
+                                std::string* server = nullptr, std::stop_token stop = {});
   // The same, throwing the first call's error reply as its typed error.
   std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline,
                                     std::string* server = nullptr);
   // A plain command, retried like an idempotent script; error replies throw typed errors.
-  Reply command(const Command& command, Deadline deadline);
+  Reply command(const Command& command, Deadline deadline, std::stop_token stop = {}) {
+    return command_result(command, deadline, std::move(stop)).take();
+  }
+  Result command_result(const Command& command, Deadline deadline, std::stop_token stop = {}, bool asking = false);
 
   // Sleeps until `until`, until `wake_fd` becomes readable, or until an idle connection shows
   // that its server went away (EOF or reset: a restart, a shutdown, a killed server), so that
@@ -284,20 +314,20 @@ class Connection {
   void notify_returned();  // mutex_ held
   // One round trip of `commands` on some link; error replies are returned, not thrown.
   std::vector<Reply> run(const std::vector<Command>& commands, const Wait& wait, bool retry, std::string* server,
-                         const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr);
+                         const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr, bool asking = false);
   std::vector<Result> run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, bool retry,
                                   std::string* server, const FollowUp* follow_up = nullptr,
-                                  Reply* follow_reply = nullptr);
+                                  Reply* follow_reply = nullptr, bool asking = false);
   // With sentinels: drops the idle links (they lead to a demoted primary). mutex_ not held.
   void forget_idle();
   Command eval_command(const Script& script, const std::vector<std::string>& keys,
-                       const std::vector<std::string>& args, bool by_sha) const;
+                       const std::vector<std::string>& args, bool by_sha);
 
   const Settings settings_;
   const std::vector<const Script*> scripts_;
   const std::function<void(const std::string&)> on_server_changed_;
   const std::chrono::milliseconds max_backoff_;
-  std::vector<std::string> shas_;  // by index in scripts_; set by the constructor (SHA1s never change)
+  std::vector<std::string> shas_;  // by index in scripts_; set by the first link (SHA1s never change); mutex_
 
   std::mutex mutex_;  // guards what follows; never held across network I/O
   std::condition_variable_any returned_;  // a link came back, or a slot or a reconnect became possible

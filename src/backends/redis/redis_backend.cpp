@@ -20,6 +20,7 @@
 #include <thread>
 #include <utility>
 
+#include "backends/redis/cluster.hpp"
 #include "backends/redis/connection.hpp"
 #include "backends/redis/scripts.hpp"
 #include "backends/redis/subscriber.hpp"
@@ -433,7 +434,7 @@ class RedisBackend final : public Backend {
   std::optional<std::int64_t> counter_get(const std::string& name) override;
   std::int64_t counter_drain(const std::string& name) override;
 
-  Connection& connection() { return connection_; }
+  Router& connection() { return connection_; }
   QueueKeys keys_of(const std::string& name) const { return queue_keys(name, settings_.db); }
   // How long a release is remembered, so a resend after a lost reply is recognised.
   std::string release_memory_ms() const {
@@ -445,6 +446,9 @@ class RedisBackend final : public Backend {
     // A primary change noticed between the admitting script's reply and now.
     if (settings_.sentinel() && !primary_.empty() && hold->server() != primary_) {
       hold->state()->lease->lose(primary_changed(hold->server(), primary_));
+    }
+    if (settings_.cluster() && demoted(connection_, *hold->state(), hold->name(), hold->server())) {
+      hold->state()->lease->lose(primary_changed(hold->server(), connection_.owner(keys_of(hold->name()).keys.front())));
     }
   }
   // With sentinels: WAIT for min_replicas after the script that admits an entry (a FollowUp
@@ -476,6 +480,16 @@ class RedisBackend final : public Backend {
   // the name to someone else, and the holder must not go on believing it holds.
   void on_server_changed(const std::string& server);
   static std::string primary_changed(const std::string& was, const std::string& now);
+  // host:port of a server (Opened::server: "host:port run_id").
+  static std::string address_of(const std::string& server) { return server.substr(0, server.find(' ')); }
+  // With a cluster: by `router`'s map, the node that admitted a hold (`server`) serves the
+  // name's slot no more and no slot at all: a failover demoted it, or it is gone. (A node that
+  // only gave the slot away to a resharding, or admitted the hold through ASK while the slot
+  // moves to it, still serves slots: the renewal's answer decides then, by which node answers.)
+  bool demoted(Router& router, const HoldLease& state, const std::string& name, const std::string& server) {
+    const auto owner = router.owner(keys_of(name).keys.front());
+    return !state.releasing && !owner.empty() && owner != address_of(server) && !router.serves_slots(address_of(server));
+  }
   void renew_soon();
   void watchdog_loop(std::stop_token stop);
   // What the watchdog renews: a hold's lease, by seq and request id.
@@ -505,8 +519,8 @@ class RedisBackend final : public Backend {
   } wake_fd_;
   RequestIds request_ids_;
   LossClock loss_clock_;  // before every hold's lease
-  Connection connection_;
-  Connection renewals_;  // the watchdog's own: renewals never queue behind other calls
+  Router connection_;
+  Router renewals_;  // the watchdog's own: renewals never queue behind other calls
   Waiters waiters_;
 
   // Entries whose removal failed (or whose creation's outcome is unknown), until removed.
@@ -610,13 +624,22 @@ void RedisBackend::on_subscriber_reset() {
 }
 
 std::string RedisBackend::primary_changed(const std::string& was, const std::string& now) {
-  const auto address = [](const std::string& server) { return server.substr(0, server.find(' ')); };
+  const auto address = address_of;
   return "the redis primary changed (a failover or a restart: the hold was taken on " + address(was) +
          (address(was) == address(now) ? " before it restarted" : ", the primary is now " + address(now)) +
          "); replication is asynchronous, so its entry may be gone or the name handed to another";
 }
 
 void RedisBackend::on_server_changed(const std::string& server) {
+  if (settings_.cluster() && !server.empty()) {
+    // A node came back as another boot of itself (a restart): what it admitted before is gone.
+    std::lock_guard lock(holds_mutex_);
+    for (auto* hold : holds_) {
+      if (address_of(hold->server()) == address_of(server) && hold->server() != server && !hold->state()->releasing) {
+        hold->state()->lease->lose(primary_changed(hold->server(), server));
+      }
+    }
+  }
   if (settings_.sentinel()) {
     // Both connections follow: no call goes to the old primary any more.
     connection_.follow(server);
@@ -1011,6 +1034,21 @@ bool RedisBackend::renewal_round() {
       // No sentinel answered: the renewal itself says what the primary we know thinks.
     }
   }
+  if (settings_.cluster()) {
+    // As with sentinels: the slot map, read again every round, holds or not. A hold whose node
+    // a failover demoted is lost, and not renewed on the new primary: its entry there, if
+    // replication carried it, runs out by its TTL. Any other hold is renewed, and lost when
+    // another node than its own answers (settle_renewals).
+    renewals_.refresh(SteadyClock::now() + std::min(renewal_period(), kRenewalPatience));
+    for (auto it = by_name.begin(); it != by_name.end();) {
+      std::erase_if(it->second.holds, [&](const Renewal& renewal) {
+        if (!demoted(renewals_, *renewal.state, it->first, renewal.server)) return false;
+        renewal.state->lease->lose(primary_changed(renewal.server, renewals_.owner(keys_of(it->first).keys.front())));
+        return true;
+      });
+      it = it->second.holds.empty() && it->second.queued.empty() ? by_name.erase(it) : std::next(it);
+    }
+  }
   if (by_name.empty() && orphans.empty()) return true;
   std::vector<ScriptCall> calls;
   for (auto& [name, entries] : by_name) {
@@ -1034,9 +1072,8 @@ bool RedisBackend::renewal_round() {
   }
   const auto sent_at = SteadyClock::now();
   std::vector<Result> results;
-  std::string server;
   try {
-    results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience), &server);
+    results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience));
   } catch (const std::exception&) {
     for (auto& [name, entries] : by_name) {
       for (auto& renewal : entries.holds) {
@@ -1049,15 +1086,17 @@ bool RedisBackend::renewal_round() {
   std::size_t at = 0;
   for (auto& [name, entries] : by_name) {
     const auto& result = results[at++];
-    settled = settle_renewals(entries.holds, result, sent_at, server, entries.queued.size()) && settled;
+    settled = settle_renewals(entries.holds, result, sent_at, result.server, entries.queued.size()) && settled;
     // A waiter whose entry is admitted (a message lost) or gone looks; one still waiting sleeps on.
     const auto* reply = result.ok() ? result.reply.get() : nullptr;
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != entries.holds.size() + entries.queued.size()) {
       settled = settled && entries.queued.empty();  // their leases too: the next round comes soon
-      // The server answered, but not with their places (an error reply such as WRONGTYPE):
-      // each waiter looks itself, and its look reports what the server says, as a new acquire's
-      // would. (A round that reached no server pokes nobody: the waiters wait through an outage.)
-      for (const auto& queued : entries.queued) waiters_.poke_entry(queued.channel, queued.seq);
+      // A server answered, but not with their places (an error reply such as WRONGTYPE): each
+      // waiter looks itself, and its look reports what the server says, as a new acquire's
+      // would. A call no server answered pokes nobody: the waiters wait through an outage.
+      if (result.ok() || !result.server.empty()) {
+        for (const auto& queued : entries.queued) waiters_.poke_entry(queued.channel, queued.seq);
+      }
       continue;
     }
     for (std::size_t i = 0; i < entries.queued.size(); ++i) {
@@ -1098,7 +1137,7 @@ bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Resu
     auto& lease = holds[i].state->lease;
     long long where = -1;
     if (usable && reply->element[i]->type == REDIS_REPLY_INTEGER) where = reply->element[i]->integer;
-    if (settings_.sentinel() && holds[i].server != server) {
+    if ((settings_.sentinel() || settings_.cluster()) && !server.empty() && holds[i].server != server) {
       // Renewed on another primary than the one that admitted it: its entry there may be a
       // replica's copy, or another's. Never carried over.
       lease->lose(primary_changed(holds[i].server, server));
@@ -1211,7 +1250,7 @@ std::int64_t RedisBackend::counter_add(const std::string& name, std::int64_t del
 
 std::optional<std::int64_t> RedisBackend::counter_get(const std::string& name) {
   check_counter_name(name);
-  auto reply = connection_.command({"GET", name}, SteadyClock::now() + kCallPatience);
+  auto reply = connection_.command({"GET", name}, SteadyClock::now() + kCallPatience, name);
   if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
   try {
     if (reply->type == REDIS_REPLY_STRING) return std::stoll(std::string(reply->str, reply->len));

@@ -1,0 +1,377 @@
+#include "backends/redis/cluster.hpp"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <future>
+#include <utility>
+
+namespace turnstile::detail::redis {
+namespace {
+
+using std::chrono::milliseconds;
+
+// One node's share of a call: a node that does not answer must not use up the time a failover
+// needs (the call then goes to the node the map names next).
+constexpr milliseconds kNodeAttempt{1500};
+// Between attempts after a node failed, or while the cluster says CLUSTERDOWN/TRYAGAIN.
+constexpr milliseconds kRetryPause{100};
+// The most redirections one call follows (a map in flux settles well within these).
+constexpr int kMaxRedirects = 16;
+// A map read this recently is not read again for another caller's failure.
+constexpr milliseconds kMinRefreshInterval{50};
+
+std::uint16_t crc16(std::string_view data) {
+  std::uint16_t crc = 0;
+  for (const unsigned char byte : data) {
+    crc ^= static_cast<std::uint16_t>(byte << 8);
+    for (int bit = 0; bit < 8; ++bit) {
+      crc = (crc & 0x8000) ? static_cast<std::uint16_t>((crc << 1) ^ 0x1021) : static_cast<std::uint16_t>(crc << 1);
+    }
+  }
+  return crc;
+}
+
+bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
+
+// Sleeps `how_long` (by the deadline), ended at once by a stop.
+void pause(milliseconds how_long, Deadline deadline, const std::stop_token& stop) {
+  auto until = SteadyClock::now() + how_long;
+  if (deadline) until = std::min(until, *deadline);
+  std::mutex mutex;
+  std::condition_variable_any never;
+  std::unique_lock lock(mutex);
+  never.wait_until(lock, stop, until, [] { return false; });
+}
+
+std::string text_of(const redisReply* reply) {
+  return reply && reply->str ? std::string(reply->str, reply->len) : std::string();
+}
+
+}  // namespace
+
+int key_slot(std::string_view key) {
+  if (const auto open = key.find('{'); open != std::string_view::npos) {
+    if (const auto close = key.find('}', open + 1); close != std::string_view::npos && close > open + 1) {
+      key = key.substr(open + 1, close - open - 1);
+    }
+  }
+  return crc16(key) % kClusterSlots;
+}
+
+Router::Router(Settings settings, std::vector<const Script*> scripts,
+               std::function<void(const std::string&)> on_server_changed, std::chrono::milliseconds max_backoff)
+    : settings_(std::move(settings)),
+      scripts_(std::move(scripts)),
+      on_server_changed_(std::move(on_server_changed)),
+      max_backoff_(max_backoff) {
+  if (!settings_.cluster()) {
+    single_ = std::make_unique<Connection>(settings_, scripts_, on_server_changed_, max_backoff_);
+    return;
+  }
+  slots_.assign(kClusterSlots, -1);
+  auto until = SteadyClock::now() + kConnectTimeout;
+  if (settings_.connect_by) until = *settings_.connect_by;
+  if (!refresh(until)) {
+    // Ask the first seed once more for its error: unreachable, refused, or no cluster.
+    const auto& seed = settings_.cluster_seeds.front();
+    node(seed.host + ":" + std::to_string(seed.port)).command({"CLUSTER", "SLOTS"}, SteadyClock::now());
+    throw BackendUnavailable("no node of " + settings_.description + " answered CLUSTER SLOTS");
+  }
+}
+
+Router::~Router() = default;
+
+Connection& Router::node(const std::string& address) {
+  std::lock_guard lock(mutex_);
+  auto& slot = nodes_[address];
+  if (!slot) {
+    Settings settings = settings_;
+    const auto colon = address.rfind(':');
+    settings.host = address.substr(0, colon);  // unbracketed, as Opened::address (IPv6 too)
+    settings.port = std::stoi(address.substr(colon + 1));
+    settings.description = address + " (a node of the redis cluster)";
+    slot = std::make_unique<Connection>(std::move(settings), scripts_, on_server_changed_, max_backoff_, false);
+  }
+  return *slot;
+}
+
+bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop) {
+  std::unique_lock busy(refreshing_, std::defer_lock);
+  if (!busy.try_lock_until(until)) return false;
+  std::vector<std::string> candidates;
+  {
+    std::lock_guard lock(mutex_);
+    if (SteadyClock::now() - refreshed_at_ < kMinRefreshInterval) return true;  // another caller just did
+    // The URL's nodes, then every node the map has named; starting where the last pass
+    // started + 1, so one node that answers wrongly does not answer every time.
+    for (const auto& seed : settings_.cluster_seeds) candidates.push_back(seed.host + ":" + std::to_string(seed.port));
+    for (const auto& address : addresses_) {
+      if (std::find(candidates.begin(), candidates.end(), address) == candidates.end()) candidates.push_back(address);
+    }
+    std::rotate(candidates.begin(), candidates.begin() + static_cast<long>(next_seed_++ % candidates.size()),
+                candidates.end());
+  }
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const auto now = SteadyClock::now();
+    if (now >= until || stop.stop_requested()) return false;
+    const auto share = std::max<SteadyClock::duration>((until - now) / static_cast<long>(candidates.size() - i),
+                                                        milliseconds(300));
+    Reply reply;
+    try {
+      reply = node(candidates[i]).command({"CLUSTER", "SLOTS"}, std::min(until, now + share), stop);
+    } catch (const AccessDenied&) {
+      throw;
+    } catch (const BackendUnavailable&) {
+      continue;
+    }
+    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0) continue;  // no slots assigned yet
+    std::vector<int> slots(kClusterSlots, -1);
+    std::vector<std::string> addresses;
+    const auto asked_host = candidates[i].substr(0, candidates[i].rfind(':'));
+    bool odd = false;
+    for (std::size_t r = 0; r < reply->elements && !odd; ++r) {
+      const auto* range = reply->element[r];
+      if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 || range->element[0]->type != REDIS_REPLY_INTEGER ||
+          range->element[1]->type != REDIS_REPLY_INTEGER || range->element[2]->type != REDIS_REPLY_ARRAY ||
+          range->element[2]->elements < 2 || range->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
+        odd = true;
+        break;
+      }
+      const auto first = range->element[0]->integer, last = range->element[1]->integer;
+      const auto port = range->element[2]->element[1]->integer;
+      if (port <= 0 || port > 65535) continue;  // a primary whose address is unknown (noaddr): no node serves these
+      auto host = text_of(range->element[2]->element[0]);
+      if (host.empty() || host == "?") host = asked_host;  // "this node's address", as redis-cli reads it
+      // host:port with the host unbracketed, as Opened::address and MOVED write it.
+      const auto address = host + ":" + std::to_string(port);
+      if (first < 0 || last >= kClusterSlots || first > last ||
+          !valid_host(host.find(':') == std::string::npos ? host : "[" + host + "]")) {
+        odd = true;
+        break;
+      }
+      auto at = std::find(addresses.begin(), addresses.end(), address);
+      if (at == addresses.end()) at = addresses.insert(addresses.end(), address);
+      std::fill(slots.begin() + first, slots.begin() + last + 1, static_cast<int>(at - addresses.begin()));
+    }
+    if (odd) continue;
+    bool changed = false;
+    {
+      std::lock_guard lock(mutex_);
+      for (int s = 0; s < kClusterSlots && !changed; ++s) {
+        const auto* was = slots_[s] < 0 ? nullptr : &addresses_[slots_[s]];
+        const auto* now_at = slots[s] < 0 ? nullptr : &addresses[slots[s]];
+        changed = (was == nullptr) != (now_at == nullptr) || (was && *was != *now_at);
+      }
+      const bool first_map = addresses_.empty();
+      slots_ = std::move(slots);
+      addresses_ = std::move(addresses);
+      refreshed_at_ = SteadyClock::now();
+      changed = changed && !first_map;
+    }
+    if (changed && on_server_changed_) on_server_changed_(std::string());
+    return true;
+  }
+  return false;
+}
+
+void Router::refresh_by(Deadline deadline, const std::stop_token& stop) {
+  // A connect timeout's worth, by the deadline (one already passed: a try-once's own caps).
+  auto until = SteadyClock::now() + kConnectTimeout;
+  if (deadline && !passed(deadline)) until = std::min(until, *deadline);
+  refresh(until, stop);
+}
+
+std::string Router::owner(const std::string& key) {
+  const auto slot = key_slot(key);
+  std::lock_guard lock(mutex_);
+  return slots_.empty() || slots_[slot] < 0 ? std::string() : addresses_[slots_[slot]];
+}
+
+bool Router::serves_slots(const std::string& address) {
+  std::lock_guard lock(mutex_);
+  const auto at = std::find(addresses_.begin(), addresses_.end(), address);
+  return at != addresses_.end() && std::find(slots_.begin(), slots_.end(), at - addresses_.begin()) != slots_.end();
+}
+
+std::string Router::owner_of(int slot, Deadline deadline, const std::stop_token& stop) {
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (slots_[slot] >= 0) return addresses_[slots_[slot]];
+    }
+    // No node serves the slot by our map (its primary failed with no replica to take over, or
+    // the map is being changed): read it again, by the deadline.
+    refresh_by(deadline, stop);
+    {
+      std::lock_guard lock(mutex_);
+      if (slots_[slot] >= 0) return addresses_[slots_[slot]];
+    }
+    if (passed(deadline) || stop.stop_requested()) {
+      throw BackendUnavailable("no node of " + settings_.description + " serves hash slot " + std::to_string(slot));
+    }
+    pause(kRetryPause, deadline, stop);
+  }
+}
+
+Result Router::routed(int slot, Deadline deadline, bool retry, const std::stop_token& stop,
+                      const std::function<Result(Connection&, Deadline, bool)>& attempt) {
+  std::string ask;  // the node an ASK named, for the next attempt only
+  int redirects = 0;
+  for (;;) {
+    const bool asking = !ask.empty();
+    const auto address = asking ? std::exchange(ask, std::string()) : owner_of(slot, deadline, stop);
+    // A deadline already passed ("try once") stays passed: one attempt, within the caps.
+    Deadline share = deadline;
+    if (!passed(deadline)) {
+      const auto cap = SteadyClock::now() + kNodeAttempt;
+      share = deadline ? std::min(*deadline, cap) : cap;
+    }
+    Result result;
+    try {
+      result = attempt(node(address), share, asking);
+    } catch (const AccessDenied&) {
+      throw;
+    } catch (const BackendUnavailable&) {
+      // The node did not answer (down, paused, failing over): the map may name another by now.
+      if (!retry || passed(deadline) || stop.stop_requested()) throw;
+      refresh_by(deadline, stop);
+      pause(kRetryPause, deadline, stop);
+      continue;
+    }
+    if (result.ok()) return result;
+    try {
+      std::rethrow_exception(result.error);
+    } catch (const Redirected& redirect) {
+      // CLUSTERDOWN/TRYAGAIN pass with the failover or the migration: waited out by the deadline.
+      if ((redirect.kind != Redirected::Kind::again && ++redirects > kMaxRedirects) || stop.stop_requested()) return result;
+      switch (redirect.kind) {
+        case Redirected::Kind::ask:
+          ask = redirect.address;
+          break;
+        case Redirected::Kind::moved: {
+          refresh_by(deadline, stop);
+          // The map may lag the node that answered: the redirection wins for this slot.
+          std::lock_guard lock(mutex_);
+          if (slots_[slot] < 0 || addresses_[slots_[slot]] != redirect.address) {
+            auto at = std::find(addresses_.begin(), addresses_.end(), redirect.address);
+            if (at == addresses_.end()) at = addresses_.insert(addresses_.end(), redirect.address);
+            slots_[slot] = static_cast<int>(at - addresses_.begin());
+          }
+          break;
+        }
+        case Redirected::Kind::again:
+          if (passed(deadline)) return result;
+          pause(kRetryPause, deadline, stop);
+          break;
+      }
+    } catch (...) {
+      return result;  // any other error reply is the call's answer
+    }
+  }
+}
+
+Reply Router::eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
+                   Deadline deadline, bool retry, std::string* server, std::stop_token stop, const FollowUp* follow_up,
+                   Reply* follow_reply) {
+  if (single_) return single_->eval(script, keys, args, deadline, retry, server, stop, follow_up, follow_reply);
+  auto result = routed(key_slot(keys.front()), deadline, retry, stop, [&](Connection& node, Deadline share, bool asking) {
+    return node.eval_result(script, keys, args, share, retry, nullptr, stop, follow_up, follow_reply, asking);
+  });
+  if (server) *server = result.server;
+  return result.take();
+}
+
+std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline) {
+  if (single_) return single_->eval_each(calls, deadline);
+  // One pipelined round trip per node, all at once; what a node did not answer, or redirected,
+  // goes out again alone, routed.
+  std::map<std::string, std::vector<std::size_t>> by_node;
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    by_node[owner_of(key_slot(std::get<1>(calls[i]).front()), deadline, {})].push_back(i);
+  }
+  std::vector<Result> results(calls.size());
+  std::vector<char> again(calls.size(), 0);  // not vector<bool>: the nodes' threads set their own elements
+  const auto run_node = [&](const std::string& address, const std::vector<std::size_t>& indices) {
+    std::vector<ScriptCall> mine;
+    for (const auto i : indices) mine.push_back(calls[i]);
+    try {
+      auto answers = node(address).eval_each(mine, deadline);
+      for (std::size_t k = 0; k < indices.size(); ++k) results[indices[k]] = std::move(answers[k]);
+    } catch (...) {
+      for (const auto i : indices) {
+        results[i].error = std::current_exception();
+        again[i] = 1;
+      }
+    }
+  };
+  std::vector<std::future<void>> running;
+  for (const auto& [address, indices] : by_node) {
+    if (running.size() + 1 == by_node.size()) {
+      run_node(address, indices);  // the last on this thread
+    } else {
+      running.push_back(std::async(std::launch::async, run_node, std::cref(address), std::cref(indices)));
+    }
+  }
+  for (auto& each : running) each.get();
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    if (!again[i] && results[i].ok()) continue;
+    if (!again[i]) {
+      try {
+        std::rethrow_exception(results[i].error);
+      } catch (const Redirected&) {
+      } catch (...) {
+        continue;  // the call's own answer
+      }
+    }
+    const auto& [script, keys, args] = calls[i];
+    try {
+      results[i] = routed(key_slot(keys.front()), deadline, true, {}, [&](Connection& node, Deadline share, bool asking) {
+        return node.eval_result(*script, keys, args, share, true, nullptr, {}, nullptr, nullptr, asking);
+      });
+    } catch (...) {
+      results[i] = Result{};
+      results[i].error = std::current_exception();
+    }
+  }
+  return results;
+}
+
+std::vector<Reply> Router::eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline) {
+  if (single_) return single_->eval_pipelined(calls, deadline);
+  auto results = eval_each(calls, deadline);
+  std::vector<Reply> replies;
+  for (auto& result : results) replies.push_back(result.take());
+  return replies;
+}
+
+Reply Router::command(const Command& command, Deadline deadline, const std::string& key) {
+  if (single_) return single_->command(command, deadline);
+  return routed(key_slot(key), deadline, true, {}, [&](Connection& node, Deadline share, bool asking) {
+           return node.command_result(command, share, {}, asking);
+         })
+      .take();
+}
+
+bool Router::watch_idle(SteadyClock::time_point until, int wake_fd) {
+  if (single_) return single_->watch_idle(until, wake_fd);
+  pollfd fd{wake_fd, POLLIN, 0};
+  const auto left = until == SteadyClock::time_point::max()
+                        ? -1
+                        : static_cast<int>(std::clamp<long long>(
+                              std::chrono::ceil<milliseconds>(until - SteadyClock::now()).count(), 0, INT_MAX));
+  while (poll(&fd, 1, left) < 0 && errno == EINTR) {
+  }
+  return false;
+}
+
+void Router::follow(const std::string& server) {
+  if (single_) single_->follow(server);
+}
+
+bool Router::primary_moved(const std::string& address) { return single_ && single_->primary_moved(address); }
+
+}  // namespace turnstile::detail::redis

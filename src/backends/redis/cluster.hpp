@@ -1,0 +1,92 @@
+// What the Redis backend calls: one Connection (redis://, redis+sentinel://), or with
+// redis+cluster:// a small cluster client of turnstile's own (Debian's hiredis 0.14 has none):
+// the slot map from CLUSTER SLOTS, one Connection per node, each call routed by its first key's
+// slot, MOVED followed (the map is read again), ASK followed once (ASKING + the call on the named
+// node), CLUSTERDOWN/TRYAGAIN and unreachable nodes retried, all by the call's deadline.
+//
+// Every key of a name shares one hash tag (one slot), so every script runs on one node.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/redis/connection.hpp"
+
+namespace turnstile::detail::redis {
+
+inline constexpr int kClusterSlots = 16384;
+
+// The slot of a key: CRC16 (XMODEM) of its hash tag (what stands between its first '{' and the
+// next '}', when not empty; else the whole key), modulo 16384.
+int key_slot(std::string_view key);
+
+class Router {
+ public:
+  // With a cluster, reads the slot map now (one pass over the URL's nodes, by connect_by or the
+  // connect timeout), so a bad URL, password or a server that is no cluster fails at once.
+  // on_server_changed(server) as for Connection; with a cluster also ("") when the slot map
+  // changed (a failover, a resharding).
+  Router(Settings settings, std::vector<const Script*> scripts,
+         std::function<void(const std::string& server)> on_server_changed,
+         std::chrono::milliseconds max_backoff = kMaxReconnectBackoff);
+  ~Router();
+  Router(const Router&) = delete;
+  Router& operator=(const Router&) = delete;
+
+  // As Connection's, on the node serving keys.front()'s slot. `server` receives the node's
+  // identity (Opened::server).
+  Reply eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
+             Deadline deadline, bool retry, std::string* server = nullptr, std::stop_token stop = {},
+             const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr);
+  // As Connection's: one round trip per node; each Result says which server answered it.
+  std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, Deadline deadline);
+  std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline);
+  // A plain command on the node serving `key` (any node for "").
+  Reply command(const Command& command, Deadline deadline, const std::string& key = {});
+  // As Connection's; with a cluster, only sleeps until `until` or `wake_fd` (false).
+  bool watch_idle(SteadyClock::time_point until, int wake_fd);
+  // Sentinels only (see Connection).
+  void follow(const std::string& server);
+  bool primary_moved(const std::string& address);
+
+  const Settings& settings() const { return settings_; }
+  // With a cluster: reads the slot map again, from the nodes in turn, by `until`. False when no
+  // node answered. Calls on_server_changed("") when the map changed.
+  bool refresh(SteadyClock::time_point until, const std::stop_token& stop = {});
+  // With a cluster: host:port of the node serving `key`'s slot by the map ("" when unknown).
+  std::string owner(const std::string& key);
+  // With a cluster: whether the map has `address` (host:port) serve any slot. A primary demoted
+  // by a failover, or gone, serves none; one that gave a slot away to a resharding serves others.
+  bool serves_slots(const std::string& address);
+
+ private:
+  Connection& node(const std::string& address);
+  // refresh() by the deadline, at most a connect timeout.
+  void refresh_by(Deadline deadline, const std::stop_token& stop);
+  // The node serving `slot`, by the map (reading it again when it names none).
+  std::string owner_of(int slot, Deadline deadline, const std::stop_token& stop);
+  // Runs `attempt(node, its deadline, asking)` (a Result: an error reply inside, a failed
+  // connection thrown) on the node serving `slot`, following redirections and outages.
+  Result routed(int slot, Deadline deadline, bool retry, const std::stop_token& stop,
+                const std::function<Result(Connection&, Deadline, bool)>& attempt);
+
+  const Settings settings_;
+  const std::vector<const Script*> scripts_;
+  const std::function<void(const std::string&)> on_server_changed_;
+  const std::chrono::milliseconds max_backoff_;
+  std::unique_ptr<Connection> single_;  // redis://, redis+sentinel://
+
+  std::timed_mutex refreshing_;  // one refresh at a time
+  std::mutex mutex_;             // guards what follows; never held across network I/O
+  std::vector<int> slots_;       // node index by slot, -1 when unknown
+  std::vector<std::string> addresses_;  // node index -> host:port (the host unbracketed, as MOVED writes it)
+  std::map<std::string, std::unique_ptr<Connection>> nodes_;  // never erased: references stay valid
+  std::size_t next_seed_ = 0;  // where the next refresh starts asking
+  SteadyClock::time_point refreshed_at_{};
+};
+
+}  // namespace turnstile::detail::redis
