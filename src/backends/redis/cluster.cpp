@@ -358,14 +358,34 @@ Reply Router::command(const Command& command, Deadline deadline, const std::stri
 
 bool Router::watch_idle(SteadyClock::time_point until, int wake_fd) {
   if (single_) return single_->watch_idle(until, wake_fd);
-  pollfd fd{wake_fd, POLLIN, 0};
+  // Every node's idle connection at once: a node killed (and perhaps restarted empty, before
+  // any failover) is noticed now, and the round that follows finds its new boot, rather than
+  // at the next regular round, up to TTL/3 later, after another contender may have got in.
+  std::vector<Connection*> lenders;
+  std::vector<pollfd> fds{{wake_fd, POLLIN, 0}};
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [address, connection] : nodes_) {
+      const int fd = connection->lend_idle();
+      if (fd < 0) continue;
+      lenders.push_back(connection.get());
+      fds.push_back({fd, POLLIN | POLLRDHUP, 0});
+    }
+  }
   const auto left = until == SteadyClock::time_point::max()
                         ? -1
                         : static_cast<int>(std::clamp<long long>(
                               std::chrono::ceil<milliseconds>(until - SteadyClock::now()).count(), 0, INT_MAX));
-  while (poll(&fd, 1, left) < 0 && errno == EINTR) {
+  while (poll(fds.data(), fds.size(), left) < 0 && errno == EINTR) {
   }
-  return false;
+  bool dropped = false;
+  for (std::size_t i = 0; i < lenders.size(); ++i) dropped = lenders[i]->take_back_idle(fds[i + 1].revents != 0) || dropped;
+  return dropped;
+}
+
+bool Router::knows_node(const std::string& address) {
+  std::lock_guard lock(mutex_);
+  return nodes_.count(address) > 0;
 }
 
 void Router::follow(const std::string& server) {

@@ -62,6 +62,8 @@ class Router {
   // With a cluster: whether the map has `address` (host:port) serve any slot. A primary demoted
   // by a failover, or gone, serves none; one that gave a slot away to a resharding serves others.
   bool serves_slots(const std::string& address);
+  // With a cluster: whether a connection to `address` (host:port) was ever made here.
+  bool knows_node(const std::string& address);
 
  private:
   Connection& node(const std::string& address);

@@ -1129,23 +1129,33 @@ std::vector<Reply> Connection::eval_pipelined(const std::vector<ScriptCall>& cal
 }
 
 bool Connection::watch_idle(SteadyClock::time_point until, int wake_fd) {
+  const int fd = lend_idle();
+  // Between calls nothing may arrive on a request/response connection: anything readable is an
+  // EOF, a reset, or garbage (see looks_alive).
+  pollfd fds[2] = {{wake_fd, POLLIN, 0}, {fd, POLLIN | POLLRDHUP, 0}};
+  for (;;) {
+    const int ready = poll(fds, fd >= 0 ? 2 : 1, poll_timeout(until));
+    if (ready >= 0 || errno != EINTR) break;
+  }
+  return take_back_idle(fd >= 0 && fds[1].revents != 0);
+}
+
+int Connection::lend_idle() {
+  std::lock_guard lock(mutex_);
+  if (lent_ || idle_.empty()) return -1;
+  lent_ = std::move(idle_.back());
+  idle_.pop_back();
+  return lent_->context->fd;
+}
+
+bool Connection::take_back_idle(bool readable) {
   std::unique_ptr<Link> link;
   {
     std::lock_guard lock(mutex_);
-    if (!idle_.empty()) {
-      link = std::move(idle_.back());
-      idle_.pop_back();
-    }
-  }
-  // Between calls nothing may arrive on a request/response connection: anything readable is an
-  // EOF, a reset, or garbage (see looks_alive).
-  pollfd fds[2] = {{wake_fd, POLLIN, 0}, {link ? link->context->fd : -1, POLLIN | POLLRDHUP, 0}};
-  for (;;) {
-    const int ready = poll(fds, link ? 2 : 1, poll_timeout(until));
-    if (ready >= 0 || errno != EINTR) break;
+    link = std::move(lent_);
   }
   if (!link) return false;
-  if (fds[1].revents) {
+  if (readable) {
     discard(std::move(link), false);
     return true;
   }

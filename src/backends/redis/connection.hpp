@@ -287,6 +287,11 @@ class Connection {
   // returns true then. Only for a Connection whose calls all come from the caller's thread (the
   // watchdog's): the connection watched is out of the pool meanwhile.
   bool watch_idle(SteadyClock::time_point until, int wake_fd);
+  // watch_idle in two steps, so that a cluster's watchdog watches every node at once: lends an
+  // idle connection out of the pool (its fd; -1 when none is idle or one is lent already), and
+  // takes it back, dropped when its fd showed anything (then true).
+  int lend_idle();
+  bool take_back_idle(bool readable);
 
   const Settings& settings() const { return settings_; }
 
@@ -333,6 +338,7 @@ class Connection {
   std::condition_variable_any returned_;  // a link came back, or a slot or a reconnect became possible
   std::uint64_t returns_ = 0;             // counts notify_returned(): what returned_'s waiters wait for
   std::vector<std::unique_ptr<Link>> idle_;
+  std::unique_ptr<Link> lent_;  // lend_idle's, out of the pool until taken back
   int links_ = 0;  // idle, in use and being opened
   std::string server_;  // the last server a new link found (Opened::server)
   std::uint64_t generation_ = 0;

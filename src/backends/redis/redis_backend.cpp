@@ -450,6 +450,10 @@ class RedisBackend final : public Backend {
     if (settings_.cluster() && demoted(connection_, *hold->state(), hold->name(), hold->server())) {
       hold->state()->lease->lose(primary_changed(hold->server(), connection_.owner(keys_of(hold->name()).keys.front())));
     }
+    // The watchdog notices a node going away through its own idle connection to it: on a node
+    // it has none to yet, it renews now, which opens one (else a node killed and restarted
+    // empty before the first round went unnoticed for up to TTL/3).
+    if (settings_.cluster() && !renewals_.knows_node(hold->server().substr(0, hold->server().find(' ')))) renew_soon();
   }
   // With sentinels: WAIT for min_replicas after the script that admits an entry (a FollowUp
   // for Connection::eval; none without min_replicas). `admitted` reads the script's reply.
