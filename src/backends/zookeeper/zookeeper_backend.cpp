@@ -317,6 +317,12 @@ void check_session(const Session& session, int rc) {
   if (session_gone(rc) || session.expired()) throw SessionGone{};
 }
 
+// A call given up at its bound while the connection was down (a BackendUnavailable to anyone
+// but a waiter's look, which waits through the outage: EntryPlace::through_outages).
+struct ConnectionGaveUp : BackendUnavailable {
+  using BackendUnavailable::BackendUnavailable;
+};
+
 // `what` answered with `rc` (not ZOK, the session alive). `consequence` says what became of the
 // call's effects, where that is not obvious.
 [[noreturn]] void throw_error(const std::string& what, int rc, const std::string& consequence = "") {
@@ -328,6 +334,7 @@ void check_session(const Session& session, int rc) {
 // (CallStopped), else it is the server's or the link's error.
 [[noreturn]] void give_up(const CallBound& bound, const std::string& what, int rc) {
   if (bound.stopped()) throw CallStopped{};
+  if (connection_trouble(rc)) throw ConnectionGaveUp("ZooKeeper " + what + " failed: " + zerror(rc));
   throw_error(what, rc);
 }
 
@@ -727,6 +734,26 @@ class EntryPlace : public QueuePlace {
     node_ = backend_.create_entry(*session_, parent_, "_c_" + uuid_ + "-" + label_, uuid_, data_,
                                   backend_.call_bound(*session_, deadline));
   }
+  // A look's calls give up a session timeout after the connection went down; the waiter waits
+  // on through the outage (a leader election, a restart) until its own deadline or stop, as
+  // Curator's recipes do: the session reconnects and the look answers, or the session expired
+  // and our entry with it (QueueEntryGone: the core joins again).
+  template <class Look>
+  Standing through_outages(Deadline deadline, Look&& look) {
+    for (;;) {
+      try {
+        return look();
+      } catch (const ConnectionGaveUp&) {
+        // A stop is presented as our entry gone, as queue_step does: the core gives up and leaves.
+        if (request_.stop.stop_requested()) throw QueueEntryGone{};
+        if (deadline && SteadyClock::now() >= *deadline) throw;
+        if (!backend_.connection().wait_connected(*session_, CallBound(deadline, request_.stop))) {
+          if (request_.stop.stop_requested()) throw QueueEntryGone{};
+          throw;
+        }
+      }
+    }
+  }
   // Waits for the entry the verdict names, by its node: its deletion, or (exclusive_end) also
   // its downgrade.
   void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override {
@@ -785,6 +812,9 @@ class LockPlace final : public EntryPlace {
                    node_data(request.kind == EntryKind::shared ? "shared" : "exclusive", backend.holder_label())) {}
 
   Standing look(Deadline deadline) override {
+    return through_outages(deadline, [&] { return look_once(deadline); });
+  }
+  Standing look_once(Deadline deadline) {
     return queue_step([&] {
       const auto bound = backend_.call_bound(*session_, deadline);
       const auto children = backend_.list(*session_, path_, false, bound);
@@ -859,6 +889,9 @@ class LeasePlace final : public EntryPlace {
   }
 
   Standing look(Deadline deadline) override {
+    return through_outages(deadline, [&] { return look_once(deadline); });
+  }
+  Standing look_once(Deadline deadline) {
     return queue_step([&] {
       deadline_ = deadline;
       const auto bound = backend_.call_bound(*session_, deadline);
