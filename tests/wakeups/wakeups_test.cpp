@@ -320,11 +320,18 @@ TEST_P(Wakeups, OneReleaseWakesOneOfAThousandWaiters) {
   }
   ASSERT_TRUE(server || scheme == "file") << "no wake-up counter for " << url();
 
-  const std::size_t kWaiters = kThousand;
   // etcd: one key per lease and name (concurrency.Mutex's layout), so a client's own waiters
   // line up inside the client and one of them at a time waits on the server: each waiter has a
   // client of its own there (its memory then includes that client's).
   const bool client_per_waiter = scheme == "etcd";
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer 1000 etcd clients (a gRPC channel and keep-alive stream each) do not
+  // fit 2 cores: the holder's own keep-alives went unanswered and only ~300 queued in 30 s. The
+  // plain build runs the thousand; this run checks the same wake-up with 200 clients.
+  const std::size_t kWaiters = client_per_waiter ? 200 : kThousand;
+#else
+  const std::size_t kWaiters = kThousand;
+#endif
   auto& client = this->client();
   auto holder = client.mutex(name);
   holder.lock();
@@ -337,6 +344,7 @@ TEST_P(Wakeups, OneReleaseWakesOneOfAThousandWaiters) {
   bool measured = false;
   std::stop_source give_up;  // the waiters still queued once the measurement is over leave
   std::vector<std::unique_ptr<SmallThread>> threads;
+  std::vector<std::string> errors;  // before drain: the threads it joins may still write here
   // However the test ends, the holder releases and the waiters pass the lock on and end.
   struct Drain {
     std::function<void()> run;
@@ -351,7 +359,6 @@ TEST_P(Wakeups, OneReleaseWakesOneOfAThousandWaiters) {
     if (holder.owns_lock()) holder.unlock();
     for (auto& thread : threads) thread->join();
   }};
-  std::vector<std::string> errors;
   // In waves of 50, each queued before the next starts: 1000 joins at once would overrun a
   // server's listen backlog (the Consul stand-in's, Python's default of 5), and what is measured
   // is the release, not the joins.
