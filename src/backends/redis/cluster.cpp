@@ -372,10 +372,7 @@ bool Router::watch_idle(SteadyClock::time_point until, int wake_fd) {
       fds.push_back({fd, POLLIN | POLLRDHUP, 0});
     }
   }
-  const auto left = until == SteadyClock::time_point::max()
-                        ? -1
-                        : static_cast<int>(std::clamp<long long>(
-                              std::chrono::ceil<milliseconds>(until - SteadyClock::now()).count(), 0, INT_MAX));
+  const int left = poll_timeout(until);
   while (poll(fds.data(), fds.size(), left) < 0 && errno == EINTR) {
   }
   bool dropped = false;

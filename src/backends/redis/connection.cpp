@@ -110,12 +110,6 @@ std::string too_large() {
   return "a reply larger than " + std::to_string(kMaxReplyBytes >> 20) + " MiB (refused)";
 }
 
-int poll_timeout(SteadyClock::time_point until) {
-  if (until == SteadyClock::time_point::max()) return -1;
-  const auto left = std::chrono::ceil<milliseconds>(until - SteadyClock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
-}
-
 // Waits until `fd` has one of `events` (or an error/hangup), by `until`. False, with `why`, on
 // timeout or when `cancel_fd` became readable.
 bool wait_for(int fd, short events, SteadyClock::time_point until, int cancel_fd, std::string& why) {
@@ -189,6 +183,12 @@ int connect_socket(const Settings& settings, SteadyClock::time_point until, int 
 }
 
 }  // namespace
+
+int poll_timeout(SteadyClock::time_point until) {
+  if (until == SteadyClock::time_point::max()) return -1;
+  const auto left = std::chrono::ceil<milliseconds>(until - SteadyClock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
+}
 
 void ContextDeleter::operator()(redisContext* context) const {
   auto* budget = budget_of(context);

@@ -223,6 +223,9 @@ struct Result {
   Reply take();
 };
 
+// poll()'s timeout for waiting until `until` (-1 for forever), in whole milliseconds rounded up.
+int poll_timeout(SteadyClock::time_point until);
+
 using ScriptCall = std::tuple<const Script*, std::vector<std::string>, std::vector<std::string>>;
 
 // After a call's replies came, a command to send on the same connection (WAIT counts the
