@@ -112,6 +112,31 @@ TEST_F(RedisCluster, NamesSpreadOverEveryPrimaryAndHandOver) {
   EXPECT_EQ(counter.available_permits(), 3);
 }
 
+// A PermitCounter's key is NAME itself (Redisson's); its waiter line must share NAME's slot even
+// when NAME has a '}' but no hash tag, so that NAME cannot serve as the line's tag. Before: every
+// call on such a name failed with CROSSSLOT.
+TEST_F(RedisCluster, PermitCountersOfNamesWithAStrayBraceWork) {
+  auto client = Client::connect(url_);
+  auto other = Client::connect(url_);
+  const auto base = unique_name("brace");
+  for (const auto& name : {base + "x}y", base + "a{}b", "}" + base, "{}" + base, base + "}{", base + "{"}) {
+    SCOPED_TRACE(name);
+    auto counter = client.permit_counter(name);
+    ASSERT_TRUE(counter.try_set_permits(0));
+    auto waiter = std::async(std::launch::async, [&] { return other.permit_counter(name).try_acquire_for(20s, 2); });
+    // Really waiting: queued on the server, and not done.
+    ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }, 10s));
+    EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout);
+    counter.release(1);
+    EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout) << "admitted with 1 permit of 2";
+    counter.release(2);
+    EXPECT_TRUE(waiter.get());
+    EXPECT_EQ(counter.available_permits(), 1);
+    EXPECT_EQ(client.inspect(name).permits, 1);
+    EXPECT_EQ(counter.drain_permits(), 1);
+  }
+}
+
 TEST_F(RedisCluster, HoldsOnEveryPrimaryStayHeldThroughManyRenewalRounds) {
   // TTL 1.5 s: a round every 500 ms, each split into one round trip per primary.
   HoldStateLog log;

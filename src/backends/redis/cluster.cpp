@@ -62,6 +62,14 @@ int key_slot(std::string_view key) {
   return crc16(key) % kClusterSlots;
 }
 
+std::string tag_for_slot(int slot) {
+  // Every slot is reached by a number below 110,000 (a few milliseconds at worst).
+  for (std::uint32_t number = 0;; ++number) {
+    auto tag = std::to_string(number);
+    if (crc16(tag) % kClusterSlots == slot) return tag;
+  }
+}
+
 Router::Router(Settings settings, std::vector<const Script*> scripts,
                std::function<void(const std::string&)> on_server_changed, std::chrono::milliseconds max_backoff)
     : settings_(std::move(settings)),

@@ -24,6 +24,10 @@ inline constexpr int kClusterSlots = 16384;
 // next '}', when not empty; else the whole key), modulo 16384.
 int key_slot(std::string_view key);
 
+// A short hash tag whose keys land in `slot`: the smallest decimal number that hashes there.
+// For keys that must share a slot with a key whose own text cannot serve as their tag.
+std::string tag_for_slot(int slot);
+
 class Router {
  public:
   // With a cluster, reads the slot map now (one pass over the URL's nodes, by connect_by or the

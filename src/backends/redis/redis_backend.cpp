@@ -74,13 +74,17 @@ void check_counter_name(const std::string& name) {
 // Redisson's RSemaphore: the permit count is the plain key NAME, releases go to
 // prefixName("redisson_sc", NAME), which adds braces only when NAME has no '{' at all.
 // turnstile's waiter line must sit in NAME's cluster slot: reuse NAME's own hash tag, or make
-// NAME the tag. The two forms end differently, so "{x}" and "x" never share a line.
+// NAME the tag; a NAME with a '}' but no tag ("x}y", "a{}b") cannot be a tag, so a number
+// that hashes to NAME's slot is. The three forms end differently (and a NAME with
+// ":turnstile:" is refused), so no two names share a line.
 QueueKeys counter_keys(const std::string& name) {
   check_counter_name(name);
   const auto open = name.find('{');
   const auto close = open == std::string::npos ? std::string::npos : name.find('}', open + 1);
   const bool has_tag = close != std::string::npos && close > open + 1;
-  const std::string line = has_tag ? name + ":turnstile:t" : "{" + name + "}:turnstile:c";
+  const std::string line = has_tag                                  ? name + ":turnstile:t"
+                           : name.find('}') == std::string::npos ? "{" + name + "}:turnstile:c"
+                                                                 : "{" + tag_for_slot(key_slot(name)) + "}:turnstile:k:" + name;
   const std::string channel = open != std::string::npos ? "redisson_sc:" + name : "redisson_sc:{" + name + "}";
   return {{name, line}, channel};
 }
