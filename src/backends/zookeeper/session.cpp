@@ -386,7 +386,10 @@ void Connection::on_event(zhandle_t* handle, int type, int state, const char* pa
 }
 
 void Connection::wake_all_locked() {
-  for (auto* waiter : all_waiters_) waiter->woken = true;
+  for (auto* waiter : all_waiters_) {
+    waiter->woken = true;
+    waiter->cv.notify_one();
+  }
   cv_.notify_all();
 }
 
@@ -436,8 +439,10 @@ void Connection::handle_event(zhandle_t* handle, int type, int state, const char
   }
   if (!path) return;
   if (const auto it = waiters_.find(path); it != waiters_.end()) {
-    for (auto* waiter : it->second) waiter->woken = true;
-    cv_.notify_all();
+    for (auto* waiter : it->second) {
+      waiter->woken = true;
+      waiter->cv.notify_one();
+    }
   }
   if (const auto it = held_.find(path); it != held_.end() && it->second.handle == handle) {
     // Deleted: the hold is gone on the server. Anything else (a downgrade's new data) used the
@@ -536,15 +541,17 @@ bool Connection::sleep(Waiter& waiter, Deadline deadline, const std::stop_token&
   std::stop_callback on_stop(stop, [&] {
     std::lock_guard lock(mutex_);
     waiter.woken = true;
-    cv_.notify_all();
+    waiter.cv.notify_one();
   });
+  // On the waiter's own condition variable: the connection's (pings, keeper work) would run
+  // every sleeping waiter thread of the client again at each of its events.
   std::unique_lock lock(mutex_);
   if (deadline) {
-    const bool woken = cv_.wait_until(lock, *deadline, [&] { return waiter.woken; });
+    const bool woken = waiter.cv.wait_until(lock, *deadline, [&] { return waiter.woken; });
     waiter.woken = false;
     return (woken || SteadyClock::now() < *deadline) && !stop.stop_requested();
   }
-  cv_.wait(lock, [&] { return waiter.woken; });
+  waiter.cv.wait(lock, [&] { return waiter.woken; });
   waiter.woken = false;
   return !stop.stop_requested();
 }

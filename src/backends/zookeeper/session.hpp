@@ -212,7 +212,8 @@ int own_children(Session& session, const std::string& parent, const std::string&
 
 // A thread sleeping until a watched path changes or the session's state does.
 struct Waiter {
-  bool woken = false;
+  bool woken = false;          // guarded by the connection's mutex
+  std::condition_variable cv;  // its own: an event wakes only the threads it concerns
 };
 
 // A Waiter registered for events on one path while it lives: registered before the call that
