@@ -63,11 +63,22 @@ int key_slot(std::string_view key) {
 }
 
 std::string tag_for_slot(int slot) {
-  // Every slot is reached by a number below 110,000 (a few milliseconds at worst).
-  for (std::uint32_t number = 0;; ++number) {
-    auto tag = std::to_string(number);
-    if (crc16(tag) % kClusterSlots == slot) return tag;
-  }
+  // Built once (every slot is reached by a number below 110,000: a few milliseconds), not per
+  // call: a search for one slot took up to 5 ms.
+  static const auto smallest = [] {
+    std::vector<std::uint32_t> table(kClusterSlots, 0);
+    std::vector<bool> found(kClusterSlots, false);
+    for (std::uint32_t number = 0, left = kClusterSlots; left > 0; ++number) {
+      const auto at = crc16(std::to_string(number)) % kClusterSlots;
+      if (!found[at]) {
+        found[at] = true;
+        table[at] = number;
+        --left;
+      }
+    }
+    return table;
+  }();
+  return std::to_string(smallest.at(static_cast<std::size_t>(slot)));
 }
 
 Router::Router(Settings settings, std::vector<const Script*> scripts,

@@ -74,17 +74,19 @@ void check_counter_name(const std::string& name) {
 // Redisson's RSemaphore: the permit count is the plain key NAME, releases go to
 // prefixName("redisson_sc", NAME), which adds braces only when NAME has no '{' at all.
 // turnstile's waiter line must sit in NAME's cluster slot: reuse NAME's own hash tag, or make
-// NAME the tag; a NAME with a '}' but no tag ("x}y", "a{}b") cannot be a tag, so a number
-// that hashes to NAME's slot is. The three forms end differently (and a NAME with
-// ":turnstile:" is refused), so no two names share a line.
-QueueKeys counter_keys(const std::string& name) {
+// NAME the tag. On a cluster, a NAME with a '}' but no tag ("x}y", "a{}b") cannot be a tag,
+// so a number that hashes to NAME's slot is (elsewhere such names keep the first form, as
+// before, so clients of both versions share one line). The three forms differ in shape (and a
+// NAME with ":turnstile:" is refused), so no two names share a line.
+QueueKeys counter_keys(const std::string& name, bool cluster) {
   check_counter_name(name);
   const auto open = name.find('{');
   const auto close = open == std::string::npos ? std::string::npos : name.find('}', open + 1);
   const bool has_tag = close != std::string::npos && close > open + 1;
-  const std::string line = has_tag                                  ? name + ":turnstile:t"
-                           : name.find('}') == std::string::npos ? "{" + name + "}:turnstile:c"
-                                                                 : "{" + tag_for_slot(key_slot(name)) + "}:turnstile:k:" + name;
+  const bool brace_cannot_tag = cluster && !has_tag && name.find('}') != std::string::npos;
+  const std::string line = has_tag            ? name + ":turnstile:t"
+                           : brace_cannot_tag ? "{" + tag_for_slot(key_slot(name)) + "}:turnstile:k:" + name
+                                              : "{" + name + "}:turnstile:c";
   const std::string channel = open != std::string::npos ? "redisson_sc:" + name : "redisson_sc:{" + name + "}";
   return {{name, line}, channel};
 }
@@ -867,7 +869,7 @@ std::unique_ptr<QueuePlace> RedisBackend::join(const QueueRequest& request, bool
 class RedisCounterLine final : public CounterLine {
  public:
   RedisCounterLine(RedisBackend& backend, const std::string& name, std::int64_t permits, std::stop_token stop)
-      : backend_(backend), keys_(counter_keys(name)), permits_(permits), request_id_(backend.request_ids_.next()),
+      : backend_(backend), keys_(counter_keys(name, backend.settings_.cluster())), permits_(permits), request_id_(backend.request_ids_.next()),
         stop_(std::move(stop)), listener_(backend.waiters_, backend.subscriber_, Waiters::Line::counter, keys_.channel) {}
 
   // The last try (the deadline passed, or a stop) takes or leaves the line; see run() for its time.
@@ -1176,7 +1178,7 @@ Inspection RedisBackend::inspect(const std::string& name, Deadline deadline) {
   std::vector<ScriptCall> calls{{&scripts::inspect, keys.keys, {keys.channel}}};
   bool counter = true;
   try {
-    const auto counter_keys_of_name = counter_keys(name);
+    const auto counter_keys_of_name = counter_keys(name, settings_.cluster());
     calls.emplace_back(&scripts::counter_inspect, counter_keys_of_name.keys,
                        std::vector<std::string>{counter_keys_of_name.channel});
   } catch (const InvalidArgument&) {
@@ -1237,14 +1239,14 @@ Inspection RedisBackend::inspect(const std::string& name, Deadline deadline) {
 // Counter changes carry a request id: the scripts remember what each did, so the connection may
 // resend one whose reply was lost without applying it twice.
 bool RedisBackend::counter_try_set(const std::string& name, std::int64_t permits) {
-  const auto keys = counter_keys(name);
+  const auto keys = counter_keys(name, settings_.cluster());
   auto reply = connection_.eval(scripts::counter_try_set, keys.keys, {keys.channel, std::to_string(permits), request_ids_.next()},
                                 SteadyClock::now() + kCallPatience, true);
   return integer_of(reply) == 1;
 }
 
 std::int64_t RedisBackend::counter_add(const std::string& name, std::int64_t delta) {
-  const auto keys = counter_keys(name);
+  const auto keys = counter_keys(name, settings_.cluster());
   auto reply = connection_.eval(scripts::counter_add, keys.keys,
                                 {keys.channel, std::to_string(delta), request_ids_.next(), std::to_string(max_permits)},
                                 SteadyClock::now() + kCallPatience, true);
@@ -1268,7 +1270,7 @@ std::optional<std::int64_t> RedisBackend::counter_get(const std::string& name) {
 }
 
 std::int64_t RedisBackend::counter_drain(const std::string& name) {
-  const auto keys = counter_keys(name);
+  const auto keys = counter_keys(name, settings_.cluster());
   auto reply = connection_.eval(scripts::counter_drain, keys.keys, {keys.channel, request_ids_.next()},
                                 SteadyClock::now() + kCallPatience, true);
   return integer_of(reply);
