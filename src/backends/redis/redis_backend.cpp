@@ -869,8 +869,9 @@ std::unique_ptr<QueuePlace> RedisBackend::join(const QueueRequest& request, bool
 class RedisCounterLine final : public CounterLine {
  public:
   RedisCounterLine(RedisBackend& backend, const std::string& name, std::int64_t permits, std::stop_token stop)
-      : backend_(backend), keys_(counter_keys(name, backend.settings_.cluster())), permits_(permits), request_id_(backend.request_ids_.next()),
-        stop_(std::move(stop)), listener_(backend.waiters_, backend.subscriber_, Waiters::Line::counter, keys_.channel) {}
+      : backend_(backend), keys_(counter_keys(name, backend.settings_.cluster())), permits_(permits),
+        request_id_(backend.request_ids_.next()), stop_(std::move(stop)),
+        listener_(backend.waiters_, backend.subscriber_, Waiters::Line::counter, keys_.channel) {}
 
   // The last try (the deadline passed, or a stop) takes or leaves the line; see run() for its time.
   CounterStanding look(bool last_try, Deadline deadline) override { return run(last_try ? "1" : "0", deadline); }
