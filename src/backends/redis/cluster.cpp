@@ -7,6 +7,7 @@
 #include <climits>
 #include <condition_variable>
 #include <future>
+#include <limits>
 #include <utility>
 
 namespace turnstile::detail::redis {
@@ -66,13 +67,12 @@ std::string tag_for_slot(int slot) {
   // Built once (every slot is reached by a number below 110,000: a few milliseconds), not per
   // call: a search for one slot took up to 5 ms.
   static const auto smallest = [] {
-    std::vector<std::uint32_t> table(kClusterSlots, 0);
-    std::vector<bool> found(kClusterSlots, false);
+    constexpr auto kNone = std::numeric_limits<std::uint32_t>::max();
+    std::vector<std::uint32_t> table(kClusterSlots, kNone);
     for (std::uint32_t number = 0, left = kClusterSlots; left > 0; ++number) {
-      const auto at = crc16(std::to_string(number)) % kClusterSlots;
-      if (!found[at]) {
-        found[at] = true;
-        table[at] = number;
+      auto& entry = table[crc16(std::to_string(number)) % kClusterSlots];
+      if (entry == kNone) {
+        entry = number;
         --left;
       }
     }
