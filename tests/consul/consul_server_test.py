@@ -11,6 +11,7 @@ start their own servers with consul.sh in a temporary directory.
 """
 
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -31,11 +32,14 @@ SEMAPHORE_FLAG_VALUE = 0xe0f69a2baa414de0  # api/semaphore.go SemaphoreFlagValue
 _own_dir = None
 
 
-def start_server(directory, token=None):
+def start_server(directory, token=None, tokens=None):
     env = dict(os.environ)
     env.pop("CONSUL_TEST_ACL_TOKEN", None)
+    env.pop("CONSUL_TEST_ACL_TOKENS", None)
     if token:
         env["CONSUL_TEST_ACL_TOKEN"] = token
+    if tokens:
+        env["CONSUL_TEST_ACL_TOKENS"] = json.dumps(tokens)
     subprocess.run([SCRIPT, "start", directory], check=True, env=env, stdout=subprocess.DEVNULL)
     with open(os.path.join(directory, "url")) as f:
         url = f.read().strip()
@@ -334,7 +338,10 @@ class ConsulServerTest(Base):
 class AclTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="consul-acl-")
-        self.port = start_server(self.dir, token="s3cret-management")
+        self.port = start_server(self.dir, token="s3cret-management", tokens={
+            "app-token": {"key_prefix": {"": "read", "app/": "write", "app/ro/": "read"},
+                          "key": {"app/ro/open": "write"}, "session_prefix": {"": "write"}},
+            "no-sessions": {"key_prefix": {"app/": "write"}}})
         self.base = "http://127.0.0.1:%d" % self.port
 
     def tearDown(self):
@@ -361,6 +368,54 @@ class AclTest(unittest.TestCase):
         self.assertEqual(requests.get("%s/v1/status/leader" % self.base).status_code, 200)
         with open(os.path.join(self.dir, "url")) as f:
             self.assertTrue(f.read().startswith("consul://s3cret-management@127.0.0.1:"))
+
+
+    def put(self, path, token, **kw):
+        return requests.put("%s%s" % (self.base, path), headers={"X-Consul-Token": token}, **kw)
+
+    def test_key_rules_longest_prefix_wins_and_kv_writes_answer_403(self):
+        for key, status in (("app/x", 200), ("app/ro/x", 403), ("app/ro/open", 200), ("other", 403)):
+            r = self.put("/v1/kv/" + key, "app-token", data=b"v")
+            self.assertEqual((key, r.status_code), (key, status), r.text)
+            if status == 403:
+                self.assertEqual(r.text, "Permission denied")
+        r = requests.get("%s/v1/kv/app/x" % self.base, headers={"X-Consul-Token": "no-sessions"})
+        self.assertEqual(r.status_code, 200)
+        r = requests.get("%s/v1/kv/other" % self.base, headers={"X-Consul-Token": "no-sessions"})
+        self.assertEqual((r.status_code, r.text), (403, "Permission denied"))
+        # A recursive delete needs write on the prefix and on every rule below it.
+        r = requests.delete("%s/v1/kv/app/?recurse" % self.base, headers={"X-Consul-Token": "app-token"})
+        self.assertEqual(r.status_code, 403)
+
+    def test_txn_denials_are_409_per_op_and_apply_nothing(self):
+        value = base64.b64encode(b"v").decode()
+        ops = [{"KV": {"Verb": "set", "Key": "app/a", "Value": value}},
+               {"KV": {"Verb": "set", "Key": "elsewhere/b", "Value": value}},
+               {"KV": {"Verb": "check-not-exists", "Key": "app/ro/c"}},
+               {"KV": {"Verb": "get-tree", "Key": "a"}}]
+        r = self.put("/v1/txn", "app-token", json=ops)
+        self.assertEqual(r.status_code, 409, r.text)
+        self.assertEqual(r.json()["Errors"], [{"OpIndex": 1, "What": "Permission denied"},
+                                              {"OpIndex": 2, "What": "Permission denied"}])
+        r = requests.get("%s/v1/kv/app/a" % self.base, headers={"X-Consul-Token": "s3cret-management"})
+        self.assertEqual(r.status_code, 404, "a refused transaction writes nothing")
+        self.put("/v1/kv/app-hidden", "s3cret-management", data=b"h")
+        r = self.put("/v1/txn", "no-sessions", json=[ops[0], ops[3]])
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual([x["KV"]["Key"] for x in r.json()["Results"]], ["app/a", "app/a"],
+                         "get results the token may not read are filtered out")
+
+    def test_sessions_need_session_write(self):
+        r = self.put("/v1/session/create", "no-sessions")
+        self.assertEqual((r.status_code, r.text), (403, "Permission denied"))
+        sid = self.put("/v1/session/create", "app-token").json()["ID"]
+        self.assertEqual(self.put("/v1/session/renew/" + sid, "no-sessions").status_code, 403)
+        self.assertEqual(self.put("/v1/session/destroy/" + sid, "no-sessions").status_code, 403)
+        self.assertEqual(self.put("/v1/session/renew/" + sid, "app-token").status_code, 200)
+        self.assertEqual(self.put("/v1/session/destroy/" + sid, "app-token").status_code, 200)
+        r = self.put("/v1/session/destroy/" + sid, "app-token")
+        self.assertEqual(r.status_code, 500)
+        self.assertIn("Unknown session", r.text)
 
 
 class RestartPauseTest(unittest.TestCase):

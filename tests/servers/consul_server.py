@@ -47,10 +47,17 @@ Implemented (one datacenter, one server that is always the leader):
     delete-tree: all or nothing; 200 {"Results":[{"KV":...}],"Errors":null} (values only for
     get verbs), or 409 {"Results":null,"Errors":[{"OpIndex":i,"What":"..."}]}. Node, service
     and check operations are not implemented (400).
-  * ACL: with --acl-token (or CONSUL_TEST_ACL_TOKEN), every request except /v1/status/* needs
-    that token (X-Consul-Token header, Authorization: Bearer, or ?token=): none is the anonymous
-    token, 403 "Permission denied" (a ?recurse/?keys listing is filtered to 404 instead, as
-    Consul filters lists); any other token 403 "ACL not found". Without a token, open.
+  * ACL: with --acl-token (or CONSUL_TEST_ACL_TOKEN, the management token) every request except
+    /v1/status/* is checked (token from X-Consul-Token, Authorization: Bearer, or ?token=)
+    against the token's rules, as consul_acl.py decides them: no token is the anonymous token
+    (no rights), a token of --acl-tokens (CONSUL_TEST_ACL_TOKENS; @FILE: read at every request) has its key/key_prefix and
+    session/session_prefix rules, any other token answers 403 "ACL not found". Refused: a KV
+    GET of one key, PUT or DELETE 403 "Permission denied"; a ?recurse/?keys listing and a
+    session listing filtered (404 when nothing is left); a session create, renew or destroy
+    403 "Permission denied" (destroy of an unknown session 500 'Unknown session "ID"'); a txn
+    409 with {"OpIndex":i,"What":"Permission denied"} for every op refused (agent/consul/
+    txn_endpoint.go preCheck) and nothing applied, its get results filtered; /v1/agent/self
+    for any token but the management one 403. Without --acl-token, open.
   * /v1/status/leader, /v1/status/peers, /v1/agent/self (Config.NodeName, Config.Datacenter).
   * ?dc= other than --datacenter (dc1): 500 "No path to datacenter".
   * --data-dir DIR: the Raft state (index, KV, sessions; not tombstones) is written there after
@@ -84,6 +91,8 @@ import threading
 import time
 import urllib.parse
 import uuid
+
+import consul_acl
 
 SESSION_TTL_MIN = 10.0            # seconds (config SessionTTLMin default)
 SESSION_TTL_MAX = 86400.0         # structs.SessionTTLMax
@@ -554,12 +563,16 @@ class State:
 
     # ---- transactions (as agent/txn_endpoint.go, agent/consul/txn_endpoint.go, state/txn.go) -
 
-    def txn(self, ops, writes):
+    def txn(self, ops, writes, denied=()):
+        """`denied`: the ACL's refusals (consul_acl.txn_op_denied), in preCheck's order."""
+        denied = {d["OpIndex"]: d for d in denied}
         with self.cond:
             errors = []
-            for i, op in enumerate(ops):      # preCheck
+            for i, op in enumerate(ops):      # preCheck (kvsPreApply)
                 if not op["Key"] and op["Verb"] != "delete-tree":
                     errors.append({"OpIndex": i, "What": "Must provide key"})
+                elif i in denied:
+                    errors.append(denied[i])
                 elif op["Verb"] == "lock" and self.lock_delayed(op["Key"]):
                     errors.append({"OpIndex": i, "What": 'failed to lock key "%s" due to lock delay'
                                    % op["Key"]})
@@ -769,10 +782,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     # ---- ACL ---------------------------------------------------------------------------------
 
-    def token_state(self):
-        """None: allowed; "anonymous": no token; "unknown": a token that is not the one."""
-        want = self.server.args.acl_token
-        if not want:
+    def token_policy(self):
+        """None: may do anything (no ACLs, or the management token); else a consul_acl.Policy.
+        A token nobody made: 403 "ACL not found"."""
+        args = self.server.args
+        if not args.acl_token:
             return None
         token = self.headers.get("X-Consul-Token") or ""
         auth = self.headers.get("Authorization") or ""
@@ -781,8 +795,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not token:
             token = self.param("token", "") or ""
         if not token:
-            return "anonymous"
-        return None if token == want else "unknown"
+            return consul_acl.ANONYMOUS
+        if token == args.acl_token:
+            return None
+        policy = consul_acl.tokens(args.acl_tokens).get(token)
+        if policy is None:
+            raise ConsulError(403, "ACL not found")
+        return policy
+
+    def may_read_key(self, key):
+        return self.policy is None or self.policy.key_read(key)
+
+    def require(self, allowed):
+        if not allowed:
+            raise ConsulError(403, consul_acl.PERMISSION_DENIED)
 
     # ---- routes ------------------------------------------------------------------------------
 
@@ -798,19 +824,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if path == "/v1/status/peers":
                 return self.send_json(200, ["127.0.0.1:8300"])
             raise ConsulError(404, "")
-        acl = self.token_state()
+        self.policy = self.token_policy()
         self.check_query_options()
-        is_list = path.startswith("/v1/kv/") and method == "GET" and (
-            self.has("recurse") or self.has("keys"))
-        if acl == "unknown":
-            raise ConsulError(403, "ACL not found")
-        if acl == "anonymous":
-            if is_list:
-                self.anonymous_list = True
-            else:
-                raise ConsulError(403, "Permission denied")
-        else:
-            self.anonymous_list = False
         if path.startswith("/v1/kv/") or path == "/v1/kv":
             return self.kv(method, path[len("/v1/kv/"):], body)
         if path.startswith("/v1/session/"):
@@ -820,6 +835,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 raise ConsulError(405, "method %s not allowed" % method)
             return self.txn(body)
         if path == "/v1/agent/self":
+            self.require(self.policy is None)
             args = self.server.args
             return self.send_json(200, {
                 "Config": {"NodeName": args.node_name, "Datacenter": args.datacenter,
@@ -870,8 +886,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
             def run():
                 idx, entries = state.kv_list(key)
-                if self.anonymous_list:
-                    entries = []
+                entries = self.readable(entries)
                 keys, seen = [], set()
                 for e in entries:
                     if not sep:
@@ -887,7 +902,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             index, keys = state.blocking(min_index, wait, run,
                                          lambda kind, n: kind == "kv" and n.startswith(key))
             headers = self.meta(index)
-            if self.anonymous_list:
+            if self.filtered:
                 headers["X-Consul-Results-Filtered-By-ACLs"] = "true"
             if not keys and key:
                 return self.send(404, headers=headers)
@@ -895,12 +910,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.has("recurse"):
             def run():
                 idx, entries = state.kv_list(key)
-                return idx, ([] if self.anonymous_list else
-                             [state.entry_json(e) for e in entries])
+                return idx, [state.entry_json(e) for e in self.readable(entries)]
             index, entries = state.blocking(min_index, wait, run,
                                             lambda kind, n: kind == "kv" and n.startswith(key))
             headers = self.meta(index)
-            if self.anonymous_list:
+            if self.filtered:
                 headers["X-Consul-Results-Filtered-By-ACLs"] = "true"
             if not entries:
                 return self.send(404, headers=headers)
@@ -913,6 +927,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return idx, e
         index, e = state.blocking(min_index, wait, run,
                                   lambda kind, n: kind == "kv" and n == key)
+        self.require(self.may_read_key(key))  # KVS.Get: checked after the query ran
         if e is None:
             return self.send(404, headers=self.meta(index))
         if self.has("raw"):
@@ -921,6 +936,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             headers["Content-Security-Policy"] = "sandbox"
             return self.send(200, e["Value"] or b"", content_type="text/plain", headers=headers)
         return self.send_json(200, [state.entry_json(e)], self.meta(index))
+
+    def readable(self, entries):
+        """FilterDirEnt: the entries the token may read (self.filtered: some were not)."""
+        kept = [e for e in entries if self.may_read_key(e["Key"])]
+        self.filtered = len(kept) != len(entries)
+        return kept
 
     def conflicting(self, *names):
         if sum(1 for n in names if self.has(n)) > 1:
@@ -949,6 +970,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if len(body) > KV_MAX_VALUE_SIZE:
             raise ConsulError(413, "Request body(%d bytes) too large, max size: %d bytes."
                               % (len(body), KV_MAX_VALUE_SIZE))
+        self.require(self.policy is None or self.policy.key_write(key))
         ok = self.state.kv_write(op, entry, cas)
         self.send_json(200, True if op == "set" else ok)
 
@@ -964,6 +986,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             cas = self.uint_param("cas", 'strconv.ParseUint: parsing "%s": invalid syntax'
                                   % self.param("cas"))
             op = "delete-cas"
+        self.require(not consul_acl.txn_op_denied(self.policy, op, key))
         ok = self.state.kv_write(op, entry, cas)
         self.send_json(200, ok if op == "delete-cas" else True)
 
@@ -981,9 +1004,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 raise ConsulError(405, "method %s not allowed" % method)
             if not arg:
                 raise ConsulError(400, "Missing session")
+            existing = state.sessions.get(arg)
             if action == "destroy":
+                if self.policy is not None:  # Session.Apply looks the session up first
+                    if existing is None:
+                        raise ConsulError(500, 'Unknown session "%s"' % arg)
+                    self.require(self.policy.session_write(existing["Node"]))
                 state.session_destroy(arg)
                 return self.send_json(200, True)
+            if existing is not None and self.policy is not None:
+                self.require(self.policy.session_write(existing["Node"]))
             s = state.session_renew(arg)
             if s is None:
                 raise ConsulError(404, "Session id '%s' not found" % arg)
@@ -1005,6 +1035,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 else:
                     found = list(state.sessions.values())
                 found.sort(key=lambda s: s["ID"])
+                if self.policy is not None:
+                    found = [s for s in found if self.policy.session_read(s["Node"])]
                 return state.sessions_index, [state.public_session(s) for s in found]
             if action == "info":
                 def watches(kind, name):
@@ -1070,6 +1102,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             "ServiceChecks": ci_get(req, "ServiceChecks"),
             "_ttl_seconds": ttl_seconds,
         }
+        if self.policy is not None:
+            self.require(self.policy.session_write(s["Node"]))
         sid = self.state.session_create(s)
         self.send_json(200, {"ID": sid})
 
@@ -1103,7 +1137,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if op["Verb"] in TXN_WRITE_VERBS:
                 writes += 1
             ops.append(op)
-        results, errors = self.state.txn(ops, writes)
+        denied = [{"OpIndex": i, "What": consul_acl.PERMISSION_DENIED} for i, op in enumerate(ops)
+                  if consul_acl.txn_op_denied(self.policy, op["Verb"], op["Key"])]
+        results, errors = self.state.txn(ops, writes, denied)
+        if results:
+            results = [r for r in results if self.may_read_key(r["KV"]["Key"])]
         headers = {"X-Consul-KnownLeader": "true", "X-Consul-LastContact": "0"} if not writes \
             else None
         if errors:
@@ -1126,6 +1164,8 @@ def main():
     parser.add_argument("--data-dir", help="keep the Raft state here across restarts")
     parser.add_argument("--acl-token", default=os.environ.get("CONSUL_TEST_ACL_TOKEN", ""),
                         help="the management token; every request needs it")
+    parser.add_argument("--acl-tokens", default=os.environ.get("CONSUL_TEST_ACL_TOKENS", ""),
+                        help="JSON: more tokens and their rules (see consul_acl.py)")
     parser.add_argument("--node-name", default="consul-test-node")
     parser.add_argument("--datacenter", default="dc1")
     parser.add_argument("--initial-index", type=int, default=10)
@@ -1145,6 +1185,7 @@ def main():
     server = Server((args.bind, args.port), Handler)
     server.state = state
     server.args = args
+    consul_acl.tokens(args.acl_tokens)  # refused at start when malformed
     threading.Thread(target=state.reaper, daemon=True, name="session-ttl").start()
 
     def stop(signum, frame):

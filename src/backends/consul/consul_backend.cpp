@@ -182,24 +182,37 @@ std::vector<KvEntry> ConsulBackend::read(const std::string& key, bool recurse, m
 }
 
 std::optional<std::vector<KvEntry>> ConsulBackend::txn(const nlohmann::json& ops, milliseconds timeout,
-                                                       const std::string& context, std::vector<std::size_t>* failed) {
+                                                       const std::string& context, Refused* refused) {
   const auto reply = http_.call("PUT", "/v1/txn", ops.dump(), timeout);
-  if (reply.status == 409) {
-    if (failed) {
-      failed->clear();
-      const auto answer = nlohmann::json::parse(reply.body, nullptr, false);
-      if (const auto errors = answer.find("Errors"); answer.is_object() && errors != answer.end() && errors->is_array()) {
-        for (const auto& error : *errors) {
-          if (error.is_object() && error.contains("OpIndex") && error["OpIndex"].is_number_unsigned()) {
-            failed->push_back(error["OpIndex"].get<std::size_t>());
-          }
-        }
-      }
-    }
-    return std::nullopt;
+  if (reply.status != 409) {
+    if (reply.status != 200) throw_error(context, reply, http_.endpoint());
+    return parse_txn_results(nlohmann::json::parse(reply.body, nullptr, false));
   }
-  if (reply.status != 200) throw_error(context, reply, http_.endpoint());
-  return parse_txn_results(nlohmann::json::parse(reply.body, nullptr, false));
+  Refused local;
+  Refused& why = refused ? *refused : local;
+  why.clear();
+  const auto answer = nlohmann::json::parse(reply.body, nullptr, false);
+  if (const auto errors = answer.find("Errors"); answer.is_object() && errors != answer.end() && errors->is_array()) {
+    for (const auto& error : *errors) {
+      if (!error.is_object() || !error.contains("OpIndex") || !error["OpIndex"].is_number_unsigned()) continue;
+      const auto what = error.value("What", std::string());
+      why.add({error["OpIndex"].get<std::size_t>(), refusal_of(what), what});
+    }
+  }
+  for (const auto& op : why.ops()) {
+    if (op.why != Refusal::permission_denied) continue;
+    std::string key;
+    if (op.op < ops.size()) key = ops[op.op]["KV"].value("Key", std::string());
+    throw AccessDenied(context + " at " + http_.endpoint().shown + ": Consul refused it: " + op.what.substr(0, 200) +
+                       " (the ACL token may not " + ops[op.op]["KV"].value("Verb", std::string("use")) + " key '" +
+                       key + "')");
+  }
+  // No caller expects these: nothing was applied, and trying again would change nothing.
+  if (why.ops().empty() || why.any(Refusal::other)) {
+    throw BackendUnavailable(context + " at " + http_.endpoint().shown + ": Consul refused the transaction: " +
+                             why.describe());
+  }
+  return std::nullopt;
 }
 
 std::optional<std::uint64_t> ConsulBackend::released_lock_index(const std::string& name) {
@@ -223,6 +236,9 @@ void ConsulBackend::note_released_lock(const std::string& name, std::optional<st
 bool ConsulBackend::write(const char* method, const std::string& path, const std::string& body, milliseconds timeout,
                           const std::string& context) {
   const auto reply = http_.call(method, path, body, timeout);
+  // An acquire with a session the server no longer has (kvsLockTxn: 'invalid session "ID"',
+  // HTTP 500): refused, as a lock held by another would be; the caller reads it as its session gone.
+  if (reply.status == 500 && refusal_of(reply.body) == Refusal::invalid_session) return false;
   if (reply.status != 200) throw_error(context, reply, http_.endpoint());
   return reply.body.find("true") != std::string::npos;
 }

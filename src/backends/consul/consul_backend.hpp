@@ -22,6 +22,7 @@
 #include "backends/consul/http.hpp"
 #include "backends/consul/keys.hpp"
 #include "backends/consul/layout.hpp"
+#include "backends/consul/refusals.hpp"
 #include "backends/consul/sessions.hpp"
 #include "core/backend.hpp"
 
@@ -112,10 +113,11 @@ class ConsulBackend final : public Backend {
   EntryValue new_value(const QueueRequest& request) const;
   // GET a key or (recurse) a prefix: its entries (none when 404) and X-Consul-Index.
   std::vector<KvEntry> read(const std::string& key, bool recurse, milliseconds timeout, std::uint64_t* index = nullptr);
-  // PUT /v1/txn: the KV results, or nullopt when Consul refused it (409: a check failed; the
-  // indexes of the failed operations in `failed`, when given).
+  // PUT /v1/txn: the KV results, or nullopt when Consul refused it (409: a check, CAS or lock
+  // failed; each failed operation with its reason in `refused`, when given). A refusal of the
+  // ACL throws AccessDenied, one with a reason nobody expects (or none) BackendUnavailable.
   std::optional<std::vector<KvEntry>> txn(const nlohmann::json& ops, milliseconds timeout, const std::string& context,
-                                          std::vector<std::size_t>* failed = nullptr);
+                                          Refused* refused = nullptr);
   // The api.Lock key of `name` as this client last left it (released, ModifyIndex), so an
   // uncontended exclusive join can take it in one transaction that checks it is still so
   // (forgotten when a join finds it moved on).
@@ -145,7 +147,7 @@ class ConsulBackend final : public Backend {
   // as seen, it is rewritten unchanged first so a late delivery of ours can no longer apply.
   bool counter_change_applied(const std::string& key, const CounterSeen& seen, const std::string& id,
                               SteadyClock::time_point until);
-  // PUT/DELETE answering true/false.
+  // PUT/DELETE answering true/false (false also for an acquire whose session is gone).
   bool write(const char* method, const std::string& path, const std::string& body, milliseconds timeout,
              const std::string& context);
 

@@ -10,6 +10,21 @@ namespace {
 
 bool is_lease(const QueueRequest& request) { return request.kind == EntryKind::lease; }
 
+// How many times a release reads `.lock` again after its CAS lost to a peer's change.
+constexpr int kCasRaces = 32;
+
+// A transaction refused because `session` no longer exists on the server (a lock's 'invalid
+// session "ID"'): the session is lost now, before its renewal finds out. True when so.
+bool lose_refused_session(const Refused& refused, Session& session) {
+  for (const auto& op : refused.ops()) {
+    if (op.why == Refusal::invalid_session && op.what.find(session.id) != std::string::npos) {
+      session.lease->lose("Consul no longer knows session " + session.id);
+      return true;
+    }
+  }
+  return false;
+}
+
 // What one read of a name saw: our queue and the peers' keys.
 struct Snapshot {
   std::vector<KvEntry> queue;                 // turnstile's entries, by CreateIndex
@@ -95,10 +110,11 @@ class ConsulHold final : public BackendHold {
       auto op = kv_op("delete-cas", occupancy_key(name_));
       op["KV"]["Index"] = last_in_;
       ops.push_back(op);
-      std::vector<std::size_t> failed;
-      if (auto results = backend_.txn(ops, timeout, context, &failed)) return results;
+      Refused refused;
+      if (auto results = backend_.txn(ops, timeout, context, &refused)) return results;
       ops.erase(ops.size() - 1);
-      if (!(failed.size() == 1 && failed.front() == ops.size())) {
+      // Only the occupancy's CAS lost (someone joined since): the rest goes without it.
+      if (!refused.only(ops.size(), Refusal::stale)) {
         backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", timeout, context);
         return std::nullopt;
       }
@@ -109,10 +125,16 @@ class ConsulHold final : public BackendHold {
   }
 
   // api.Semaphore's Release: our holders out of `.lock` by CAS (deleted when none is left),
-  // the contender keys and our entry, in one transaction; read again when the CAS loses.
+  // the contender keys and our entry, in one transaction; read again when a CAS loses (a peer
+  // changed `.lock`, or someone joined), a bounded number of times.
   void release_permits(milliseconds timeout) {
     const auto key = encode_name(name_);
-    for (;;) {
+    const auto context = "releasing Semaphore '" + name_ + "'";
+    for (int race = 0;; ++race) {
+      if (race == kCasRaces) {
+        throw BackendUnavailable(context + ": its `.lock` changed under every one of " + std::to_string(kCasRaces) +
+                                 " tries");
+      }
       nlohmann::json ops = nlohmann::json::array();
       const auto locks = backend_.read(key + "/.lock", false, timeout);
       if (!locks.empty() && locks.front().flags == kSemaphoreFlags) {
@@ -128,17 +150,18 @@ class ConsulHold final : public BackendHold {
       }
       for (const auto& permit : permits_) ops.push_back(kv_op("delete", key + "/" + permit->id));
       ops.push_back(kv_op("delete", entry_key_));
-      if (!last_in_) {
-        if (backend_.txn(ops, timeout, "releasing Semaphore '" + name_ + "'")) return;
-        continue;
+      if (last_in_) {
+        auto op = kv_op("delete-cas", occupancy_key(name_));
+        op["KV"]["Index"] = last_in_;
+        ops.push_back(op);
       }
-      auto op = kv_op("delete-cas", occupancy_key(name_));
-      op["KV"]["Index"] = last_in_;
-      ops.push_back(op);
-      std::vector<std::size_t> failed;
-      if (backend_.txn(ops, timeout, "releasing Semaphore '" + name_ + "'", &failed)) return;
+      Refused refused;
+      if (backend_.txn(ops, timeout, context, &refused)) return;
       // Someone joined since: the occupancy key stays theirs.
-      if (std::find(failed.begin(), failed.end(), ops.size() - 1) != failed.end()) last_in_ = 0;
+      if (last_in_ && refused.at(ops.size() - 1, Refusal::stale)) last_in_ = 0;
+      if (!refused.all(Refusal::stale)) {
+        throw BackendUnavailable(context + ": Consul refused it: " + refused.describe());
+      }
     }
   }
 
@@ -181,17 +204,20 @@ class ConsulPlace final : public QueuePlace {
     ops.push_back(kv_op("get-tree", prefix_));
     ops.push_back(is_lease(request_) ? kv_op("get-tree", key_ + "/") : kv_op("get-or-empty", key_));
     std::optional<std::vector<KvEntry>> results;
+    Refused refused;
+    const auto context = "joining the queue of '" + request_.name + "'";
     try {
-      results = backend_.txn(ops, call_timeout(deadline), "joining the queue of '" + request_.name + "'");
+      results = backend_.txn(ops, call_timeout(deadline), context, &refused);
     } catch (const BackendUnavailable&) {
       give_up_join();
       throw;
     }
     if (!results) {
-      // Our session is gone on the server although the lease has not noticed yet.
       left_ = true;
-      session_->lease->lose("Consul refused an entry for session " + session_->id);
-      throw QueueEntryGone();
+      // Our session is gone on the server although the lease has not noticed yet.
+      if (lose_refused_session(refused, *session_)) throw QueueEntryGone();
+      // Nothing else can refuse a new entry (its marker is new too): applied nothing, retried never.
+      throw BackendUnavailable(context + ": Consul refused it: " + refused.describe());
     }
     joined_ = true;
     Snapshot snapshot;
@@ -283,6 +309,9 @@ class ConsulPlace final : public QueuePlace {
       ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
       ops.push_back(kv_check_session(entry_key_, session_->id));
     } else {
+      // Only while the entry is still ours: a late copy of this transaction, delivered after
+      // release_unknown_hold removed the entry, must not bring it back held.
+      ops.push_back(kv_check_session(entry_key_, session_->id));
       ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
     }
     // Read in the same step: whether ours is the queue's only entry, and the occupancy key's
@@ -290,22 +319,28 @@ class ConsulPlace final : public QueuePlace {
     ops.push_back(kv_op("get-or-empty", occupancy_key(request_.name)));
     ops.push_back(kv_op("get-tree", prefix_));
     std::optional<std::vector<KvEntry>> results;
-    std::vector<std::size_t> failed;
+    Refused refused;
     try {
-      results = backend_.txn(ops, call_timeout(deadline_), "taking '" + request_.name + "'", &failed);
+      results = backend_.txn(ops, call_timeout(deadline_), "taking '" + request_.name + "'", &refused);
     } catch (const BackendUnavailable&) {
       release_unknown_hold(std::move(permits));
       throw;
     }
-    if (!results && is_lease(request_) && std::find(failed.begin(), failed.end(), 0) != failed.end()) {
+    if (!results && is_lease(request_) && refused.at(0, Refusal::exists)) {
       results = applied_before();  // our own earlier delivery of it
     }
     if (!results) {
       value_.held = false;
       value_.sessions.clear();
-      for (auto& permit : permits) backend_.sessions().give_back(std::move(permit));
+      if (lose_refused_session(refused, *session_)) {
+        left_ = true;
+        throw QueueEntryGone();
+      }
+      for (auto& permit : permits) {
+        if (!lose_refused_session(refused, *permit)) backend_.sessions().give_back(std::move(permit));
+      }
       // The key refused us: held by someone we have not seen yet, or a lock-delay.
-      retry_soon_ = lock_op && std::find(failed.begin(), failed.end(), *lock_op) != failed.end();
+      retry_soon_ = lock_op && (refused.at(*lock_op, Refusal::lock_held) || refused.at(*lock_op, Refusal::lock_delay));
       throw QueueChanged();
     }
     std::uint64_t token = 0;
@@ -388,18 +423,25 @@ class ConsulPlace final : public QueuePlace {
     ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
     ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
     std::optional<std::vector<KvEntry>> results;
-    std::vector<std::size_t> failed;
+    Refused refused;
     try {
-      results = backend_.txn(ops, call_timeout(deadline), "taking '" + request_.name + "'", &failed);
+      results = backend_.txn(ops, call_timeout(deadline), "taking '" + request_.name + "'", &refused);
     } catch (const BackendUnavailable&) {
       joined_ = true;
       give_up_join(true);
       throw;
     }
-    if (!results && std::find(failed.begin(), failed.end(), 1) != failed.end()) results = applied_before();
+    if (!results && refused.at(1, Refusal::exists)) results = applied_before();  // our own earlier delivery
     if (!results) {
       value_.held = false;
-      if (std::find(failed.begin(), failed.end(), 3) != failed.end()) backend_.note_released_lock(request_.name, {});
+      if (lose_refused_session(refused, *session_)) {
+        left_ = true;
+        throw QueueEntryGone();
+      }
+      // The key is not as we left it: forgotten, so the next join reads it first.
+      if (refused.at(3, Refusal::check_failed) || refused.at(3, Refusal::exists)) {
+        backend_.note_released_lock(request_.name, {});
+      }
       return std::nullopt;
     }
     joined_ = true;
@@ -442,7 +484,11 @@ class ConsulPlace final : public QueuePlace {
     backend_.cleanup().add([&backend, ops, undo, session, marked = false]() mutable {
       if (session->lease->lost()) return true;  // the entry went with the session
       // The marker first: from then on a late delivery of the join cannot apply.
-      if (!marked) marked = backend.txn(ops, kCallFloor, "removing a given-up entry").has_value();
+      if (!marked) {
+        Refused refused;
+        marked = backend.txn(ops, kCallFloor, "removing a given-up entry", &refused).has_value();
+        if (lose_refused_session(refused, *session)) return true;  // the entry went with it
+      }
       if (!marked) return false;
       // Refused: the entry never came (or is gone already): nothing else to undo.
       backend.txn(undo, kCallFloor, "removing a given-up entry");
