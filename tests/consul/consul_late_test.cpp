@@ -46,6 +46,120 @@ int destroy_sessions(const std::string& label) {
   return destroyed;
 }
 
+std::string session_of(const std::string& label) {
+  const auto sessions = nlohmann::json::parse(curl("GET", "/v1/session/list"), nullptr, false);
+  for (const auto& session : sessions) {
+    if (session.value("Name", std::string()) == label) return session.value("ID", std::string());
+  }
+  return "";
+}
+// How many keys are under `prefix` now.
+std::size_t keys_under(const std::string& prefix) {
+  const auto keys = nlohmann::json::parse(curl("GET", "/v1/kv/" + prefix + "?keys"), nullptr, false);
+  return keys.is_array() ? keys.size() : 0;
+}
+// The stand-in's count of answered KV and txn writes (GET /v1/test-stand-in/stats, not Consul's).
+long writes_answered() {
+  const auto stats = nlohmann::json::parse(curl("GET", "/v1/test-stand-in/stats"), nullptr, false);
+  long total = 0;
+  for (const auto* what : {"PUT /v1/kv", "PUT /v1/txn", "DELETE /v1/kv"}) {
+    if (stats.is_object() && stats.contains(what)) total += stats[what].get<long>();
+  }
+  return total;
+}
+// Delivers a held request and waits until the server has answered it (its write counted).
+void deliver_and_wait(turnstile_test::HeldRequest& held) {
+  const auto before = writes_answered();
+  held.deliver();
+  EXPECT_TRUE(server_tests::eventually([&] { return writes_answered() > before; }, 5s)) << "the late request never came";
+}
+std::string value_of(const std::string& key, const std::string& field) {
+  const auto kv = nlohmann::json::parse(curl("GET", "/v1/kv/" + key), nullptr, false);
+  return kv.is_array() && !kv.empty() && kv[0].contains(field) && kv[0][field].is_string() ? kv[0][field].get<std::string>()
+                                                                                           : "";
+}
+
+// Item 10: the line's join, held by the proxy until after the acquire gave up and left, then
+// delivered: it must create no waiter (one nobody owns would stand ahead of every taker).
+TEST(ConsulLate, ACounterJoinDeliveredAfterItsLeaveCreatesNoWaiter) {
+  turnstile_test::TcpProxy proxy(url());
+  const auto label = unique("line-label");
+  auto client = turnstile::Client::connect(proxy.url_through(url()), labelled(label));
+  const auto name = unique("line");
+  auto counter = client.permit_counter(name);
+  const auto session = session_of(label);
+  ASSERT_FALSE(session.empty());
+  const auto line = "turnstile/cq/" + name + "/";
+  auto join = proxy.hold_request(line + session);
+  try {
+    EXPECT_FALSE(counter.try_acquire_for(400ms, 1));
+  } catch (const turnstile::BackendUnavailable&) {
+  }
+  ASSERT_TRUE(join->held());
+  std::this_thread::sleep_for(300ms);  // the leave's background work, if any, is done
+  deliver_and_wait(*join);
+  EXPECT_EQ(keys_under(line), 0u) << "a waiter nobody owns";
+  auto other = turnstile::Client::connect(url());
+  auto other_counter = other.permit_counter(name);
+  other_counter.add_permits(5);
+  EXPECT_TRUE(other_counter.try_acquire(1));
+}
+
+// Item 9: a reader's hold transaction, held until after the acquire gave up and its unknown
+// hold was released (the entry deleted), then delivered: it must not bring the entry back held.
+TEST(ConsulLate, AReaderHoldDeliveredAfterItsReleaseHoldsNothing) {
+  turnstile_test::TcpProxy proxy(url());
+  auto client = turnstile::Client::connect(proxy.url_through(url()));
+  const auto name = unique("reader");
+  const auto queue = "turnstile/q/" + name + "/";
+  auto mutex = client.shared_mutex(name);
+  auto hold = proxy.hold_request(queue, 2);  // the join's transaction, then the hold's
+  try {
+    EXPECT_FALSE(mutex.try_lock_shared_for(600ms));
+  } catch (const turnstile::BackendUnavailable&) {
+  }
+  ASSERT_TRUE(hold->held());
+  ASSERT_TRUE(server_tests::eventually([&] { return keys_under(queue) == 0; }, 5s)) << "the unknown hold stays";
+  deliver_and_wait(*hold);
+  EXPECT_EQ(keys_under(queue), 0u) << "a reader held by nobody";
+  auto writer_client = turnstile::Client::connect(url());
+  auto writer = writer_client.shared_mutex(name);
+  EXPECT_TRUE(writer.try_lock_for(1s));
+}
+
+// Item 9 / item 19: an exclusive hold transaction delivered after its release must not take the
+// api.Lock key. Catches the hold losing its `check-session` of the entry: the late copy would
+// then take the key for the client's session with no entry, blocking the name while it lives.
+TEST(ConsulLate, AnExclusiveHoldDeliveredAfterItsReleaseTakesNoKey) {
+  auto holder_client = turnstile::Client::connect(url());
+  const auto name = unique("writer");
+  const auto queue = "turnstile/q/" + name + "/";
+  auto holder = holder_client.mutex(name);
+  ASSERT_TRUE(holder.try_lock());
+  turnstile_test::TcpProxy proxy(url());
+  const auto label = unique("writer-label");
+  auto client = turnstile::Client::connect(proxy.url_through(url()), labelled(label));
+  // The one-step take's transaction, then the hold's: both lock the key for our session.
+  auto hold = proxy.hold_request("\"Key\":\"" + name + "\",\"Session\":\"" + session_of(label), 2);
+  auto mutex = client.mutex(name);
+  auto waiter = std::async(std::launch::async, [&] {
+    try {
+      return mutex.try_lock_for(1500ms);
+    } catch (const turnstile::BackendUnavailable&) {
+      return false;
+    }
+  });
+  ASSERT_TRUE(server_tests::eventually([&] { return keys_under(queue) == 2; }, 5s)) << "the waiter never joined";
+  holder.unlock();
+  EXPECT_TRUE(hold->wait_held(5s));
+  EXPECT_FALSE(waiter.get());
+  ASSERT_TRUE(server_tests::eventually([&] { return keys_under(queue) == 0; }, 5s)) << "the unknown hold stays";
+  deliver_and_wait(*hold);
+  EXPECT_EQ(value_of(name, "Session"), "") << "the api.Lock key was taken by a hold given up";
+  EXPECT_TRUE(holder.try_lock_for(1s));
+  holder.unlock();
+}
+
 // Item 14: `PUT ?acquire` with a session the server no longer has answers HTTP 500 'invalid
 // session "ID"' (kvsLockTxn). A downgrade then is a hold lost, not a server unreachable. Without
 // a lock-delay: with one, the acquire is refused before the session is looked at (kvsPreApply).

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "backends/consul/consul_backend.hpp"
+#include "backends/consul/given_up.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail::consul {
@@ -13,17 +14,6 @@ bool is_lease(const QueueRequest& request) { return request.kind == EntryKind::l
 // How many times a release reads `.lock` again after its CAS lost to a peer's change.
 constexpr int kCasRaces = 32;
 
-// A transaction refused because `session` no longer exists on the server (a lock's 'invalid
-// session "ID"'): the session is lost now, before its renewal finds out. True when so.
-bool lose_refused_session(const Refused& refused, Session& session) {
-  for (const auto& op : refused.ops()) {
-    if (op.why == Refusal::invalid_session && op.what.find(session.id) != std::string::npos) {
-      session.lease->lose("Consul no longer knows session " + session.id);
-      return true;
-    }
-  }
-  return false;
-}
 
 // What one read of a name saw: our queue and the peers' keys.
 struct Snapshot {
@@ -473,27 +463,15 @@ class ConsulPlace final : public QueuePlace {
   // released with the entry, by the transaction that checks the entry is ours.
   void give_up_join(bool took_key = false) noexcept {
     left_ = true;
-    nlohmann::json ops = nlohmann::json::array();
-    ops.push_back(kv_lock(marker_key(id_), "", 0, session_->id));
-    nlohmann::json undo = nlohmann::json::array();
-    undo.push_back(kv_check_session(entry_key_, session_->id));
-    if (took_key) undo.push_back(kv_unlock(key_, kLockFlags, session_->id));
-    undo.push_back(kv_op("delete", entry_key_));
-    auto& backend = backend_;
-    auto session = session_;
-    backend_.cleanup().add([&backend, ops, undo, session, marked = false]() mutable {
-      if (session->lease->lost()) return true;  // the entry went with the session
-      // The marker first: from then on a late delivery of the join cannot apply.
-      if (!marked) {
-        Refused refused;
-        marked = backend.txn(ops, kCallFloor, "removing a given-up entry", &refused).has_value();
-        if (lose_refused_session(refused, *session)) return true;  // the entry went with it
-      }
-      if (!marked) return false;
-      // Refused: the entry never came (or is gone already): nothing else to undo.
-      backend.txn(undo, kCallFloor, "removing a given-up entry");
-      return true;
-    });
+    try {
+      nlohmann::json undo = nlohmann::json::array();
+      undo.push_back(kv_check_session(entry_key_, session_->id));
+      if (took_key) undo.push_back(kv_unlock(key_, kLockFlags, session_->id));
+      undo.push_back(kv_op("delete", entry_key_));
+      retire_join(backend_, session_, id_, std::move(undo));
+    } catch (...) {
+      // No memory for the job: the entry goes with the session.
+    }
   }
 
   Standing stand(const Snapshot& snapshot) {
@@ -607,138 +585,6 @@ std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueReques
   auto place = std::make_unique<ConsulPlace>(backend, request, backend.sessions().main(call_timeout(deadline)));
   first = place->join(deadline);
   return place;
-}
-
-}  // namespace turnstile::detail::consul
-
-// --- the PermitCounter's line ------------------------------------------------------------------
-
-namespace turnstile::detail::consul {
-namespace {
-
-// Waiters are keys under turnstile/cq/<name>/ on our session, by CreateIndex; the value is a
-// CounterValue (layout.hpp), changed by CAS on its ModifyIndex.
-class ConsulCounterLine final : public CounterLine {
- public:
-  ConsulCounterLine(ConsulBackend& backend, std::string name, std::int64_t permits, std::stop_token stop)
-      : backend_(backend), name_(std::move(name)), permits_(permits), counter_(counter_key(name_)),
-        prefix_(line_prefix(name_)), stop_(std::move(stop)) {}
-  ~ConsulCounterLine() override { leave(); }
-
-  // Reads are resent while no server answers (a restart), until the deadline or a stop: then
-  // the acquire ends not taken (shown as a wait for permits, which ends at once).
-  CounterStanding look(bool, Deadline deadline) override {
-    // One that was due already (try once) reports an unreachable server instead.
-    const bool due = deadline && *deadline <= SteadyClock::now();
-    for (auto backoff = kResendBackoff;;) {
-      try {
-        return look_once(deadline);
-      } catch (const BackendUnavailable&) {
-        if (due) throw;
-        if (!backend_.pause_before_resend(deadline, stop_, backoff)) {
-          CounterStanding not_taken;
-          not_taken.in_line = true;
-          return not_taken;
-        }
-      }
-    }
-  }
-
-  CounterStanding look_once(Deadline deadline) {
-    const auto timeout = call_timeout(deadline, milliseconds(250));
-    std::uint64_t index = 0;
-    const auto counter = backend_.read(counter_, false, timeout, &index);
-    const auto line = children(backend_.read(prefix_, true, timeout), prefix_);
-    CounterStanding standing;
-    counter_target_ = {counter_, counter.empty() ? std::max<std::uint64_t>(index, 1) : counter.front().modify_index};
-    seen_ = {};
-    if (!counter.empty()) seen_ = {counter_value_of(counter.front().value), counter.front().modify_index};
-    if (seen_.value) standing.value = seen_.value->n;
-    standing.in_line = !entry_key_.empty();
-    const auto mine = std::find_if(line.begin(), line.end(), [&](const KvEntry& e) { return e.key == entry_key_; });
-    if (standing.in_line && mine == line.end()) {
-      entry_key_.clear();
-      throw QueueEntryGone();
-    }
-    standing.ahead = static_cast<std::size_t>(mine - line.begin());
-    if (standing.ahead > 0) predecessor_ = {std::prev(mine)->key, std::prev(mine)->modify_index};
-    return standing;
-  }
-
-  // The permits and our place in line go in one transaction, its receipt in the value (a lost
-  // reply or a resend is told from someone else's change: never taken twice).
-  bool take(const CounterStanding&, Deadline deadline) override {
-    nlohmann::json extra = nlohmann::json::array();
-    if (!entry_key_.empty()) extra.push_back(kv_op("delete", entry_key_));
-    take_id_ = backend_.request_id();
-    const bool taken = backend_.change_counter(counter_, seen_, seen_.value.value_or(CounterValue{}).n - permits_, extra,
-                                               take_id_, call_timeout(deadline), "taking permits of '" + name_ + "'");
-    take_id_.clear();  // told: leave() need not ask
-    if (taken) entry_key_.clear();
-    return taken;
-  }
-
-  void join(Deadline deadline) override {
-    auto session = backend_.sessions().main(call_timeout(deadline));
-    const auto key = prefix_ + backend_.next_id(session->id);
-    QueueRequest request;
-    request.permits = permits_;
-    entry_key_ = key;  // left (removed) on any failure from here
-    if (!backend_.write("PUT", "/v1/kv/" + url_escape(key) + "?acquire=" + session->id,
-                        to_json(backend_.new_value(request)), call_timeout(deadline), "joining the line of '" + name_ + "'")) {
-      entry_key_.clear();
-      session->lease->lose("Consul refused an entry for session " + session->id);
-      throw QueueEntryGone();
-    }
-  }
-
-  void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) override {
-    backend_.block(wait == CounterWait::predecessor ? predecessor_ : counter_target_, deadline, stop);
-  }
-
-  bool leave() noexcept override {
-    // A take whose outcome is still unknown took the permits (and our entry) if its receipt is there.
-    if (const auto id = std::exchange(take_id_, std::string()); !id.empty()) {
-      try {
-        if (backend_.counter_change_applied(counter_, seen_, id, SteadyClock::now() + kCallFloor)) {
-          entry_key_.clear();
-          return true;
-        }
-      } catch (...) {
-      }
-    }
-    if (entry_key_.empty()) return false;
-    const auto key = std::exchange(entry_key_, std::string());
-    const auto path = "/v1/kv/" + url_escape(key);
-    auto& backend = backend_;
-    const auto remove = [&backend, path] { return backend.write("DELETE", path, "", kCallFloor, "leaving a line"); };
-    try {
-      if (remove()) return false;
-    } catch (...) {
-    }
-    backend_.cleanup().add(remove);
-    return false;
-  }
-
- private:
-  ConsulBackend& backend_;
-  std::string name_;
-  std::int64_t permits_;
-  std::string counter_;
-  std::string prefix_;
-  std::string entry_key_;  // empty: not in line
-  ConsulBackend::CounterSeen seen_;  // the counter as the last look saw it
-  WaitTarget counter_target_;
-  WaitTarget predecessor_;
-  std::string take_id_;  // a take whose outcome is unknown (its reply never came)
-  std::stop_token stop_;  // the acquire's
-};
-
-}  // namespace
-
-std::unique_ptr<CounterLine> make_counter_line(ConsulBackend& backend, const std::string& name, std::int64_t permits,
-                                               const std::stop_token& stop) {
-  return std::make_unique<ConsulCounterLine>(backend, name, permits, stop);
 }
 
 }  // namespace turnstile::detail::consul

@@ -1,0 +1,163 @@
+// The PermitCounter's line in Consul's KV store: its waiters, and the takes that leave it.
+#include <algorithm>
+
+#include "backends/consul/consul_backend.hpp"
+#include "backends/consul/given_up.hpp"
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail::consul {
+namespace {
+
+// Waiters are keys under turnstile/cq/<name>/ on our session, by CreateIndex; the value is a
+// CounterValue (layout.hpp), changed by CAS on its ModifyIndex.
+class ConsulCounterLine final : public CounterLine {
+ public:
+  ConsulCounterLine(ConsulBackend& backend, std::string name, std::int64_t permits, std::stop_token stop)
+      : backend_(backend), name_(std::move(name)), permits_(permits), counter_(counter_key(name_)),
+        prefix_(line_prefix(name_)), stop_(std::move(stop)) {}
+  ~ConsulCounterLine() override { leave(); }
+
+  // Reads are resent while no server answers (a restart), until the deadline or a stop: then
+  // the acquire ends not taken (shown as a wait for permits, which ends at once).
+  CounterStanding look(bool, Deadline deadline) override {
+    // One that was due already (try once) reports an unreachable server instead.
+    const bool due = deadline && *deadline <= SteadyClock::now();
+    for (auto backoff = kResendBackoff;;) {
+      try {
+        return look_once(deadline);
+      } catch (const BackendUnavailable&) {
+        if (due) throw;
+        if (!backend_.pause_before_resend(deadline, stop_, backoff)) {
+          CounterStanding not_taken;
+          not_taken.in_line = true;
+          return not_taken;
+        }
+      }
+    }
+  }
+
+  CounterStanding look_once(Deadline deadline) {
+    const auto timeout = call_timeout(deadline, milliseconds(250));
+    std::uint64_t index = 0;
+    const auto counter = backend_.read(counter_, false, timeout, &index);
+    const auto line = children(backend_.read(prefix_, true, timeout), prefix_);
+    CounterStanding standing;
+    counter_target_ = {counter_, counter.empty() ? std::max<std::uint64_t>(index, 1) : counter.front().modify_index};
+    seen_ = {};
+    if (!counter.empty()) seen_ = {counter_value_of(counter.front().value), counter.front().modify_index};
+    if (seen_.value) standing.value = seen_.value->n;
+    standing.in_line = !entry_key_.empty();
+    const auto mine = std::find_if(line.begin(), line.end(), [&](const KvEntry& e) { return e.key == entry_key_; });
+    if (standing.in_line && mine == line.end()) {
+      entry_key_.clear();
+      throw QueueEntryGone();
+    }
+    standing.ahead = static_cast<std::size_t>(mine - line.begin());
+    if (standing.ahead > 0) predecessor_ = {std::prev(mine)->key, std::prev(mine)->modify_index};
+    return standing;
+  }
+
+  // The permits and our place in line go in one transaction, its receipt in the value (a lost
+  // reply or a resend is told from someone else's change: never taken twice).
+  bool take(const CounterStanding&, Deadline deadline) override {
+    nlohmann::json extra = nlohmann::json::array();
+    if (!entry_key_.empty()) extra.push_back(kv_op("delete", entry_key_));
+    take_id_ = backend_.request_id();
+    const bool taken = backend_.change_counter(counter_, seen_, seen_.value.value_or(CounterValue{}).n - permits_, extra,
+                                               take_id_, call_timeout(deadline), "taking permits of '" + name_ + "'");
+    take_id_.clear();  // told: leave() need not ask
+    if (taken) entry_key_.clear();
+    return taken;
+  }
+
+  // A transaction that adds our waiter only while its id was not retired (leave() retires the
+  // id of a join whose answer never came): a copy delivered late creates nothing.
+  void join(Deadline deadline) override {
+    auto session = backend_.sessions().main(call_timeout(deadline));
+    const auto id = backend_.next_id(session->id);
+    QueueRequest request;
+    request.permits = permits_;
+    nlohmann::json ops = nlohmann::json::array();
+    ops.push_back(kv_op("check-not-exists", marker_key(id)));
+    ops.push_back(kv_lock(prefix_ + id, to_json(backend_.new_value(request)), 0, session->id));
+    entry_key_ = prefix_ + id;  // left (removed) on any failure from here
+    entry_id_ = id;
+    session_ = session;
+    const auto context = "joining the line of '" + name_ + "'";
+    Refused refused;
+    std::optional<std::vector<KvEntry>> results;
+    try {
+      results = backend_.txn(ops, call_timeout(deadline), context, &refused);
+    } catch (const BackendUnavailable&) {
+      join_unknown_ = true;
+      throw;
+    }
+    if (results) return;
+    entry_key_.clear();
+    if (lose_refused_session(refused, *session)) throw QueueEntryGone();
+    throw BackendUnavailable(context + ": Consul refused it: " + refused.describe());
+  }
+
+  void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) override {
+    backend_.block(wait == CounterWait::predecessor ? predecessor_ : counter_target_, deadline, stop);
+  }
+
+  bool leave() noexcept override {
+    // A take whose outcome is still unknown took the permits (and our entry) if its receipt is there.
+    if (const auto id = std::exchange(take_id_, std::string()); !id.empty()) {
+      try {
+        if (backend_.counter_change_applied(counter_, seen_, id, SteadyClock::now() + kCallFloor)) {
+          entry_key_.clear();
+          return true;
+        }
+      } catch (...) {
+      }
+    }
+    if (entry_key_.empty()) return false;
+    const auto key = std::exchange(entry_key_, std::string());
+    if (std::exchange(join_unknown_, false)) {
+      // Our join may still arrive: its id is retired first, then the entry removed if it came.
+      try {
+        nlohmann::json undo = nlohmann::json::array({kv_op("delete", key)});
+        retire_join(backend_, session_, entry_id_, std::move(undo));
+      } catch (...) {
+        // No memory for the job: the entry goes with the session.
+      }
+      return false;
+    }
+    const auto path = "/v1/kv/" + url_escape(key);
+    auto& backend = backend_;
+    const auto remove = [&backend, path] { return backend.write("DELETE", path, "", kCallFloor, "leaving a line"); };
+    try {
+      if (remove()) return false;
+    } catch (...) {
+    }
+    backend_.cleanup().add(remove);
+    return false;
+  }
+
+ private:
+  ConsulBackend& backend_;
+  std::string name_;
+  std::int64_t permits_;
+  std::string counter_;
+  std::string prefix_;
+  std::string entry_key_;  // empty: not in line
+  std::string entry_id_;   // its id (its marker's name)
+  std::shared_ptr<Session> session_;  // the session it is on
+  bool join_unknown_ = false;  // its join's answer never came
+  ConsulBackend::CounterSeen seen_;  // the counter as the last look saw it
+  WaitTarget counter_target_;
+  WaitTarget predecessor_;
+  std::string take_id_;  // a take whose outcome is unknown (its reply never came)
+  std::stop_token stop_;  // the acquire's
+};
+
+}  // namespace
+
+std::unique_ptr<CounterLine> make_counter_line(ConsulBackend& backend, const std::string& name, std::int64_t permits,
+                                               const std::stop_token& stop) {
+  return std::make_unique<ConsulCounterLine>(backend, name, permits, stop);
+}
+
+}  // namespace turnstile::detail::consul
