@@ -160,6 +160,33 @@ TEST(ConsulLate, AnExclusiveHoldDeliveredAfterItsReleaseTakesNoKey) {
   holder.unlock();
 }
 
+// Item 8: a take's CAS held until the acquire gave up on it (its call timed out, the counter
+// read unchanged), delivered while the acquire's next take is on its way: the first must not
+// apply, or one acquire of 1 takes 2. Consul skips a rewrite that changes nothing (kvsSetTxn
+// keeps the ModifyIndex), so only a rewrite that changes the value makes the late copy stale.
+TEST(ConsulLate, ACounterTakeDeliveredAfterItWasGivenUpTakesNothing) {
+  turnstile_test::TcpProxy proxy(url());
+  auto client = turnstile::Client::connect(proxy.url_through(url()));
+  const auto name = unique("take");
+  auto counter = client.permit_counter(name);
+  ASSERT_TRUE(counter.try_set_permits(5));
+  auto first = proxy.hold_request("PUT /v1/txn", 1);
+  auto second = proxy.hold_request("PUT /v1/txn", 2);
+  auto acquire = std::async(std::launch::async, [&] {
+    try {
+      return counter.try_acquire_for(600ms, 1);
+    } catch (const turnstile::BackendUnavailable&) {
+      return false;
+    }
+  });
+  ASSERT_TRUE(second->wait_held(5s)) << "the acquire never tried its take again";
+  deliver_and_wait(*first);
+  second->deliver();
+  const bool taken = acquire.get();
+  auto direct = turnstile::Client::connect(url());
+  EXPECT_EQ(direct.permit_counter(name).available_permits(), taken ? 4 : 5) << (taken ? "taken" : "not taken");
+}
+
 // Item 14: `PUT ?acquire` with a session the server no longer has answers HTTP 500 'invalid
 // session "ID"' (kvsLockTxn). A downgrade then is a hold lost, not a server unreachable. Without
 // a lock-delay: with one, the acquire is refused before the session is looked at (kvsPreApply).

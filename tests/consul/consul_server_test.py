@@ -131,6 +131,16 @@ class ConsulServerTest(Base):
         self.assertFalse(self.c.kv.put(key, b"6", cas=after["ModifyIndex"]),
                          "a CAS with an index on a missing key fails")
 
+    def test_a_write_that_changes_nothing_keeps_the_modify_index(self):
+        # kvsSetTxn: an entry equal to the stored one is not written (a CAS too).
+        key = unique("same")
+        self.assertTrue(self.c.kv.put(key, b"v"))
+        index = self.c.kv.get(key)[1]["ModifyIndex"]
+        self.assertTrue(self.c.kv.put(key, b"v", cas=index))
+        self.assertEqual(self.c.kv.get(key)[1]["ModifyIndex"], index)
+        self.assertTrue(self.c.kv.put(key, b"w", cas=index))
+        self.assertGreater(self.c.kv.get(key)[1]["ModifyIndex"], index)
+
     def test_recurse_keys_and_delete_tree(self):
         prefix = unique("tree") + "/"
         for k in ("a", "b/c", "b/d"):

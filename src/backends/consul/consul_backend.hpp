@@ -143,10 +143,13 @@ class ConsulBackend final : public Backend {
   // BackendUnavailable when neither could be told within `timeout`.
   bool change_counter(const std::string& key, const CounterSeen& seen, std::int64_t n, const nlohmann::json& extra,
                       const std::string& id, milliseconds timeout, const std::string& context);
-  // After an unknown outcome: whether request `id`'s CAS on `seen` applied. When the key is still
-  // as seen, it is rewritten unchanged first so a late delivery of ours can no longer apply.
+  // After an unknown outcome: whether request `id`'s CAS on `seen` applied; once this answers
+  // false, no copy of it can apply any more. A key still as seen is rewritten with a mark of `id`
+  // (its index moves, so a late copy finds it stale); a key still absent gets `resend` (the
+  // change's own transaction) again, as only its existence stops a late create. Throws
+  // BackendUnavailable when that cannot be told by `until`, or after a bounded number of looks.
   bool counter_change_applied(const std::string& key, const CounterSeen& seen, const std::string& id,
-                              SteadyClock::time_point until);
+                              SteadyClock::time_point until, const nlohmann::json& resend = {});
   // PUT/DELETE answering true/false (false also for an acquire whose session is gone).
   bool write(const char* method, const std::string& path, const std::string& body, milliseconds timeout,
              const std::string& context);
