@@ -278,20 +278,8 @@ class ConsulPlace final : public QueuePlace {
     std::vector<std::shared_ptr<Session>> permits;
     nlohmann::json ops = nlohmann::json::array();
     if (is_lease(request_)) {
-      // One session holds the lease's permits, its count in `.lock` (layout.hpp). Its contender
-      // key comes first: already there, it tells a resend of this very transaction (libcurl
-      // resends a request whose kept-alive connection died unanswered) from a lost race.
-      const auto& permit = permits.emplace_back(backend_.sessions().spare(call_timeout(deadline_)));
-      ops.push_back(kv_op("check-not-exists", key_ + "/" + permit->id));
-      auto lock = semaphore_;
-      ops.push_back(kv_lock(key_ + "/" + permit->id, "", kSemaphoreFlags, permit->id));
-      lock.holders[permit->id] = request_.permits;
-      value_.sessions = {permit->id};
-      auto op = kv_op("cas", key_ + "/.lock");
-      op["KV"]["Index"] = lock.modify_index;
-      op["KV"]["Value"] = base64_encode(to_json(lock));
-      op["KV"]["Flags"] = kSemaphoreFlags;
-      ops.push_back(op);
+      permits.push_back(backend_.sessions().spare(call_timeout(deadline_)));
+      add_permit_ops(*permits.front(), ops);
     }
     std::optional<std::size_t> lock_op;  // the take of the api.Lock key
     if (exclusive) {
@@ -319,20 +307,7 @@ class ConsulPlace final : public QueuePlace {
     if (!results && is_lease(request_) && refused.at(0, Refusal::exists)) {
       results = applied_before();  // our own earlier delivery of it
     }
-    if (!results) {
-      value_.held = false;
-      value_.sessions.clear();
-      if (lose_refused_session(refused, *session_)) {
-        left_ = true;
-        throw QueueEntryGone();
-      }
-      for (auto& permit : permits) {
-        if (!lose_refused_session(refused, *permit)) backend_.sessions().give_back(std::move(permit));
-      }
-      // The key refused us: held by someone we have not seen yet, or a lock-delay.
-      retry_soon_ = lock_op && (refused.at(*lock_op, Refusal::lock_held) || refused.at(*lock_op, Refusal::lock_delay));
-      throw QueueChanged();
-    }
+    if (!results) refused_hold(refused, lock_op, std::move(permits));
     std::uint64_t token = 0;
     std::uint64_t occupancy = 0;
     std::set<std::string> in_queue;  // our entry comes twice: written, then read with the queue
@@ -363,6 +338,40 @@ class ConsulPlace final : public QueuePlace {
   }
 
  private:
+  // One session holds the lease's permits, its count in `.lock` (layout.hpp). Its contender key
+  // comes first: already there, it tells a resend of this very transaction (libcurl resends a
+  // request whose kept-alive connection died unanswered) from a lost race.
+  void add_permit_ops(const Session& permit, nlohmann::json& ops) {
+    ops.push_back(kv_op("check-not-exists", key_ + "/" + permit.id));
+    auto lock = semaphore_;
+    ops.push_back(kv_lock(key_ + "/" + permit.id, "", kSemaphoreFlags, permit.id));
+    lock.holders[permit.id] = request_.permits;
+    value_.sessions = {permit.id};
+    auto op = kv_op("cas", key_ + "/.lock");
+    op["KV"]["Index"] = lock.modify_index;
+    op["KV"]["Value"] = base64_encode(to_json(lock));
+    op["KV"]["Flags"] = kSemaphoreFlags;
+    ops.push_back(op);
+  }
+
+  // A hold's transaction refused (by the reasons the refusal reader left): our session gone
+  // ends our place; anything else (the key held by someone we have not seen yet, a lock-delay,
+  // `.lock` changed, our entry gone) is a look again.
+  [[noreturn]] void refused_hold(const Refused& refused, std::optional<std::size_t> lock_op,
+                                 std::vector<std::shared_ptr<Session>> permits) {
+    value_.held = false;
+    value_.sessions.clear();
+    if (lose_refused_session(refused, *session_)) {
+      left_ = true;
+      throw QueueEntryGone();
+    }
+    for (auto& permit : permits) {
+      if (!lose_refused_session(refused, *permit)) backend_.sessions().give_back(std::move(permit));
+    }
+    retry_soon_ = lock_op && (refused.at(*lock_op, Refusal::lock_held) || refused.at(*lock_op, Refusal::lock_delay));
+    throw QueueChanged();
+  }
+
   // A hold whose answer never came may have been applied (the peers' key, `.lock`, the permits'
   // keys): nobody knows of it, so it is released as a hold would be, in the background.
   void release_unknown_hold(std::vector<std::shared_ptr<Session>> permits) noexcept {
