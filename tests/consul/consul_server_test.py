@@ -393,6 +393,9 @@ class AclTest(unittest.TestCase):
         self.assertEqual(r.status_code, 200)
         r = requests.get("%s/v1/kv/other" % self.base, headers={"X-Consul-Token": "no-sessions"})
         self.assertEqual((r.status_code, r.text), (403, "Permission denied"))
+        r = requests.get("%s/v1/kv/other?index=100000&wait=5s" % self.base,
+                         headers={"X-Consul-Token": "no-sessions"}, timeout=2)
+        self.assertEqual(r.status_code, 403, "a blocking read is refused at once")
         # A recursive delete needs write on the prefix and on every rule below it.
         r = requests.delete("%s/v1/kv/app/?recurse" % self.base, headers={"X-Consul-Token": "app-token"})
         self.assertEqual(r.status_code, 403)

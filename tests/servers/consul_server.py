@@ -925,9 +925,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         def run():
             idx, e = state.kv_get(key)
             return idx, e
+        # KVS.Get: refused by the query's first run, so a blocking one is refused at once too.
+        self.require(self.may_read_key(key))
         index, e = state.blocking(min_index, wait, run,
                                   lambda kind, n: kind == "kv" and n == key)
-        self.require(self.may_read_key(key))  # KVS.Get: checked after the query ran
         if e is None:
             return self.send(404, headers=self.meta(index))
         if self.has("raw"):
