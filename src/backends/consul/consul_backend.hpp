@@ -25,6 +25,7 @@
 #include "backends/consul/refusals.hpp"
 #include "backends/consul/sessions.hpp"
 #include "core/backend.hpp"
+#include "turnstile/error.hpp"
 
 namespace turnstile::detail::consul {
 
@@ -126,6 +127,21 @@ class ConsulBackend final : public Backend {
   // After a call found no server: sleeps `backoff` (then doubles it) within the deadline and
   // the stop; false when either ended it (the caller gives up).
   bool pause_before_resend(Deadline deadline, const std::stop_token& stop, milliseconds& backoff);
+  // Runs `look_once` (a read of a queue or a line) again while no server answers (a restart),
+  // until the deadline or a stop: then `gave_up` is returned. One that was due already (try
+  // once) reports the unreachable server instead.
+  template <typename Standing, typename Look>
+  Standing look_resending(Deadline deadline, const std::stop_token& stop, Look look_once, Standing gave_up) {
+    const bool due = deadline && *deadline <= SteadyClock::now();
+    for (auto backoff = kResendBackoff;;) {
+      try {
+        return look_once();
+      } catch (const BackendUnavailable&) {
+        if (due) throw;
+        if (!pause_before_resend(deadline, stop, backoff)) return gave_up;
+      }
+    }
+  }
   // A blocking query on `target` until it changes, the deadline or a stop. One that found no
   // server pauses a little and returns: the caller's look resends (an outage is waited through).
   void block(const WaitTarget& target, Deadline deadline, const std::stop_token& stop);

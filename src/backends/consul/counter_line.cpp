@@ -20,20 +20,9 @@ class ConsulCounterLine final : public CounterLine {
   // Reads are resent while no server answers (a restart), until the deadline or a stop: then
   // the acquire ends not taken (shown as a wait for permits, which ends at once).
   CounterStanding look(bool, Deadline deadline) override {
-    // One that was due already (try once) reports an unreachable server instead.
-    const bool due = deadline && *deadline <= SteadyClock::now();
-    for (auto backoff = kResendBackoff;;) {
-      try {
-        return look_once(deadline);
-      } catch (const BackendUnavailable&) {
-        if (due) throw;
-        if (!backend_.pause_before_resend(deadline, stop_, backoff)) {
-          CounterStanding not_taken;
-          not_taken.in_line = true;
-          return not_taken;
-        }
-      }
-    }
+    CounterStanding not_taken;
+    not_taken.in_line = true;
+    return backend_.look_resending(deadline, stop_, [&] { return look_once(deadline); }, not_taken);
   }
 
   CounterStanding look_once(Deadline deadline) {

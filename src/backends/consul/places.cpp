@@ -225,20 +225,9 @@ class ConsulPlace final : public QueuePlace {
   // Reads are resent while no server answers (a restart), until the deadline or a stop: then
   // the acquire ends not admitted, as a wait that ran out does.
   Standing look(Deadline deadline) override {
-    // One that was due already (try once) reports an unreachable server instead.
-    const bool due = deadline && *deadline <= SteadyClock::now();
-    for (auto backoff = kResendBackoff;;) {
-      try {
-        return look_once(deadline);
-      } catch (const BackendUnavailable&) {
-        if (due) throw;
-        if (!backend_.pause_before_resend(deadline, request_.stop, backoff)) {
-          Standing not_admitted;
-          not_admitted.decided = Verdict{WaitFor::admission, 0};
-          return not_admitted;
-        }
-      }
-    }
+    Standing not_admitted;
+    not_admitted.decided = Verdict{WaitFor::admission, 0};
+    return backend_.look_resending(deadline, request_.stop, [&] { return look_once(deadline); }, not_admitted);
   }
 
   Standing look_once(Deadline deadline) {
