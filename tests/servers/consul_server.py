@@ -31,8 +31,10 @@ Implemented (one datacenter, one server that is always the leader):
     ?cas= (true when the key is already gone). As in kvsSetTxn: a write equal to what is stored
     changes nothing (no index); a plain or CAS PUT keeps the Session but writes LockIndex 0;
     an acquire by a new session bumps LockIndex, by the holder keeps it; a release writes the
-    request's value and flags. Keys are checked as current Consul's validateKVKey does
-    (letters, digits and ,-_./; no "../"; no file-like ending such as .json) unless --lax-keys.
+    request's value and flags. Keys of the KV endpoint are checked as current Consul's
+    validateKVKey does (agent/kvs_endpoint.go: letters, digits and ,-_./; no "../", none that
+    starts or ends with ".."; no file-like ending such as .json) unless --lax-keys; keys in a
+    /v1/txn are not checked (agent/txn_endpoint.go does not call it).
   * Sessions: PUT /v1/session/create (JSON, keys matched case-insensitively like Go's
     encoding/json: Name, Node, TTL "15s" (10s..86400s or 0), Behavior release|delete,
     LockDelay "15s" or nanoseconds (values below 1000 taken as seconds, as FixupLockDelay does),
@@ -156,7 +158,8 @@ def key_error(key):
     if m.end() != len(key):
         return ("key contains invalid character '%s' at position %d. Only alphanumeric "
                 "characters and ,-_./ are allowed" % (key[m.end()], len(key[:m.end()].encode())))
-    if "../" in key:
+    # pathTraversalPattern: "../" anywhere, ".." at the start or the end.
+    if "../" in key or key.startswith("..") or key.endswith(".."):
         return "key contains path traversal sequence"
     lower = key.lower()
     for ext in _SUSPICIOUS_EXTENSIONS:
@@ -1098,8 +1101,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
             op = {"Verb": ci_get(kv, "Verb") or "", "Key": ci_get(kv, "Key") or "",
                   "Value": value or None, "Flags": int(ci_get(kv, "Flags") or 0),
                   "Index": int(ci_get(kv, "Index") or 0), "Session": ci_get(kv, "Session") or ""}
-            if op["Key"] and not self.server.args.lax_keys and key_error(op["Key"]):
-                raise ConsulError(400, key_error(op["Key"]))
             if op["Verb"] in TXN_WRITE_VERBS:
                 writes += 1
             ops.append(op)
