@@ -64,6 +64,10 @@ Implemented (one datacenter, one server that is always the leader):
     CONSUL_TEST_TOMBSTONE_TTL), so a prefix's index may go back to its live keys' highest.
   * GET /v1/test-stand-in/stats (NOT a Consul API): requests answered per method and endpoint,
     blocking queries by how they ended; for the benchmarks (bench/consul_run.sh).
+  * PUT /v1/test-stand-in/delay?path=P&seconds=S (NOT a Consul API; TEST-ONLY): every later
+    request whose path starts with P is answered S seconds late (each in its own thread, so
+    concurrent ones overlap, as a slow server's would); seconds=0 removes it. For the tests of
+    slow renewals.
 
 Not implemented: catalog, health, agent services and checks (session checks are never
 evaluated), events, prepared queries, namespaces/partitions, ?consistent/?stale differences
@@ -195,6 +199,7 @@ class State:
         self.stats_lock = threading.Lock()
         self.undo = None         # inside a transaction: key -> (entry, tombstone) before it
         self.stats = {}
+        self.delays = {}         # TEST-ONLY: path prefix -> seconds (/v1/test-stand-in/delay)
         self.raft_index = args.initial_index
         self.kvs = {}            # key -> entry dict (Value: bytes or None)
         self.tombstones = {}     # key -> index of its deletion (the graveyard)
@@ -745,6 +750,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             path = urllib.parse.unquote(url.path)
             if path != "/v1/test-stand-in/stats":
                 self.state.count("%s %s" % (method, "/".join(path.split("/")[:4 if "/session/" in path else 3])))
+            with self.state.stats_lock:
+                delay = max([s for p, s in self.state.delays.items() if path.startswith(p)] + [0])
+            if delay:
+                time.sleep(delay)  # TEST-ONLY: a slow answer (/v1/test-stand-in/delay)
             self.route(method, path, body)
         except ConsulError as err:
             self.send(err.status, err.text, content_type="text/plain; charset=utf-8")
@@ -795,6 +804,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             # endpoint, blocking queries by how they ended), for the benchmarks. No ACL.
             with self.state.stats_lock:
                 return self.send_json(200, dict(self.state.stats))
+        if path == "/v1/test-stand-in/delay" and method == "PUT":
+            # Not a Consul API, TEST-ONLY: answer requests under ?path= ?seconds= late. No ACL.
+            prefix, seconds = self.param("path", ""), float(self.param("seconds", "0"))
+            with self.state.stats_lock:
+                if seconds > 0:
+                    self.state.delays[prefix] = seconds
+                else:
+                    self.state.delays.pop(prefix, None)
+            return self.send_json(200, True)
         if path.startswith("/v1/status/"):
             if path == "/v1/status/leader":
                 return self.send_json(200, "127.0.0.1:8300")

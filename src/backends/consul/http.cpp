@@ -203,7 +203,10 @@ class Batch {
   void start_more() {
     while (next_ < requests_.size() && running_ < parallel_) {
       const auto now = std::chrono::steady_clock::now();
-      if (now + std::chrono::milliseconds(1) >= until_) return;  // the rest are never sent
+      if (now + std::chrono::milliseconds(1) >= until_) {
+        for (; next_ < requests_.size(); ++next_, ++ended_) outcomes_[next_].error = "not sent in time";
+        return;
+      }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until_ - now);
       auto& transfer = transfers_[next_];
       prepare(transfer, endpoint_, requests_[next_], std::min(timeout_, left));
@@ -248,7 +251,7 @@ class Batch {
         cut = true;
       }
       outcomes_[i].stopped = stopped;
-      outcomes_[i].error = stopped ? "stopped" : transfers_[i].running ? "cut short" : "not sent in time";
+      outcomes_[i].error = stopped ? "stopped" : transfers_[i].running ? "cut short" : "not sent";
     }
     return !cut;
   }
@@ -273,14 +276,16 @@ std::vector<Outcome> Http::call_each(const std::vector<Request>& requests, std::
                                      const std::stop_token& stop, bool first_only) {
   if (requests.empty()) return {};
   auto handle = take();
-  Batch batch(handle->multi, handle->easy, endpoint_, requests, parallel, timeout, until);
+  std::vector<Outcome> outcomes;
   bool reusable = false;
   {
+    Batch batch(handle->multi, handle->easy, endpoint_, requests, parallel, timeout, until);
     std::stop_callback wake(stop, [multi = handle->multi] { curl_multi_wakeup(multi); });
     reusable = batch.run(stop, first_only);
+    outcomes = batch.outcomes();
   }
   if (reusable) give_back(std::move(handle));
-  return batch.outcomes();
+  return outcomes;
 }
 
 Reply Http::call(const char* method, const std::string& path, const std::string& body, std::chrono::milliseconds timeout,
