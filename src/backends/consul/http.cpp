@@ -209,7 +209,7 @@ class Batch {
       }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until_ - now);
       auto& transfer = transfers_[next_];
-      prepare(transfer, endpoint_, requests_[next_], std::min(timeout_, left));
+      if (transfer.easy) prepare(transfer, endpoint_, requests_[next_], std::min(timeout_, left));
       if (!transfer.easy || curl_multi_add_handle(multi_, transfer.easy) != CURLM_OK) {
         outcomes_[next_++].error = "libcurl could not start the request";
         ++ended_;
