@@ -22,6 +22,7 @@
 
 #include "backends/redis/cluster.hpp"
 #include "backends/redis/connection.hpp"
+#include "backends/redis/eviction.hpp"
 #include "backends/redis/scripts.hpp"
 #include "backends/redis/subscriber.hpp"
 #include "core/fork_generation.hpp"
@@ -120,24 +121,6 @@ char kind_code(EntryKind kind) {
   return 'x';
 }
 
-// What the backend reads from the URL beyond Settings: ?eviction=warn|refuse (what to do when
-// the server may evict lock state). Taken out before parse_settings, which knows only ttl.
-struct EvictionRule {
-  bool refuse = false;
-};
-
-EvictionRule take_eviction_rule(BackendUrl& url) {
-  EvictionRule rule;
-  if (const auto it = url.query.find("eviction"); it != url.query.end()) {
-    if (it->second != "warn" && it->second != "refuse") {
-      throw InvalidUrl("bad eviction=" + it->second + " in '" + url.text + "' (expected warn or refuse)");
-    }
-    rule.refuse = it->second == "refuse";
-    url.query.erase(it);
-  }
-  return rule;
-}
-
 class RedisBackend;
 
 // Every inline wait of this backend, in one place.
@@ -170,8 +153,6 @@ constexpr milliseconds kRenewalPatience{1000};
 // short deadline then ends in the server's answer (admitted, or not: a timeout), never in
 // BackendUnavailable. A second covers a loaded server; an unreachable one holds it up no longer.
 constexpr milliseconds kOneShotFloor{1000};
-// The eviction-policy check at connect: a connect timeout's worth.
-constexpr milliseconds kEvictionCheckPatience = kConnectTimeout;
 // A release is remembered at least this long (and 2 TTLs), so a resend after a lost reply is recognised.
 constexpr milliseconds kMinReleaseMemory{60'000};
 // ?min_replicas=N: WAIT gets the caller's time left, but at least this.
@@ -420,7 +401,7 @@ class RedisBackend final : public Backend {
                   renewal_retry()),
         subscriber_(settings, [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
                     [this] { on_subscriber_reset(); }) {
-    check_eviction_policy(eviction, warn);
+    check_eviction_policy(connection_, settings_, eviction, warn);
     watchdog_ = std::jthread([this](std::stop_token stop) { watchdog_loop(stop); });
   }
 
@@ -483,7 +464,6 @@ class RedisBackend final : public Backend {
     if (fd < 0) throw BackendUnavailable("eventfd failed");
     return fd;
   }
-  void check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn);
   void on_subscriber_reset();
   // A new connection found another server. With sentinels every hold admitted by another
   // server than `server` is lost: a failover (or a restart) may have lost its entry, or handed
@@ -594,35 +574,6 @@ void RedisHold::release() {
     lease_->lose("its entry had expired or the redis server forgot it before the release");
   } else {
     lease_->detach(loss_.get());
-  }
-}
-
-void RedisBackend::check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn) {
-  Reply reply;
-  try {
-    auto until = SteadyClock::now() + kEvictionCheckPatience;
-    if (settings_.connect_by) until = std::min(until, *settings_.connect_by);
-    reply = connection_.command({"CONFIG", "GET", "maxmemory-policy"}, until);
-  } catch (const AccessDenied&) {
-    return;  // CONFIG not allowed to this user (or renamed away): nothing to check
-  } catch (const BackendUnavailable&) {
-    return;
-  }
-  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
-  const auto policy = string_at(reply.get(), 1);
-  if (policy.rfind("allkeys-", 0) != 0) return;
-  const std::string what = "redis at " + settings_.description + " has maxmemory-policy " + policy +
-                           ": it may evict lock state while it is held (the holder is then told its hold is lost, "
-                           "and fencing tokens keep growing); use noeviction or volatile-*";
-  if (rule.refuse) throw BackendUnavailable(what + " (refused: eviction=refuse)");
-  const BackendUnavailable warning("warning: " + what);
-  if (warn) {
-    try {
-      warn(warning);
-    } catch (...) {
-    }
-  } else {
-    std::fprintf(stderr, "turnstile: %s\n", warning.what());
   }
 }
 
