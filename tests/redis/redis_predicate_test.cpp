@@ -199,9 +199,10 @@ TEST_F(RedisPredicate, ARenewalReadsOnlyItsOwnEntriesUntilOneMayHaveExpired) {
   const auto renew = prelude + read_script("renew.lua");
   const auto name = unique_name("renew-cost");
   const std::string key = "turnstile:{" + name + "}:q", channel = "turnstile:{" + name + "}:w:0";
-  // {status, seq} of a join by request `request` with a lease of `lease_ms`.
+  // {status, seq} of a join by request `request` with a lease of `lease_ms` (marked with its
+  // client's watermark: see common_prelude.lua).
   const auto join = [&](const std::string& request, const std::string& lease_ms) {
-    auto reply = command({"EVAL", acquire, "1", key, channel, "x", "1", "0", lease_ms, "0", request, "1 test", ""});
+    auto reply = command({"EVAL", acquire, "1", key, channel, "x", "1", "0", lease_ms, "0", request + ":1", "1 test", ""});
     EXPECT_TRUE(reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2) << (reply && reply->str ? reply->str : "");
     return std::to_string(reply->element[1]->integer);
   };

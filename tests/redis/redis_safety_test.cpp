@@ -21,79 +21,18 @@
 #include "conformance/support.hpp"
 #include "support/server_tests.hpp"
 #include "support/tcp_proxy.hpp"
+#include "redis/own_server.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using turnstile::Client;
 using namespace server_tests;
+using redis_tests::RedisServer;
+using redis_tests::Thaw;
 
 // The name's one key (see the README's Redis section).
 std::string state_key(const std::string& name) { return "turnstile:{" + name + "}:q"; }
-
-// A redis-server of the test's own, started with `options` in a directory it controls, so it
-// can be shut down without saving and restarted from what that directory holds.
-class RedisServer {
- public:
-  explicit RedisServer(std::string options) : options_(std::move(options)) {
-    char dir[] = "/tmp/turnstile-redis-safety-XXXXXX";
-    if (!mkdtemp(dir)) throw std::runtime_error("mkdtemp failed");
-    dir_ = dir;
-    // A port the kernel just handed out (and we released): free unless someone races us.
-    const int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof address);
-    socklen_t length = sizeof address;
-    getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length);
-    port_ = ntohs(address.sin_port);
-    close(probe);
-    start();
-  }
-  ~RedisServer() {
-    signal(SIGCONT);  // a test that failed while the server was frozen
-    shutdown("NOSAVE");
-    std::filesystem::remove_all(dir_);
-  }
-  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
-  std::string cli(const std::string& arguments) const {
-    return shell("redis-cli -p " + std::to_string(port_) + " " + arguments);
-  }
-  const std::string& dir() const { return dir_; }
-  // Sends `sig` to the server process (SIGSTOP freezes it: connections stay open, nothing answers).
-  void signal(int sig) const {
-    const auto pid = read_first_line(dir_ + "/redis.pid");
-    if (!pid.empty()) kill(std::stoi(pid), sig);
-  }
-  // Clients waiting on the server (paused by CLIENT PAUSE, or blocked).
-  int blocked_clients() const {
-    const auto info = cli("INFO clients");
-    const auto at = info.find("blocked_clients:");
-    return at == std::string::npos ? -1 : std::atoi(info.c_str() + at + 16);
-  }
-  void start() {
-    shell("redis-server --bind 127.0.0.1 --port " + std::to_string(port_) + " --daemonize yes --dir " + dir_ +
-          " --pidfile " + dir_ + "/redis.pid --logfile " + dir_ + "/redis.log " + options_);
-    if (!eventually([&] { return cli("PING") == "PONG"; }, 10s)) throw std::runtime_error("redis-server did not start");
-  }
-  // SHUTDOWN NOSAVE (the data since the last snapshot is lost) or SAVE; waits until it is gone.
-  void shutdown(const std::string& how) {
-    cli("SHUTDOWN " + how);
-    eventually([&] { return cli("PING") != "PONG"; }, 10s);
-  }
-
- private:
-  std::string options_;
-  std::string dir_;
-  int port_ = 0;
-};
-
-// Continues a frozen server when it goes out of scope.
-struct Thaw {
-  const RedisServer& server;
-  ~Thaw() { server.signal(SIGCONT); }
-};
 
 class RedisSafety : public ::testing::Test {
  protected:
@@ -219,11 +158,36 @@ TEST_F(RedisSafety, StateDeletedWhileHeldIsReportedLostAndTokensKeepGrowing) {
   EXPECT_THROW(holder.release(), turnstile::HoldLost);
 }
 
-// Issue 16.1: maxmemory with allkeys-lru evicts a held lock's state. Connecting warns (or, with
-// ?eviction=refuse, refuses); the holder is told; the next contender's token is larger.
+// Issue 22.17: a server that may evict lock state is refused by default, with an error naming
+// its policy; ?eviction=allow and ?eviction=warn accept it (warn through the error handler).
+TEST(RedisSafetyOwnServer, AServerThatMayEvictIsRefusedUnlessAllowed) {
+  RedisServer server("--save '' --appendonly no --maxmemory 3mb --maxmemory-policy allkeys-lru");
+  for (const std::string query : {"", "?eviction=refuse"}) {
+    try {
+      Client::connect(server.url() + query);
+      ADD_FAILURE() << "connected to a server with allkeys-lru" << query;
+    } catch (const turnstile::BackendUnavailable& error) {
+      EXPECT_NE(std::string(error.what()).find("maxmemory-policy allkeys-lru"), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("eviction=allow"), std::string::npos) << error.what();
+    }
+  }
+  std::atomic<int> reports{0};
+  turnstile::ClientOptions options;
+  options.error_handler = [&](const turnstile::Error&) { ++reports; };
+  auto allowed = Client::connect(server.url() + "?eviction=allow", options);
+  EXPECT_EQ(reports.load(), 0) << "eviction=allow still warned";
+  EXPECT_THROW(Client::connect(server.url() + "?eviction=maybe"), turnstile::InvalidUrl);
+  RedisServer safe("--save '' --appendonly no --maxmemory 3mb --maxmemory-policy volatile-lru");
+  auto fine = Client::connect(safe.url());
+  auto mutex = fine.mutex(unique_name("safe"));
+  ASSERT_TRUE(mutex.try_lock_for(1s));
+  mutex.unlock();
+}
+
+// Issue 16.1: maxmemory with allkeys-lru evicts a held lock's state. Connecting with
+// ?eviction=warn warns; the holder is told; the next contender's token is larger.
 TEST(RedisSafetyOwnServer, EvictedStateIsReportedLostAndTokensKeepGrowing) {
   RedisServer server("--save '' --appendonly no --maxmemory 3mb --maxmemory-policy allkeys-lru");
-  EXPECT_THROW(Client::connect(server.url() + "?eviction=refuse"), turnstile::BackendUnavailable);
   std::vector<std::string> warnings;
   std::mutex warnings_mutex;
   auto options = with_ttl(3s);
@@ -231,7 +195,7 @@ TEST(RedisSafetyOwnServer, EvictedStateIsReportedLostAndTokensKeepGrowing) {
     std::lock_guard lock(warnings_mutex);
     warnings.push_back(error.what());
   };
-  auto holder_client = Client::connect(server.url(), options);
+  auto holder_client = Client::connect(server.url() + "?eviction=warn", options);
   {
     std::lock_guard lock(warnings_mutex);
     ASSERT_EQ(warnings.size(), 1u);
@@ -253,7 +217,7 @@ TEST(RedisSafetyOwnServer, EvictedStateIsReportedLostAndTokensKeepGrowing) {
   }
   ASSERT_EQ(server.cli("EXISTS " + quoted(state_key(name))), "0") << "the filler never evicted the lock's state";
   EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 10s)) << "the holder was never told";
-  auto other_client = Client::connect(server.url(), with_ttl(3s));
+  auto other_client = Client::connect(server.url() + "?eviction=allow", with_ttl(3s));
   auto other = other_client.mutex(name);
   ASSERT_TRUE(other.try_lock_for(5s));
   EXPECT_GT(other.fencing_token(), holder.fencing_token());
@@ -547,7 +511,13 @@ TEST_F(RedisSafety, AnUnreadableOrHugeSeqNeverMakesTwoHoldersOrEqualTokens) {
     EXPECT_EQ(mutex.fencing_token(), expected);
     mutex.unlock();
   }
-  const auto before = redis_cli(url_, "HGETALL " + quoted(state_key(name)));
+  // The queue as stored, but for the client's request records (what its requests did).
+  const auto queue_state = [&] {
+    std::string state;
+    for (const auto& field : {"seq", "w"}) state += redis_cli(url_, "HGET " + quoted(state_key(name)) + " " + field) + "\n";
+    return state + redis_cli(url_, "HLEN " + quoted(state_key(name)));
+  };
+  const auto before = queue_state();
   try {
     mutex.lock();
     ADD_FAILURE() << "a token past 2^53-1 was handed out: " << mutex.fencing_token();
@@ -555,7 +525,7 @@ TEST_F(RedisSafety, AnUnreadableOrHugeSeqNeverMakesTwoHoldersOrEqualTokens) {
   } catch (const turnstile::BackendUnavailable& error) {
     EXPECT_NE(std::string(error.what()).find("2^53"), std::string::npos) << error.what();
   }
-  EXPECT_EQ(redis_cli(url_, "HGETALL " + quoted(state_key(name))), before) << "the refused acquire changed the state";
+  EXPECT_EQ(queue_state(), before) << "the refused acquire changed the state";
   EXPECT_EQ(redis_cli(url_, "HGET " + quoted(state_key(name)) + " seq"), "9007199254740991");
   redis_cli(url_, "DEL " + quoted(state_key(name)));
 }

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -22,6 +23,8 @@
 
 #include "backends/redis/cluster.hpp"
 #include "backends/redis/connection.hpp"
+#include "backends/redis/eviction.hpp"
+#include "backends/redis/request_ids.hpp"
 #include "backends/redis/scripts.hpp"
 #include "backends/redis/subscriber.hpp"
 #include "core/fork_generation.hpp"
@@ -91,20 +94,6 @@ QueueKeys counter_keys(const std::string& name, bool cluster) {
   return {{name, line}, channel};
 }
 
-// Unique per client (drawn when the client connects, so forked processes differ) and per call.
-class RequestIds {
- public:
-  RequestIds() {
-    std::random_device random;
-    std::snprintf(prefix_, sizeof prefix_, "%08x%08x%08x", random(), random(), random());
-  }
-  std::string next() { return prefix_ + std::string(":") + std::to_string(++count_); }
-
- private:
-  char prefix_[25];
-  std::atomic<std::uint64_t> count_{0};
-};
-
 std::string host_name() {
   char buffer[256] = {};
   gethostname(buffer, sizeof buffer - 1);
@@ -120,24 +109,6 @@ char kind_code(EntryKind kind) {
   return 'x';
 }
 
-// What the backend reads from the URL beyond Settings: ?eviction=warn|refuse (what to do when
-// the server may evict lock state). Taken out before parse_settings, which knows only ttl.
-struct EvictionRule {
-  bool refuse = false;
-};
-
-EvictionRule take_eviction_rule(BackendUrl& url) {
-  EvictionRule rule;
-  if (const auto it = url.query.find("eviction"); it != url.query.end()) {
-    if (it->second != "warn" && it->second != "refuse") {
-      throw InvalidUrl("bad eviction=" + it->second + " in '" + url.text + "' (expected warn or refuse)");
-    }
-    rule.refuse = it->second == "refuse";
-    url.query.erase(it);
-  }
-  return rule;
-}
-
 class RedisBackend;
 
 // Every inline wait of this backend, in one place.
@@ -148,10 +119,12 @@ constexpr milliseconds kCallPatience = kReplyTimeout;
 constexpr milliseconds kReleasePatience{1000};
 constexpr milliseconds kLostReleasePatience{250};
 // Leaving a queue or a counter's line: bounded, so a giving-up waiter returns soon; what fails
-// is left to the watchdog (queues) or to the entry's lease (counter lines).
+// is retired by the watchdog (retire_later).
 constexpr milliseconds kLeavePatience{1000};
-// An orphan (an entry whose removal failed) is retried until TTL + this: gone on the server by then.
-constexpr milliseconds kOrphanSlack{5000};
+// A request given up without an answer is retired in the background (an orphan) until it is
+// answered, for this long at most: as long as the scripts remember requests (memory_ms in
+// common_prelude.lua), after which nothing could tell a late copy of it anyway.
+constexpr milliseconds kOrphanPatience{120'000};
 // How long a waiter waits for the server to confirm its SUBSCRIBE; unconfirmed, the watchdog's
 // rounds (which wake a waiter whose entry is admitted) cover what it may miss.
 constexpr milliseconds kSubscribeConfirm{1000};
@@ -170,8 +143,6 @@ constexpr milliseconds kRenewalPatience{1000};
 // short deadline then ends in the server's answer (admitted, or not: a timeout), never in
 // BackendUnavailable. A second covers a loaded server; an unreachable one holds it up no longer.
 constexpr milliseconds kOneShotFloor{1000};
-// The eviction-policy check at connect: a connect timeout's worth.
-constexpr milliseconds kEvictionCheckPatience = kConnectTimeout;
 // A release is remembered at least this long (and 2 TTLs), so a resend after a lost reply is recognised.
 constexpr milliseconds kMinReleaseMemory{60'000};
 // ?min_replicas=N: WAIT gets the caller's time left, but at least this.
@@ -204,7 +175,7 @@ struct HoldLease {
 
 class RedisHold final : public BackendHold {
  public:
-  RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::string request,
+  RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::uint64_t join,
             std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease, std::string server);
   ~RedisHold() override;
 
@@ -225,6 +196,7 @@ class RedisHold final : public BackendHold {
   std::uint64_t seq_;
   std::string server_;
   std::string request_;  // the acquire's request id: the entry's owner
+  std::uint64_t release_request_ = 0;  // the release's own number, the same for every try; 0 until the first
   std::shared_ptr<LossSignal> loss_;
   std::shared_ptr<ServerLease> lease_;
   std::shared_ptr<HoldLease> state_;
@@ -420,7 +392,7 @@ class RedisBackend final : public Backend {
                   renewal_retry()),
         subscriber_(settings, [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
                     [this] { on_subscriber_reset(); }) {
-    check_eviction_policy(eviction, warn);
+    check_eviction_policy(connection_, settings_, eviction, warn);
     watchdog_ = std::jthread([this](std::stop_token stop) { watchdog_loop(stop); });
   }
 
@@ -441,6 +413,7 @@ class RedisBackend final : public Backend {
   std::int64_t counter_drain(const std::string& name) override;
 
   Router& connection() { return connection_; }
+  RequestIds& request_ids() { return request_ids_; }
   QueueKeys keys_of(const std::string& name) const { return queue_keys(name, settings_.db); }
   // How long a release is remembered, so a resend after a lost reply is recognised.
   std::string release_memory_ms() const {
@@ -483,7 +456,6 @@ class RedisBackend final : public Backend {
     if (fd < 0) throw BackendUnavailable("eventfd failed");
     return fd;
   }
-  void check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn);
   void on_subscriber_reset();
   // A new connection found another server. With sentinels every hold admitted by another
   // server than `server` is lost: a failover (or a restart) may have lost its entry, or handed
@@ -515,9 +487,15 @@ class RedisBackend final : public Backend {
   // answers follow). False when it confirmed nothing for one of them.
   bool settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
                        const std::string& server, std::size_t queued);
-  // Takes the entry of `request` out of the queue (by seq when known), bounded; when that
-  // fails, the watchdog keeps trying (an entry left behind would hold the name up for a TTL).
-  void leave(const std::string& name, const std::string& seq, const std::string& request) noexcept;
+  // Takes the entry of the acquire numbered `join` out of the queue (by seq when known),
+  // bounded; when that fails, the watchdog keeps trying (an entry left behind would hold the
+  // name up for a TTL). Either way the acquire is retired: a copy of it delivered late creates
+  // nothing. `settle_join`: the acquire's outcome was unknown, its number is still in flight.
+  void leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join) noexcept;
+  // Runs a counter change once (its request marked with a fresh number); when its outcome is
+  // unknown, the request is retired in the background before the error reaches the caller.
+  Reply counter_change(const QueueKeys& keys, const Script& script,
+                       const std::function<std::vector<std::string>(const std::string& marked)>& args_with);
 
   Settings settings_;
   std::string identity_;  // "<pid> <host>", for inspect
@@ -533,25 +511,35 @@ class RedisBackend final : public Backend {
   Router renewals_;  // the watchdog's own: renewals never queue behind other calls
   Waiters waiters_;
 
-  // Entries whose removal failed (or whose creation's outcome is unknown), until removed.
+  // Requests given up without an answer (Curator's guaranteed delete is the model): an entry
+  // whose removal failed or whose creation's outcome is unknown, a counter change or take whose
+  // outcome is unknown. Each is one idempotent script call that retires the request (so that a
+  // copy delivered late changes nothing), retried in the watchdog's rounds until answered; the
+  // numbers it settles stay in flight (holding their key's watermark) until then.
   struct Orphan {
-    std::string name, seq, request;
-    SteadyClock::time_point give_up;  // it has expired on the server by then
+    const Script* script;
+    std::vector<std::string> keys, args;
+    std::string key;                     // the key whose request numbers `settles` are
+    std::vector<std::uint64_t> settles;  // settled once it is answered (or given up)
+    SteadyClock::time_point give_up;
+    std::uint64_t serial = 0;
   };
+  void retire_later(Orphan orphan);
 
   std::mutex holds_mutex_;
   std::set<RedisHold*> holds_;
   std::string primary_;  // with sentinels: the server the latest new connection found
   std::vector<Orphan> orphans_;
+  std::uint64_t orphan_serial_ = 0;
 
   Subscriber subscriber_;  // after the waiter tables: its thread calls into them
   std::jthread watchdog_;  // last: stopped and joined first
 };
 
-RedisHold::RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::string request,
+RedisHold::RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::uint64_t join,
                      std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease, std::string server)
-    : backend_(backend), name_(std::move(name)), seq_(seq), server_(std::move(server)), request_(std::move(request)),
-      loss_(std::move(loss)),
+    : backend_(backend), name_(std::move(name)), seq_(seq), server_(std::move(server)),
+      request_(backend.request_ids().id(join)), loss_(std::move(loss)),
       lease_(std::move(lease)), state_(std::make_shared<HoldLease>(lease_)) {
   lease_->attach(loss_);
   backend_.track(this);
@@ -563,6 +551,7 @@ RedisHold::~RedisHold() {
   if (fork_generation_ != fork_generation()) return;
   lease_->detach(loss_.get());
   if (!released_) backend_.untrack(this);  // the core releases first; this only guards misuse
+  if (release_request_ != 0) backend_.request_ids().settle(backend_.keys_of(name_).keys.back(), release_request_);
 }
 
 void RedisHold::downgrade() {
@@ -584,45 +573,20 @@ void RedisHold::release() {
   // From now on a renewal that finds the entry gone may have crossed this release: only the
   // release's own answer says whether the hold was lost.
   state_->releasing = true;
+  auto& ids = backend_.request_ids();
+  if (release_request_ == 0) release_request_ = ids.open(keys.keys.back());
   auto reply = backend_.connection().eval(scripts::release, keys.keys,
-                                          {keys.channel, std::to_string(seq_), request_, backend_.release_memory_ms()},
+                                          {keys.channel, std::to_string(seq_), request_, backend_.release_memory_ms(),
+                                           ids.marked(keys.keys.back(), release_request_)},
                                           SteadyClock::now() + patience, true, nullptr,
                                           lost ? std::stop_token() : loss_->token());
+  ids.settle(keys.keys.back(), std::exchange(release_request_, 0));
   released_ = true;
   backend_.untrack(this);
   if (integer_of(reply) == 0) {
     lease_->lose("its entry had expired or the redis server forgot it before the release");
   } else {
     lease_->detach(loss_.get());
-  }
-}
-
-void RedisBackend::check_eviction_policy(const EvictionRule& rule, const ErrorHandler& warn) {
-  Reply reply;
-  try {
-    auto until = SteadyClock::now() + kEvictionCheckPatience;
-    if (settings_.connect_by) until = std::min(until, *settings_.connect_by);
-    reply = connection_.command({"CONFIG", "GET", "maxmemory-policy"}, until);
-  } catch (const AccessDenied&) {
-    return;  // CONFIG not allowed to this user (or renamed away): nothing to check
-  } catch (const BackendUnavailable&) {
-    return;
-  }
-  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
-  const auto policy = string_at(reply.get(), 1);
-  if (policy.rfind("allkeys-", 0) != 0) return;
-  const std::string what = "redis at " + settings_.description + " has maxmemory-policy " + policy +
-                           ": it may evict lock state while it is held (the holder is then told its hold is lost, "
-                           "and fencing tokens keep growing); use noeviction or volatile-*";
-  if (rule.refuse) throw BackendUnavailable(what + " (refused: eviction=refuse)");
-  const BackendUnavailable warning("warning: " + what);
-  if (warn) {
-    try {
-      warn(warning);
-    } catch (...) {
-    }
-  } else {
-    std::fprintf(stderr, "turnstile: %s\n", warning.what());
   }
 }
 
@@ -698,23 +662,34 @@ void RedisBackend::check_replicas(const Reply& reply) const {
                       "; nothing was taken");
 }
 
-void RedisBackend::leave(const std::string& name, const std::string& seq, const std::string& request) noexcept {
+void RedisBackend::leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join) noexcept {
   try {
     const auto keys = keys_of(name);
-    auto reply = connection_.eval(scripts::release, keys.keys, {keys.channel, seq, request, release_memory_ms()},
-                                  SteadyClock::now() + kLeavePatience, true);
-    integer_of(reply);
-    return;
-  } catch (...) {
-  }
-  try {
-    {
-      std::lock_guard lock(holds_mutex_);
-      orphans_.push_back({name, seq, request, SteadyClock::now() + settings_.ttl + kOrphanSlack});
+    const auto& key = keys.keys.back();
+    const auto release = request_ids_.open(key);
+    std::vector<std::uint64_t> settles{release};
+    if (settle_join) settles.push_back(join);
+    std::vector<std::string> args{keys.channel, seq, request_ids_.id(join), release_memory_ms(),
+                                  request_ids_.marked(key, release)};
+    try {
+      integer_of(connection_.eval(scripts::release, keys.keys, args, SteadyClock::now() + kLeavePatience, true));
+      for (const auto n : settles) request_ids_.settle(key, n);
+      return;
+    } catch (...) {
     }
-    renew_soon();
+    retire_later({&scripts::release, keys.keys, std::move(args), key, std::move(settles), {}});
   } catch (...) {
   }
+}
+
+void RedisBackend::retire_later(Orphan orphan) {
+  {
+    std::lock_guard lock(holds_mutex_);
+    orphan.give_up = SteadyClock::now() + std::max<milliseconds>(kOrphanPatience, 2 * settings_.ttl);
+    orphan.serial = ++orphan_serial_;
+    orphans_.push_back(std::move(orphan));
+  }
+  renew_soon();
 }
 
 // Our entry in a name's queue. The Lua scripts evaluate the queue atomically (admit()), so every
@@ -723,7 +698,8 @@ class RedisPlace final : public QueuePlace {
  public:
   RedisPlace(RedisBackend& backend, const QueueRequest& request, bool may_wait)
       : backend_(backend), name_(request.name), keys_(backend.keys_of(request.name)),
-        request_id_(backend.request_ids_.next()), stop_(request.stop) {
+        join_(backend.request_ids_.open(keys_.keys.back())), request_id_(backend.request_ids_.id(join_)),
+        stop_(request.stop) {
     if (may_wait) {
       listener_.emplace(backend.waiters_, backend.subscriber_, Waiters::Line::queue, keys_.channel);
       backend.waiters_.update(listener_->waiter, [&](Waiters::Waiter& w) {
@@ -731,6 +707,11 @@ class RedisPlace final : public QueuePlace {
         w.request = request_id_;
       });
     }
+  }
+
+  ~RedisPlace() override {
+    // An acquire that ended in an error reply: the server changed nothing.
+    if (!join_answered_ && !left_) backend_.request_ids_.settle(keys_.keys.back(), join_);
   }
 
   // Runs the acquire script: admitted or not; none when no entry stays (not admitted on a
@@ -747,8 +728,11 @@ class RedisPlace final : public QueuePlace {
           scripts::acquire, keys_.keys,
           {keys_.channel, std::string(1, kind_code(request.kind)), std::to_string(request.permits),
            std::to_string(request.limit), std::to_string(backend_.settings_.ttl.count()), try_once ? "1" : "0",
-           request_id_, backend_.identity_, backend_.label_suffix_},
+           backend_.request_ids_.marked(keys_.keys.back(), join_), backend_.identity_, backend_.label_suffix_},
           at_least_floor(deadline), true, &server_, stop_, &follow_up, &replicas);
+      // Answered: the server knows what this acquire did, and a late copy of it finds that out.
+      backend_.request_ids_.settle(keys_.keys.back(), join_);
+      join_answered_ = true;
     } catch (const BackendUnavailable&) {
       // The script may have run and its reply been lost: take out the entry it may have made
       // (found by our request id) rather than leave it to hold up the name for a TTL.
@@ -823,7 +807,7 @@ class RedisPlace final : public QueuePlace {
     left_ = true;  // the hold owns the entry now
     if (listener_) backend_.waiters_.set_queued(listener_->waiter, false);
     // The lease counts from the send time of the script that found us admitted.
-    return std::make_unique<RedisHold>(backend_, name_, seq_, request_id_, std::move(loss),
+    return std::make_unique<RedisHold>(backend_, name_, seq_, join_, std::move(loss),
                                        backend_.loss_clock_.watch(backend_.settings_.ttl, admitted_at_), server_);
   }
 
@@ -831,7 +815,7 @@ class RedisPlace final : public QueuePlace {
     if (std::exchange(left_, true)) return;
     if (listener_) backend_.waiters_.set_queued(listener_->waiter, false);
     // By request id alone while the seq is unknown (the acquire's reply was lost).
-    backend_.leave(name_, seq_ ? std::to_string(seq_) : std::string(), request_id_);
+    backend_.leave(name_, seq_ ? std::to_string(seq_) : std::string(), join_, !join_answered_);
   }
 
   // The script decided; the queue is in our mode (it refuses a request of another).
@@ -846,7 +830,9 @@ class RedisPlace final : public QueuePlace {
   std::string name_;
   QueueKeys keys_;
   // One id per entry: a release by request id finds it even when the acquire's reply was lost.
+  std::uint64_t join_;
   std::string request_id_;
+  bool join_answered_ = false;  // else its number stays in flight until the leave retires it
   std::stop_token stop_;
   std::optional<Listener> listener_;  // none on a try-once: it never waits
   std::uint64_t seq_ = 0;             // 0 until the acquire answered
@@ -870,8 +856,13 @@ class RedisCounterLine final : public CounterLine {
  public:
   RedisCounterLine(RedisBackend& backend, const std::string& name, std::int64_t permits, std::stop_token stop)
       : backend_(backend), keys_(counter_keys(name, backend.settings_.cluster())), permits_(permits),
-        request_id_(backend.request_ids_.next()), stop_(std::move(stop)),
+        request_(backend.request_ids_.open(keys_.keys.back())), stop_(std::move(stop)),
         listener_(backend.waiters_, backend.subscriber_, Waiters::Line::counter, keys_.channel) {}
+  // The acquire's number is in flight until it is settled: taken, or left (answered), or handed
+  // to the background retire.
+  ~RedisCounterLine() override {
+    if (!retiring_) backend_.request_ids_.settle(keys_.keys.back(), request_);
+  }
 
   // The last try (the deadline passed, or a stop) takes or leaves the line; see run() for its time.
   CounterStanding look(bool last_try, Deadline deadline) override { return run(last_try ? "1" : "0", deadline); }
@@ -891,7 +882,15 @@ class RedisCounterLine final : public CounterLine {
     try {
       taken_ = run_script("2", SteadyClock::now() + kLeavePatience, {}).taken;  // not ended by the stop
     } catch (...) {
-      // Our place expires with its lease.
+      // Unanswered: a look of ours may still arrive, or may have taken the permits. Retired in
+      // the background: a take it made is given back (we report "not taken"), our place goes,
+      // and a look delivered later changes nothing.
+      try {
+        retiring_ = true;
+        backend_.retire_later({&scripts::counter_retire, keys_.keys,
+                               {keys_.channel, marked(), std::to_string(permits_)}, keys_.keys.back(), {request_}, {}});
+      } catch (...) {
+      }
     }
     settled_ = true;
     return taken_;
@@ -935,7 +934,7 @@ class RedisCounterLine final : public CounterLine {
     auto reply = backend_.connection_.eval(scripts::counter_acquire, keys_.keys,
                                            {keys_.channel, std::to_string(permits_),
                                             std::to_string(backend_.settings_.ttl.count()), mode, backend_.identity_,
-                                            request_id_, backend_.label_suffix_},
+                                            marked(), backend_.label_suffix_},
                                            until, true, nullptr, stop);
     CounterStanding standing;
     const auto status = integer_at(reply.get(), 0);
@@ -960,8 +959,12 @@ class RedisCounterLine final : public CounterLine {
   RedisBackend& backend_;
   QueueKeys keys_;
   std::int64_t permits_;
-  std::string request_id_;  // the same for every look: a resend finds our place or our take
-  std::stop_token stop_;    // the caller's: every call but a leave ends on it
+  // The acquire's request (marked with the key's watermark at each send).
+  std::string marked() { return backend_.request_ids_.marked(keys_.keys.back(), request_); }
+
+  std::uint64_t request_;  // the same for every look: a resend finds our place or our take
+  bool retiring_ = false;  // handed to the background retire, which settles it
+  std::stop_token stop_;   // the caller's: every call but a leave ends on it
   Listener listener_;       // registered before the first look
   bool in_line_ = false;
   bool settled_ = true;  // known out of the line (or taken): leave() has nothing to do
@@ -1027,7 +1030,11 @@ bool RedisBackend::renewal_round() {
       }
     }
     const auto now = SteadyClock::now();
-    std::erase_if(orphans_, [&](const Orphan& orphan) { return orphan.give_up <= now; });
+    std::erase_if(orphans_, [&](const Orphan& orphan) {
+      if (orphan.give_up > now) return false;
+      for (const auto n : orphan.settles) request_ids_.settle(orphan.key, n);
+      return true;
+    });
     orphans = orphans_;
   }
   if (settings_.sentinel()) {
@@ -1076,11 +1083,7 @@ bool RedisBackend::renewal_round() {
     calls.emplace_back(&scripts::renew, keys.keys, std::move(args));
   }
   // Orphans ride in the same round trip, after the renewals.
-  for (const auto& orphan : orphans) {
-    const auto keys = keys_of(orphan.name);
-    calls.emplace_back(&scripts::release, keys.keys,
-                       std::vector<std::string>{keys.channel, orphan.seq, orphan.request, release_memory_ms()});
-  }
+  for (const auto& orphan : orphans) calls.emplace_back(orphan.script, orphan.keys, orphan.args);
   const auto sent_at = SteadyClock::now();
   std::vector<Result> results;
   try {
@@ -1116,12 +1119,14 @@ bool RedisBackend::renewal_round() {
     }
   }
   if (!orphans.empty()) {
-    std::set<std::string> removed;
+    std::set<std::uint64_t> answered;
     for (const auto& orphan : orphans) {
-      if (results[at++].ok()) removed.insert(orphan.request);
+      if (!results[at++].ok()) continue;
+      answered.insert(orphan.serial);
+      for (const auto n : orphan.settles) request_ids_.settle(orphan.key, n);
     }
     std::lock_guard lock(holds_mutex_);
-    std::erase_if(orphans_, [&](const Orphan& orphan) { return removed.count(orphan.request) > 0; });
+    std::erase_if(orphans_, [&](const Orphan& orphan) { return answered.count(orphan.serial) > 0; });
     settled = settled && orphans_.empty();
   }
   return settled;
@@ -1237,20 +1242,40 @@ Inspection RedisBackend::inspect(const std::string& name, Deadline deadline) {
   return result;
 }
 
-// Counter changes carry a request id: the scripts remember what each did, so the connection may
-// resend one whose reply was lost without applying it twice.
+Reply RedisBackend::counter_change(const QueueKeys& keys, const Script& script,
+                                   const std::function<std::vector<std::string>(const std::string&)>& args_with) {
+  const auto& key = keys.keys.back();
+  const auto n = request_ids_.open(key);
+  const auto marked = request_ids_.marked(key, n);
+  try {
+    auto reply = connection_.eval(script, keys.keys, args_with(marked), SteadyClock::now() + kCallPatience, true);
+    request_ids_.settle(key, n);
+    return reply;
+  } catch (const BackendUnavailable&) {
+    retire_later({&scripts::counter_retire, keys.keys, {keys.channel, marked, "0"}, key, {n}, {}});
+    throw;
+  } catch (...) {
+    request_ids_.settle(key, n);  // an error reply: nothing was changed
+    throw;
+  }
+}
+
+// Counter changes are applied at most once (see common_prelude.lua): the connection may resend
+// one whose reply was lost, and a copy delivered after its sender settled or gave it up changes
+// nothing.
 bool RedisBackend::counter_try_set(const std::string& name, std::int64_t permits) {
   const auto keys = counter_keys(name, settings_.cluster());
-  auto reply = connection_.eval(scripts::counter_try_set, keys.keys, {keys.channel, std::to_string(permits), request_ids_.next()},
-                                SteadyClock::now() + kCallPatience, true);
+  auto reply = counter_change(keys, scripts::counter_try_set, [&](const std::string& marked) {
+    return std::vector<std::string>{keys.channel, std::to_string(permits), marked};
+  });
   return integer_of(reply) == 1;
 }
 
 std::int64_t RedisBackend::counter_add(const std::string& name, std::int64_t delta) {
   const auto keys = counter_keys(name, settings_.cluster());
-  auto reply = connection_.eval(scripts::counter_add, keys.keys,
-                                {keys.channel, std::to_string(delta), request_ids_.next(), std::to_string(max_permits)},
-                                SteadyClock::now() + kCallPatience, true);
+  auto reply = counter_change(keys, scripts::counter_add, [&](const std::string& marked) {
+    return std::vector<std::string>{keys.channel, std::to_string(delta), marked, std::to_string(max_permits)};
+  });
   if (integer_at(reply.get(), 0) == 0) {
     throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would take the count beyond ±" +
                           std::to_string(max_permits) + " (the count is " + redacted(settings_, string_at(reply.get(), 1)) +
@@ -1272,9 +1297,9 @@ std::optional<std::int64_t> RedisBackend::counter_get(const std::string& name) {
 
 std::int64_t RedisBackend::counter_drain(const std::string& name) {
   const auto keys = counter_keys(name, settings_.cluster());
-  auto reply = connection_.eval(scripts::counter_drain, keys.keys, {keys.channel, request_ids_.next()},
-                                SteadyClock::now() + kCallPatience, true);
-  return integer_of(reply);
+  return integer_of(counter_change(keys, scripts::counter_drain, [&](const std::string& marked) {
+    return std::vector<std::string>{keys.channel, marked};
+  }));
 }
 }  // namespace
 }  // namespace turnstile::detail::redis

@@ -45,26 +45,72 @@ local function flush(key)
   for i = 1, #set, 1000 do redis.call('HSET', key, unpack(set, i, math.min(i + 999, #set))) end
 end
 
--- Request ids are "<client>:<n>". What a request did is remembered (field 'r:<client>',
--- "<until ms> <n>=<result> ..." for its 16 latest requests) so a resend after a lost reply
--- gets the first answer instead of doing it twice. One field per client, reaped once stale.
-local function split_request(request) return string.match(request, '^(.+):(%d+)$') end
-
-local function recalled(request)
-  local client, n = split_request(request)
-  local record = client and fields['r:' .. client]
-  if not record then return nil end
-  return string.match(record .. ' ', ' ' .. n .. '=(%S+) ')
+-- Requests and at-most-once. A request id is "<client>:<n>", n growing per client; entries
+-- store it (their owner). A call that may create or change something sends it marked,
+-- "<client>:<n>:<low>": the client has settled every request of its own on this key numbered
+-- below <low> (answered, or given up and retired), so a copy of one arriving now is late and
+-- changes nothing, however many calls came between. What the client's requests from <low> on
+-- did is remembered in 'r:<client>' = "<until ms> L<low> <n>=<result> ...": a resend gets the
+-- first answer, and a retired request ('x', or a release or leave) cannot be applied later.
+-- Only requests still in flight stay listed (the client raises <low> past the rest), so the
+-- record holds no count window. One field per client and key, reaped `memory_ms` after the
+-- client's last request there (see the README's Redis section: how late a copy may come).
+-- Every script reads the whole hash, so this is also how many clients' records a busy name
+-- carries: 2 minutes (measured: 600 records make an acquire and a release 15 times slower).
+local memory_ms = 120000
+local function split_request(request) return string.match(request, '^([0-9a-f]+):(%d+)$') end
+-- The id, the client and n of a marked request, and the client's watermark; nil when malformed.
+local function split_marked(marked)
+  local client, n, low = string.match(marked, '^([0-9a-f]+):(%d+):(%d+)$')
+  if not client or #n > 15 or #low > 15 then return nil end
+  return client .. ':' .. n, client, tonumber(n), tonumber(low)
 end
 
-local function remember(request, result, keep_ms)
-  local client, n = split_request(request)
-  if not client then return end
-  local items = {}
-  for item in string.gmatch(fields['r:' .. client] or '', '%d+=%S+') do items[#items + 1] = item end
-  items[#items + 1] = n .. '=' .. result
-  while #items > 16 do table.remove(items, 1) end
-  put('r:' .. client, fmt(now + keep_ms) .. ' ' .. table.concat(items, ' '))
+local records = {}  -- client -> {low, items (n -> result), changed}, as loaded and updated
+local function record_of(client)
+  local record = records[client]
+  if record then return record end
+  record = {low = 0, items = {}, changed = false}
+  local text = fields['r:' .. client] or ''
+  record.low = tonumber(string.match(text, '^%d+ L(%d+)')) or 0
+  for n, result in string.gmatch(text, ' (%d+)=(%S+)') do record.items[tonumber(n)] = result end
+  records[client] = record
+  return record
+end
+
+-- What the marked request did before: its result; 'late' when its client had settled it
+-- (a copy delivered after its sender went on); nil when it is new. Raises the client's watermark.
+local function recalled(marked)
+  local _, client, n, low = split_marked(marked)
+  local record = record_of(client)
+  if low > record.low then
+    record.low = low
+    for item in pairs(record.items) do
+      if item < low then record.items[item] = nil; record.changed = true end
+    end
+  end
+  if n < record.low then return 'late' end
+  return record.items[n]
+end
+
+local function remember(marked, result)
+  local _, client, n = split_marked(marked)
+  local record = record_of(client)
+  record.items[n] = result
+  record.changed = true
+end
+
+-- Writes the records that changed (by put: before the family's flush).
+local function save_records(keep_ms)
+  for client, record in pairs(records) do
+    if record.changed then
+      local numbers, parts = {}, {fmt(now + math.max(keep_ms or 0, memory_ms)), 'L' .. fmt(record.low)}
+      for n in pairs(record.items) do numbers[#numbers + 1] = n end
+      table.sort(numbers)
+      for _, n in ipairs(numbers) do parts[#parts + 1] = fmt(n) .. '=' .. record.items[n] end
+      put('r:' .. client, table.concat(parts, ' '))
+    end
+  end
 end
 
 -- A request record field: reaped once stale. Returns true when the field was one.
@@ -73,6 +119,12 @@ local function load_record(field, value)
   local until_ms = tonumber(string.match(value, '^(%d+) '))
   if not until_ms or until_ms <= now then drop(field) end
   return true
+end
+
+-- The answer to a request that may not be applied (late, or given up by its sender): nothing
+-- changed. Its sender never reads it; a live request never gets it.
+local function given_up(marked)
+  return redis.error_reply('ERR turnstile: request ' .. marked .. ' was settled or given up by its sender; nothing done')
 end
 
 -- Reads a family's hash whole: 'seq' (the last number handed out), numbered items (given to
@@ -102,8 +154,10 @@ local function load_hash(key, parse)
   return items, last
 end
 
--- Writes 'seq' when it grew, then everything changed.
-local function save_hash(key, last)
+-- Writes 'seq' when it grew, then everything changed (request records kept `keep_ms`, at
+-- least memory_ms).
+local function save_hash(key, last, keep_ms)
   if last > (token_of(fields['seq']) or 0) then put('seq', fmt(last)) end
+  save_records(keep_ms)
   flush(key)
 end

@@ -1,11 +1,19 @@
 -- Takes permits in arrival order. ARGV: 2 permits, 3 lease ms, 4 mode (0 wait, 1 try once,
--- 2 only leave the line), 5 "<pid> <host>", 6 request id (the same for every look of one
--- acquire call), 7 " <holder label>" or "". Returns {1} taken (now, or by an earlier look
--- whose reply was lost), {0} not taken (try once, or leave: we left the line), {2, seq, head
--- seq} waiting.
-local wanted, lease_ms, mode, request = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[6]
+-- 2 only leave the line), 5 "<pid> <host>", 6 the request (marked: see common_prelude; the same
+-- for every look of one acquire call), 7 " <holder label>" or "". Returns {1} taken (now, or by
+-- an earlier look whose reply was lost), {0} not taken (try once, or leave: we left the line),
+-- {2, seq, head seq} waiting. A leave is remembered: a look of the same request delivered after
+-- it (its sender gave up) takes nothing and joins no line.
+local wanted, lease_ms, mode, marked = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[6]
 local try_once = mode ~= '0'
-if load_or_recall(request) == 1 then return {1} end  -- a resend: the permits were taken already
+local done, bad = load_or_recall(marked)
+if bad then return bad end
+if done == '1' then return {1} end  -- a resend: the permits were taken already
+if done then
+  save()
+  return {0}  -- left, retired, or its client went on: a late look changes nothing
+end
+local request = split_marked(marked)
 local me
 for i, w in ipairs(waiters) do
   if w.request == request then me = i end
@@ -15,6 +23,7 @@ local function leave_line()
     remove_waiter(me)
     nudge()
   end
+  remember(marked, '0')
   save()
   return {0}
 end
@@ -24,7 +33,7 @@ if (me == nil and #waiters == 0) or me == 1 then
   if available() >= wanted then
     redis.call('DECRBY', permits_key, ARGV[2])
     if me then remove_waiter(me) end
-    remember(request, '1', keep_ms)
+    remember(marked, '1')
     nudge()
     save()
     return {1}

@@ -4,11 +4,10 @@
 -- the same cluster slot, in ONE hash KEYS[2]:
 --   'seq'        the last place in line handed out
 --   '<seq>'      a waiter: "<until ms> <request> <pid> <host> <since ms>[ <label>]"
---   'r:<client>' what the client's latest changes did (a resend gets the first answer)
+--   'r:<client>' what the client's requests in flight did (see common_prelude: at most once)
 -- Redisson's own waiters do not queue there: they may overtake turnstile's.
 local permits_key, line_key, channel = KEYS[1], KEYS[2], ARGV[1]
 local waiters, last, reaped = {}, 0, false
-local keep_ms = 120000  -- how long a change is remembered: longer than any resend
 
 local function load()
   waiters, last = load_hash(line_key, function(seq, field, value)
@@ -22,12 +21,12 @@ end
 
 local function save() save_hash(line_key, last) end
 
--- Loads the line; returns what `request` answered if it ran before (a resend), else nil.
-local function load_or_recall(request)
+-- Loads the line; returns what the marked request did if it ran before (a resend), 'late' when
+-- its client had settled it, nil when it is new (see common_prelude).
+local function load_or_recall(marked)
+  if not split_marked(marked) then return nil, redis.error_reply('ERR turnstile counter: bad request id') end
   load()
-  local done = recalled(request)
-  if done then save() end
-  return done and tonumber(done)
+  return recalled(marked)
 end
 
 -- The count; a value that is not an integer (written by hand) counts as none available.

@@ -11,6 +11,7 @@
 -- scripts say. Anything unreadable is dropped (a hand edit, a partial write): never fail on it.
 local state_key, channel = KEYS[1], ARGV[1]
 local entries, last = {}, 0  -- live entries in arrival order; the largest token seen
+local request_keep_ms = nil  -- how long request records are kept beyond memory_ms (a release sets it)
 
 local function entry_text(e)
   return e.kind .. (e.admitted and '1' or '0') .. ' ' .. e.permits_text .. ' ' .. e.limit_text .. ' ' .. e.request ..
@@ -42,12 +43,12 @@ end
 local function save()
   if #entries == 0 then
     drop('w')
-    return save_hash(state_key, last)
+    return save_hash(state_key, last, request_keep_ms)
   end
   local walk_at = max_token
   for _, e in ipairs(entries) do walk_at = math.min(walk_at, e.expiry) end
   put('w', '0 0')
-  save_hash(state_key, last)
+  save_hash(state_key, last, request_keep_ms)
   redis.call('HSET', state_key, 'w', fmt(walk_at) .. ' ' .. fmt(redis.call('HLEN', state_key)))
 end
 

@@ -1,0 +1,57 @@
+// ?eviction=refuse|warn|allow: see eviction.hpp.
+#include "backends/redis/eviction.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace turnstile::detail::redis {
+
+EvictionRule take_eviction_rule(BackendUrl& url) {
+  EvictionRule rule;
+  if (const auto it = url.query.find("eviction"); it != url.query.end()) {
+    if (it->second == "warn") {
+      rule.action = EvictionRule::Action::warn;
+    } else if (it->second == "allow") {
+      rule.action = EvictionRule::Action::allow;
+    } else if (it->second != "refuse") {
+      throw InvalidUrl("bad eviction=" + it->second + " in '" + url.text + "' (expected refuse, warn or allow)");
+    }
+    url.query.erase(it);
+  }
+  return rule;
+}
+
+void check_eviction_policy(Router& connection, const Settings& settings, const EvictionRule& rule,
+                           const ErrorHandler& warn) {
+  Reply reply;
+  try {
+    auto until = SteadyClock::now() + kConnectTimeout;  // a connect's worth
+    if (settings.connect_by) until = std::min(until, *settings.connect_by);
+    reply = connection.command({"CONFIG", "GET", "maxmemory-policy"}, until);
+  } catch (const AccessDenied&) {
+    return;  // CONFIG not allowed to this user (or renamed away): nothing to check
+  } catch (const BackendUnavailable&) {
+    return;
+  }
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
+  const auto policy = string_at(reply.get(), 1);
+  if (policy.rfind("allkeys-", 0) != 0) return;
+  const std::string what = "redis at " + settings.description + " has maxmemory-policy " + policy +
+                           ": it may evict lock state while it is held (another contender may then get in before "
+                           "the holder is told its hold is lost); use noeviction or volatile-*";
+  if (rule.action == EvictionRule::Action::refuse) {
+    throw BackendUnavailable(what + ", or accept the risk with ?eviction=allow (or ?eviction=warn)");
+  }
+  if (rule.action == EvictionRule::Action::allow) return;
+  const BackendUnavailable warning("warning: " + what + " (eviction=warn)");
+  if (warn) {
+    try {
+      warn(warning);
+    } catch (...) {
+    }
+  } else {
+    std::fprintf(stderr, "turnstile: %s\n", warning.what());
+  }
+}
+
+}  // namespace turnstile::detail::redis

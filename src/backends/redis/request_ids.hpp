@@ -1,0 +1,54 @@
+// Request numbers of one client of the Redis backend, and the watermark of each key.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+
+namespace turnstile::detail::redis {
+
+// Request numbers: unique per client (its prefix is drawn when the client connects, so forked
+// processes differ) and growing. Per key, the numbers still in flight (not yet answered, or
+// given up and not yet retired) are kept: the smallest is the watermark every call that may
+// create or change something sends along ("<client>:<n>:<low>", see common_prelude.lua), below
+// which a copy delivered late changes nothing.
+class RequestIds {
+ public:
+  RequestIds() {
+    std::random_device random;
+    std::snprintf(prefix_, sizeof prefix_, "%08x%08x%08x", random(), random(), random());
+  }
+  // A new request on `key`, in flight until settle().
+  std::uint64_t open(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    in_flight_[key].insert(++count_);
+    return count_;
+  }
+  void settle(const std::string& key, std::uint64_t n) {
+    std::lock_guard lock(mutex_);
+    const auto it = in_flight_.find(key);
+    if (it == in_flight_.end()) return;
+    it->second.erase(n);
+    if (it->second.empty()) in_flight_.erase(it);
+  }
+  std::string id(std::uint64_t n) const { return prefix_ + std::string(":") + std::to_string(n); }
+  std::string marked(const std::string& key, std::uint64_t n) {
+    std::lock_guard lock(mutex_);
+    const auto it = in_flight_.find(key);
+    const auto low = it == in_flight_.end() ? count_ + 1 : *it->second.begin();
+    return id(n) + ":" + std::to_string(std::min(low, n));
+  }
+
+ private:
+  char prefix_[25];
+  std::mutex mutex_;
+  std::uint64_t count_ = 0;
+  std::map<std::string, std::set<std::uint64_t>> in_flight_;
+};
+
+}  // namespace turnstile::detail::redis

@@ -1,0 +1,200 @@
+// Issue 22 (Redis): requests that reach the server after their sender gave up, left, released
+// or went on, and entries rewritten under their owner. A request is held back by the test proxy
+// (tests/support/tcp_proxy.hpp) or by a frozen server (SIGSTOP), then delivered; it must change
+// nothing. Every counter change is applied at most once, however many calls came between.
+#include <signal.h>
+
+#include <future>
+#include <sstream>
+#include <stop_token>
+
+#include "conformance/support.hpp"
+#include "redis/own_server.hpp"
+#include "support/server_tests.hpp"
+#include "support/tcp_proxy.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using turnstile::Client;
+using namespace server_tests;
+using redis_tests::RedisServer;
+using redis_tests::Thaw;
+
+// The name's one key (see the README's Redis section).
+std::string state_key(const std::string& name) { return "turnstile:{" + name + "}:q"; }
+
+class RedisLateRequests : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    url_ = read_first_line(TURNSTILE_REDIS_URL_FILE);
+    ASSERT_FALSE(url_.empty()) << "no URL in " << TURNSTILE_REDIS_URL_FILE;
+  }
+  std::string url_;
+};
+
+// The entry text with its request id (the 4th word: see queue_prelude.lua) replaced.
+std::string with_request(const std::string& entry, const std::string& request) {
+  std::istringstream words(entry);
+  std::string word, out;
+  for (int i = 0; words >> word; ++i) out += (i ? " " : "") + (i == 3 ? request : word);
+  return out;
+}
+
+// Issue 22.3: PermitCounter::acquire(2) ended (by a stop at 300 ms, or by its deadline) while
+// the server is frozen. Its look reaches the server once it resumes; it must not take the
+// permits for good (5 left), nor leave a waiter nobody owns at the head of the line (1 left,
+// too few: the look would wait there for its 10 s TTL).
+TEST(RedisLateRequestsOwnServer, ACounterAcquireEndedDuringAStallTakesNothingWhenTheServerResumes) {
+  RedisServer server("--save '' --appendonly no");
+  struct Case {
+    std::int64_t count;
+    bool by_stop;
+  };
+  for (const auto& [count, by_stop] : {Case{5, true}, Case{1, true}, Case{5, false}}) {
+    const auto name = unique_name("stalled-counter");
+    auto setter = Client::connect(server.url());
+    ASSERT_TRUE(setter.permit_counter(name).try_set_permits(count));
+    auto client = Client::connect(server.url(), with_ttl(10s));
+    auto counter = client.permit_counter(name);
+    ASSERT_FALSE(client.permit_counter(name + "-warm").try_acquire(1));  // its scripts are loaded
+    std::stop_source stop;
+    server.signal(SIGSTOP);
+    const Thaw thaw{server};
+    auto taken = std::async(std::launch::async, [&] {
+      try {
+        return by_stop ? counter.acquire(2, stop.get_token()) : counter.try_acquire_for(300ms, 2);
+      } catch (const turnstile::BackendUnavailable&) {
+        return false;  // the deadline's way: the outcome was unknown, and the acquire is retired
+      }
+    });
+    std::this_thread::sleep_for(300ms);
+    stop.request_stop();
+    ASSERT_EQ(taken.wait_for(5s), std::future_status::ready) << "the acquire did not end";
+    EXPECT_FALSE(taken.get());
+    server.signal(SIGCONT);
+    const auto settled = [&] {
+      return setter.permit_counter(name).available_permits() == count && setter.inspect(name).waiters.empty();
+    };
+    EXPECT_TRUE(eventually(settled, 4s)) << "count " << count << (by_stop ? ", stopped" : ", deadline")
+                                         << ": the late look took " << count - setter.permit_counter(name).available_permits()
+                                         << " permit(s) and left " << setter.inspect(name).waiters.size() << " waiter(s)";
+    std::this_thread::sleep_for(300ms);
+    EXPECT_TRUE(settled()) << "a late look changed the counter after it settled";
+  }
+}
+
+// Issue 22.4: a try_lock_for whose acquire is held back by the proxy ends (the client retires
+// the request on another connection); the acquire delivered after that must create no entry
+// (it made a holder nobody owns, for the TTL). MultiLock's members are acquired the same way.
+TEST_F(RedisLateRequests, AnAcquireDeliveredAfterItsSenderGaveUpCreatesNothing) {
+  turnstile_test::TcpProxy proxy(url_);
+  auto client = Client::connect(proxy.url_through(url_), with_ttl(20s));
+  auto direct = Client::connect(url_);
+  for (const bool multi : {false, true}) {
+    const auto name = unique_name("late-acquire");
+    {
+      auto warm = client.mutex(name + "-warm");  // the scripts are loaded
+      ASSERT_TRUE(warm.try_lock_for(1s));
+      warm.unlock();
+    }
+    auto held = proxy.hold_request(state_key(name));
+    bool got = true;
+    try {
+      if (multi) {
+        auto first = client.mutex(name + "-first");
+        auto second = client.mutex(name);
+        turnstile::MultiLock both(first, second);
+        got = both.try_lock_for(300ms);
+        if (got) both.unlock();
+      } else {
+        auto mutex = client.mutex(name);
+        got = mutex.try_lock_for(300ms);
+        if (got) mutex.unlock();
+      }
+    } catch (const turnstile::BackendUnavailable&) {
+      got = false;  // the outcome was unknown: the client retired the request
+    }
+    EXPECT_FALSE(got) << "held back, and still admitted";
+    ASSERT_TRUE(held->held()) << "the acquire was never held back: nothing tested";
+    // Delivered once the client's retirement (a release by request id, sent on another
+    // connection or retried by the watchdog) shows in its request record ('x': retired), or
+    // after 3 s (a client that records nothing).
+    eventually([&] { return redis_cli(url_, "HGETALL " + quoted(state_key(name))).find("=x") != std::string::npos; }, 3s);
+    held->deliver();
+    EXPECT_FALSE(eventually([&] {
+      const auto seen = direct.inspect(name);
+      return !seen.holders.empty() || !seen.waiters.empty();
+    }, 1500ms)) << (multi ? "MultiLock: " : "") << "the late acquire created an entry nobody owns";
+    auto next = direct.mutex(name);
+    EXPECT_TRUE(next.try_lock_for(0ms)) << "the name is held by a ghost";
+    if (next.owns_lock()) next.unlock();
+  }
+}
+
+// Issue 22.5 and 22.19: a counter change reaches the server at most once. A copy of add(1)
+// replayed at once (a resend after a lost reply) finds it done; a copy of add(5) replayed after
+// 17 more changes of the same client (more than any count window) changes nothing either.
+TEST_F(RedisLateRequests, ACounterChangeIsAppliedOnceHoweverManyCallsCameBetween) {
+  turnstile_test::TcpProxy proxy(url_);
+  auto through = Client::connect(proxy.url_through(url_));
+  auto direct = Client::connect(url_);
+  const auto name = unique_name("once");
+  ASSERT_TRUE(direct.permit_counter(name).try_set_permits(0));
+  auto counter = through.permit_counter(name);
+  auto add_five = proxy.duplicate_request(name, 1);
+  auto add_one = proxy.duplicate_request(name, 2);
+  EXPECT_EQ(counter.add_permits(5), 5);
+  EXPECT_EQ(counter.add_permits(1), 6);
+  ASSERT_TRUE(add_one->wait_seen(1s) && add_five->wait_seen(1s));
+  add_one->replay();
+  EXPECT_FALSE(eventually([&] { return direct.permit_counter(name).available_permits() != 6; }, 500ms))
+      << "a resent add(1) was applied twice: " << direct.permit_counter(name).available_permits();
+  for (int i = 0; i < 17; ++i) counter.add_permits(1);
+  ASSERT_EQ(direct.permit_counter(name).available_permits(), 23);
+  add_five->replay();
+  EXPECT_FALSE(eventually([&] { return direct.permit_counter(name).available_permits() != 23; }, 500ms))
+      << "a late add(5) was applied after 18 other changes: " << direct.permit_counter(name).available_permits();
+}
+
+// Issue 22.19: a release removes its own entry only. The holder's entry rewritten as another
+// request's (what a lost state and a reused number would look like): the release must leave
+// it and report the hold lost, not delete by number.
+TEST_F(RedisLateRequests, AReleaseRemovesOnlyItsOwnEntry) {
+  auto client = Client::connect(url_);
+  const auto name = unique_name("owner");
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  const auto field = std::to_string(mutex.fencing_token());
+  const auto key = quoted(state_key(name));
+  const auto others = with_request(redis_cli(url_, "HGET " + key + " " + field), "feedfacefeedfacefeedface:1");
+  redis_cli(url_, "HSET " + key + " " + field + " " + quoted(others));
+  EXPECT_THROW(mutex.release(), turnstile::HoldLost) << "the release took another's entry for its own";
+  EXPECT_EQ(redis_cli(url_, "HGET " + key + " " + field), others) << "the release removed another's entry";
+  redis_cli(url_, "DEL " + key);
+}
+
+// Issue 22.19: a renewal (the quick one, which reads only the entries it names) extends its
+// own entry only. The holder's entry rewritten as another request's: the next renewal must
+// report the hold lost and leave that entry's lease end alone.
+TEST_F(RedisLateRequests, ARenewalExtendsOnlyItsOwnEntry) {
+  auto client = Client::connect(url_, with_ttl(1500ms));  // renewals every 500 ms
+  const auto name = unique_name("renew-owner");
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  const auto lost = mutex.lost_token();
+  const auto field = std::to_string(mutex.fencing_token());
+  const auto key = quoted(state_key(name));
+  const auto others = with_request(redis_cli(url_, "HGET " + key + " " + field), "feedfacefeedfacefeedface:1");
+  redis_cli(url_, "HSET " + key + " " + field + " " + quoted(others));
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 1200ms))
+      << "renewals went on confirming an entry that is not the holder's";
+  EXPECT_EQ(redis_cli(url_, "HGET " + key + " " + field), others) << "a renewal extended another's entry";
+  redis_cli(url_, "DEL " + key);
+  try {
+    mutex.release();
+  } catch (const turnstile::Error&) {
+  }
+}
+
+}  // namespace
