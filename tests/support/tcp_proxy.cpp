@@ -16,47 +16,24 @@
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include "support/proxy_connection.hpp"
+
 namespace turnstile_test {
+
+using namespace detail;
+
 namespace {
 
-constexpr std::size_t buffer_limit = 64 * 1024;
 constexpr std::size_t connection_limit = 256;
 
 [[noreturn]] void fail(const std::string& what) {
   throw std::runtime_error("TcpProxy: " + what + ": " + std::strerror(errno));
 }
-
-// Closes with a reset rather than a FIN: what a crashed or reset link looks like to the peer.
-void close_with_reset(int fd) {
-  if (fd < 0) return;
-  linger option{1, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, sizeof option);
-  ::close(fd);
-}
-
-// Bytes read from one side, waiting to be written to the other.
-struct Buffer {
-  std::vector<char> bytes;
-  std::size_t space() const { return bytes.size() < buffer_limit ? buffer_limit - bytes.size() : 0; }
-  bool empty() const { return bytes.empty(); }
-};
-
-struct Connection {
-  int client = -1;
-  int server = -1;
-  bool connect_started = false;  // connected onwards once only: a side lost is not replaced
-  bool connecting = false;
-  bool client_eof = false;  // the client sent FIN
-  bool server_eof = false;
-  bool server_shut = false;  // FIN passed on to the server
-  bool client_shut = false;
-  Buffer up;    // client -> server
-  Buffer down;  // server -> client
-};
 
 }  // namespace
 
@@ -64,39 +41,31 @@ struct TcpProxy::State {
   sockaddr_storage target{};
   socklen_t target_size = 0;
   int listener = -1;
-  int wake = -1;  // eventfd: a mode change, a reset or shutdown
   std::uint16_t port = 0;
 
-  mutable std::mutex mutex;
-  std::condition_variable seen;
+  // Shared with the held and copied requests handed out; its eventfd wakes the thread for a
+  // mode change, a reset, a late request or shutdown.
+  std::shared_ptr<detail::ProxyControl> control = std::make_shared<detail::ProxyControl>();
+  std::mutex& mutex = control->mutex;
+  std::condition_variable& seen = control->seen;
   Mode mode = Mode::forward;
   bool drop_next = false;
   std::uint64_t drop_serial = 0;  // bumped by every drop_next_reply()
   bool pass_one = false;          // hold_replies: let one chunk of replies through
   bool stop = false;
-  std::uint64_t requested = 0;  // bumped by every request to the thread
-  std::uint64_t observed = 0;   // the last request the thread has acted on
   std::uint64_t reset_requested = 0;
   std::uint64_t resets_done = 0;  // the thread's own
-  bool stopped = false;
 
   std::atomic<std::size_t> open{0};
   std::atomic<std::uint64_t> accepted{0};
   std::atomic<std::uint64_t> dropped{0};
   std::atomic<std::chrono::steady_clock::rep> last_request{0};  // steady_clock ticks
   std::list<Connection> connections;  // the thread's own
+  std::uint64_t next_connection = 0;  // the thread's own
   std::thread thread;
 
   // Asks the thread to act on the current settings and waits until it has.
-  void request(std::unique_lock<std::mutex>& lock) {
-    const auto mine = ++requested;
-    const std::uint64_t one = 1;
-    if (::write(wake, &one, sizeof one) < 0 && errno != EAGAIN) {
-      // eventfd writes cannot fail short of overflow; the wait below would then hang.
-      throw std::runtime_error("TcpProxy: cannot wake its thread");
-    }
-    seen.wait(lock, [&] { return observed >= mine || stopped; });
-  }
+  void request(std::unique_lock<std::mutex>& lock) { control->request(lock); }
 
   void start_connect(Connection& c) {
     c.connect_started = true;
@@ -115,37 +84,6 @@ struct TcpProxy::State {
     c.client = -1;
   }
 
-  static void kill(Connection& c) {
-    close_with_reset(c.client);
-    close_with_reset(c.server);
-    c.client = c.server = -1;
-  }
-
-  // Reads what `from` has into `into` (bounded); false on EOF (sets eof) or a hard error.
-  static bool read_into(int from, Buffer& into, bool& eof) {
-    if (into.space() == 0) return true;
-    char chunk[buffer_limit];
-    const auto n = ::read(from, chunk, into.space());
-    if (n > 0) {
-      into.bytes.insert(into.bytes.end(), chunk, chunk + n);
-      return true;
-    }
-    if (n == 0) {
-      eof = true;
-      return true;
-    }
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-  }
-
-  static bool write_from(int to, Buffer& from) {
-    const auto n = ::send(to, from.bytes.data(), from.bytes.size(), MSG_NOSIGNAL);
-    if (n >= 0) {
-      from.bytes.erase(from.bytes.begin(), from.bytes.begin() + n);
-      return true;
-    }
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-  }
-
   void accept_all() {
     for (;;) {
       const int fd = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -157,7 +95,9 @@ struct TcpProxy::State {
       }
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      connections.emplace_back().client = fd;
+      auto& c = connections.emplace_back();
+      c.client = fd;
+      c.watch.id = ++next_connection;
     }
   }
 
@@ -165,7 +105,7 @@ struct TcpProxy::State {
   static short client_events(const Connection& c, bool forwarding) {
     if (!forwarding || c.client < 0) return 0;
     short events = 0;
-    if (!c.client_eof && c.up.space() > 0) events |= POLLIN;
+    if (!c.client_eof && c.up.space() > 0 && c.watch.kept.size() < buffer_limit) events |= POLLIN;
     if (!c.down.empty()) events |= POLLOUT;
     return events;
   }
@@ -173,81 +113,119 @@ struct TcpProxy::State {
     if (!forwarding || c.server < 0) return 0;
     if (c.connecting) return POLLOUT;
     short events = 0;
-    if (reading && !c.server_eof && c.down.space() > 0) events |= POLLIN;
+    if ((reading || c.orphan) && !c.server_eof && c.down.space() > 0) events |= POLLIN;
     if (!c.up.empty()) events |= POLLOUT;
     return events;
   }
 
+  // Reads the client's requests into `up`, or into `kept` from a held chunk on; false on a
+  // hard error.
+  bool read_requests(Connection& c) {
+    const auto room = std::min(c.up.space(), buffer_limit - std::min(buffer_limit, c.watch.kept.size()));
+    if (room == 0) return true;
+    char chunk[buffer_limit];
+    const auto n = ::read(c.client, chunk, room);
+    if (n == 0) c.client_eof = true;
+    if (n <= 0) return n == 0 || errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    last_request.store(Clock::now().time_since_epoch().count());
+    bool keep;
+    {
+      std::lock_guard lock(mutex);
+      keep = control->on_request_chunk(c.watch, std::string_view(chunk, n));
+    }
+    auto& into = keep ? c.watch.kept : c.up.bytes;
+    into.insert(into.end(), chunk, chunk + n);
+    return true;
+  }
+
+  // Ends an orphan: its server side is closed (a replay not yet written failed).
+  bool end_orphan(Connection& c) {
+    if (c.watch.replay_of) {
+      std::lock_guard lock(mutex);
+      ++c.watch.replay_of->replays_failed;
+      seen.notify_all();
+    }
+    if (c.server >= 0) ::close(c.server);
+    c.server = -1;
+    return false;
+  }
+
+  // An orphan: writes what it was given, reads and discards the answers; false when finished.
+  bool serve_orphan(Connection& c, short revents) {
+    if (c.server < 0 || (revents & (POLLERR | POLLNVAL))) return end_orphan(c);
+    if (c.connecting) {
+      if (!(revents & (POLLOUT | POLLHUP))) return true;
+      if (!connected(c)) return end_orphan(c);
+      revents = 0;
+    }
+    if (revents & (POLLIN | POLLHUP)) {
+      Buffer discard;
+      bool eof = false;
+      if (!read_into(c.server, discard, eof) || eof) return end_orphan(c);
+    }
+    if (!c.up.empty() && !write_from(c.server, c.up)) return end_orphan(c);
+    if (c.up.empty() && !c.watch.keeps() && !c.close_by) {
+      c.close_by = Clock::now() + orphan_linger;
+      if (c.watch.replay_of) {
+        std::lock_guard lock(mutex);
+        ++c.watch.replay_of->replays_written;
+        c.watch.replay_of.reset();
+        seen.notify_all();
+      }
+    }
+    if (c.close_by && Clock::now() >= *c.close_by) return end_orphan(c);
+    return true;
+  }
+
+  // Reads the server's replies into `down` (or drops them); false on a hard error.
+  bool read_replies(Connection& c, Mode current, bool& drop_once, bool& pass) {
+    const auto before = c.down.bytes.size();
+    const bool dropping = current == Mode::drop_replies || drop_once;
+    Buffer scratch;
+    Buffer& into = dropping ? scratch : c.down;
+    if (!read_into(c.server, into, c.server_eof)) return false;
+    if (dropping && !scratch.empty()) {
+      dropped.fetch_add(scratch.bytes.size());
+      drop_once = false;
+    }
+    if (current == Mode::hold_replies && c.down.bytes.size() != before) pass = false;
+    if (c.watch.awaiting_reply && (c.down.bytes.size() != before || !scratch.empty())) {
+      std::lock_guard lock(mutex);
+      control->on_reply(c.watch);
+    }
+    return true;
+  }
+
   // Handles one connection's poll results; false when it is finished.
   bool serve(Connection& c, short client_revents, short server_revents, Mode current, bool& drop_once, bool& pass) {
-    const bool forwarding = current != Mode::blackhole;
-    if (!forwarding) {
-      // A cut link: a side that closed or failed is closed on our side only; the other side
-      // learns nothing until forwarding resumes.
-      if (c.client >= 0 && (client_revents & (POLLERR | POLLHUP | POLLNVAL))) {
-        ::close(c.client);
-        c.client = -1;
-      }
-      if (c.server >= 0 && (server_revents & (POLLERR | POLLHUP | POLLNVAL))) {
-        ::close(c.server);
-        c.server = -1;
-      }
-      return c.client >= 0 || c.server >= 0;
-    }
-    if (c.client < 0 || c.server < 0) {
-      // One side went away while the link was cut (or the onward connect failed).
-      kill(c);
-      return false;
-    }
-    if ((client_revents & (POLLERR | POLLNVAL)) || (server_revents & (POLLERR | POLLNVAL))) {
+    if (current == Mode::blackhole) return serve_cut(c, client_revents, server_revents);
+    if (c.orphan) return serve_orphan(c, server_revents);
+    // The client went away (while the link was cut, or now), or the onward connect failed.
+    if (c.client < 0 || c.server < 0 || (client_revents & (POLLERR | POLLNVAL))) return become_orphan(c);
+    if (server_revents & (POLLERR | POLLNVAL)) {
       kill(c);
       return false;
     }
     if (c.connecting && (server_revents & (POLLOUT | POLLHUP))) {
-      int error = 0;
-      socklen_t size = sizeof error;
-      ::getsockopt(c.server, SOL_SOCKET, SO_ERROR, &error, &size);
-      if (error != 0) {
-        kill(c);
-        return false;
-      }
-      c.connecting = false;
+      if (!connected(c)) return false;
       server_revents = 0;  // write on the next round
     }
     if ((client_revents & (POLLIN | POLLHUP)) && !c.client_eof) {
-      const auto before = c.up.bytes.size();
-      if (!read_into(c.client, c.up, c.client_eof)) {
-        kill(c);
-        return false;
-      }
-      if (c.up.bytes.size() != before) last_request.store(std::chrono::steady_clock::now().time_since_epoch().count());
+      if (!read_requests(c) || (c.client_eof && c.watch.keeps())) return become_orphan(c);
     }
     // Held replies stay in the kernel's buffers until passed (or dropped); a closed server
     // side is still read, so its hang-up cannot spin the loop.
     const bool holding = current == Mode::hold_replies && !pass && !(server_revents & (POLLHUP | POLLERR));
-    if (!c.connecting && !holding && (server_revents & (POLLIN | POLLHUP)) && !c.server_eof) {
-      const auto before = c.down.bytes.size();
-      const bool dropping = current == Mode::drop_replies || drop_once;
-      Buffer scratch;
-      Buffer& into = dropping ? scratch : c.down;
-      if (!read_into(c.server, into, c.server_eof)) {
-        kill(c);
-        return false;
-      }
-      if (dropping && !scratch.empty()) {
-        dropped.fetch_add(scratch.bytes.size());
-        drop_once = false;
-      }
-      if (current == Mode::hold_replies && c.down.bytes.size() != before) pass = false;
+    if (!c.connecting && !holding && (server_revents & (POLLIN | POLLHUP)) && !c.server_eof &&
+        !read_replies(c, current, drop_once, pass)) {
+      kill(c);
+      return false;
     }
     if (!c.connecting && c.server >= 0 && !c.up.empty() && !write_from(c.server, c.up)) {
       kill(c);
       return false;
     }
-    if (!c.down.empty() && !write_from(c.client, c.down)) {
-      kill(c);
-      return false;
-    }
+    if (!c.down.empty() && !write_from(c.client, c.down)) return become_orphan(c);
     // Pass half-closes on once everything before them was delivered.
     if (c.client_eof && c.up.empty() && !c.server_shut && c.server >= 0 && !c.connecting) {
       ::shutdown(c.server, SHUT_WR);
@@ -266,76 +244,110 @@ struct TcpProxy::State {
     return true;
   }
 
+  // Acts on what the held and copied requests were asked (mutex held): delivers or drops held
+  // connections, and opens a connection for each replay.
+  void settle_requests() {
+    for (auto& c : connections) {
+      const auto settle = control->settle(c.watch);
+      if (settle == detail::Settle::deliver) c.up.bytes.insert(c.up.bytes.end(), c.watch.kept.begin(), c.watch.kept.end());
+      if (settle != detail::Settle::nothing) c.watch.kept.clear();
+      if (settle == detail::Settle::drop) kill(c);
+    }
+    for (auto& copy : control->replays) {
+      auto& c = connections.emplace_back();
+      c.orphan = true;
+      c.watch.id = ++next_connection;
+      c.watch.replay_of = copy;
+      c.up.bytes.assign(copy->bytes.begin(), copy->bytes.end());
+      start_connect(c);
+      if (c.server < 0) ++copy->replays_failed;
+    }
+    control->replays.clear();
+  }
+
+  // How long poll() may sleep: until the first orphan is due to close (-1: no limit).
+  int poll_timeout() const {
+    std::optional<Clock::time_point> first;
+    for (const auto& c : connections) {
+      if (c.close_by && (!first || *c.close_by < *first)) first = c.close_by;
+    }
+    if (!first) return -1;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*first - Clock::now()).count();
+    return static_cast<int>(std::max<long long>(left, 0)) + 1;
+  }
+
+  // What the callers asked for, as the thread's loop acts on it.
+  struct Settings {
+    Mode mode;
+    bool drop_once;
+    bool pass;
+    std::uint64_t drop_serial;
+    std::uint64_t resets;
+    std::uint64_t requested;  // the requests these settings answer
+  };
+
+  // Reads the settings and acts on the held and copied requests' calls; nullopt to stop.
+  std::optional<Settings> look() {
+    std::lock_guard lock(mutex);
+    if (stop) return std::nullopt;
+    settle_requests();
+    return Settings{mode, drop_next, pass_one, drop_serial, reset_requested, control->requested};
+  }
+
+  // Resets every connection when asked, connects new ones onwards, forgets finished ones.
+  void tidy(const Settings& now) {
+    if (now.resets != resets_done) {
+      for (auto& c : connections) kill(c);
+      connections.clear();
+      resets_done = now.resets;
+    }
+    if (now.mode == Mode::blackhole) return;
+    for (auto it = connections.begin(); it != connections.end();) {
+      if (!it->connect_started && it->client >= 0) start_connect(*it);
+      it = (it->client < 0 && it->server < 0) ? connections.erase(it) : std::next(it);
+    }
+  }
+
+  void poll_list(std::vector<pollfd>& fds, const Settings& now) const {
+    const bool forwarding = now.mode != Mode::blackhole;
+    const bool reading = now.mode != Mode::hold_replies || now.pass;
+    fds.clear();
+    fds.push_back({control->wake, POLLIN, 0});
+    fds.push_back({listener, POLLIN, 0});
+    for (const auto& c : connections) {
+      fds.push_back({c.client, client_events(c, forwarding), 0});
+      fds.push_back({c.server, server_events(c, forwarding, reading), 0});
+    }
+  }
+
   void run() {
     std::vector<pollfd> fds;
-    for (;;) {
-      Mode current;
-      bool drop_once;
-      bool pass;
-      std::uint64_t serial;
-      std::uint64_t resets;
+    while (auto now = look()) {
+      tidy(*now);
       {
+        // Everything requested before the look above is now in force.
         std::lock_guard lock(mutex);
-        if (stop) break;
-        current = mode;
-        drop_once = drop_next;
-        pass = pass_one;
-        serial = drop_serial;
-        resets = reset_requested;
-      }
-      if (resets != resets_done) {
-        for (auto& c : connections) kill(c);
-        connections.clear();
-        resets_done = resets;
-      }
-      const bool forwarding = current != Mode::blackhole;
-      if (forwarding) {
-        for (auto it = connections.begin(); it != connections.end();) {
-          if (!it->connect_started && it->client >= 0) start_connect(*it);
-          it = (it->client < 0 && it->server < 0) ? connections.erase(it) : std::next(it);
-        }
-      }
-      {
-        // Everything requested so far is now in force.
-        std::lock_guard lock(mutex);
-        observed = requested;
+        control->observed = now->requested;
       }
       seen.notify_all();
       open.store(connections.size());
-
-      fds.clear();
-      fds.push_back({wake, POLLIN, 0});
-      fds.push_back({listener, POLLIN, 0});
-      for (const auto& c : connections) {
-        fds.push_back({c.client, client_events(c, forwarding), 0});
-        fds.push_back({c.server, server_events(c, forwarding, current != Mode::hold_replies || pass), 0});
-      }
-      if (::poll(fds.data(), fds.size(), -1) < 0) {
+      poll_list(fds, *now);
+      if (::poll(fds.data(), fds.size(), poll_timeout()) < 0) {
         if (errno == EINTR) continue;
         break;
       }
       if (fds[0].revents & POLLIN) {
         std::uint64_t count;
-        (void)!::read(wake, &count, sizeof count);
+        (void)!::read(control->wake, &count, sizeof count);
       }
-      const bool pass_requested = pass;
+      bool pass = now->pass;
+      bool drop_once = now->drop_once;
       std::size_t index = 2;
       for (auto it = connections.begin(); it != connections.end(); index += 2) {
-        const bool keep = serve(*it, fds[index].revents, fds[index + 1].revents, current, drop_once, pass);
+        const bool keep = serve(*it, fds[index].revents, fds[index + 1].revents, now->mode, drop_once, pass);
         it = keep ? std::next(it) : connections.erase(it);
       }
-      if (!drop_once) {
-        // Consumed; unless a newer drop_next_reply() came meanwhile.
-        std::lock_guard lock(mutex);
-        if (drop_serial == serial) drop_next = false;
-      }
-      if (pass_requested && !pass) {
-        {
-          std::lock_guard lock(mutex);
-          pass_one = false;
-        }
-        seen.notify_all();
-      }
+      consumed(*now, drop_once, pass);
       if (fds[1].revents & POLLIN) accept_all();
     }
     for (auto& c : connections) kill(c);
@@ -343,54 +355,27 @@ struct TcpProxy::State {
     open.store(0);
     {
       std::lock_guard lock(mutex);
-      stopped = true;
+      control->stopped = true;
     }
     seen.notify_all();
   }
-};
 
-namespace {
-
-std::uint16_t default_port(const std::string& scheme) {
-  if (scheme == "redis" || scheme == "rediss") return 6379;
-  if (scheme == "zookeeper" || scheme == "zk") return 2181;
-  if (scheme == "etcd" || scheme == "etcds") return 2379;
-  throw std::invalid_argument("TcpProxy: no default port for scheme '" + scheme + "'");
-}
-
-// The positions of a URL's host list: [begin, end) after "scheme://" and any user info.
-std::pair<std::size_t, std::size_t> host_list_span(const std::string& url) {
-  const auto scheme_end = url.find("://");
-  if (scheme_end == std::string::npos) throw std::invalid_argument("TcpProxy: not a URL: no scheme");
-  const auto begin = scheme_end + 3;
-  const auto end = std::min(url.find('/', begin), url.find('?', begin));
-  const auto authority_end = end == std::string::npos ? url.size() : end;
-  const auto at = url.rfind('@', authority_end == 0 ? 0 : authority_end - 1);
-  const auto hosts_begin = (at != std::string::npos && at >= begin) ? at + 1 : begin;
-  return {hosts_begin, authority_end};
-}
-
-}  // namespace
-
-std::pair<std::string, std::uint16_t> TcpProxy::endpoint_of(const std::string& backend_url) {
-  const auto [begin, end] = host_list_span(backend_url);
-  auto first = backend_url.substr(begin, end - begin);
-  first = first.substr(0, first.find(','));
-  const auto scheme = backend_url.substr(0, backend_url.find("://"));
-  std::string host = first;
-  std::string port;
-  if (!first.empty() && first.front() == '[') {
-    const auto close = first.find(']');
-    if (close == std::string::npos) throw std::invalid_argument("TcpProxy: bad IPv6 host");
-    host = first.substr(1, close - 1);
-    if (close + 1 < first.size() && first[close + 1] == ':') port = first.substr(close + 2);
-  } else if (const auto colon = first.rfind(':'); colon != std::string::npos) {
-    host = first.substr(0, colon);
-    port = first.substr(colon + 1);
+  // Clears a one-shot drop or pass that a round used up.
+  void consumed(const Settings& now, bool drop_once, bool pass) {
+    if (!drop_once) {
+      // Consumed; unless a newer drop_next_reply() came meanwhile.
+      std::lock_guard lock(mutex);
+      if (drop_serial == now.drop_serial) drop_next = false;
+    }
+    if (now.pass && !pass) {
+      {
+        std::lock_guard lock(mutex);
+        pass_one = false;
+      }
+      seen.notify_all();
+    }
   }
-  if (host.empty()) throw std::invalid_argument("TcpProxy: the URL has no host");
-  return {host, port.empty() ? default_port(scheme) : static_cast<std::uint16_t>(std::stoi(port))};
-}
+};
 
 TcpProxy::TcpProxy(const std::string& backend_url)
     : TcpProxy(endpoint_of(backend_url).first, endpoint_of(backend_url).second) {}
@@ -417,8 +402,8 @@ TcpProxy::TcpProxy(const std::string& host, std::uint16_t port) : state_(std::ma
   socklen_t size = sizeof address;
   ::getsockname(state_->listener, reinterpret_cast<sockaddr*>(&address), &size);
   state_->port = ntohs(address.sin_port);
-  state_->wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (state_->wake < 0) fail("eventfd");
+  state_->control->wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (state_->control->wake < 0) fail("eventfd");
   state_->thread = std::thread([state = state_.get()] { state->run(); });
 }
 
@@ -433,15 +418,10 @@ void TcpProxy::shutdown() {
   }
   state_->thread.join();
   ::close(state_->listener);
-  ::close(state_->wake);
+  ::close(state_->control->wake);
 }
 
 std::uint16_t TcpProxy::port() const { return state_->port; }
-
-std::string TcpProxy::url_through(const std::string& backend_url) const {
-  const auto [begin, end] = host_list_span(backend_url);
-  return backend_url.substr(0, begin) + "127.0.0.1:" + std::to_string(state_->port) + backend_url.substr(end);
-}
 
 void TcpProxy::set_mode(Mode mode) {
   std::unique_lock lock(state_->mutex);
@@ -461,7 +441,7 @@ bool TcpProxy::pass_one_reply(std::chrono::milliseconds wait) {
   if (state_->mode != Mode::hold_replies) return false;
   state_->pass_one = true;
   state_->request(lock);
-  if (state_->seen.wait_for(lock, wait, [&] { return !state_->pass_one || state_->stopped; })) return !state_->stopped;
+  if (state_->seen.wait_for(lock, wait, [&] { return !state_->pass_one || state_->control->stopped; })) return !state_->control->stopped;
   state_->pass_one = false;
   return false;
 }
@@ -500,6 +480,31 @@ void TcpProxy::reset() {
   std::unique_lock lock(state_->mutex);
   ++state_->reset_requested;
   state_->request(lock);
+}
+
+namespace {
+
+// A new hold or copy for `pattern`, armed in `records` (the proxy's mutex held by the caller).
+template <typename Record>
+std::shared_ptr<Record> arm(std::vector<std::shared_ptr<Record>>& records, const std::string& pattern, int nth) {
+  if (pattern.empty() || nth < 1) throw std::invalid_argument("TcpProxy: a late request needs a pattern and nth >= 1");
+  auto record = std::make_shared<Record>();
+  record->pattern = pattern;
+  record->nth = nth;
+  records.push_back(record);
+  return record;
+}
+
+}  // namespace
+
+std::shared_ptr<HeldRequest> TcpProxy::hold_request(const std::string& pattern, int nth) {
+  std::lock_guard lock(state_->mutex);
+  return std::make_shared<HeldRequest>(state_->control, arm(state_->control->armed, pattern, nth));
+}
+
+std::shared_ptr<DuplicatedRequest> TcpProxy::duplicate_request(const std::string& pattern, int nth) {
+  std::lock_guard lock(state_->mutex);
+  return std::make_shared<DuplicatedRequest>(state_->control, arm(state_->control->copies, pattern, nth));
 }
 
 std::size_t TcpProxy::open_connections() const { return state_->open.load(); }

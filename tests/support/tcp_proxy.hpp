@@ -5,6 +5,10 @@
 //
 // Mode changes are synchronous: when a setter returns, the proxy's thread has seen the new mode,
 // so no byte moves under the old one afterwards.
+//
+// Late requests (tests/support/held_requests.hpp): a request held back and delivered after its
+// sender gave up, or copied and sent again, to test that a write its sender gave up on changes
+// nothing.
 #pragma once
 
 #include <chrono>
@@ -12,6 +16,8 @@
 #include <memory>
 #include <string>
 #include <utility>
+
+#include "support/held_requests.hpp"
 
 namespace turnstile_test {
 
@@ -75,6 +81,16 @@ class TcpProxy {
   void reset();
   // Stops the thread and closes every socket (idempotent; joins).
   void shutdown();
+
+  // Arms a hold: the nth (1-based) client-to-server chunk containing `pattern` (a byte string,
+  // matched also across chunk boundaries of one connection) is held with the rest of its
+  // connection's requests. Several holds may be armed at once. Chunks are counted from now on.
+  std::shared_ptr<HeldRequest> hold_request(const std::string& pattern, int nth = 1);
+  // The nth chunk containing `pattern` is forwarded as usual AND copied: replay() sends the
+  // copy on a NEW server-side connection (its reply is discarded), as a client's resend would.
+  // Only the chunk is copied: it suits protocols with one request per connection-independent
+  // message (RESP, HTTP/1.1), not HTTP/2 (etcd: hold the first copy and deliver it instead).
+  std::shared_ptr<DuplicatedRequest> duplicate_request(const std::string& pattern, int nth = 1);
 
   // Connections currently open (either side), and accepted since construction.
   std::size_t open_connections() const;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,7 +24,7 @@ namespace {
 using namespace std::chrono_literals;
 using turnstile_test::TcpProxy;
 
-// Echoes every byte back on every connection; counts what it received.
+// Echoes every byte back on every connection; counts and logs what it received.
 class EchoServer {
  public:
   EchoServer() {
@@ -47,6 +48,11 @@ class EchoServer {
   std::uint16_t port() const { return port_; }
   std::size_t received() const { return received_.load(); }
   std::size_t connections() const { return connections_.load(); }
+  // Every byte received, in the order read (all connections).
+  std::string log() const {
+    std::lock_guard lock(log_mutex_);
+    return log_;
+  }
 
  private:
   void run() {
@@ -68,6 +74,10 @@ class EchoServer {
           continue;
         }
         received_.fetch_add(n);
+        {
+          std::lock_guard lock(log_mutex_);
+          log_.append(buffer, n);
+        }
         (void)!::write(fds[i].fd, buffer, n);
       }
     }
@@ -78,6 +88,8 @@ class EchoServer {
   std::atomic<std::size_t> received_{0};
   std::atomic<std::size_t> connections_{0};
   std::vector<int> clients_;
+  mutable std::mutex log_mutex_;
+  std::string log_;
   std::thread thread_;
 };
 
@@ -234,6 +246,156 @@ TEST_F(TcpProxyTest, ResetClosesCurrentConnectionsAndKeepsAccepting) {
   send_text(again, "b");
   EXPECT_EQ(receive(again, 1, 5s), "b");
   ::close(again);
+}
+
+// The nth chunk counts over all connections; from it on, that connection's requests wait.
+TEST_F(TcpProxyTest, HoldRequestKeepsTheNthMatchingChunkAndTheRestOfItsConnection) {
+  const int first = open();
+  const int second = open();
+  const auto hold = proxy.hold_request("KEY", 2);
+  send_text(first, "set KEY 1;");
+  EXPECT_EQ(receive(first, 10, 5s), "set KEY 1;") << "the first match flows";
+  EXPECT_FALSE(hold->held());
+  send_text(second, "set KEY 2;");
+  ASSERT_TRUE(hold->wait_held(5s)) << "the second match is held";
+  send_text(second, "get;");
+  EXPECT_EQ(receive(second, 1, 300ms), "") << "nothing of the held connection reaches the server";
+  EXPECT_EQ(echo.log().find("2;"), std::string::npos);
+
+  send_text(first, "set KEY 3;");
+  EXPECT_EQ(receive(first, 10, 5s), "set KEY 3;") << "other connections flow, even with the pattern";
+  const int third = open();
+  send_text(third, "x");
+  EXPECT_EQ(receive(third, 1, 5s), "x") << "and new ones";
+
+  hold->deliver();
+  EXPECT_EQ(receive(second, 14, 5s), "set KEY 2;get;") << "everything kept back, in order";
+  send_text(second, "KEY again");
+  EXPECT_EQ(receive(second, 9, 5s), "KEY again") << "then it flows again";
+  EXPECT_TRUE(hold->held());
+  ::close(third);
+}
+
+TEST_F(TcpProxyTest, HoldRequestMatchesAcrossChunkBoundaries) {
+  const int fd = open();
+  const auto hold = proxy.hold_request("SPLIT");
+  send_text(fd, "..SP");
+  EXPECT_EQ(receive(fd, 4, 5s), "..SP") << "half a pattern is no match";
+  EXPECT_FALSE(hold->held());
+  send_text(fd, "LIT..");
+  ASSERT_TRUE(hold->wait_held(5s)) << "the chunk that completes the pattern is held";
+  EXPECT_EQ(receive(fd, 1, 200ms), "");
+  EXPECT_EQ(echo.log(), "a..SP");
+  hold->deliver();
+  EXPECT_EQ(receive(fd, 5, 5s), "LIT..");
+}
+
+TEST_F(TcpProxyTest, HeldRequestIsDeliveredAfterItsClientClosed) {
+  const int gentle = connect_to(proxy.port());
+  const int abrupt = connect_to(proxy.port());
+  const auto gentle_hold = proxy.hold_request("LATE-1");
+  const auto abrupt_hold = proxy.hold_request("LATE-2");
+  send_text(gentle, "LATE-1");
+  send_text(abrupt, "LATE-2");
+  ASSERT_TRUE(gentle_hold->wait_held(5s));
+  ASSERT_TRUE(abrupt_hold->wait_held(5s));
+  ::close(gentle);  // FIN
+  linger reset_on_close{1, 0};
+  ::setsockopt(abrupt, SOL_SOCKET, SO_LINGER, &reset_on_close, sizeof reset_on_close);
+  ::close(abrupt);  // RST
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(proxy.open_connections(), 2u) << "the server sides stay open while their requests are held";
+  EXPECT_EQ(echo.received(), 0u);
+
+  gentle_hold->deliver();
+  abrupt_hold->deliver();
+  EXPECT_TRUE(eventually([&] { return echo.received() == 12; })) << "the server still gets the late requests";
+  EXPECT_EQ(proxy.open_connections(), 2u) << "and time to answer them (answers discarded)";
+  EXPECT_TRUE(eventually([&] { return proxy.open_connections() == 0; }, 8s)) << "closed some 5 s later";
+}
+
+TEST_F(TcpProxyTest, DroppedRequestNeverReachesTheServer) {
+  const int fd = open();
+  const int other = open();
+  const auto hold = proxy.hold_request("DOOMED");
+  send_text(fd, "DOOMED");
+  ASSERT_TRUE(hold->wait_held(5s));
+  hold->drop();
+  EXPECT_EQ(receive(fd, 1, 5s), "<reset>");
+  send_text(other, "b");
+  EXPECT_EQ(receive(other, 1, 5s), "b");
+  EXPECT_EQ(echo.log(), "aab") << "nothing of the dropped request";
+  hold->deliver();  // too late: nothing left to deliver
+  EXPECT_EQ(echo.log(), "aab");
+}
+
+TEST_F(TcpProxyTest, DeliverAfterWaitsForALaterRequestAndItsReply) {
+  const int held = open();
+  const int later = open();
+  const auto hold = proxy.hold_request("FIRST");
+  send_text(held, "FIRST");
+  ASSERT_TRUE(hold->wait_held(5s));
+  EXPECT_FALSE(hold->deliver_after("SECOND", 200ms)) << "no later request: nothing delivered";
+  EXPECT_EQ(receive(held, 1, 100ms), "");
+
+  std::thread sender([&] {
+    std::this_thread::sleep_for(200ms);
+    send_text(later, "SECOND");
+  });
+  EXPECT_TRUE(hold->deliver_after("SECOND", 5s));
+  sender.join();
+  EXPECT_EQ(receive(later, 6, 5s), "SECOND");
+  EXPECT_EQ(receive(held, 5, 5s), "FIRST");
+  EXPECT_EQ(echo.log(), "aaSECONDFIRST") << "the held request lands after the later one";
+}
+
+TEST_F(TcpProxyTest, HoldDeliveredOrDroppedBeforeItMatchedIsDisarmed) {
+  const int fd = open();
+  const auto delivered = proxy.hold_request("ONE");
+  const auto dropped = proxy.hold_request("TWO");
+  delivered->deliver();
+  dropped->drop();
+  send_text(fd, "ONE TWO");
+  EXPECT_EQ(receive(fd, 7, 5s), "ONE TWO");
+  EXPECT_FALSE(delivered->held());
+  EXPECT_FALSE(dropped->wait_held(10ms));
+}
+
+TEST_F(TcpProxyTest, DuplicatedRequestIsForwardedAndReplayedOnANewConnection) {
+  const int fd = open();
+  const auto copy = proxy.duplicate_request("INCR", 2);
+  send_text(fd, "INCR x;");
+  EXPECT_EQ(receive(fd, 7, 5s), "INCR x;");
+  EXPECT_FALSE(copy->wait_seen(10ms));
+  EXPECT_THROW(copy->replay(), std::logic_error);
+  send_text(fd, "INCR y;");
+  EXPECT_EQ(receive(fd, 7, 5s), "INCR y;") << "the copied request is forwarded as usual";
+  ASSERT_TRUE(copy->wait_seen(5s));
+  send_text(fd, "more;");
+  EXPECT_EQ(receive(fd, 5, 5s), "more;");
+
+  const auto connections = echo.connections();
+  copy->replay();
+  EXPECT_TRUE(eventually([&] { return echo.log() == "aINCR x;INCR y;more;INCR y;"; })) << echo.log();
+  EXPECT_EQ(echo.connections(), connections + 1) << "on a new connection";
+  EXPECT_EQ(receive(fd, 1, 200ms), "") << "its reply reaches no client";
+  copy->replay();
+  EXPECT_TRUE(eventually([&] { return echo.log() == "aINCR x;INCR y;more;INCR y;INCR y;"; })) << "as often as asked";
+}
+
+TEST(TcpProxy, LateRequestsOutliveTheProxy) {
+  std::shared_ptr<turnstile_test::HeldRequest> hold;
+  std::shared_ptr<turnstile_test::DuplicatedRequest> copy;
+  {
+    EchoServer echo;
+    TcpProxy proxy("127.0.0.1", echo.port());
+    hold = proxy.hold_request("A");
+    copy = proxy.duplicate_request("B");
+  }
+  EXPECT_FALSE(hold->wait_held(10ms));
+  hold->deliver();
+  hold->drop();
+  EXPECT_FALSE(copy->wait_seen(10ms));
 }
 
 TEST(TcpProxy, ShutdownIsPromptEvenWhileBlackholed) {
