@@ -35,6 +35,16 @@ class EtcdLate : public ::testing::Test {
     return "etcd://127.0.0.1:" + std::to_string(proxy.port()) + "," + hosts;
   }
 
+  // 8 PermitCounters set to `permits`, their names.
+  static std::vector<std::string> counters(Client& observer, const std::string& leaf, std::int64_t permits) {
+    std::vector<std::string> names;
+    for (int i = 0; i < 8; ++i) {
+      names.push_back(unique_name(leaf + "-" + std::to_string(i)));
+      EXPECT_TRUE(observer.permit_counter(names.back()).try_set_permits(permits));
+    }
+    return names;
+  }
+
   std::string url_;
   ErrorReports reports_;
 };
@@ -90,11 +100,7 @@ TEST_F(EtcdLate, LateTakeNeverTakesPermitsTheAcquireDidNotReport) {
   TcpProxy proxy(url_);
   auto client = Client::connect(proxy_then_server(proxy), reports_.options(10s));
   auto observer = Client::connect(url_);
-  std::vector<std::string> names;
-  for (int i = 0; i < 8; ++i) {
-    names.push_back(unique_name("late-take-" + std::to_string(i)));
-    ASSERT_TRUE(observer.permit_counter(names.back()).try_set_permits(5));
-  }
+  const auto names = counters(observer, "late-take", 5);
   // A take's Txn, and nothing else, carries "taken" (the old receipt's key, the new marker's value).
   auto held = proxy.hold_request("taken");
   const auto outcomes = outcomes_of(names.size(), [&](std::size_t i) {
@@ -119,11 +125,7 @@ TEST_F(EtcdLate, LateCopyOfACounterLineJoinNeverComesBack) {
   TcpProxy proxy(url_);
   auto client = Client::connect(proxy_then_server(proxy), reports_.options(10s));
   auto observer = Client::connect(url_);
-  std::vector<std::string> names;
-  for (int i = 0; i < 8; ++i) {
-    names.push_back(unique_name("late-line-" + std::to_string(i)));
-    ASSERT_TRUE(observer.permit_counter(names.back()).try_set_permits(0));
-  }
+  const auto names = counters(observer, "late-line", 0);
   // Only a waiter's entry carries the client's "<pid> <host>" (the looks and takes do not).
   char host[256] = {};
   gethostname(host, sizeof host - 1);
