@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <future>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -43,6 +44,12 @@ class EtcdLate : public ::testing::Test {
       EXPECT_TRUE(observer.permit_counter(names.back()).try_set_permits(permits));
     }
     return names;
+  }
+
+  // What etcdctl prints for `arguments`, against the fixture's server.
+  std::string etcdctl_output(const std::string& arguments) const {
+    const auto endpoint = "http://" + url_.substr(url_.find("://") + 3);
+    return shell(std::string("ETCDCTL_API=3 ") + TURNSTILE_ETCDCTL + " --endpoints=" + endpoint + " " + arguments);
   }
 
   std::string url_;
@@ -138,6 +145,29 @@ TEST_F(EtcdLate, LateCopyOfACounterLineJoinNeverComesBack) {
   held->deliver();
   std::this_thread::sleep_for(500ms);
   EXPECT_EQ(names_with_entries(observer, names), "") << "late joins put these waiters back in line";
+}
+
+// The markers that guard a client's requests are swept: 100 locks leave at most one sweep's
+// worth (32) and those in flight, not one key per lock for the life of the lease.
+TEST_F(EtcdLate, RequestMarkersDoNotPileUp) {
+  auto client = Client::connect(url_, reports_.options(10s));
+  const auto name = unique_name("markers");
+  auto mutex = client.mutex(name);
+  for (int i = 0; i < 100; ++i) {
+    mutex.lock();
+    mutex.unlock();
+  }
+  // The client's lease, as its Mutex key names it (NAME/<lease hex>).
+  mutex.lock();
+  const auto entry = etcdctl_output("get --prefix --keys-only " + quoted(name + "/"));
+  mutex.unlock();
+  const auto lease = entry.substr(name.size() + 1, entry.find('\n') - name.size() - 1);
+  ASSERT_FALSE(lease.empty());
+  std::istringstream keys(etcdctl_output("get --prefix --keys-only \"$(printf '\\037turnstile/requests/')\"" + lease + "/"));
+  std::size_t markers = 0;
+  for (std::string key; std::getline(keys, key);) markers += key.empty() ? 0 : 1;
+  EXPECT_GT(markers, 0u) << "no marker of lease " << lease << " found: the listing is wrong";
+  EXPECT_LE(markers, 40u) << "lease " << lease;
 }
 
 // 22.6: a stop ends a join that etcd does not answer. Before, the join ignored it: held after
