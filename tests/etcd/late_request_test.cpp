@@ -125,6 +125,39 @@ TEST_F(EtcdLate, LateTakeNeverTakesPermitsTheAcquireDidNotReport) {
   EXPECT_GT(unknown, 0u) << "no take was left to leave()";
 }
 
+// 22.2, when etcd does not answer the leave either: the takes are held up, then the leaves
+// (through a second proxy, black-holed) for longer than leave() waits (5 s), so each acquire
+// reports "not taken" (it throws) without knowing; then the takes reach etcd, then the leaves.
+// Before, a take found applied in the background was kept: permits taken by an acquire that
+// failed. Now the background gives them back, in one Txn with the take's marker.
+TEST_F(EtcdLate, TakeAppliedAfterAnUnansweredLeaveIsUndone) {
+  TcpProxy takes(url_), leaves(url_);
+  const auto hosts = [](const TcpProxy& proxy) { return "127.0.0.1:" + std::to_string(proxy.port()); };
+  auto client = Client::connect("etcd://" + hosts(takes) + "," + hosts(leaves), reports_.options(10s));
+  auto observer = Client::connect(url_);
+  const auto names = counters(observer, "undone-take", 5);
+  auto held = takes.hold_request("taken");
+  std::vector<std::string> outcomes;
+  auto acquires = std::async(std::launch::async, [&] {
+    outcomes = outcomes_of(names.size(), [&](std::size_t i) { return client.permit_counter(names[i]).try_acquire_for(20s, 2); });
+  });
+  ASSERT_TRUE(held->wait_held(5s)) << "no take was held up";
+  leaves.blackhole();
+  acquires.get();
+  held->deliver();  // the takes, then what followed them on that connection
+  std::this_thread::sleep_for(500ms);
+  leaves.forward();
+  std::size_t failed = 0;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (outcomes[i] != "true") ++failed;
+    const auto expected = outcomes[i] == "true" ? 3 : 5;
+    auto counter = observer.permit_counter(names[i]);
+    EXPECT_TRUE(eventually([&] { return counter.available_permits() == expected; }, 10s))
+        << names[i] << ": " << counter.available_permits() << " left; the acquire said " << outcomes[i];
+  }
+  EXPECT_GT(failed, 0u) << "no acquire was left without an answer";
+}
+
 // 22.1, the PermitCounter's line: waiters' joins held up and resent, then their acquires end
 // (deadline) and leave; then the first copies reach etcd. Before, they put the waiters back in
 // line on the client's live lease, where they kept everyone behind them waiting.

@@ -58,6 +58,7 @@ const std::string kReceiptPrefix = "\x1fturnstile/released/";  // + <lease hex>_
 // A take's marker holds this once the take applied, kRefused once its leave retired it.
 const std::string kTaken = "taken";
 const std::string kRefused = "refused";
+const std::string kReturned = "returned";  // applied after the acquire reported it not taken: undone
 
 std::string lease_hex(std::int64_t lease) {
   char buffer[24];
@@ -198,6 +199,15 @@ pb::Compare* add_compare(pb::TxnRequest& txn, const std::string& key, pb::Compar
   else if (target == pb::Compare::MOD) compare->set_mod_revision(value);
   else compare->set_version(value);
   return compare;
+}
+
+// The Txn applies only while `key` holds exactly `value` (never while it does not exist).
+void add_value_compare(pb::TxnRequest& txn, const std::string& key, const std::string& value) {
+  auto* compare = txn.add_compare();
+  compare->set_key(key);
+  compare->set_result(pb::Compare::EQUAL);
+  compare->set_target(pb::Compare::VALUE);
+  compare->set_value(value);
 }
 
 void add_put(google::protobuf::RepeatedPtrField<pb::RequestOp>* ops, const std::string& key, const std::string& value,
@@ -422,10 +432,12 @@ class EtcdBackend final : public Backend {
   // Runs a clean-up Txn (a leave): once here, within `first_try`, then in the background until
   // it succeeds or the lease is gone. A `turn` still held is kept until then (the key may
   // exist). Returns the first try's answer, or none (not answered in time, or the lease gone).
-  // `finished` runs once it is done (or moot: the lease is gone).
+  // `finished` runs once it is done (or moot: the lease is gone); `later`, when given, is what
+  // the background tries instead of the Txn (it throws until done).
   std::optional<pb::TxnResponse> run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn,
                                              LocalTurn* turn, milliseconds first_try = kLeaveTry,
-                                             std::function<void()> finished = {});
+                                             std::function<void()> finished = {},
+                                             std::function<void(SteadyClock::time_point)> later = {});
   // Waits for an event of the watch (or its end, the deadline, `stop`, or the lease's loss).
   // `changed_already`, when given, is asked once the watch exists: true means what we wait for
   // happened before the watch began, so no wait.
@@ -879,7 +891,8 @@ bool EtcdBackend::try_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline
 
 std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn,
                                                         LocalTurn* turn, milliseconds first_try,
-                                                        std::function<void()> finished) {
+                                                        std::function<void()> finished,
+                                                        std::function<void(SteadyClock::time_point)> later) {
   auto answer = std::make_shared<std::optional<pb::TxnResponse>>();
   Cleanup cleanup;
   cleanup.lease = lease;
@@ -892,6 +905,7 @@ std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<Cl
     cleanup.turn = turn->name;
     turn->held = false;
   }
+  if (later) cleanup.attempt = std::move(later);
   schedule(std::move(cleanup));  // its later answers are nobody's
   return std::nullopt;
 }
@@ -899,11 +913,7 @@ std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<Cl
 void EtcdBackend::leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key,
                                     std::uint64_t request, const std::string& value, LocalTurn* turn) {
   pb::TxnRequest txn;
-  auto* ours = txn.add_compare();
-  ours->set_key(key);
-  ours->set_result(pb::Compare::EQUAL);
-  ours->set_target(pb::Compare::VALUE);
-  ours->set_value(value);
+  add_value_compare(txn, key, value);
   add_delete(txn.mutable_success(), key);
   lease->markers->retire(txn.mutable_success(), request);
   lease->markers->retire(txn.mutable_failure(), request);
@@ -1240,8 +1250,11 @@ class EtcdCounterLine final : public CounterLine {
   bool leave() noexcept override;
 
  private:
-  // The take's outcome is known (or no longer matters): its receipt is nobody's concern now.
+  // The take's outcome is known (or no longer matters): its marker is nobody's concern now.
   void resolved();
+  // What the background tries for a take that leave() could not settle in time.
+  std::function<void(SteadyClock::time_point)> undo_take(const std::shared_ptr<ClientLease>& lease,
+                                                         std::uint64_t request, pb::TxnRequest settle) const;
 
   EtcdBackend& backend_;
   const std::string counter_key_;
@@ -1389,19 +1402,41 @@ bool EtcdCounterLine::leave() noexcept {
   const auto lease = std::exchange(take_lease_, nullptr);
   const auto request = std::exchange(take_request_, 0);
   pb::TxnRequest resolve;
-  auto* applied = resolve.add_compare();
-  applied->set_key(lease->markers->marker(request));
-  applied->set_result(pb::Compare::EQUAL);
-  applied->set_target(pb::Compare::VALUE);
-  applied->set_value(kTaken);
+  add_value_compare(resolve, lease->markers->marker(request), kTaken);
+  add_range(resolve.mutable_success(), key_range(counter_key_));
   lease->markers->retire(resolve.mutable_failure(), request, kRefused);
   if (!place_.empty()) add_delete(resolve.mutable_failure(), place_);  // keys of one line are never reused
-  const auto answer = backend_.run_cleanup(lease, std::move(resolve), nullptr, kTakeOutcomeTry,
-                                           [&backend = backend_, lease, request] {
-                                             lease->markers->resolved(request);
-                                             backend.count_unresolved_take(*lease, -1);
-                                           });
+  auto later = undo_take(lease, request, resolve);
+  const auto answer = backend_.run_cleanup(
+      lease, std::move(resolve), nullptr, kTakeOutcomeTry,
+      [&backend = backend_, lease, request] {
+        lease->markers->resolved(request);
+        backend.count_unresolved_take(*lease, -1);
+      },
+      std::move(later));
   return answer && answer->succeeded();
+}
+
+// Not settled in time, the acquire reported the take not applied: the background settles it,
+// and a take found applied is undone (its permits given back, its marker set to "returned",
+// in one Txn on the counter's mod revision), so an acquire that did not succeed holds nothing.
+std::function<void(SteadyClock::time_point)> EtcdCounterLine::undo_take(const std::shared_ptr<ClientLease>& lease,
+                                                                        std::uint64_t request,
+                                                                        pb::TxnRequest settle) const {
+  return [&connection = backend_.connection(), lease, request, settle = std::move(settle), counter_key = counter_key_,
+          permits = permits_](SteadyClock::time_point deadline) {
+    const auto settled = connection.txn(settle, deadline, true);
+    if (!settled.succeeded()) return;  // not applied, and now it never will be
+    const auto counter = counter_value(settled.responses(0).response_range());
+    pb::TxnRequest give_back;
+    add_value_compare(give_back, lease->markers->marker(request), kTaken);
+    add_compare(give_back, counter_key, pb::Compare::MOD, counter.mod_revision);
+    add_put(give_back.mutable_success(), counter_key, std::to_string(counter.value.value_or(0) + permits), 0);
+    lease->markers->retire(give_back.mutable_success(), request, kReturned);
+    if (!connection.txn(give_back, deadline, true).succeeded()) {
+      throw BackendUnavailable("the PermitCounter changed while a take was given back: tried again");
+    }
+  };
 }
 
 void EtcdCounterLine::resolved() {
