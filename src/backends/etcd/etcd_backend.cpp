@@ -1040,6 +1040,9 @@ EtcdBackend::Joined EtcdBackend::put_entry(const std::shared_ptr<ClientLease>& l
     // Applied or not, the entry leaves (in the background if need be) before we report.
     leave_unconfirmed(lease, key, request, value, turn);
     throw;
+  } catch (const Error&) {
+    markers.resolved(request);  // refused (AccessDenied): not applied, nor will a copy be
+    throw;
   }
   markers.resolved(request);
   {
