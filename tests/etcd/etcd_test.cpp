@@ -710,13 +710,33 @@ TEST(EtcdOwnServer, ARoleLimitedToItsNamesKeepsItsHolds) {
   }
   ASSERT_NE(shell(etcdctl(server.url(), "auth enable")).find("Authentication Enabled"), std::string::npos);
   const auto hostport = server.url().substr(std::string("etcd://").size());
-  auto client = Client::connect("etcd://bob:pw@" + hostport, with_ttl(2s));
-  auto mutex = client.mutex("locks/" + unique_name("role"));
+  ErrorReports reports;
+  auto client = Client::connect("etcd://bob:pw@" + hostport, reports.options(2s));
+  const auto name = "locks/" + unique_name("role");
+  auto mutex = client.mutex(name);
   ASSERT_TRUE(mutex.try_lock_for(10s));
   std::this_thread::sleep_for(5s);  // more than two TTLs: the hold lives on keep-alives alone
   EXPECT_EQ(mutex.hold_state(), turnstile::HoldState::held);
   EXPECT_FALSE(mutex.lost_token().stop_requested());
   mutex.unlock();
+  // A join the role refuses is settled at once: it does not hold back the sweeps of the
+  // client's request markers (before, every later marker of its lease stayed).
+  EXPECT_THROW(client.mutex(unique_name("refused")).try_lock_for(2s), turnstile::AccessDenied);
+  for (int i = 0; i < 100; ++i) {
+    mutex.lock();
+    mutex.unlock();
+  }
+  mutex.lock();
+  const auto root = [&](const std::string& arguments) { return shell(etcdctl(server.url(), "--user root:rootpw " + arguments)); };
+  const auto entry = root("get --prefix --keys-only " + quoted(name + "/"));
+  mutex.unlock();
+  const auto lease = entry.substr(name.size() + 1, entry.find('\n') - name.size() - 1);
+  std::istringstream markers(root("get --prefix --keys-only \"$(printf '\\037turnstile/requests/')\"" + lease + "/"));
+  std::size_t count = 0;
+  for (std::string key; std::getline(markers, key);) count += key.empty() ? 0 : 1;
+  EXPECT_GT(count, 0u) << "no marker of lease " << lease << " found: the listing is wrong";
+  EXPECT_LE(count, 40u) << "the request markers of lease " << lease << " were not swept";
+  EXPECT_EQ(reports.all(), "") << "unexpected reports to the error handler";
 }
 
 // etcds://: TLS with the CA given by ?cacert= works; the same server is refused over plain

@@ -114,6 +114,68 @@ class HoldStateLog {
   std::vector<turnstile::HoldStateChange> changes_;
 };
 
+// What a client told its error handler and its hold-loss handler (ClientOptions), for tests
+// that must fail on a report they did not expect (a release that found its entry gone is only
+// reported there). Must outlive the clients made with its options().
+class ErrorReports {
+ public:
+  turnstile::ClientOptions options(std::chrono::milliseconds ttl) {
+    auto result = with_ttl(ttl);
+    result.error_handler = [this](const turnstile::Error& error) {
+      std::lock_guard lock(mutex_);
+      seen_.push_back(error.what());
+    };
+    result.on_hold_lost = result.error_handler;
+    return result;
+  }
+  // Every report, one a line ("" when none).
+  std::string all() const {
+    std::lock_guard lock(mutex_);
+    std::string text;
+    for (const auto& report : seen_) text += report + "\n";
+    return text;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> seen_;
+};
+
+// Even-numbered names are Mutexes, odd ones Semaphores (2 permits of 2): each is acquired, in
+// a thread of its own (all joins at once) within `within`, and released. Returns how many
+// were held. For tests of joins held up on the way (they must not come back later).
+inline std::size_t hold_and_release_each(turnstile::Client& client, const std::vector<std::string>& names,
+                                         std::chrono::milliseconds within) {
+  std::atomic<std::size_t> held{0};
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    threads.emplace_back([&, i] {
+      if (i % 2 == 0) {
+        auto mutex = client.mutex(names[i]);
+        if (!mutex.try_lock_for(within)) return;
+        mutex.unlock();
+      } else {
+        auto lease = client.semaphore(names[i], 2).try_acquire_for(within, 2);
+        if (!lease) return;
+        lease->release();
+      }
+      ++held;
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return held.load();
+}
+
+// The names that have an entry (held or waiting), one a line.
+inline std::string names_with_entries(turnstile::Client& observer, const std::vector<std::string>& names) {
+  std::string found;
+  for (const auto& name : names) {
+    const auto state = observer.inspect(name);
+    if (!state.holders.empty() || !state.waiters.empty()) found += name + "\n";
+  }
+  return found;
+}
+
 // Two clients of one server: a Mutex `name` held by `client` keeps out a waiter of `other` (it
 // was still waiting 300 ms on), whom the release admits with a larger token; a Semaphore of 2
 // admits two and no third.

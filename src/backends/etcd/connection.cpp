@@ -273,11 +273,12 @@ void Connection::throw_error(Failure failure, const grpc::Status& status, std::s
   throw BackendUnavailable("etcd at " + settings_.description + " failed " + detail);
 }
 
-void Connection::check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline) {
+void Connection::check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline,
+                                 std::size_t tried) {
   const auto failure = classify(status);
   switch (failure) {
     case Failure::transient:
-      next_endpoint();
+      next_endpoint(tried);
       return;
     case Failure::unauthenticated:
       if (settings_.user.empty()) break;
@@ -289,8 +290,14 @@ void Connection::check_retryable(const grpc::Status& status, const char* what, S
   throw_error(failure, status, what);
 }
 
-void Connection::next_endpoint() {
+std::size_t Connection::current_index() {
   std::lock_guard lock(mutex_);
+  return current_;
+}
+
+void Connection::next_endpoint(std::size_t from) {
+  std::lock_guard lock(mutex_);
+  if (from != kAnyEndpoint && from != current_) return;
   current_ = (current_ + 1) % endpoints_.size();
 }
 
@@ -302,6 +309,7 @@ void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempot
     if (stop.stop_requested()) throw CallStopped(std::string("stopped before ") + what + " was sent to etcd");
     grpc::ClientContext context;
     prepare(context, std::min(deadline, SteadyClock::now() + kAttemptCap), idempotent);
+    const auto tried = current_index();
     grpc::Status status;
     {
       std::stop_callback cancel(stop, [&context] { context.TryCancel(); });
@@ -313,7 +321,7 @@ void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempot
       if (!idempotent && !never_sent(status)) throw_error(Failure::outcome_unknown, status, what);
       throw CallStopped(std::string("stopped while ") + what + " waited for etcd");
     }
-    check_retryable(status, what, deadline);
+    check_retryable(status, what, deadline, tried);
     if (!idempotent && !never_sent(status)) throw_error(Failure::outcome_unknown, status, what);
     if (SteadyClock::now() + pause >= deadline) throw_error(Failure::transient, status, what);
     std::this_thread::sleep_for(pause);
@@ -398,6 +406,7 @@ Connection::KeepAliveAnswer Connection::keep_alive(std::int64_t lease, SteadyClo
   grpc::ClientContext context;
   prepare(context, deadline);
   GrpcScope scope(&context);
+  const auto tried = current_index();
   auto stream = current().lease->LeaseKeepAlive(&context);
   pb::LeaseKeepAliveRequest request;
   request.set_id(lease);
@@ -407,7 +416,7 @@ Connection::KeepAliveAnswer Connection::keep_alive(std::int64_t lease, SteadyClo
   context.TryCancel();  // one round per stream: do not wait for the server to close it
   const auto status = stream->Finish();
   if (answered) return {response.ttl(), response.header().raft_term()};
-  check_retryable(status, "a lease keep-alive", deadline);
+  check_retryable(status, "a lease keep-alive", deadline, tried);
   throw_error(Failure::transient, status, "a lease keep-alive");
 }
 

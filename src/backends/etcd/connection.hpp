@@ -151,9 +151,12 @@ class Connection {
   // reading that long-lived stream never polls, reads and hands over the replies of other calls.
   pb::Watch::Stub& key_watch_stub();
   // After a failed call: the status as an exception, or nothing when it is worth retrying
-  // (the endpoint then moves on to the next one). A re-authentication it needs ends by
-  // `deadline`. Throws LeaseGone when etcd said the call's lease does not exist.
-  void check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline);
+  // (the endpoint then moves on from `tried`, the one the call went to, unless another call
+  // moved it already). A re-authentication it needs ends by `deadline`. Throws LeaseGone when
+  // etcd said the call's lease does not exist.
+  static constexpr std::size_t kAnyEndpoint = static_cast<std::size_t>(-1);
+  void check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline,
+                       std::size_t tried = kAnyEndpoint);
   // The one place where a failed call's status becomes a turnstile exception.
   [[noreturn]] void throw_error(Failure failure, const grpc::Status& status, std::string_view what) const;
 
@@ -172,8 +175,11 @@ class Connection {
   void unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what,
              const std::stop_token& stop);
   Endpoint& current();
+  std::size_t current_index();
   void authenticate(SteadyClock::time_point deadline);
-  void next_endpoint();
+  // Two calls that fail on one endpoint at once move on by one endpoint, not two (which would
+  // send both back to the endpoint that just failed them).
+  void next_endpoint(std::size_t from = kAnyEndpoint);
 
   Settings settings_;
   SteadyClock::time_point connect_by_;

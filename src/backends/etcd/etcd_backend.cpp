@@ -16,13 +16,14 @@
 // ours (etcd-io/etcd#22082).
 //
 // Loss: each lease is a ServerLease of the core's LossClock (last confirmed keep-alive's send
-// time + granted TTL - TTL/10). Clean-up: a join whose reply was lost may still be applied
-// later, so each join Txn also requires that its request's "cancelled" marker does not exist;
-// leaving with an entry of unknown outcome writes that marker and deletes the key (if it holds
-// the join's value) in one Txn, so nothing of the join can survive it. Such leaves, and leaves
-// that fail, are retried by a background thread until done or the lease is gone. A release
-// writes a receipt (a key on the lease) with its delete, so a retry whose first reply was lost
-// can tell "released by me" from "gone before".
+// time + granted TTL - TTL/10). Late copies: every join and take Txn is guarded by its
+// request's marker (request_markers.hpp), which the join puts whatever its outcome and the
+// clean-up of a request whose reply was lost puts too: a copy of a join that reaches etcd
+// after its sender was answered, held, released or left changes nothing. Leaving with an entry
+// of unknown outcome puts that marker and deletes the key (if it holds the join's value) in
+// one Txn. Such leaves, and leaves that fail, are retried by a background thread until done
+// or the lease is gone. A release writes a receipt (a key on the lease) with its delete, so a
+// retry whose first reply was lost can tell "released by me" from "gone before".
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,9 +38,11 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "backends/etcd/connection.hpp"
 #include "backends/etcd/key_watcher.hpp"
+#include "backends/etcd/request_markers.hpp"
 #include "backends/etcd/timeouts.hpp"
 #include "core/loss_clock.hpp"
 
@@ -51,9 +54,11 @@ constexpr std::size_t kMaxReceiptsPerTxn = 16;
 // Keys of turnstile's own outside every queue prefix: names cannot contain control characters.
 const std::string kCounterPrefix = "\x1fturnstile/permits/";
 const std::string kCounterWaiterPrefix = "\x1fturnstile/permit-waiters/";
-const std::string kCancelPrefix = "\x1fturnstile/cancelled/";  // + <lease hex>_<request>
 const std::string kReceiptPrefix = "\x1fturnstile/released/";  // + <lease hex>_<create revision>
-const std::string kTakenPrefix = "\x1fturnstile/taken/";        // + <lease hex>_<request>
+// A take's marker holds this once the take applied, kRefused once its leave retired it.
+const std::string kTaken = "taken";
+const std::string kRefused = "refused";
+const std::string kReturned = "returned";  // applied after the acquire reported it not taken: undone
 
 std::string lease_hex(std::int64_t lease) {
   char buffer[24];
@@ -196,6 +201,15 @@ pb::Compare* add_compare(pb::TxnRequest& txn, const std::string& key, pb::Compar
   return compare;
 }
 
+// The Txn applies only while `key` holds exactly `value` (never while it does not exist).
+void add_value_compare(pb::TxnRequest& txn, const std::string& key, const std::string& value) {
+  auto* compare = txn.add_compare();
+  compare->set_key(key);
+  compare->set_result(pb::Compare::EQUAL);
+  compare->set_target(pb::Compare::VALUE);
+  compare->set_value(value);
+}
+
 void add_put(google::protobuf::RepeatedPtrField<pb::RequestOp>* ops, const std::string& key, const std::string& value,
              std::int64_t lease) {
   auto* put = ops->Add()->mutable_request_put();
@@ -269,7 +283,9 @@ struct ClientLease {
   bool gone = false;                   // etcd no longer has the lease: its keys are gone
   bool check_now = false;              // the keeper sends a keep-alive at once (a held key went)
   bool revoked_by_client = false;      // by the client's end: its holds were released with it
-  int unresolved_takes = 0;            // PermitCounter takes whose receipt (on it) is still to be read
+  int unresolved_takes = 0;            // PermitCounter takes whose marker (on it) is still to be read
+  // The markers of this lease's joins and takes (thread-safe on its own).
+  std::unique_ptr<RequestMarkers> markers;
   std::set<WatchStream*> waits;
   // A key this client wrote on the lease (so it may read it, whatever its etcd role): the
   // keep-alive's term check reads it. Empty until the first entry.
@@ -416,8 +432,12 @@ class EtcdBackend final : public Backend {
   // Runs a clean-up Txn (a leave): once here, within `first_try`, then in the background until
   // it succeeds or the lease is gone. A `turn` still held is kept until then (the key may
   // exist). Returns the first try's answer, or none (not answered in time, or the lease gone).
+  // `finished` runs once it is done (or moot: the lease is gone); `later`, when given, is what
+  // the background tries instead of the Txn (it throws until done).
   std::optional<pb::TxnResponse> run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn,
-                                             LocalTurn* turn, milliseconds first_try = kLeaveTry);
+                                             LocalTurn* turn, milliseconds first_try = kLeaveTry,
+                                             std::function<void()> finished = {},
+                                             std::function<void(SteadyClock::time_point)> later = {});
   // Waits for an event of the watch (or its end, the deadline, `stop`, or the lease's loss).
   // `changed_already`, when given, is asked once the watch exists: true means what we wait for
   // happened before the watch began, so no wait.
@@ -429,6 +449,7 @@ class EtcdBackend final : public Backend {
     std::shared_ptr<ClientLease> lease;
     std::function<void(SteadyClock::time_point)> attempt;  // throws until done
     std::string turn;                                     // a name's local turn kept until done, or ""
+    std::function<void()> finished;                       // run once done, or empty
     milliseconds pause = kCleanupFirstPause;
     SteadyClock::time_point next_try;
   };
@@ -456,7 +477,7 @@ class EtcdBackend final : public Backend {
                    const std::string& prefix, Deadline deadline, LocalTurn* turn, const std::stop_token& stop);
   // Leaves with an entry whose join may or may not have been applied: the join's marker
   // written (so a join still in flight fails) and the key deleted if it holds the join's value.
-  void leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key, const std::string& marker,
+  void leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key, std::uint64_t request,
                          const std::string& value, LocalTurn* turn);
 
   std::unique_ptr<Connection> owned_connection_;
@@ -670,6 +691,7 @@ std::shared_ptr<ClientLease> EtcdBackend::grant_lease(SteadyClock::time_point de
   auto fresh = std::make_shared<ClientLease>();
   fresh->id = granted.id();
   fresh->hex = lease_hex(granted.id());
+  fresh->markers = std::make_unique<RequestMarkers>(fresh->id, fresh->hex);
   // The TTL etcd granted (it raises requests below its minimum), counted from the request.
   fresh->ttl = seconds(std::max<std::int64_t>(1, granted.ttl()));
   fresh->next_round = sent_at + keep_alive_period(fresh->ttl);
@@ -857,6 +879,7 @@ bool EtcdBackend::try_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline
       // Not answered (or refused): tried again later.
     }
   }
+  if (done && cleanup.finished) std::exchange(cleanup.finished, {})();
   // The turn guards the one key per (lease, name); a lost lease is never used again, so the
   // next entry (on a new lease) need not wait for this clean-up.
   if ((done || lease_lost(*cleanup.lease)) && !cleanup.turn.empty()) {
@@ -867,10 +890,13 @@ bool EtcdBackend::try_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline
 }
 
 std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn,
-                                                        LocalTurn* turn, milliseconds first_try) {
+                                                        LocalTurn* turn, milliseconds first_try,
+                                                        std::function<void()> finished,
+                                                        std::function<void(SteadyClock::time_point)> later) {
   auto answer = std::make_shared<std::optional<pb::TxnResponse>>();
   Cleanup cleanup;
   cleanup.lease = lease;
+  cleanup.finished = std::move(finished);
   cleanup.attempt = [this, txn = std::move(txn), answer](SteadyClock::time_point deadline) {
     *answer = connection_.txn(txn, deadline, true);
   };
@@ -879,22 +905,19 @@ std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<Cl
     cleanup.turn = turn->name;
     turn->held = false;
   }
+  if (later) cleanup.attempt = std::move(later);
   schedule(std::move(cleanup));  // its later answers are nobody's
   return std::nullopt;
 }
 
 void EtcdBackend::leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key,
-                                    const std::string& marker, const std::string& value, LocalTurn* turn) {
+                                    std::uint64_t request, const std::string& value, LocalTurn* turn) {
   pb::TxnRequest txn;
-  auto* ours = txn.add_compare();
-  ours->set_key(key);
-  ours->set_result(pb::Compare::EQUAL);
-  ours->set_target(pb::Compare::VALUE);
-  ours->set_value(value);
+  add_value_compare(txn, key, value);
   add_delete(txn.mutable_success(), key);
-  add_put(txn.mutable_success(), marker, "", lease->id);
-  add_put(txn.mutable_failure(), marker, "", lease->id);
-  run_cleanup(lease, std::move(txn), turn);
+  lease->markers->retire(txn.mutable_success(), request);
+  lease->markers->retire(txn.mutable_failure(), request);
+  run_cleanup(lease, std::move(txn), turn, kLeaveTry, [lease, request] { lease->markers->resolved(request); });
 }
 
 void EtcdBackend::janitor_loop(std::stop_token stop) {
@@ -991,26 +1014,37 @@ EtcdBackend::Joined EtcdBackend::join_line(const std::string& prefix, const Entr
 EtcdBackend::Joined EtcdBackend::put_entry(const std::shared_ptr<ClientLease>& lease, std::string key,
                                            std::uint64_t request, std::string value, const std::string& prefix,
                                            Deadline deadline, LocalTurn* turn, const std::stop_token& stop) {
-  // The marker of this request: written only by a clean-up of it, after which this join
-  // can no longer apply (a resend, or the lost original delivered late).
-  const auto marker = kCancelPrefix + lease->hex + "_" + std::to_string(request);
+  // Guarded by the request's marker, which every copy of this Txn that etcd runs puts, in
+  // either branch: once we have an answer (or the clean-up is done), a copy still on its way
+  // (resent by gRPC to another endpoint, or held up in a paused member) changes nothing, even
+  // after the entry was released or left.
+  auto& markers = *lease->markers;
+  markers.begin(request);
   pb::TxnRequest txn;
   add_compare(txn, key, pb::Compare::CREATE, 0);
-  add_compare(txn, marker, pb::Compare::CREATE, 0);
+  markers.guard(txn, request);
   add_put(txn.mutable_success(), key, value, lease->id);
   add_range(txn.mutable_success(), queue_range(prefix));
+  markers.retire(txn.mutable_success(), request);
+  const auto floor = markers.add_sweep(txn.mutable_success());
   add_range(txn.mutable_failure(), key_range(key));
   add_range(txn.mutable_failure(), queue_range(prefix));
+  markers.retire(txn.mutable_failure(), request);
   pb::TxnResponse answer;
   try {
     answer = connection_.txn(txn, bounded(deadline, kOneShot), true, stop);
   } catch (const LeaseGone&) {
+    markers.resolved(request);
     throw;  // not applied
   } catch (const BackendUnavailable&) {
     // Applied or not, the entry leaves (in the background if need be) before we report.
-    leave_unconfirmed(lease, key, marker, value, turn);
+    leave_unconfirmed(lease, key, request, value, turn);
+    throw;
+  } catch (const Error&) {
+    markers.resolved(request);  // refused (AccessDenied): not applied, nor will a copy be
     throw;
   }
+  markers.resolved(request);
   {
     std::lock_guard lock(mutex_);
     if (lease->readable_key.empty()) lease->readable_key = key;
@@ -1018,12 +1052,17 @@ EtcdBackend::Joined EtcdBackend::put_entry(const std::shared_ptr<ClientLease>& l
   Joined joined{lease, std::move(key), std::move(value), answer.header().revision(), {}, answer.header().revision()};
   // Both branches read the queue second (success: put, range; failure: own key, range).
   joined.range = std::move(*answer.mutable_responses(1)->mutable_response_range());
-  if (answer.succeeded()) return joined;
-  // Our own key from an attempt whose answer was lost (the same value), or somebody else's.
+  if (answer.succeeded()) {
+    markers.swept(floor);
+    return joined;
+  }
+  // Our own key from an earlier copy whose answer was lost (the same value), or somebody else's.
   const auto& own = answer.responses(0).response_range();
-  if (own.kvs_size() == 0 || own.kvs(0).value() != joined.value) {
+  if (own.kvs_size() > 0 && own.kvs(0).value() != joined.value) {
     throw BackendUnavailable("the etcd key '" + joined.key + "' exists but is not this client's entry");
   }
+  // An earlier copy put our entry and it was deleted since (by hand): join again.
+  if (own.kvs_size() == 0) throw QueueEntryGone();
   joined.created = own.kvs(0).create_revision();
   return joined;
 }
@@ -1073,7 +1112,7 @@ Standing EtcdPlace::join(const QueueRequest& request, Deadline deadline) {
                          entry_value(request.kind, request.permits, request.limit, backend_.identity(), number,
                                      backend_.label_suffix())};
       },
-      deadline, &turn_);
+      deadline, &turn_, request.stop);
   lease_ = std::move(joined.lease);
   key_ = std::move(joined.key);
   value_ = std::move(joined.value);
@@ -1179,17 +1218,24 @@ std::unique_ptr<QueuePlace> EtcdBackend::join(const QueueRequest& request, bool,
   const bool exclusive = request.kind == EntryKind::exclusive;
   if (exclusive && !enter_local_turn(request.name, deadline, request.stop)) return nullptr;
   auto place = std::make_unique<EtcdPlace>(*this, request, exclusive);
-  first = place->join(request, deadline);
+  try {
+    first = place->join(request, deadline);
+  } catch (const CallStopped&) {
+    // Stopped while joining (a join that may have been applied leaves in the background): not
+    // admitted, as a stop while waiting would end it.
+    return nullptr;
+  }
   return place;
 }
 
 // --- PermitCounter: one key changed by Txn on its mod revision ---------------------------
 // Waiters line up as keys under the waiter prefix (on the lease, so a dead waiter leaves the
 // line); only the first may take permits, and it watches the counter key, the others the
-// waiter just ahead. A take also puts a receipt (a key on our lease that no name can reach):
-// when its reply is lost, leave() reads the receipt to tell a take applied from one that was
-// not, so no permits are taken without the acquire knowing. Every call ends on the caller's
-// stop, but the leave.
+// waiter just ahead. A take is guarded by its request's marker (request_markers.hpp) and puts
+// it, reading "taken": when its reply is lost, leave() reads the marker and, if the take was
+// not applied, retires it in the same Txn, so the take cannot apply later (a stalled request
+// delivered late) and the acquire knows for sure whether it took the permits. Every call ends
+// on the caller's stop, but the leave.
 
 class EtcdCounterLine final : public CounterLine {
  public:
@@ -1197,7 +1243,7 @@ class EtcdCounterLine final : public CounterLine {
       : backend_(backend), counter_key_(kCounterPrefix + name), line_prefix_(kCounterWaiterPrefix + name + "/"),
         permits_(permits), stop_(stop) {}
   ~EtcdCounterLine() override {
-    if (!receipt_.empty()) resolved();  // the core leaves first; this only guards misuse
+    if (take_lease_) resolved();  // the core leaves first; this only guards misuse
   }
 
   CounterStanding look(bool last_try, Deadline deadline) override;
@@ -1207,8 +1253,11 @@ class EtcdCounterLine final : public CounterLine {
   bool leave() noexcept override;
 
  private:
-  // The take's outcome is known (or no longer matters): its receipt is nobody's concern now.
+  // The take's outcome is known (or no longer matters): its marker is nobody's concern now.
   void resolved();
+  // What the background tries for a take that leave() could not settle in time.
+  std::function<void(SteadyClock::time_point)> undo_take(const std::shared_ptr<ClientLease>& lease,
+                                                         std::uint64_t request, pb::TxnRequest settle) const;
 
   EtcdBackend& backend_;
   const std::string counter_key_;
@@ -1219,9 +1268,9 @@ class EtcdCounterLine final : public CounterLine {
   std::string place_;  // our waiter key, once in line
   std::int64_t place_revision_ = 0;
   bool left_ = false;
-  // The receipt of a take whose outcome is unknown (its reply was lost), and its lease.
-  std::string receipt_;
-  std::shared_ptr<ClientLease> receipt_lease_;
+  // A take whose outcome is unknown (its reply was lost): its request number and lease.
+  std::uint64_t take_request_ = 0;
+  std::shared_ptr<ClientLease> take_lease_;
   // From the last look, read at one revision:
   std::int64_t read_revision_ = 0;
   std::int64_t counter_revision_ = 0;  // the counter key's mod revision (0: no key)
@@ -1260,10 +1309,13 @@ CounterStanding EtcdCounterLine::look(bool, Deadline deadline) {
 
 bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
   const auto lease = seen.in_line ? lease_ : backend_.client_lease(bounded(deadline, kOneShot), stop_);
-  const auto receipt = kTakenPrefix + lease->hex + "_" + std::to_string(backend_.next_request());
+  const auto request = backend_.next_request();
+  auto& markers = *lease->markers;
+  markers.begin(request);
   const auto garbage = backend_.receipts_to_delete();
   pb::TxnRequest take;
   add_compare(take, counter_key_, pb::Compare::MOD, counter_revision_);
+  markers.guard(take, request);  // never resent: this guards its one copy against leave()
   if (seen.in_line) {
     add_compare(take, place_, pb::Compare::CREATE, place_revision_);
   } else {
@@ -1278,11 +1330,12 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
   }
   add_put(take.mutable_success(), counter_key_, std::to_string(*seen.value - permits_), 0);
   if (seen.in_line) add_delete(take.mutable_success(), place_);
-  add_put(take.mutable_success(), receipt, "", lease->id);
+  markers.retire(take.mutable_success(), request, kTaken);
+  const auto floor = markers.add_sweep(take.mutable_success());
   for (const auto& old : garbage) add_delete(take.mutable_success(), old);
-  // Kept while the outcome is unknown: a BackendUnavailable leaves the receipt to leave().
-  receipt_ = receipt;
-  receipt_lease_ = lease;
+  // Kept while the outcome is unknown: a BackendUnavailable leaves the marker to leave().
+  take_request_ = request;
+  take_lease_ = lease;
   backend_.count_unresolved_take(*lease, +1);
   pb::TxnResponse answer;
   try {
@@ -1298,8 +1351,8 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
   }
   resolved();
   if (!answer.succeeded()) return false;
+  markers.swept(floor);
   backend_.receipts_deleted(garbage);
-  backend_.receipt_done(receipt);
   left_ = true;  // our waiter key went with the take
   return true;
 }
@@ -1342,30 +1395,58 @@ void EtcdCounterLine::wait(CounterWait wait, Deadline deadline, const std::stop_
 bool EtcdCounterLine::leave() noexcept {
   if (left_) return false;
   left_ = true;
-  if (receipt_.empty()) {
+  if (!take_lease_) {
     if (!place_.empty()) backend_.run_cleanup(lease_, delete_entry_txn(place_, place_revision_), nullptr);
     return false;
   }
-  // A take whose reply was lost: its receipt exists exactly when it was applied (then it also
-  // deleted our waiter key); if not, our key goes. Resent, the Txn answers the same (the
-  // receipt stays: it is deleted with later releases and takes, or with the lease).
+  // A take whose reply was lost: its marker reads "taken" exactly when it was applied (then it
+  // also deleted our waiter key). Otherwise this Txn retires the marker, so the take can no
+  // longer apply when it arrives late, and our key goes. Resent, it answers the same.
+  const auto lease = std::exchange(take_lease_, nullptr);
+  const auto request = std::exchange(take_request_, 0);
   pb::TxnRequest resolve;
-  auto* applied = resolve.add_compare();
-  applied->set_key(receipt_);
-  applied->set_result(pb::Compare::GREATER);
-  applied->set_target(pb::Compare::CREATE);
-  applied->set_create_revision(0);
+  add_value_compare(resolve, lease->markers->marker(request), kTaken);
+  add_range(resolve.mutable_success(), key_range(counter_key_));
+  lease->markers->retire(resolve.mutable_failure(), request, kRefused);
   if (!place_.empty()) add_delete(resolve.mutable_failure(), place_);  // keys of one line are never reused
-  const auto answer = backend_.run_cleanup(receipt_lease_, std::move(resolve), nullptr, kTakeOutcomeTry);
-  backend_.receipt_done(receipt_);
-  resolved();
+  auto later = undo_take(lease, request, resolve);
+  const auto answer = backend_.run_cleanup(
+      lease, std::move(resolve), nullptr, kTakeOutcomeTry,
+      [&backend = backend_, lease, request] {
+        lease->markers->resolved(request);
+        backend.count_unresolved_take(*lease, -1);
+      },
+      std::move(later));
   return answer && answer->succeeded();
 }
 
+// Not settled in time, the acquire reported the take not applied: the background settles it,
+// and a take found applied is undone (its permits given back, its marker set to "returned",
+// in one Txn on the counter's mod revision), so an acquire that did not succeed holds nothing.
+std::function<void(SteadyClock::time_point)> EtcdCounterLine::undo_take(const std::shared_ptr<ClientLease>& lease,
+                                                                        std::uint64_t request,
+                                                                        pb::TxnRequest settle) const {
+  return [&connection = backend_.connection(), lease, request, settle = std::move(settle), counter_key = counter_key_,
+          permits = permits_](SteadyClock::time_point deadline) {
+    const auto settled = connection.txn(settle, deadline, true);
+    if (!settled.succeeded()) return;  // not applied, and now it never will be
+    const auto counter = counter_value(settled.responses(0).response_range());
+    pb::TxnRequest give_back;
+    add_value_compare(give_back, lease->markers->marker(request), kTaken);
+    add_compare(give_back, counter_key, pb::Compare::MOD, counter.mod_revision);
+    add_put(give_back.mutable_success(), counter_key, std::to_string(counter.value.value_or(0) + permits), 0);
+    lease->markers->retire(give_back.mutable_success(), request, kReturned);
+    if (!connection.txn(give_back, deadline, true).succeeded()) {
+      throw BackendUnavailable("the PermitCounter changed while a take was given back: tried again");
+    }
+  };
+}
+
 void EtcdCounterLine::resolved() {
-  backend_.count_unresolved_take(*receipt_lease_, -1);
-  receipt_.clear();
-  receipt_lease_.reset();
+  take_lease_->markers->resolved(take_request_);
+  backend_.count_unresolved_take(*take_lease_, -1);
+  take_request_ = 0;
+  take_lease_.reset();
 }
 
 std::unique_ptr<CounterLine> EtcdBackend::counter_line(const std::string& name, std::int64_t permits,
