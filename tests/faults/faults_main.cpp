@@ -3,7 +3,7 @@
 //   turnstile-faults run --backend LABEL --url URL | --server SCRIPT  --work DIR
 //        [--seconds S] [--min-holds N] [--clients N] [--cli-clients N] [--ttl-ms MS]
 //        [--faults server-kill,server-pause,client-pause,client-kill,partition,client-partition]
-//        [--netns PREFIX --netns-script tests/servers/netns.sh]
+//        [--netns PREFIX --netns-script tests/servers/netns.sh [--netns-servers N]]
 //        [--cli PATH] [--table FILE] [--allow-overlaps REASON] [--url-query K=V]
 //
 // It starts the servers (SCRIPT start DIR; a cluster script also writes DIR/nodes), starts the
@@ -17,8 +17,6 @@
 //     fault was active;
 // and prints a table row: holds, faults by kind, the above, loss-report latency, availability.
 // Exit status 0 when nothing was found, 1 when something was, 2 on a usage or set-up error.
-#include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +38,7 @@
 #include <vector>
 
 #include "fault_log.hpp"
+#include "fault_setup.hpp"
 #include "fault_worker.hpp"
 #include "testing/hold_history.hpp"
 #include "turnstile/turnstile.hpp"
@@ -68,316 +67,10 @@ void catch_interrupts() {
   std::exit(2);
 }
 
-std::string shell_quote(const std::string& text) {
-  std::string out = "'";
-  for (const char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// Runs a shell command; its standard output, and whether it exited 0.
-std::pair<bool, std::string> run_command(const std::string& command) {
-  std::string output;
-  FILE* pipe = ::popen((command + " 2>>/dev/null").c_str(), "r");
-  if (!pipe) return {false, ""};
-  char buffer[4096];
-  while (const auto got = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, got);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) && WEXITSTATUS(status) == 0, output};
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto value = text.str();
-  while (!value.empty() && (value.back() == '\n' || value.back() == ' ')) value.pop_back();
-  return value;
-}
-
-// The servers of a run, driven through their test script: one node (SCRIPT restart DIR, the
-// pid file) or a cluster (SCRIPT kill/start-node/pause/resume/leader DIR ID, DIR/nodes).
-class Servers {
- public:
-  Servers(std::string script, std::string dir) : script_(std::move(script)), dir_(std::move(dir)) {}
-  ~Servers() {
-    for (const auto& id : paused_) resume(id);
-    if (started_) run_command(shell_quote(script_) + " stop " + shell_quote(dir_));
-  }
-
-  std::string start() {
-    started_ = true;  // a start that fails halfway is stopped too
-    const auto [ok, output] = run_command(shell_quote(script_) + " start " + shell_quote(dir_) + " >&2");
-    if (!ok) throw std::runtime_error("could not start the servers with " + script_);
-    if (fs::exists(fs::path(dir_) / "nodes")) {
-      std::istringstream nodes(read_file(fs::path(dir_) / "nodes"));
-      std::string line;
-      while (std::getline(nodes, line)) {
-        std::istringstream fields(line);
-        std::string id;
-        if (fields >> id) ids_.push_back(id);
-      }
-    } else {
-      ids_.push_back("1");
-      for (const auto& entry : fs::directory_iterator(dir_)) {
-        if (entry.path().extension() == ".pid") pid_file_ = entry.path();
-      }
-      if (pid_file_.empty()) throw std::runtime_error("no pid file in " + dir_);
-    }
-    // The Consul stand-in writes the URL with its test query (lock_delay) as turnstile_url.
-    const auto with_query = fs::path(dir_) / "turnstile_url";
-    return read_file(fs::exists(with_query) ? with_query : fs::path(dir_) / "url");
-  }
-
-  bool cluster() const { return pid_file_.empty(); }
-  const std::vector<std::string>& ids() const { return ids_; }
-
-  // The node a fault should hit: the leader every other time, a follower otherwise.
-  std::string pick(std::mt19937_64& random, bool leader) {
-    if (!cluster()) return ids_.front();
-    if (leader) {
-      const auto [ok, output] = run_command(shell_quote(script_) + " leader " + shell_quote(dir_));
-      std::istringstream fields(output);
-      std::string id;
-      if (ok && (fields >> id)) return id;
-    }
-    return ids_[random() % ids_.size()];
-  }
-
-  void kill(const std::string& id) {
-    if (cluster()) {
-      node_command("kill", id);
-    } else {
-      signal_pid(SIGKILL);
-    }
-  }
-  void restart(const std::string& id, bool wipe) {
-    if (cluster()) {
-      node_command("start-node", id, wipe ? " wipe" : "");
-    } else {
-      run_command(shell_quote(script_) + " restart " + shell_quote(dir_) + " >&2");
-    }
-  }
-  void pause(const std::string& id) {
-    paused_.insert(id);
-    if (cluster()) {
-      node_command("pause", id);
-    } else {
-      signal_pid(SIGSTOP);
-    }
-  }
-  void resume(const std::string& id) {
-    paused_.erase(id);
-    if (cluster()) {
-      node_command("resume", id);
-    } else {
-      signal_pid(SIGCONT);
-    }
-  }
-
- private:
-  void node_command(const std::string& verb, const std::string& id, const std::string& extra = "") {
-    run_command(shell_quote(script_) + " " + verb + " " + shell_quote(dir_) + " " + shell_quote(id) + extra + " >&2");
-  }
-  void signal_pid(int signal) {
-    const auto pid = read_file(pid_file_);
-    if (!pid.empty()) ::kill(std::stoi(pid), signal);
-  }
-
-  std::string script_;
-  std::string dir_;
-  bool started_ = false;
-  std::vector<std::string> ids_;
-  fs::path pid_file_;
-  std::set<std::string> paused_;
-};
-
-// Network namespaces for partitions (tests/servers/netns.sh), made for the run and deleted
-// after it. Enters the clients' namespace: call before any thread starts.
-class NetworkNamespaces {
- public:
-  static constexpr int kServers = 3;
-  static constexpr int kClients = 4;  // the namespace of this process and its clients
-  NetworkNamespaces(std::string script, std::string prefix) : script_(std::move(script)), prefix_(std::move(prefix)) {
-    if (!run_command(shell_quote(script_) + " up " + shell_quote(prefix_) + " " + std::to_string(kClients) + " >&2").first) {
-      throw std::runtime_error("could not make the network namespaces (root and `ip netns` are needed)");
-    }
-    std::string names, hosts;
-    for (int i = 1; i <= kServers; ++i) {
-      names += (i > 1 ? " " : "") + prefix_ + "-" + std::to_string(i);
-      hosts += (i > 1 ? " " : "") + address(i);
-    }
-    ::setenv("TURNSTILE_CLUSTER_NETNS", names.c_str(), 1);
-    ::setenv("TURNSTILE_CLUSTER_HOSTS", hosts.c_str(), 1);
-    const auto path = "/run/netns/" + prefix_ + "-" + std::to_string(kClients);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) throw std::runtime_error("cannot enter " + path);
-    ::close(fd);
-  }
-  ~NetworkNamespaces() { run_command(shell_quote(script_) + " down " + shell_quote(prefix_)); }
-  void cut(const std::string& id) { run_command(shell_quote(script_) + " cut " + shell_quote(prefix_) + " " + shell_quote(id)); }
-  void heal(const std::string& id) { run_command(shell_quote(script_) + " heal " + shell_quote(prefix_) + " " + shell_quote(id)); }
-  static std::string address(int i) { return "10.213.0." + std::to_string(10 + i); }
-
- private:
-  std::string script_;
-  std::string prefix_;
-};
-
-struct RunOptions {
-  std::string backend;
-  std::string url;
-  std::string server_script;
-  std::string work_dir;
-  std::chrono::seconds seconds{30};
-  std::size_t min_holds = 0;
-  int clients = 4;
-  int cli_clients = 1;
-  std::chrono::milliseconds ttl{2000};
-  std::vector<std::string> fault_kinds;
-  std::string netns_prefix;  // partitions: nodes and clients in namespaces netns_script made
-  std::string netns_script;
-  std::string cli_path;
-  std::string table_path;
-  std::string allow_overlaps;  // why overlaps are the engine's documented behaviour, or empty
-  bool clients_ignore_loss = false;
-  std::string url_query;  // appended to the servers' URL, e.g. min_replicas=1
-};
-
 struct FaultWindow {
   std::string kind;
   std::int64_t start_ns = 0;
   std::int64_t end_ns = 0;
-};
-
-// The client processes, started again when a fault kills one.
-class Clients {
- public:
-  Clients(const RunOptions& run, WorkerOptions base, std::string self) : run_(run), base_(std::move(base)), self_(std::move(self)) {}
-  ~Clients() {
-    for (auto& [pid, info] : live_) {
-      ::kill(pid, SIGCONT);
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-
-  void start_all() {
-    for (int i = 0; i < run_.clients; ++i) spawn(next_id_++, false);
-    for (int i = 0; i < run_.cli_clients; ++i) spawn(next_id_++, true);
-  }
-
-  // A library client at random (the ones that hold through the library, for pauses and kills).
-  std::optional<pid_t> pick_library_client(std::mt19937_64& random) {
-    std::vector<pid_t> candidates;
-    for (const auto& [pid, cli] : live_) {
-      if (!cli) candidates.push_back(pid);
-    }
-    if (candidates.empty()) return std::nullopt;
-    return candidates[random() % candidates.size()];
-  }
-
-  // A library client that holds one of `names` now (the Kleppmann pause hits a holder), else
-  // any library client.
-  std::optional<pid_t> pick_holder(const std::string& url, std::vector<std::string> names, std::mt19937_64& random) {
-    std::shuffle(names.begin(), names.end(), random);
-    // Mutexes first: a paused exclusive holder is the case fencing exists for.
-    std::stable_partition(names.begin(), names.end(), [](const std::string& name) { return name.find("/mutex") != std::string::npos; });
-    try {
-      ClientOptions options;
-      options.connect_timeout = 2s;
-      auto client = Client::connect(url, options);
-      for (const auto& name : names) {
-        for (const auto& holder : client.inspect(name, SteadyClock::now() + 1s).holders) {
-          const auto it = live_.find(static_cast<pid_t>(holder.pid));
-          if (it != live_.end() && !it->second) return it->first;
-        }
-      }
-    } catch (const Error&) {
-      // The server may be down: any client will do.
-    }
-    return pick_library_client(random);
-  }
-
-  void kill_and_replace(pid_t pid) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    const bool cli = live_[pid];
-    live_.erase(pid);
-    spawn(next_id_++, cli);
-  }
-
-  // SIGTERM to all; each leaves its queue and exits within its acquire bound. Returns how many
-  // had to be killed.
-  int stop_all(std::chrono::milliseconds grace) {
-    for (const auto& [pid, cli] : live_) ::kill(pid, SIGTERM);
-    const auto until = std::chrono::steady_clock::now() + grace;
-    int killed = 0;
-    while (!live_.empty()) {
-      int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid > 0) {
-        live_.erase(pid);
-        continue;
-      }
-      if (std::chrono::steady_clock::now() > until) {
-        for (const auto& [left, cli] : live_) {
-          ::kill(left, SIGKILL);
-          ::waitpid(left, nullptr, 0);
-          ++killed;
-        }
-        live_.clear();
-        break;
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    return killed;
-  }
-
-  // Clients that exited on their own (a crash), reaped and started again.
-  int reap_and_restart() {
-    int crashed = 0;
-    for (;;) {
-      int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
-      const auto it = live_.find(pid);
-      if (it == live_.end()) continue;
-      const bool cli = it->second;
-      live_.erase(it);
-      std::cerr << "client " << pid << " exited by itself (status " << status << "); starting another\n";
-      ++crashed;
-      spawn(next_id_++, cli);
-    }
-    return crashed;
-  }
-
- private:
-  void spawn(int id, bool cli) {
-    auto options = base_;
-    options.id = id;
-    options.seed = base_.seed * 1000003 + static_cast<std::uint64_t>(id);
-    std::vector<std::string> args;
-    args.insert(args.end(), {self_, cli ? "cli-worker" : "worker", options.url, std::to_string(options.ttl.count()),
-                             std::to_string(options.acquire_timeout.count()), options.prefix,
-                             std::to_string(options.names_per_kind), options.out_dir, options.store_dir,
-                             std::to_string(options.id), std::to_string(options.seed), run_.cli_path,
-                             options.ignore_loss ? "ignore-loss" : "check-loss"});
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      std::vector<char*> argv;
-      for (auto& arg : args) argv.push_back(arg.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    live_[pid] = cli;
-  }
-
-  const RunOptions& run_;
-  WorkerOptions base_;
-  std::string self_;
-  int next_id_ = 1;
-  std::map<pid_t, bool> live_;  // pid -> is a CLI client
 };
 
 std::size_t count_lines(const fs::path& dir, const std::string& extension) {
@@ -475,12 +168,13 @@ int run(const RunOptions& options, const std::string& self) {
   std::ofstream(marker) << "a turnstile-faults work directory\n";
   fs::create_directories(fs::path(options.work_dir) / "clients");
   const auto clients_dir = (fs::path(options.work_dir) / "clients").string();
-  // Partitions: servers in namespaces PREFIX-1..3, this process and its clients in PREFIX-4,
-  // all joined by a bridge that netns.sh cuts one link of.
+  // Partitions: each server node and each client in a network namespace of its own, this
+  // process in one more, all joined by a bridge that netns.sh cuts one link of.
   std::optional<NetworkNamespaces> namespaces;
   if (!options.netns_prefix.empty()) {
     if (::geteuid() == 0) {
-      namespaces.emplace(options.netns_script, options.netns_prefix);
+      namespaces.emplace(options.netns_script, options.netns_prefix, options.netns_servers,
+                         options.clients + options.cli_clients);
     } else {
       std::cerr << "faults: not root: no network namespaces, so no partitions in this run\n";
     }
@@ -508,8 +202,8 @@ int run(const RunOptions& options, const std::string& self) {
   base.ignore_loss = options.clients_ignore_loss;
   FencedStore store(base.store_dir);
 
-  EventLog fault_log((fs::path(options.work_dir) / "faults.log").string());  // kind start_ns end_ns
-  Clients clients(options, base, self);
+  EventLog fault_log((fs::path(options.work_dir) / "faults.log").string());  // kind start_ns end_ns target
+  Clients clients(options, base, self, namespaces ? &*namespaces : nullptr);
   clients.start_all();
   std::vector<FaultWindow> faults;
   std::map<std::string, int> fault_counts;
@@ -541,44 +235,59 @@ int run(const RunOptions& options, const std::string& self) {
     if (options.fault_kinds.empty()) continue;
     const auto kind = options.fault_kinds[next_kind++ % options.fault_kinds.size()];
     FaultWindow window{kind, monotonic_ns(), 0};
+    std::string target;  // what it hit, for the fault log: "node ID" or "client PID"
     if (kind == "server-kill" && servers) {
       const auto id = servers->pick(random, hit_leader);
       hit_leader = !hit_leader;
+      target = "node " + id;
       servers->kill(id);
       calm(std::chrono::milliseconds(500 + random() % 1500));
       servers->restart(id, servers->cluster() && (wipe = !wipe));
     } else if (kind == "server-pause" && servers) {
       const auto id = servers->pick(random, hit_leader);
       hit_leader = !hit_leader;
+      target = "node " + id;
       servers->pause(id);
       calm(options.ttl + 1s);
       servers->resume(id);
     } else if (kind == "client-pause") {
       if (const auto pid = clients.pick_holder(url, run_names(base.prefix, base.names_per_kind), random)) {
+        target = "client " + std::to_string(*pid);
         ::kill(*pid, SIGSTOP);
         calm(2 * options.ttl + 500ms);  // past its TTL: others are admitted meanwhile
         ::kill(*pid, SIGCONT);
       }
     } else if (kind == "client-kill") {
-      if (const auto pid = clients.pick_library_client(random)) clients.kill_and_replace(*pid);
+      if (const auto pid = clients.pick_library_client(random)) {
+        target = "client " + std::to_string(*pid);
+        clients.kill_and_replace(*pid);
+      }
     } else if (kind == "partition" && servers && servers->cluster() && namespaces) {
-      // One server node cut off from the others and from every client, past the TTL.
+      // One server node (the leader or primary every other time) cut off from the other nodes
+      // and from every client, past the TTL.
       const auto id = servers->pick(random, hit_leader);
+      const int node = servers->namespace_of(id);
       hit_leader = !hit_leader;
-      namespaces->cut(id);
+      target = "node " + id;
+      namespaces->cut_server(node);
       calm(options.ttl + 1s);
-      namespaces->heal(id);
-    } else if (kind == "client-partition" && namespaces && servers && servers->cluster()) {
-      // (A single node runs in the clients' own namespace: cutting it off would change nothing.)
-      // Every client cut off from every server past the TTL: each holder must be told.
-      namespaces->cut(std::to_string(NetworkNamespaces::kClients));
-      calm(options.ttl + 1s);
-      namespaces->heal(std::to_string(NetworkNamespaces::kClients));
+      namespaces->heal_server(node);
+    } else if (kind == "client-partition" && namespaces) {
+      // One client (one that holds, if any does) cut off from every server and every other
+      // client past its TTL, while the others go on: they take its names once its entries run
+      // out, so it must have been told of its losses before that, and must find its way back.
+      if (const auto pid = clients.pick_holder(url, run_names(base.prefix, base.names_per_kind), random)) {
+        const int slot = clients.slot_of(*pid);
+        target = "client " + std::to_string(*pid);
+        namespaces->cut_client(slot);
+        calm(options.ttl + 1s);
+        namespaces->heal_client(slot);
+      }
     } else {
       continue;  // a kind this run cannot inject
     }
     window.end_ns = monotonic_ns();
-    fault_log.line(kind + " " + std::to_string(window.start_ns) + " " + std::to_string(window.end_ns));
+    fault_log.line(kind + " " + std::to_string(window.start_ns) + " " + std::to_string(window.end_ns) + " " + target);
     faults.push_back(window);
     ++fault_counts[kind];
   }
@@ -777,6 +486,7 @@ int main(int argc, char** argv) {
     else if (flag == "--ttl-ms") options.ttl = std::chrono::milliseconds(std::stoll(value()));
     else if (flag == "--netns") options.netns_prefix = value();
     else if (flag == "--netns-script") options.netns_script = value();
+    else if (flag == "--netns-servers") options.netns_servers = std::stoi(value());
     else if (flag == "--cli") options.cli_path = value();
     else if (flag == "--table") options.table_path = value();
     else if (flag == "--allow-overlaps") options.allow_overlaps = value();

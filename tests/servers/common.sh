@@ -12,6 +12,45 @@ stop_process() {
   fi
 }
 
+# ---- one server (redis.sh, zookeeper.sh, etcd.sh, consul.sh) -----------------------------------
+# TURNSTILE_CLUSTER_NETNS="ns" and TURNSTILE_CLUSTER_HOSTS="a" at start (as for the clusters
+# below, with one namespace: see netns.sh): the server listens on address a inside namespace ns,
+# so that a fault run can cut its clients off from it. `start` records both in DIR/netns for the
+# later commands. Without them: 127.0.0.1 here. Sets server_ns and server_host.
+server_place() {  # ACTION (DIR in $dir)
+  if [ "$1" = start ]; then
+    server_ns=${TURNSTILE_CLUSTER_NETNS:-}
+    server_ns=${server_ns%% *}
+    server_host=${TURNSTILE_CLUSTER_HOSTS:-127.0.0.1}
+    server_host=${server_host%% *}
+  elif [ -f "$dir/netns" ]; then
+    { read -r server_ns; read -r server_host; } < "$dir/netns"
+  else
+    server_ns=""
+    server_host=127.0.0.1
+  fi
+}
+
+server_place_record() {  # after `start` made DIR
+  printf '%s\n%s\n' "$server_ns" "$server_host" > "$dir/netns"
+}
+
+# Runs a command in the server's namespace (or here, without one).
+in_server() {  # COMMAND...
+  if [ -n "$server_ns" ]; then ip netns exec "$server_ns" "$@"; else "$@"; fi
+}
+
+# Starts COMMAND in the background in the server's namespace, output appended to LOG; its pid
+# (the command's own: `ip netns exec` execs it, and no function runs in between) in PIDFILE.
+server_spawn() {  # PIDFILE LOG COMMAND...
+  spawn_pidfile=$1
+  spawn_log=$2
+  shift 2
+  if [ -n "$server_ns" ]; then set -- ip netns exec "$server_ns" "$@"; fi
+  "$@" </dev/null >>"$spawn_log" 2>&1 &
+  echo $! > "$spawn_pidfile"
+}
+
 # ---- 3-node clusters (zookeeper_ensemble.sh, etcd_cluster.sh) --------------------------------
 # The script sourcing this defines: cluster_configure (writes each node's configuration for the
 # ports in $base), node_launch ID (starts node ID in the background, its pid in

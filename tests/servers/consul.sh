@@ -10,17 +10,19 @@
 #   consul.sh restart-empty DIR  the same port without its state (KV, sessions, indexes lost)
 #   consul.sh pause DIR     SIGSTOP: the server answers nothing until resumed
 #   consul.sh resume DIR    SIGCONT
+# TURNSTILE_CLUSTER_NETNS / TURNSTILE_CLUSTER_HOSTS at start: in a network namespace (common.sh).
 set -eu
 action=$1
 dir=$2
 server="$(cd "$(dirname "$0")" && pwd)/consul_server.py"
+. "$(dirname "$0")/common.sh"
+server_place "$action"
 
 launch() {  # port (0: any free one)
   rm -f "$dir/port"
   # shellcheck disable=SC2086
-  /usr/bin/python3 "$server" --bind 127.0.0.1 --port "$1" --port-file "$dir/port" \
-    --data-dir "$dir/data" $acl $extra </dev/null >>"$dir/consul.log" 2>&1 &
-  echo $! > "$dir/consul.pid"
+  server_spawn "$dir/consul.pid" "$dir/consul.log" /usr/bin/python3 "$server" --bind "$server_host" --port "$1" \
+    --port-file "$dir/port" --data-dir "$dir/data" $acl $extra
   for _ in $(seq 1 100); do
     [ -s "$dir/port" ] && return 0
     kill -0 "$(cat "$dir/consul.pid")" 2>/dev/null || return 1
@@ -49,20 +51,21 @@ start)
   "$0" stop "$dir"
   mkdir -p "$dir"
   rm -rf "$dir/url" "$dir/data" "$dir/acl_token"
+  server_place_record
   printf '%s\n' "$extra" > "$dir/extra_options"
   if launch 0; then
     port=$(cat "$dir/port")
     if [ -n "${CONSUL_TEST_ACL_TOKEN:-}" ]; then
       printf '%s\n' "$CONSUL_TEST_ACL_TOKEN" > "$dir/acl_token"
-      echo "consul://$CONSUL_TEST_ACL_TOKEN@127.0.0.1:$port" > "$dir/url"
+      echo "consul://$CONSUL_TEST_ACL_TOKEN@$server_host:$port" > "$dir/url"
     else
-      echo "consul://127.0.0.1:$port" > "$dir/url"
+      echo "consul://$server_host:$port" > "$dir/url"
     fi
     # The URL turnstile's tests use: the same, with CONSUL_TEST_URL_QUERY (e.g. lock_delay=1).
     if [ -n "${CONSUL_TEST_URL_QUERY:-}" ]; then
       echo "$(cat "$dir/url")?$CONSUL_TEST_URL_QUERY" > "$dir/turnstile_url"
     fi
-    echo "Consul test stand-in ready on 127.0.0.1:$port"
+    echo "Consul test stand-in ready on $server_host:$port"
     exit 0
   fi
   echo "could not start the Consul test stand-in; log:" >&2

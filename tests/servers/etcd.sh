@@ -5,10 +5,12 @@
 #   etcd.sh stop DIR
 #   etcd.sh restart DIR   the same ports and data (what a crash with its disk intact looks like)
 # With DIR/tls/{server.pem,server.key,ca.pem} present, clients speak TLS and the URL is etcds://.
+# TURNSTILE_CLUSTER_NETNS / TURNSTILE_CLUSTER_HOSTS at start: in a network namespace (common.sh).
 set -eu
 action=$1
 dir=$2
 . "$(dirname "$0")/common.sh"
+server_place "$action"
 
 if [ -f "$dir/tls/server.pem" ]; then
   client_scheme=https
@@ -23,17 +25,15 @@ fi
 
 launch() {  # client port, peer port
   # shellcheck disable=SC2086
-  etcd --name n1 --data-dir "$dir/data" ${server_tls:-} \
-    --listen-client-urls "$client_scheme://127.0.0.1:$1" --advertise-client-urls "$client_scheme://127.0.0.1:$1" \
-    --listen-peer-urls "http://127.0.0.1:$2" --initial-advertise-peer-urls "http://127.0.0.1:$2" \
-    --initial-cluster "n1=http://127.0.0.1:$2" --initial-cluster-state new \
-    >>"$dir/etcd.log" 2>&1 &
-  echo $! > "$dir/etcd.pid"
+  server_spawn "$dir/etcd.pid" "$dir/etcd.log" etcd --name n1 --data-dir "$dir/data" ${server_tls:-} \
+    --listen-client-urls "$client_scheme://$server_host:$1" --advertise-client-urls "$client_scheme://$server_host:$1" \
+    --listen-peer-urls "http://$server_host:$2" --initial-advertise-peer-urls "http://$server_host:$2" \
+    --initial-cluster "n1=http://$server_host:$2" --initial-cluster-state new
 }
 
 ready() {  # client port
   # shellcheck disable=SC2086
-  etcdctl --endpoints="$client_scheme://127.0.0.1:$1" $client_tls --command-timeout=1s endpoint health >/dev/null 2>&1
+  in_server etcdctl --endpoints="$client_scheme://$server_host:$1" $client_tls --command-timeout=1s endpoint health >/dev/null 2>&1
 }
 
 wait_ready() {  # client port; fails when etcd exits first
@@ -51,14 +51,15 @@ start)
   "$0" stop "$dir"
   mkdir -p "$dir"
   rm -rf "$dir/url" "$dir/data"
+  server_place_record
   for attempt in 1 2 3 4 5 6 7 8 9 10; do
     client=$(shuf -i 20000-60999 -n 1)
     peer=$((client + 1))
     launch "$client" "$peer"
     if wait_ready "$client"; then
       echo "$client $peer" > "$dir/ports"
-      echo "$url_scheme://127.0.0.1:$client" > "$dir/url"
-      echo "etcd ready on 127.0.0.1:$client"
+      echo "$url_scheme://$server_host:$client" > "$dir/url"
+      echo "etcd ready on $server_host:$client"
       exit 0
     fi
     # Lost the race for a port (or too slow): clean up and try others.

@@ -4,24 +4,38 @@
 #   redis.sh stop DIR
 #   redis.sh restart DIR   the same port, empty (what a crash without persistence looks like)
 # Persistence is off: a restart forgets everything, as the restart tests want.
+# TURNSTILE_CLUSTER_NETNS / TURNSTILE_CLUSTER_HOSTS at start: in a network namespace (common.sh).
 set -eu
 action=$1
 dir=$2
 . "$(dirname "$0")/common.sh"
+server_place "$action"
+
+launch() {  # PORT
+  # Protected mode would refuse clients from other namespaces (no password: tests only).
+  in_server redis-server --bind "$server_host" --port "$1" --save '' --appendonly no --daemonize yes \
+    --protected-mode "$([ -n "$server_ns" ] && echo no || echo yes)" \
+    --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+}
+
+pong() {  # PORT
+  [ "$(in_server redis-cli -h "$server_host" -p "$1" ping 2>/dev/null)" = PONG ]
+}
+
 case "$action" in
 start)
   # A server left running by an interrupted run would be orphaned by a new pid file.
   "$0" stop "$dir"
   mkdir -p "$dir"
   rm -f "$dir/url"
+  server_place_record
   for attempt in 1 2 3 4 5 6 7 8 9 10; do
     port=$(shuf -i 20000-60999 -n 1)
-    redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --daemonize yes \
-      --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" || continue
+    launch "$port" || continue
     for _ in $(seq 1 50); do
-      if [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ]; then
-        echo "redis://127.0.0.1:$port" > "$dir/url"
-        echo "redis-server ready on 127.0.0.1:$port"
+      if pong "$port"; then
+        echo "redis://$server_host:$port" > "$dir/url"
+        echo "redis-server ready on $server_host:$port"
         exit 0
       fi
       # A daemon that lost the race for the port has exited: try another port.
@@ -40,10 +54,9 @@ stop)
 restart)
   port=$(sed 's/.*://' "$dir/url")
   "$0" stop "$dir"
-  redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --daemonize yes \
-    --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+  launch "$port"
   for _ in $(seq 1 50); do
-    [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ] && exit 0
+    pong "$port" && exit 0
     sleep 0.1
   done
   exit 1

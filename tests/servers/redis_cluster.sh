@@ -24,6 +24,8 @@
 #   redis_cluster.sh healthy DIR       exit 0 when every node runs, every node says
 #                                      cluster_state:ok, the configuration agrees (--cluster
 #                                      check) and each of three primaries has a replica linked
+# TURNSTILE_CLUSTER_NETNS / TURNSTILE_CLUSTER_HOSTS at start (six of each, for n1..n6): each node
+# in a network namespace of its own (redis_nodes.sh).
 set -eu
 action=$1
 dir=$2
@@ -31,23 +33,23 @@ nodes_all="n1 n2 n3 n4 n5 n6"
 
 . "$(dirname "$0")/redis_nodes.sh"
 
-cli() {  # ID ARGS...
-  port=$(node_field "$1" 4)
-  shift
-  redis-cli -h 127.0.0.1 -p "$port" "$@"
+cli() { rcli "$@"; }  # ID ARGS...
+
+role_of() {  # ID: the role as started (redis-cli --cluster create chooses; see start-once)
+  case $1 in n1|n2|n3) echo primary ;; *) echo replica ;; esac
 }
 
 start_data() {  # ID
   id=$1
   mkdir -p "$dir/$id"
-  port=$(node_field "$id" 4)
-  redis-server --bind 127.0.0.1 --port "$port" --cluster-enabled yes --cluster-port "$(node_field "$id" 6)" \
+  node_server "$id" --bind "$(node_field "$id" 3)" --port "$(node_field "$id" 4)" \
+    --cluster-enabled yes --cluster-port "$(node_field "$id" 6)" \
     --cluster-config-file "$dir/$id/nodes.conf" --cluster-node-timeout 1000 \
     --cluster-replica-validity-factor 0 --cluster-require-full-coverage no \
     --save '' --appendonly no --daemonize yes \
     --dir "$dir/$id" --pidfile "$dir/$id.pid" --logfile "$dir/$id.log" \
     --repl-diskless-sync yes --repl-diskless-sync-delay 0 --repl-ping-replica-period 1
-  wait_ping "$port"
+  wait_ping "$id"
 }
 
 # CLUSTER NODES from the first node that answers.
@@ -92,7 +94,7 @@ healthy() {
     [ "$(cli "$id" ping 2>/dev/null)" = PONG ] || return 1
     cli "$id" CLUSTER INFO 2>/dev/null | tr -d '\r' | grep -q '^cluster_state:ok$' || return 1
   done
-  redis-cli --cluster check "127.0.0.1:$(node_field n1 4)" >/dev/null 2>&1 || return 1
+  in_node n1 redis-cli --cluster check "$(node_field n1 3):$(node_field n1 4)" >/dev/null 2>&1 || return 1
   # Three primaries with slots, each with a replica that is linked and not failing.
   nodes=$(cluster_nodes) || return 1
   echo "$nodes" | awk '
@@ -116,13 +118,12 @@ start-once)
   "$0" stop "$dir" 2>/dev/null || true
   mkdir -p "$dir"
   rm -rf "$dir/url" "$dir/nodes" "$dir/nodes.tmp" "$dir"/n?
-  : > "$dir/nodes.tmp"
+  place_nodes
+  # Each line gets the node's cluster bus port.
   for id in $nodes_all; do
-    case $id in n1|n2|n3) role=primary ;; *) role=replica ;; esac
-    port=$(free_port)
-    echo "$id $role 127.0.0.1 $port 0 " >> "$dir/nodes.tmp"
     bus=$(free_port)
-    sed -i "\$s/\$/$bus/" "$dir/nodes.tmp"
+    awk -v id="$id" -v bus="$bus" '$1 == id { $6 = bus } { print }' "$dir/nodes.tmp" > "$dir/nodes.tmp2"
+    mv "$dir/nodes.tmp2" "$dir/nodes.tmp"
   done
   mv "$dir/nodes.tmp" "$dir/nodes"
   for id in $nodes_all; do
@@ -130,9 +131,9 @@ start-once)
     set_pid "$id" "$(pid_of "$id")"
   done
   addresses=""
-  for id in $nodes_all; do addresses="$addresses 127.0.0.1:$(node_field "$id" 4)"; done
+  for id in $nodes_all; do addresses="$addresses $(node_field "$id" 3):$(node_field "$id" 4)"; done
   # shellcheck disable=SC2086
-  redis-cli --cluster create $addresses --cluster-replicas 1 --cluster-yes > "$dir/create.log" 2>&1 ||
+  in_node n1 redis-cli --cluster create $addresses --cluster-replicas 1 --cluster-yes > "$dir/create.log" 2>&1 ||
     { echo "redis-cli --cluster create failed" >&2; cat "$dir/create.log" >&2; exit 1; }
   if ! wait_healthy 60; then
     echo "the cluster did not become healthy" >&2
@@ -146,7 +147,7 @@ start-once)
     awk -v id="$id" -v r="$role" '$1 == id { $2 = r } { print }' "$dir/nodes" > "$dir/nodes.new"
     mv "$dir/nodes.new" "$dir/nodes"
   done
-  echo "redis+cluster://127.0.0.1:$(node_field n1 4),127.0.0.1:$(node_field n2 4),127.0.0.1:$(node_field n3 4)" > "$dir/url"
+  echo "redis+cluster://$(node_field n1 3):$(node_field n1 4),$(node_field n2 3):$(node_field n2 4),$(node_field n3 3):$(node_field n3 4)" > "$dir/url"
   echo "redis cluster ready: $(cat "$dir/url")"
   ;;
 stop)

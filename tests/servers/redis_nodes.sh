@@ -1,6 +1,56 @@
 # Sourced by redis_sentinel.sh and redis_cluster.sh (POSIX sh): their nodes' bookkeeping in
 # $dir/nodes ("ID ROLE HOST PORT PID ..." lines) and $dir/ID.pid, and the node actions they share.
-# The sourcing script defines `healthy` (for wait_healthy).
+# The sourcing script defines `healthy` (for wait_healthy) and $nodes_all (every node's ID).
+#
+# Network namespaces (partition tests; see netns.sh): with TURNSTILE_CLUSTER_NETNS="ns1 ns2 ..."
+# and TURNSTILE_CLUSTER_HOSTS="a1 a2 ..." at start, the i-th node of $nodes_all listens on a_i
+# inside ns_i. DIR/nodes keeps its host, DIR/netns ("ID NAMESPACE" lines) its namespace, and
+# every command reaches a node from the node's own namespace (so it answers while cut off).
+
+nth() {  # N WORDS...: the N-th of WORDS, nothing when there are fewer
+  nth_n=$1
+  shift
+  [ "$nth_n" -le $# ] && eval "echo \"\${$nth_n}\"" || true
+}
+
+# Writes DIR/netns and DIR/nodes.tmp's first fields ("ID ROLE HOST PORT 0") for $nodes_all;
+# role_of ID gives the role as started.
+place_nodes() {
+  : > "$dir/netns"
+  : > "$dir/nodes.tmp"
+  k=0
+  for id in $nodes_all; do
+    k=$((k + 1))
+    # shellcheck disable=SC2086
+    ns=$(nth "$k" ${TURNSTILE_CLUSTER_NETNS:-})
+    # shellcheck disable=SC2086
+    host=$(nth "$k" ${TURNSTILE_CLUSTER_HOSTS:-})
+    [ -n "$ns" ] && echo "$id $ns" >> "$dir/netns"
+    echo "$id $(role_of "$id") ${host:-127.0.0.1} $(free_port) 0" >> "$dir/nodes.tmp"
+  done
+}
+
+# Runs COMMAND in node ID's namespace (or here, without namespaces).
+in_node() {  # ID COMMAND...
+  in_ns=$(awk -v id="$1" '$1 == id { print $2 }' "$dir/netns" 2>/dev/null || true)
+  shift
+  if [ -n "$in_ns" ]; then ip netns exec "$in_ns" "$@"; else "$@"; fi
+}
+
+# redis-cli against node ID, from its namespace.
+rcli() {  # ID ARGS...
+  rcli_id=$1
+  shift
+  in_node "$rcli_id" redis-cli -h "$(node_field "$rcli_id" 3)" -p "$(node_field "$rcli_id" 4)" "$@"
+}
+
+# redis-server in node ID's namespace. Protected mode off: it would refuse clients from the
+# other namespaces (no password; only loopback or the test's own namespaces reach a node).
+node_server() {  # ID ARGS...
+  node_server_id=$1
+  shift
+  in_node "$node_server_id" redis-server "$@" --protected-mode no
+}
 
 # Below the kernel's ephemeral range (32768 up), so no outgoing connection holds it, and not
 # in use now (a race with another starter fails the start, which is tried again).
@@ -23,9 +73,9 @@ set_pid() {  # ID PID
   mv "$dir/nodes.new" "$dir/nodes"
 }
 
-wait_ping() {  # PORT
+wait_ping() {  # ID
   for _ in $(seq 1 100); do
-    [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ] && return 0
+    [ "$(rcli "$1" ping 2>/dev/null)" = PONG ] && return 0
     sleep 0.1
   done
   return 1

@@ -16,84 +16,94 @@
 #                                      new primary (prints its ID; `healthy` comes later)
 # Data nodes keep no data on disk (persistence off): a restarted node resyncs from the primary.
 # Sentinels use redis-server --sentinel (Debian's redis-sentinel is the same binary).
+# TURNSTILE_CLUSTER_NETNS / TURNSTILE_CLUSTER_HOSTS at start (five of each, for p1 p2 s1 s2 s3):
+# each node in a network namespace of its own (redis_nodes.sh).
 set -eu
 action=$1
 dir=$2
 master=turnstile
+nodes_all="p1 p2 s1 s2 s3"
 
 . "$(dirname "$0")/redis_nodes.sh"
 
-start_data() {  # ID PORT [REPLICAOF_PORT]
-  mkdir -p "$dir/$1"
-  if [ $# -ge 3 ]; then
-    set -- "$1" "$2" --replicaof 127.0.0.1 "$3"
-  fi
-  id=$1
-  port=$2
-  shift 2
-  redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --daemonize yes \
-    --dir "$dir/$id" --pidfile "$dir/$id.pid" --logfile "$dir/$id.log" \
-    --repl-diskless-sync yes --repl-diskless-sync-delay 0 --repl-ping-replica-period 1 "$@"
-  wait_ping "$port"
+role_of() {  # ID: the role as started
+  case $1 in p1) echo primary ;; p2) echo replica ;; *) echo sentinel ;; esac
 }
 
-start_sentinel() {  # ID PORT PRIMARY_PORT
+start_data() {  # ID [PRIMARY_ID]
+  id=$1
+  mkdir -p "$dir/$id"
+  if [ $# -ge 2 ]; then
+    set -- --replicaof "$(node_field "$2" 3)" "$(node_field "$2" 4)"
+  else
+    set --
+  fi
+  node_server "$id" --bind "$(node_field "$id" 3)" --port "$(node_field "$id" 4)" --save '' --appendonly no \
+    --daemonize yes --dir "$dir/$id" --pidfile "$dir/$id.pid" --logfile "$dir/$id.log" \
+    --repl-diskless-sync yes --repl-diskless-sync-delay 0 --repl-ping-replica-period 1 "$@"
+  wait_ping "$id"
+}
+
+start_sentinel() {  # ID PRIMARY_ID
   # A sentinel rewrites its configuration file: a fresh one each start.
   cat > "$dir/$1.conf" <<EOF
-bind 127.0.0.1
-port $2
+bind $(node_field "$1" 3)
+port $(node_field "$1" 4)
 daemonize yes
 pidfile $dir/$1.pid
 logfile $dir/$1.log
 dir $dir
-sentinel monitor $master 127.0.0.1 $3 2
+sentinel monitor $master $(node_field "$2" 3) $(node_field "$2" 4) 2
 sentinel down-after-milliseconds $master 1000
 sentinel failover-timeout $master 3000
 sentinel parallel-syncs $master 1
 EOF
-  redis-server "$dir/$1.conf" --sentinel
-  wait_ping "$2"
+  node_server "$1" "$dir/$1.conf" --sentinel
+  wait_ping "$1"
 }
 
-# The primary's port as the sentinels answer (the first that answers).
+# The primary's port as the sentinels answer (the first that answers; ports differ per node).
 primary_port() {
   for s in s1 s2 s3; do
-    sp=$(node_field "$s" 4)
-    answer=$(redis-cli -h 127.0.0.1 -p "$sp" SENTINEL get-master-addr-by-name "$master" 2>/dev/null | sed -n 2p)
+    answer=$(rcli "$s" SENTINEL get-master-addr-by-name "$master" 2>/dev/null | sed -n 2p)
     if [ -n "$answer" ]; then echo "$answer"; return 0; fi
   done
   return 1
 }
 
+id_of_port() {  # PORT: the data node listening on it
+  awk -v p="$1" '$4 == p && ($1 == "p1" || $1 == "p2") { print $1 }' "$dir/nodes"
+}
+
 leader() {
   port=$(primary_port) || return 1
-  awk -v p="$port" '$4 == p && ($1 == "p1" || $1 == "p2") { print $1 }' "$dir/nodes"
+  id_of_port "$port"
 }
 
 healthy() {
   for id in p1 p2 s1 s2 s3; do
-    [ "$(redis-cli -h 127.0.0.1 -p "$(node_field "$id" 4)" ping 2>/dev/null)" = PONG ] || { [ -n "${HEALTHY_WHY:-}" ] && echo "unhealthy at check 1" >&2; return 1; }
+    [ "$(rcli "$id" ping 2>/dev/null)" = PONG ] || { [ -n "${HEALTHY_WHY:-}" ] && echo "unhealthy at check 1" >&2; return 1; }
   done
   first=""
   for s in s1 s2 s3; do
-    sp=$(node_field "$s" 4)
-    answer=$(redis-cli -h 127.0.0.1 -p "$sp" SENTINEL get-master-addr-by-name "$master" 2>/dev/null | sed -n 2p)
+    answer=$(rcli "$s" SENTINEL get-master-addr-by-name "$master" 2>/dev/null | sed -n 2p)
     [ -n "$answer" ] || { [ -n "${HEALTHY_WHY:-}" ] && echo "unhealthy at check 2" >&2; return 1; }
     [ -z "$first" ] || [ "$first" = "$answer" ] || { [ -n "${HEALTHY_WHY:-}" ] && echo "unhealthy at check 3" >&2; return 1; }
     first=$answer
     # Every sentinel knows the other two, and the primary is not thought down.
-    flags=$(redis-cli -h 127.0.0.1 -p "$sp" SENTINEL master "$master" 2>/dev/null | awk 'prev == "flags" { print } { prev = $0 }')
+    flags=$(rcli "$s" SENTINEL master "$master" 2>/dev/null | awk 'prev == "flags" { print } { prev = $0 }')
     [ "$flags" = master ] || { [ -n "${HEALTHY_WHY:-}" ] && echo "unhealthy at check 4" >&2; return 1; }
-    others=$(redis-cli -h 127.0.0.1 -p "$sp" SENTINEL master "$master" 2>/dev/null | awk 'prev == "num-other-sentinels" { print } { prev = $0 }')
+    others=$(rcli "$s" SENTINEL master "$master" 2>/dev/null | awk 'prev == "num-other-sentinels" { print } { prev = $0 }')
     [ "$others" = 2 ] || { [ -n "${HEALTHY_WHY:-}" ] && echo "unhealthy at check 5" >&2; return 1; }
   done
-  info=$(redis-cli -h 127.0.0.1 -p "$first" INFO replication 2>/dev/null | tr -d '\r')
+  primary=$(id_of_port "$first")
+  [ -n "$primary" ] || { [ -n "${HEALTHY_WHY:-}" ] && echo "unhealthy at check 6" >&2; return 1; }
+  info=$(rcli "$primary" INFO replication 2>/dev/null | tr -d '\r')
   echo "$info" | grep -q '^role:master$' || { [ -n "${HEALTHY_WHY:-}" ] && echo "unhealthy at check 6" >&2; return 1; }
   echo "$info" | grep -q '^slave0:.*state=online' || { [ -n "${HEALTHY_WHY:-}" ] && echo "unhealthy at check 7" >&2; return 1; }
   # The replica reports its link up, and every sentinel lists it as a replica that is not down.
   for s in s1 s2 s3; do
-    sp=$(node_field "$s" 4)
-    redis-cli -h 127.0.0.1 -p "$sp" SENTINEL replicas "$master" 2>/dev/null |
+    rcli "$s" SENTINEL replicas "$master" 2>/dev/null |
       awk 'prev == "flags" && $0 == "slave" { ok = 1 } { prev = $0 } END { exit !ok }' || { [ -n "${HEALTHY_WHY:-}" ] && echo "unhealthy at check 8" >&2; return 1; }
   done
   return 0
@@ -107,19 +117,12 @@ start-once)
   "$0" stop "$dir" 2>/dev/null || true
   mkdir -p "$dir"
   rm -f "$dir/url" "$dir/nodes" "$dir/nodes.tmp"
-  : > "$dir/nodes.tmp"
-  for id in p1 p2 s1 s2 s3; do
-    port=$(free_port)
-    case $id in p*) role=primary ;; *) role=sentinel ;; esac
-    [ "$id" = p2 ] && role=replica
-    echo "$id $role 127.0.0.1 $port 0" >> "$dir/nodes.tmp"
-  done
+  place_nodes
   mv "$dir/nodes.tmp" "$dir/nodes"
-  p1=$(node_field p1 4)
-  start_data p1 "$p1" || { echo "p1 did not start" >&2; cat "$dir/p1.log" >&2; exit 1; }
-  start_data p2 "$(node_field p2 4)" "$p1" || { echo "p2 did not start" >&2; cat "$dir/p2.log" >&2; exit 1; }
+  start_data p1 || { echo "p1 did not start" >&2; cat "$dir/p1.log" >&2; exit 1; }
+  start_data p2 p1 || { echo "p2 did not start" >&2; cat "$dir/p2.log" >&2; exit 1; }
   for id in s1 s2 s3; do
-    start_sentinel "$id" "$(node_field "$id" 4)" "$p1" || { echo "$id did not start" >&2; cat "$dir/$id.log" >&2; exit 1; }
+    start_sentinel "$id" p1 || { echo "$id did not start" >&2; cat "$dir/$id.log" >&2; exit 1; }
   done
   for id in p1 p2 s1 s2 s3; do set_pid "$id" "$(pid_of "$id")"; done
   if ! wait_healthy 30; then
@@ -127,7 +130,7 @@ start-once)
     tail -n 20 "$dir"/*.log >&2
     exit 1
   fi
-  echo "redis+sentinel://127.0.0.1:$(node_field s1 4),127.0.0.1:$(node_field s2 4),127.0.0.1:$(node_field s3 4)/$master" > "$dir/url"
+  echo "redis+sentinel://$(node_field s1 3):$(node_field s1 4),$(node_field s2 3):$(node_field s2 4),$(node_field s3 3):$(node_field s3 4)/$master" > "$dir/url"
   echo "redis sentinel set-up ready: $(cat "$dir/url")"
   ;;
 stop)
@@ -147,15 +150,15 @@ start-node)
     primary=$(primary_port) || { echo "no sentinel names a primary" >&2; exit 1; }
     if [ "$primary" = "$port" ]; then
       # The sentinels still name this node: it comes back as the primary (empty).
-      start_data "$id" "$port"
+      start_data "$id"
     else
-      start_data "$id" "$port" "$primary"
+      start_data "$id" "$(id_of_port "$primary")"
     fi
     ;;
   s*)
     # The sentinel's own rewritten configuration knows the current primary and its peers.
-    redis-server "$dir/$id.conf" --sentinel
-    wait_ping "$port"
+    node_server "$id" "$dir/$id.conf" --sentinel
+    wait_ping "$id"
     ;;
   esac
   set_pid "$id" "$(pid_of "$id")"
@@ -168,10 +171,9 @@ healthy)
   ;;
 failover)
   before=$(leader)
-  sp=$(node_field s1 4)
   # Refused while a previous failover is still in progress: try again for a while.
   for _ in $(seq 1 50); do
-    out=$(redis-cli -h 127.0.0.1 -p "$sp" SENTINEL FAILOVER "$master" 2>&1) && [ "$out" = OK ] && break
+    out=$(rcli s1 SENTINEL FAILOVER "$master" 2>&1) && [ "$out" = OK ] && break
     sleep 0.2
   done
   [ "$out" = OK ] || { echo "SENTINEL FAILOVER: $out" >&2; exit 1; }

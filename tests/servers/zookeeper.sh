@@ -11,26 +11,25 @@
 # (TURNSTILE_ZK_MAX_SESSION_TIMEOUT=ms overrides it: tests of a granted timeout shorter than asked).
 # TURNSTILE_ZK_FORCESYNC=no sets forceSync=no (no fsync of the transaction log per write), for
 # benchmarks; unset, the server's default (forceSync=yes) stays.
+# TURNSTILE_CLUSTER_NETNS / TURNSTILE_CLUSTER_HOSTS at start: in a network namespace (common.sh).
 set -eu
 action=$1
 dir=$2
 . "$(dirname "$0")/common.sh"
+server_place "$action"
 classpath=/usr/share/java/zookeeper.jar:/usr/share/java/zookeeper-jute.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-simple.jar:/usr/share/java/netty-handler.jar:/usr/share/java/netty-transport.jar:/usr/share/java/netty-common.jar:/usr/share/java/netty-buffer.jar:/usr/share/java/netty-resolver.jar:/usr/share/java/netty-codec.jar:/usr/share/java/netty-transport-native-epoll.jar:/usr/share/java/netty-transport-native-unix-common.jar:/usr/share/java/metrics-core.jar:/usr/share/java/commons-cli.jar:/usr/share/java/commons-io.jar
 
 # Starts the server of DIR/zoo.cfg in the background; its pid in DIR/zookeeper.pid.
 launch() {
-  java -Xmx512m -Dzookeeper.log.dir="$dir" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
-    -cp "$classpath" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" \
-    >> "$dir/zookeeper.log" 2>&1 &
-  echo $! > "$dir/zookeeper.pid"
+  server_spawn "$dir/zookeeper.pid" "$dir/zookeeper.log" \
+    java -Xmx512m -Dzookeeper.log.dir="$dir" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+    -cp "$classpath" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg"
 }
 
-# Answers the four-letter command `ruok` (imok when serving).
+# Answers the four-letter command `ruok` (imok when serving), from the server's namespace.
 ruok() {
-  exec 3<>"/dev/tcp/127.0.0.1/$1" 2>/dev/null || return 1
-  printf ruok >&3
-  reply=$(head -c 4 <&3 2>/dev/null || true)
-  exec 3<&- 3>&-
+  reply=$(in_server timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1" && printf ruok >&3 && head -c 4 <&3' \
+    "$server_host" "$1" 2>/dev/null || true)
   [ "$reply" = imok ]
 }
 
@@ -40,6 +39,7 @@ start)
   "$0" stop "$dir"
   mkdir -p "$dir/data"
   rm -f "$dir/url"
+  server_place_record
   for attempt in 1 2 3 4 5 6 7 8 9 10; do
     port=$(shuf -i 20000-60999 -n 1)
     cat > "$dir/zoo.cfg" <<CFG
@@ -48,7 +48,7 @@ minSessionTimeout=500
 maxSessionTimeout=${TURNSTILE_ZK_MAX_SESSION_TIMEOUT:-60000}
 dataDir=$dir/data
 clientPort=$port
-clientPortAddress=127.0.0.1
+clientPortAddress=$server_host
 admin.enableServer=false
 4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,wchs
 maxClientCnxns=0
@@ -59,8 +59,8 @@ CFG
     pid=$(cat "$dir/zookeeper.pid")
     for _ in $(seq 1 150); do
       if ruok "$port" 2>/dev/null; then
-        echo "zk://127.0.0.1:$port" > "$dir/url"
-        echo "zookeeper ready on 127.0.0.1:$port"
+        echo "zk://$server_host:$port" > "$dir/url"
+        echo "zookeeper ready on $server_host:$port"
         exit 0
       fi
       # A server that lost the race for the port has exited: try another port.
@@ -82,7 +82,7 @@ restart)
   launch
   for _ in $(seq 1 300); do
     if ruok "$port" 2>/dev/null; then
-      echo "zookeeper restarted on 127.0.0.1:$port"
+      echo "zookeeper restarted on $server_host:$port"
       exit 0
     fi
     sleep 0.1
