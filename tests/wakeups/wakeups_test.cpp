@@ -358,12 +358,14 @@ TEST_P(Wakeups, OneReleaseWakesOneOfAThousandWaiters) {
     std::function<void()> run;
     ~Drain() { run(); }
   } drain{[&] {
+    // Stop the waiters before the one admitted lets go: the other way round, the next in line
+    // could be admitted in between (a second admission the test would count).
+    give_up.request_stop();
     {
       std::lock_guard lock(mutex);
       measured = true;
     }
     changed.notify_all();
-    give_up.request_stop();
     if (holder.owns_lock()) holder.unlock();
     for (auto& thread : threads) thread->join();
   }};
