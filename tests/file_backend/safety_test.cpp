@@ -958,6 +958,31 @@ TEST_F(FileSafety, FencingTokensKeepGrowingWhenTheStateFileIsRemovedOrTruncated)
   next("the directory was removed");
 }
 
+// Issue 22 (a mutant the suite missed: max(next_seq, now) instead of max(next_seq + 1, now)): with
+// the name's last token ahead of the clock (a clock stepped back, or joins within one
+// microsecond), every new token is still greater than the one before, never equal to it.
+TEST_F(FileSafety, FencingTokensGrowWhenTheLastTokenIsAheadOfTheClock) {
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex("ahead");
+  mutex.lock();
+  mutex.unlock();
+  const auto now_us = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::system_clock::now().time_since_epoch()).count();
+  std::uint64_t last = static_cast<std::uint64_t>(now_us) + 3'600'000'000u;  // an hour ahead
+  {
+    StateFile state(state_of("ahead"));
+    ASSERT_TRUE(state);
+    state->next_seq = last;
+  }
+  for (int i = 0; i < 3; ++i) {
+    mutex.lock();
+    const auto token = mutex.fencing_token();
+    mutex.unlock();
+    EXPECT_GT(token, last) << "hold " << i << ": tokens must strictly increase";
+    last = token;
+  }
+}
+
 // ---- a removed state file admits nobody while its holder lives (red team rt2.2) ----------------
 
 // Before: a contender got the lock at once, with the same fencing token, while the holder (told
