@@ -1,8 +1,9 @@
 # The two set-up commands of the README's Quick start, on a fresh Debian 12 machine:
 #   make demo   installs missing Debian packages, builds, runs the parking-lot demo
 #   make test   the same set-up, then every test through CTest, plain and under the sanitizers
-# Other targets: build, bench, faults (the long fault suite), package (.deb files), test-plain,
-# test-asan, test-asan-long, test-tsan, clean.
+# Other targets: build, bench, faults (the long fault suite), mutants (safety mutants planted one
+# at a time: does a test catch each?), package (.deb files), test-plain, test-asan,
+# test-asan-long, test-tsan, clean.
 
 # What the build, the tests and the benchmarks need, all from Debian 12.
 PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
@@ -17,7 +18,7 @@ PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev
 JOBS := $(shell nproc 2>/dev/null || echo 2)
 CLI := build/tools/turnstile/turnstile
 
-.PHONY: deps build demo test test-plain test-asan test-asan-long test-tsan bench faults package clean
+.PHONY: deps build demo test test-plain test-asan test-asan-long test-tsan bench faults mutants package clean
 
 # apt-get only when something is missing; as root it installs, otherwise it prints the command.
 deps:
@@ -73,9 +74,16 @@ bench: build
 faults: build
 	tests/faults/run_all.sh build
 
+# The safety mutants of tests/mutants/mutants.ini, each planted alone in the source tree (restored
+# right after, and on SIGINT/SIGTERM/SIGHUP), built incrementally in build-mutants, with the tests
+# that should catch it; prints caught/missed and the score. Not part of make test (it runs the
+# listed suites once per mutant). MUTANTS_ONLY=REGEX picks mutants by id or backend.
+mutants: deps
+	python3 tests/mutants/run.py --jobs $(JOBS)
+
 # Debian packages (libturnstile0, libturnstile-dev, turnstile) in build/, by CPack.
 package: build
 	cd build && cpack
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-mutants

@@ -56,7 +56,18 @@ class CliServerTest : public CliTest, public ::testing::WithParamInterface<std::
     return args;
   }
 
+  // `turnstile hold NAME` (TTL 10 s), holding once it printed its token (holder_held_ says
+  // whether it did); closing its stdin releases.
+  Process hold_name() {
+    Launch pipes;
+    pipes.stdin_pipe = pipes.stdout_pipe = true;
+    auto holder = start({"hold", "--backend", url_, "--ttl", "10", name_}, pipes);
+    holder_held_ = !read_line(holder.stdout_fd).empty();
+    return holder;
+  }
+
   std::string url_, name_;
+  bool holder_held_ = false;
 };
 
 // 16.8: no connection of the library (hiredis, ZooKeeper, gRPC sockets, their eventfds) reaches
@@ -80,9 +91,35 @@ TEST_P(CliServerTest, SignalWhileQueuedLeavesTheQueue) {
   kill(waiter.pid, SIGINT);
   EXPECT_EQ(wait_exit(waiter), 128 + SIGINT) << waiter.err();
   EXPECT_TRUE(waiter_count_is(name_, 0)) << "the interrupted waiter left its entry in the queue";
+  EXPECT_NE(waiter.err().find("left the queue of '" + name_ + "'"), std::string::npos) << waiter.err();
   write_file(release, "");
   EXPECT_EQ(wait_exit(holder), 0) << holder.err();
   EXPECT_FALSE(fs::exists(ran));
+}
+
+// Issue 22 item 7: Ctrl-C while queued, with the server no longer answering (its link black-holed
+// after the waiter queued): leaving the queue cannot be confirmed, and turnstile must not say it
+// left. It said "left the queue of 'NAME'" whatever the leave's outcome.
+TEST_P(CliServerTest, SignalWhileQueuedSaysSoWhenLeavingIsNotConfirmed) {
+  auto holder = hold_name();
+  ASSERT_TRUE(holder_held_) << holder.err();
+  turnstile_test::TcpProxy proxy(url_);
+  const auto ran = path("ran");
+  auto waiter = start(run_args(proxy.url_through(url_), "2", {"touch", ran}));
+  ASSERT_TRUE(wait_until([&] { return waiter_count_is(name_, 1); })) << waiter.err();  // really queued
+  proxy.blackhole();
+  kill(waiter.pid, SIGINT);
+  EXPECT_EQ(wait_exit(waiter), 128 + SIGINT) << waiter.err();
+  const auto err = waiter.err();
+  EXPECT_EQ(err.find("left the queue of"), std::string::npos) << "claimed a leave nobody confirmed: " << err;
+  // Its own words, or the signal watcher's when even trying took too long.
+  EXPECT_TRUE(err.find("could not confirm leaving the queue of '" + name_ + "'") != std::string::npos ||
+              err.find("could not leave the queue of '" + name_ + "' in time") != std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(ran));
+  proxy.forward();
+  close_pipe(holder.stdin_fd);
+  EXPECT_EQ(wait_exit(holder), 0) << holder.err();
 }
 
 // 10.2b: a holder whose link to the server is cut (black hole: no reset, no answers) has its
@@ -231,10 +268,8 @@ TEST_P(CliServerTest, HoldKeepsTheHoldUntilStdinCloses) {
 
 // -v: what it waits for and where, who holds it, when it got it and the token its command sees.
 TEST_P(CliServerTest, VerboseNamesWhatItWaitsForTheHolderAndTheToken) {
-  Launch pipes;
-  pipes.stdin_pipe = pipes.stdout_pipe = true;
-  auto holder = start({"hold", "--backend", url_, "--ttl", "10", name_}, pipes);
-  ASSERT_FALSE(read_line(holder.stdout_fd).empty()) << holder.err();
+  auto holder = hold_name();
+  ASSERT_TRUE(holder_held_) << holder.err();
   const auto token_file = path("token");
   auto waiter = start({"run", "-v", "--backend", url_, "--ttl", "10", "--lock", name_, "--", "sh", "-c",
                        "echo $TURNSTILE_FENCING_TOKEN > " + token_file});
@@ -322,10 +357,8 @@ TEST_P(CliServerTest, TimeoutBoundsConnecting) {
 // that names the holder in the timeout message had no deadline: the message came after 8 s
 // (redis) to 34 s (ZooKeeper) for `--timeout 2`. Now: the wait, one bounded leave, a 0.5 s look.
 TEST_P(CliServerTest, TimeoutBoundsTheRunWhenTheServerStallsMidWait) {
-  Launch pipes;
-  pipes.stdin_pipe = pipes.stdout_pipe = true;
-  auto holder = start({"hold", "--backend", url_, "--ttl", "10", name_}, pipes);
-  ASSERT_FALSE(read_line(holder.stdout_fd).empty()) << holder.err();
+  auto holder = hold_name();
+  ASSERT_TRUE(holder_held_) << holder.err();
   turnstile_test::TcpProxy proxy(url_);
   const auto ran = path("ran");
   const auto started = std::chrono::steady_clock::now();

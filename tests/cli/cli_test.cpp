@@ -510,6 +510,7 @@ TEST_P(CliSignalTest, BeforeAcquisitionExitsWithoutRunning) {
   kill(waiter.pid, sig);
   EXPECT_EQ(wait_exit(waiter), 128 + sig) << waiter.err();
   EXPECT_TRUE(waiter_count_is("job", 0)) << "the waiter left its entry behind";
+  EXPECT_NE(waiter.err().find("left the queue of 'job'"), std::string::npos) << waiter.err();  // confirmed
   write_file(release, "");
   EXPECT_EQ(wait_exit(holder), 0);
   EXPECT_FALSE(fs::exists(marker));
@@ -530,6 +531,7 @@ TEST_P(CliSignalTest, DuringTheFirstTryExitsWithoutRunning) {
   const auto result = run({"run", "--backend", backend_, "--lock", "job", "--", "touch", marker}, pending);
   EXPECT_EQ(result.status, 128 + sig) << result.err;
   EXPECT_FALSE(fs::exists(marker)) << "the command ran although the signal came before it started";
+  EXPECT_NE(result.err.find("released 'job'"), std::string::npos) << result.err;
   EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "0"})).status, 0) << "the hold was not given back";
 }
 

@@ -958,6 +958,63 @@ TEST_F(FileSafety, FencingTokensKeepGrowingWhenTheStateFileIsRemovedOrTruncated)
   next("the directory was removed");
 }
 
+// Issue 22 (a mutant the suite missed: the dead never swept on a try): file:// frees a killed
+// holder's name at once, for a try that does not wait as well as for a waiter (the conformance
+// suite's waiters find the dead holder by its released byte, a path of their own).
+TEST_F(FileSafety, AKilledHoldersNameIsFreeAtOnceForATry) {
+  Pipe locked, leased;
+  // Both children forked before this process makes a client (and its threads).
+  Child holder([&] {
+    auto mutex = Client::connect(url_).mutex("killed");
+    mutex.lock();
+    locked.send();
+    pause();
+    return 0;
+  });
+  Child lease_holder([&] {
+    auto lease = Client::connect(url_).semaphore("killed-pool", 1).acquire();
+    leased.send();
+    pause();
+    return 0;
+  });
+  ASSERT_TRUE(locked.receive()) << "the child never locked";
+  ASSERT_TRUE(leased.receive()) << "the child never took its lease";
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex("killed");
+  auto semaphore = client.semaphore("killed-pool", 1);
+  ASSERT_FALSE(mutex.try_lock()) << "really held";
+  ASSERT_FALSE(semaphore.try_acquire()) << "really full";
+  holder.kill_now();
+  lease_holder.kill_now();
+  EXPECT_TRUE(mutex.try_lock()) << "the dead holder's entry still blocks a try";
+  EXPECT_TRUE(semaphore.try_acquire()) << "the dead holder's lease still blocks a try";
+}
+
+// Issue 22 (a mutant the suite missed: max(next_seq, now) instead of max(next_seq + 1, now)): with
+// the name's last token ahead of the clock (a clock stepped back, or joins within one
+// microsecond), every new token is still greater than the one before, never equal to it.
+TEST_F(FileSafety, FencingTokensGrowWhenTheLastTokenIsAheadOfTheClock) {
+  auto client = Client::connect(url_);
+  auto mutex = client.mutex("ahead");
+  mutex.lock();
+  mutex.unlock();
+  const auto now_us = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::system_clock::now().time_since_epoch()).count();
+  std::uint64_t last = static_cast<std::uint64_t>(now_us) + 3'600'000'000u;  // an hour ahead
+  {
+    StateFile state(state_of("ahead"));
+    ASSERT_TRUE(state);
+    state->next_seq = last;
+  }
+  for (int i = 0; i < 3; ++i) {
+    mutex.lock();
+    const auto token = mutex.fencing_token();
+    mutex.unlock();
+    EXPECT_GT(token, last) << "hold " << i << ": tokens must strictly increase";
+    last = token;
+  }
+}
+
 // ---- a removed state file admits nobody while its holder lives (red team rt2.2) ----------------
 
 // Before: a contender got the lock at once, with the same fencing token, while the holder (told

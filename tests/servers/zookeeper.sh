@@ -12,6 +12,10 @@
 # TURNSTILE_ZK_FORCESYNC=no sets forceSync=no (no fsync of the transaction log per write), for
 # benchmarks; unset, the server's default (forceSync=yes) stays.
 # TURNSTILE_CLUSTER_NETNS / TURNSTILE_CLUSTER_HOSTS at start: in a network namespace (common.sh).
+# TURNSTILE_ZK_CONTAINER_CHECK_MS=ms has the server look for empty container nodes to delete
+# every ms instead of every minute (the Java system properties znode.container.checkIntervalMs
+# and znode.container.maxPerMinute; kept for restart): tests of what a reaped container
+# parent restarts (its sequence numbers) and what it must not (fencing tokens).
 set -eu
 action=$1
 dir=$2
@@ -21,8 +25,10 @@ classpath=/usr/share/java/zookeeper.jar:/usr/share/java/zookeeper-jute.jar:/usr/
 
 # Starts the server of DIR/zoo.cfg in the background; its pid in DIR/zookeeper.pid.
 launch() {
+  # shellcheck disable=SC2046 # the saved properties are words, one per line
   server_spawn "$dir/zookeeper.pid" "$dir/zookeeper.log" \
     java -Xmx512m -Dzookeeper.log.dir="$dir" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+    $(cat "$dir/jvm.properties" 2>/dev/null) \
     -cp "$classpath" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg"
 }
 
@@ -38,8 +44,12 @@ start)
   # A server left running by an interrupted run would be orphaned by a new pid file.
   "$0" stop "$dir"
   mkdir -p "$dir/data"
-  rm -f "$dir/url"
+  rm -f "$dir/url" "$dir/jvm.properties"
   server_place_record
+  if [ -n "${TURNSTILE_ZK_CONTAINER_CHECK_MS:-}" ]; then
+    printf '%s\n' "-Dznode.container.checkIntervalMs=$TURNSTILE_ZK_CONTAINER_CHECK_MS" \
+      "-Dznode.container.maxPerMinute=100000" > "$dir/jvm.properties"
+  fi
   for attempt in 1 2 3 4 5 6 7 8 9 10; do
     port=$(shuf -i 20000-60999 -n 1)
     cat > "$dir/zoo.cfg" <<CFG

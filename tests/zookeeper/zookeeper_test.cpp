@@ -18,6 +18,7 @@
 #include <regex>
 
 #include "conformance/support.hpp"
+#include "raw_zk.hpp"
 #include "support/server_tests.hpp"
 #include "support/tcp_proxy.hpp"
 
@@ -27,56 +28,11 @@ using namespace std::chrono_literals;
 using conformance::Clock;
 using turnstile::Client;
 using namespace server_tests;
+using zookeeper_tests::RawZk;
 
 std::string server_url() { return read_first_line(TURNSTILE_ZOOKEEPER_URL_FILE); }
 
 std::string host_port() { return server_url().substr(std::strlen("zk://")); }
-
-// A raw C-client handle, to look at the nodes themselves.
-class RawZk {
- public:
-  // `digest`: "user:password" to authenticate with, if any.
-  explicit RawZk(const std::string& digest = "") {
-    zoo_set_debug_level(static_cast<ZooLogLevel>(0));
-    handle_ = zookeeper_init(host_port().c_str(), nullptr, 10000, nullptr, nullptr, 0);
-    for (int i = 0; i < 100 && zoo_state(handle_) != ZOO_CONNECTED_STATE; ++i) std::this_thread::sleep_for(20ms);
-    if (!digest.empty()) zoo_add_auth(handle_, "digest", digest.data(), static_cast<int>(digest.size()), nullptr, nullptr);
-  }
-  ~RawZk() { zookeeper_close(handle_); }
-  std::vector<std::string> children(const std::string& path) {
-    String_vector names{};
-    std::vector<std::string> result;
-    if (zoo_get_children(handle_, path.c_str(), 0, &names) != ZOK) return result;
-    for (int i = 0; i < names.count; ++i) result.emplace_back(names.data[i]);
-    deallocate_String_vector(&names);
-    return result;
-  }
-  // The ACL of a node as "scheme:id/perms" lines.
-  std::vector<std::string> acl(const std::string& path) {
-    ACL_vector acl{};
-    Stat stat{};
-    std::vector<std::string> result;
-    if (zoo_get_acl(handle_, path.c_str(), &acl, &stat) != ZOK) return result;
-    for (int i = 0; i < acl.count; ++i) {
-      result.push_back(std::string(acl.data[i].id.scheme) + ":" + acl.data[i].id.id + "/" + std::to_string(acl.data[i].perms));
-    }
-    deallocate_ACL_vector(&acl);
-    return result;
-  }
-  int remove(const std::string& path) { return zoo_delete(handle_, path.c_str(), -1); }
-  int set(const std::string& path, const std::string& data) {
-    return zoo_set(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), -1);
-  }
-  std::string data(const std::string& path) {
-    char buffer[1024];
-    int length = sizeof buffer;
-    if (zoo_get(handle_, path.c_str(), 0, buffer, &length, nullptr) != ZOK || length < 0) return {};
-    return std::string(buffer, static_cast<std::size_t>(length));
-  }
-
- private:
-  zhandle_t* handle_ = nullptr;
-};
 
 // CuratorPeer.java in a JVM, driven through its stdin and stdout.
 class CuratorPeer {
@@ -157,7 +113,7 @@ class CuratorPeer {
 
 TEST(ZookeeperLayout, MutexAndReadLockNodesAreNamedAsCuratorNamesThem) {
   auto client = Client::connect(server_url());
-  RawZk raw;
+  RawZk raw(host_port());
   const auto name = unique_name("m");
   auto mutex = client.mutex(name);
   mutex.lock();
@@ -165,7 +121,9 @@ TEST(ZookeeperLayout, MutexAndReadLockNodesAreNamedAsCuratorNamesThem) {
   ASSERT_EQ(children.size(), 1u);
   EXPECT_TRUE(std::regex_match(children[0], std::regex("_c_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}-lock-[0-9]{10}")))
       << children[0];
-  EXPECT_EQ(mutex.fencing_token(), std::stoull(children[0].substr(children[0].size() - 10)) + 1);
+  Stat stat{};
+  ASSERT_EQ(raw.stat("/" + name + "/" + children[0], &stat), ZOK);
+  EXPECT_EQ(mutex.fencing_token(), static_cast<std::uint64_t>(stat.czxid)) << "the token is the node's czxid";
   mutex.unlock();
   EXPECT_TRUE(raw.children("/" + name).empty());
 
@@ -179,7 +137,7 @@ TEST(ZookeeperLayout, MutexAndReadLockNodesAreNamedAsCuratorNamesThem) {
 
 TEST(ZookeeperLayout, SemaphoreUsesLocksAndLeasesAndRecordsItsLimit) {
   auto client = Client::connect(server_url());
-  RawZk raw;
+  RawZk raw(host_port());
   const auto name = unique_name("s");
   auto lease = client.semaphore(name, 3).acquire(2);
   const auto leases = raw.children("/" + name + "/leases");
@@ -390,7 +348,7 @@ TEST(ZookeeperCurator, CuratorDowngradedReaderAdmitsReadersNotWriters) {
   REQUIRE_CURATOR();
   auto client = Client::connect(server_url());
   auto other = Client::connect(server_url());
-  RawZk raw;
+  RawZk raw(host_port());
   const auto name = unique_name("rw");
   const auto path = "/" + name;
   auto shared = client.shared_mutex(name);
@@ -467,10 +425,10 @@ TEST(ZookeeperAuth, DigestCredentialsGuardTheNodesTheirClientCreates) {
   auto mutex = alice.mutex(name);
   mutex.lock();
 
-  RawZk raw("alice:secret");
+  RawZk raw(host_port(), "alice:secret");
   const auto entries = raw.children("/" + name);
   ASSERT_EQ(entries.size(), 1u);
-  EXPECT_TRUE(RawZk().children("/" + name).empty()) << "anybody else may not even list them";
+  EXPECT_TRUE(RawZk(host_port()).children("/" + name).empty()) << "anybody else may not even list them";
   for (const auto& path : {"/" + top, "/" + name, "/" + name + "/" + entries[0]}) {
     const auto acl = raw.acl(path);
     ASSERT_EQ(acl.size(), 1u) << path;
@@ -512,7 +470,7 @@ TEST(ZookeeperSession, SessionTimeoutComesFromTheUrl) {
 TEST(ZookeeperSession, ChrootPrefixesEveryPath) {
   const auto name = unique_name("m");
   auto client = Client::connect(server_url() + "/chrooted");
-  RawZk raw;
+  RawZk raw(host_port());
   auto mutex = client.mutex(name);
   mutex.lock();
   EXPECT_EQ(raw.children("/chrooted/" + name).size(), 1u);
@@ -561,7 +519,7 @@ TEST(ZookeeperHeldNodes, AHeldNodeDeletedBySomeoneElseLosesThatHoldAtOnce) {
   turnstile_test::TcpProxy proxy(url);
   auto client = Client::connect(proxy.url_through(url), with_ttl(20s));  // the session outlives the test
   auto other = Client::connect(url);
-  RawZk raw;
+  RawZk raw(host_port());
   auto bystander = client.mutex(unique_name("bystander"));
   bystander.lock();
 
@@ -684,7 +642,7 @@ TEST(ZookeeperCounter, AChangeWhoseReplyWasLostIsReportedAsItHappened) {
 // number" for 99999999999999999999; add_permits(-1) was refused at 10^15.)
 TEST(ZookeeperCounter, ACountAPeerPushedOutOfRangeCanBeMovedBackAndDrained) {
   auto client = Client::connect(server_url());
-  RawZk raw;
+  RawZk raw(host_port());
   const auto name = unique_name("huge");
   const auto node = "/" + name + "/permits";
   auto counter = client.permit_counter(name);

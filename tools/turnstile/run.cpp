@@ -390,6 +390,9 @@ struct QueueView {
   bool known = false;
   std::string holder;  // holder_text of the first holder, "" when none
   std::size_t holders = 0, waiters = 0;
+  // An entry carries this process's pid (turnstile makes one acquisition per process): after a
+  // cancelled wait, its leaving has not been confirmed.
+  bool has_ours = false;
 };
 // A look for messages only: it never holds turnstile up for long, whatever the server does (a
 // look the server does not answer in time just names nobody).
@@ -400,10 +403,32 @@ QueueView look_at_queue(Client& client, const std::string& name) {
     const auto inspection = client.inspect(name, SteadyClock::now() + kLookPatience);
     QueueView view{true, {}, inspection.holders.size(), inspection.waiters.size()};
     if (!inspection.holders.empty()) view.holder = holder_text(inspection.holders.front());
+    const auto ours = [self = static_cast<std::int64_t>(getpid())](const EntryInfo& entry) { return entry.pid == self; };
+    view.has_ours = std::any_of(inspection.holders.begin(), inspection.holders.end(), ours) ||
+                    std::any_of(inspection.waiters.begin(), inspection.waiters.end(), ours);
     return view;
   } catch (const Error&) {
     return {};
   }
+}
+
+// After a signal cancelled the acquisition: releases a hold taken meanwhile, and says what became
+// of it or of the entry the cancelled wait left. Only what the server confirmed is told as done:
+// a leave or a release is a network call that may go unanswered (then retried in the
+// background, or ended by the entry's TTL or the session's end).
+std::string give_back_after_signal(Client& client, const std::string& name, std::optional<Hold>& hold) {
+  const auto unconfirmed = " (it may not have finished: an entry left behind ends with this client's session or TTL)";
+  if (hold) {
+    try {
+      hold->release();
+      return "released '" + name + "'";
+    } catch (const Error& error) {
+      return "could not confirm the release of '" + name + "': " + error.what() + unconfirmed;  // nothing ran under it
+    }
+  }
+  const auto queue = look_at_queue(client, name);
+  if (queue.known && !queue.has_ours) return "left the queue of '" + name + "'";
+  return "could not confirm leaving the queue of '" + name + "'" + unconfirmed;
 }
 
 // "; held by LABEL pid@host since TIME (and N more)", or "" when no holder is known.
@@ -977,17 +1002,9 @@ int take_hold_then(const RunOptions& options, const HeldBody& body) {
     int cancelled_by = guard ? guard->disarm() : 0;
     if (const int unread = cancelling_signal(signal_fd); cancelled_by == 0) cancelled_by = unread;
     if (cancelled_by != 0) {
-      if (hold) {
-        try {
-          hold->release();
-        } catch (const Error&) {
-          // Nothing ran under it; the backend's expiry or retry cleans up.
-        }
-      }
       const bool run = !options.command.empty();
       complain(std::string(strsignal(cancelled_by)) + (run ? " before the command started; " : " before it was held; ") +
-               (hold ? "released '" + name + "'" : "left the queue of '" + name + "'") +
-               (run ? ", the command was not run" : ""));
+               give_back_after_signal(client, name, hold) + (run ? "; the command was not run" : ""));
       return 128 + cancelled_by;
     }
     if (!hold) {

@@ -162,6 +162,14 @@ void string_done(int rc, const char* value, const void* data) {
   complete(data, rc, [&](CallState& call) { call.value = value ? value : ""; });
 }
 
+void string_stat_done(int rc, const char* value, const Stat* stat, const void* data) {
+  complete(data, rc, [&](CallState& call) {
+    call.value = value ? value : "";
+    if (stat) call.stat = *stat;
+    call.has_stat = stat != nullptr;
+  });
+}
+
 void stat_done(int rc, const Stat* stat, const void* data) {
   complete(data, rc, [&](CallState& call) {
     if (stat) call.stat = *stat;
@@ -232,13 +240,19 @@ int Session::run(const CallBound& bound, const std::shared_ptr<CallState>& call,
   return rc;
 }
 
-int Session::create(const std::string& path, const std::string& data, int flags, const CallBound& bound, std::string* created) {
+int Session::create(const std::string& path, const std::string& data, int flags, const CallBound& bound, std::string* created,
+                    Stat* stat) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) {
+    if (stat) {
+      return zoo_acreate2(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), connection_.acl(), flags,
+                          string_stat_done, context);
+    }
     return zoo_acreate(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), connection_.acl(), flags,
                        string_done, context);
   });
   if (rc == ZOK && created) *created = call->value;
+  if (rc == ZOK && stat) *stat = call->stat;
   return rc;
 }
 

@@ -155,7 +155,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // The calls; each returns the C client's code and notes the server's answer. Each waits for
   // its reply until `bound` passes (or its stop is requested) and returns ZOPERATIONTIMEOUT
   // then: the call may still be applied.
-  int create(const std::string& path, const std::string& data, int flags, const CallBound& bound, std::string* created = nullptr);
+  // With `stat`, the created node's Stat too (create2, ZooKeeper 3.5+; an older server answers
+  // ZUNIMPLEMENTED).
+  int create(const std::string& path, const std::string& data, int flags, const CallBound& bound,
+             std::string* created = nullptr, Stat* stat = nullptr);
   int remove(const std::string& path, const CallBound& bound, int version = -1);
   int get(const std::string& path, bool watch, const CallBound& bound, std::string* data, Stat* stat = nullptr);
   int exists(const std::string& path, bool watch, const CallBound& bound, Stat* stat = nullptr);

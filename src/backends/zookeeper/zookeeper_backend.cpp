@@ -13,7 +13,9 @@
 //
 // Every entry is an ephemeral sequential node: it dies with its session, so nothing leaks
 // when a process dies. Entries are ordered by their 10-digit sequence suffix (the parent's
-// counter, shared by every kind of child), which plus one is the fencing token. A waiter
+// counter, shared by every kind of child), as Curator orders them. The fencing token is not
+// that number (it restarts when the server reaps the empty container parent) but the node's
+// czxid, the zxid of the transaction that created it (see token_of). A waiter
 // watches only the entry it waits for, with getData (a watch on a missing node is never set).
 // The `_c_<uuid>-` prefix is Curator's "protection": after a connection loss during create,
 // the contender finds its node by the prefix instead of creating a second one, and checks the
@@ -368,10 +370,21 @@ auto outside_queue(const std::string& what, Call&& call) {
 
 // ----
 
+// The fencing token of a node of ours: its czxid, the zxid of the transaction that created it.
+// zxids grow strictly for the ensemble's life (the leader's epoch in the high 32 bits, a
+// counter in the low ones), so a name's tokens keep growing when the server reaps its empty
+// container parent and the sequence numbers restart (they did: 1, 2, 3, then 1 again after a
+// minute idle). A created node's czxid is positive: as a std::uint64_t it is the same number.
+// (A lease hold's nodes are made by one transaction: one czxid.)
+std::uint64_t token_of(const Stat& stat) {
+  if (stat.czxid <= 0) throw BackendUnavailable("ZooKeeper reported no creation zxid for a node of ours");
+  return static_cast<std::uint64_t>(stat.czxid);
+}
+
 // What inspect shows of one node: its token, its creator (from its data) and its creation time.
-EntryInfo entry_info(const EntryNode& entry, const NodeInfo& node, const Stat& stat, std::string kind) {
+EntryInfo entry_info(const NodeInfo& node, const Stat& stat, std::string kind) {
   EntryInfo info;
-  info.fencing_token = entry.seq + 1;
+  info.fencing_token = stat.czxid > 0 ? static_cast<std::uint64_t>(stat.czxid) : 0;
   info.kind = std::move(kind);
   info.permits = node.permits;
   info.pid = node.pid;
@@ -448,10 +461,16 @@ class ZookeeperBackend final : public Backend {
 
   // Creates every missing node of `path` (and `path` itself) as a container.
   void ensure_path(Session& session, const std::string& path, const CallBound& bound);
-  // Creates an ephemeral sequential child PARENT/PREFIX<seq> and returns its name (not path).
-  // After a connection loss it looks for its own node by the protection prefix.
+  // Creates an ephemeral sequential child PARENT/PREFIX<seq> and returns its name (not path);
+  // with `token`, also its fencing token (token_of). After a connection loss it looks for its
+  // own node by the protection prefix.
   std::string create_entry(Session& session, const std::string& parent, const std::string& prefix,
-                           const std::string& uuid, const std::string& data, const CallBound& bound);
+                           const std::string& uuid, const std::string& data, const CallBound& bound,
+                           std::uint64_t* token = nullptr);
+  // The fencing token of our node `path`, read from the server. When the server cannot tell
+  // within the bound, `orphan` (the node, or what else a hold without a token leaves) goes to
+  // the janitor and it throws; QueueEntryGone when the node is gone.
+  std::uint64_t read_token(Session& session, const std::string& path, const CallBound& bound, const Orphan& orphan);
   // Reads, retried over connection losses.
   std::vector<std::string> list(Session& session, const std::string& path, bool watch, const CallBound& bound);
   std::optional<std::string> read(Session& session, const std::string& path, bool watch, const CallBound& bound,
@@ -501,6 +520,7 @@ class ZookeeperBackend final : public Backend {
 
   Connection connection_;
   std::atomic<bool> containers_supported_{true};
+  std::atomic<bool> create2_supported_{true};
 };
 
 ZookeeperHold::ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session> session, std::vector<std::string> paths,
@@ -602,20 +622,54 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path, co
 }
 
 std::string ZookeeperBackend::create_entry(Session& session, const std::string& parent, const std::string& prefix,
-                                           const std::string& uuid, const std::string& data, const CallBound& bound) {
+                                           const std::string& uuid, const std::string& data, const CallBound& bound,
+                                           std::uint64_t* token) {
   const auto path = parent + "/" + prefix;
   for (;;) {
     std::string created;
-    const int rc = session.create(path, data, ZOO_EPHEMERAL_SEQUENTIAL, bound, &created);
-    if (rc == ZOK) return created.substr(parent.size() + 1);
+    Stat stat{};
+    // The token comes with the create's answer (create2), or is read after it.
+    const bool with_stat = token && create2_supported_;
+    const int rc = session.create(path, data, ZOO_EPHEMERAL_SEQUENTIAL, bound, &created, with_stat ? &stat : nullptr);
+    if (rc == ZUNIMPLEMENTED && with_stat) {
+      create2_supported_ = false;  // a server before 3.5
+      continue;
+    }
+    if (rc == ZOK) {
+      auto node = created.substr(parent.size() + 1);
+      if (token) {
+        *token = with_stat ? token_of(stat) : read_token(session, created, bound, {session.weak_from_this(), created, "", ""});
+      }
+      return node;
+    }
     if (rc == ZNONODE) {
       ensure_path(session, parent, bound);  // first use, or the server reaped the empty container
       continue;
     }
     check_session(session, rc);
     if (!connection_trouble(rc)) throw_error("create under '" + parent + "'", rc);
-    if (auto mine = find_own(session, parent, uuid, bound)) return *mine;
+    if (auto mine = find_own(session, parent, uuid, bound)) {
+      const auto own = parent + "/" + *mine;
+      if (token) *token = read_token(session, own, bound, {session.weak_from_this(), own, "", ""});
+      return *mine;
+    }
     // Not made: create it again (same protection id, so a second loss is resolved alike).
+  }
+}
+
+std::uint64_t ZookeeperBackend::read_token(Session& session, const std::string& path, const CallBound& bound,
+                                           const Orphan& orphan) {
+  for (;;) {
+    Stat stat{};
+    const int rc = bound.passed() ? ZOPERATIONTIMEOUT : session.exists(path, false, bound, &stat);
+    if (rc == ZOK) return token_of(stat);
+    if (rc == ZNONODE) throw QueueEntryGone{};
+    if (!retry_after(session, rc, bound)) {
+      connection_.remove_later(orphan);  // a node of ours without its token holds for nobody
+      if (bound.stopped()) throw CallStopped{};
+      unconfirmed("the fencing token of '" + path + "' (" + zerror(rc) + ")",
+                  "its nodes are removed once the connection is back");
+    }
   }
 }
 
@@ -732,7 +786,7 @@ class EntryPlace : public QueuePlace {
   // Makes our node (ephemeral sequential, named PARENT/_c_<uuid>-<label><seq>).
   void enter(Deadline deadline) {
     node_ = backend_.create_entry(*session_, parent_, "_c_" + uuid_ + "-" + label_, uuid_, data_,
-                                  backend_.call_bound(*session_, deadline));
+                                  backend_.call_bound(*session_, deadline), &token_);
   }
   // A look's calls give up a session timeout after the connection went down; the waiter waits
   // on through the outage (a leader election, a restart) until its own deadline or stop, as
@@ -800,6 +854,7 @@ class EntryPlace : public QueuePlace {
   std::string data_;
   std::string uuid_ = random_uuid();
   std::string node_;                // ours
+  std::uint64_t token_ = 0;         // its fencing token (a lock's hold keeps it)
   std::vector<std::string> nodes_;  // the last look's entries up to ours
   bool left_ = false;
 };
@@ -826,13 +881,12 @@ class LockPlace final : public EntryPlace {
       // racing contenders at least one sees the other).
       if (semaphore_in_use(children, bound)) standing.mode = QueueMode::semaphore;
       for (const auto& entry : entries) standing.entries.push_back({entry.kind, 1});
-      seq_ = entries.back().seq;
       remember(entries);
       return standing;
     });
   }
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
-    return std::make_unique<ZookeeperHold>(backend_, session_, std::vector<std::string>{path_ + "/" + node_}, seq_ + 1,
+    return std::make_unique<ZookeeperHold>(backend_, session_, std::vector<std::string>{path_ + "/" + node_}, token_,
                                            std::move(loss));
   }
 
@@ -870,8 +924,6 @@ class LockPlace final : public EntryPlace {
     }
     return false;
   }
-
-  std::uint64_t seq_ = 0;  // ours
 };
 
 // Semaphore: InterProcessSemaphoreV2's layout. The line `locks` is a mutex whose head alone may
@@ -921,7 +973,7 @@ class LeasePlace final : public EntryPlace {
       const auto bound = backend_.call_bound(session, deadline_);
       std::vector<std::string> created;
       const int rc = session.multi(admission(), bound, &created);
-      if (rc == ZOK) return make_hold(std::move(created), loss);
+      if (rc == ZOK) return make_hold(std::move(created), bound, loss);
       if (rc == ZBADVERSION) throw QueueChanged{};  // someone else recorded a limit meanwhile
       if (rc == ZNONODE) {
         backend_.ensure_path(session, leases_, bound);  // the empty container was reaped
@@ -1017,16 +1069,22 @@ class LeasePlace final : public EntryPlace {
       throw;
     }
     if (paths.empty()) throw QueueEntryGone{};  // our line node was removed under us
-    return make_hold(std::move(paths), loss);
+    return make_hold(std::move(paths), bound, loss);
   }
-  // Our lease nodes become the hold; the first one's sequence number is its token.
-  std::unique_ptr<BackendHold> make_hold(std::vector<std::string> paths, std::shared_ptr<LossSignal>& loss) {
+  // Our lease nodes become the hold, with the token of the transaction that made them all (one
+  // more call: a multi's answer carries no Stat).
+  std::unique_ptr<BackendHold> make_hold(std::vector<std::string> paths, const CallBound& bound,
+                                         std::shared_ptr<LossSignal>& loss) {
     left_ = true;  // the transaction left the line
-    std::uint64_t first_seq = ~0ULL;
-    for (const auto& path : paths) {
-      if (auto lease = parse_entry(path.substr(path.rfind('/') + 1))) first_seq = std::min(first_seq, lease->seq);
+    const Orphan leases{session_->weak_from_this(), "", leases_, uuid_};
+    std::uint64_t token = 0;
+    try {
+      token = backend_.read_token(*session_, paths.front(), bound, leases);
+    } catch (const QueueEntryGone&) {
+      backend_.connection().remove_later(leases);  // one was removed under us: the others go too
+      throw;
     }
-    return std::make_unique<ZookeeperHold>(backend_, session_, std::move(paths), first_seq + 1, std::move(loss));
+    return std::make_unique<ZookeeperHold>(backend_, session_, std::move(paths), token, std::move(loss));
   }
 
   std::string leases_;
@@ -1365,7 +1423,7 @@ void ZookeeperBackend::inspect_lock(Session& session, const std::string& path, c
     const auto node = parse_node_data(*data);
     const auto kind = entry.kind == EntryKind::shared || node.downgraded ? EntryKind::shared : EntryKind::exclusive;
     queue.push_back({kind, 1});
-    infos.push_back(entry_info(entry, node, stat, to_string(kind)));
+    infos.push_back(entry_info(node, stat, to_string(kind)));
     infos.back().permits = 1;
   }
   for (std::size_t i = 0; i < infos.size(); ++i) {
@@ -1385,17 +1443,17 @@ void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& pa
   std::vector<std::string> order;
   for (const auto& entry : holders) {
     const auto key = entry.uuid.empty() ? entry.node : entry.uuid;
-    auto [it, added] = by_uuid.try_emplace(key);
-    auto& info = it->second;
-    if (added) {
-      order.push_back(key);
+    auto it = by_uuid.find(key);
+    if (it == by_uuid.end()) {
       Stat stat{};
       const auto data = read(session, path + "/leases/" + entry.node, false, deadline, &stat);
-      info = entry_info(entry, parse_node_data(data.value_or("")), stat, "lease");
-      info.permits = 0;  // counted below, one per lease node
-      info.holding = true;
+      if (!data) continue;  // released meanwhile (its token, the czxid, is read with it)
+      order.push_back(key);
+      it = by_uuid.emplace(key, entry_info(parse_node_data(*data), stat, "lease")).first;
+      it->second.permits = 0;  // counted below, one per lease node
+      it->second.holding = true;
     }
-    ++info.permits;
+    ++it->second.permits;
   }
   for (const auto& key : order) result.holders.push_back(by_uuid[key]);
   for (const auto& entry : line) {
@@ -1403,7 +1461,7 @@ void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& pa
     Stat stat{};
     const auto data = read(session, path + "/locks/" + entry.node, false, deadline, &stat);
     if (!data) continue;
-    result.waiters.push_back(entry_info(entry, parse_node_data(*data), stat, "lease"));
+    result.waiters.push_back(entry_info(parse_node_data(*data), stat, "lease"));
   }
 }
 
@@ -1430,7 +1488,7 @@ Inspection ZookeeperBackend::inspect(const std::string& name, Deadline until) {
       Stat stat{};
       const auto data = read(*session, path + "/permit-waiters/" + entry.node, false, deadline, &stat);
       if (!data) continue;
-      result.waiters.push_back(entry_info(entry, parse_node_data(*data), stat, "permits"));
+      result.waiters.push_back(entry_info(parse_node_data(*data), stat, "permits"));
     }
     return result;
   });
