@@ -87,6 +87,8 @@ class LockCore {
   // The calling thread's hold; throws NotHeld.
   const HoldRecord& current_record() const;
   void erase(Holds::iterator it);
+  // Throws HoldLost when `record` may have been lost (before a nested acquire counts on it).
+  void throw_if_lost(const HoldRecord& record) const;
 
   std::shared_ptr<ClientState> client_;
   std::string name_;

@@ -22,6 +22,14 @@ const LockCore::ThreadHold* LockCore::find_current() const {
   return nullptr;
 }
 
+// A nested acquire counts on the hold this thread already has: when that hold may have been
+// lost, admitting the nested one would report a lock held with nothing on the server.
+void LockCore::throw_if_lost(const HoldRecord& record) const {
+  if (record.hold_state() != HoldState::lost) return;
+  throw HoldLost("this thread's hold of '" + name_ + "' may have been lost (" + record.loss_reason() +
+                 "); a nested acquire cannot count on it: release it and acquire again");
+}
+
 void LockCore::erase(Holds::iterator it) {
   if (it != holds_.end() - 1) *it = std::move(holds_.back());
   holds_.pop_back();
@@ -36,6 +44,7 @@ bool LockCore::acquire_exclusive(LockFlavor flavor, Deadline deadline, std::stop
         if (flavor == LockFlavor::plain || held.exclusive_flavor == LockFlavor::plain) {
           throw WouldDeadlock("this thread already holds '" + name_ + "' and Mutex is not reentrant");
         }
+        throw_if_lost(*held.record);
         ++held.exclusive_count;
         return true;
       }
@@ -91,6 +100,7 @@ bool LockCore::acquire_shared(Deadline deadline, std::stop_token stop) {
   {
     std::lock_guard lock(mutex_);
     if (auto it = find_mine(); it != holds_.end()) {
+      throw_if_lost(*it->second.record);
       ++it->second.shared_count;  // reentrant read, or a writer reading (downgrade path)
       return true;
     }

@@ -182,6 +182,43 @@ TEST_P(Conformance, CutOffHolderIsToldBeforeAnotherContenderIsAdmitted) {
 // Issue 10.16 / 16.11: a release whose reply was lost is not a lost hold: it must not report
 // HoldLost, and its entry must be gone (removed by it or by its background retry) well within
 // the TTL.
+// A nested acquire counts on the hold its thread already has: once that hold may have been lost,
+// it must say so (HoldLost) rather than report a lock held with nothing on the server. The red
+// team saw a read lock taken "at once" on a write hold whose Consul session was destroyed.
+TEST_P(Conformance, NestedAcquireOnALostHoldThrowsHoldLost) {
+  SKIP_WITHOUT_SERVER();
+  TcpProxy proxy(url());
+  auto cut_off = connect_through(proxy, url(), with_ttl(kShortTtl));
+  auto writer = cut_off.shared_mutex(name("rw"));
+  auto recursive = cut_off.recursive_mutex(name("rec"));
+  writer.lock();
+  recursive.lock();
+  OnExit heal([&] { proxy.forward(); });
+  // Before the loss, both nest as they should.
+  ASSERT_TRUE(writer.try_lock_shared_for(100ms));
+  writer.unlock_shared();
+  ASSERT_TRUE(recursive.try_lock_for(100ms));
+  recursive.unlock();
+
+  proxy.blackhole_when_quiet(kQuiet);
+  ASSERT_TRUE(eventually([&] { return writer.hold_state() == turnstile::HoldState::lost &&
+                                      recursive.hold_state() == turnstile::HoldState::lost; },
+                         kShortTtl + 10s))
+      << "the cut-off holds were never reported lost";
+  EXPECT_THROW(writer.try_lock_shared_for(100ms), turnstile::HoldLost);
+  EXPECT_FALSE(writer.owns_shared());
+  EXPECT_THROW(recursive.try_lock_for(100ms), turnstile::HoldLost);
+  try {
+    writer.unlock();
+  } catch (const turnstile::Error&) {
+    // A lost hold's release may report the loss again; what matters is above.
+  }
+  try {
+    recursive.unlock();
+  } catch (const turnstile::Error&) {
+  }
+}
+
 TEST_P(Conformance, ReleaseWhoseReplyIsLostIsNotReportedLost) {
   SKIP_WITHOUT_SERVER();
   TcpProxy proxy(url());
