@@ -4,7 +4,9 @@
 // lose or a reply to lose; on file:// these tests are skipped.
 #include <algorithm>
 #include <future>
+#include <iostream>
 #include <optional>
+#include <stdexcept>
 #include <stop_token>
 
 #include "conformance/support.hpp"
@@ -176,6 +178,190 @@ TEST_P(Conformance, CutOffHolderIsToldBeforeAnotherContenderIsAdmitted) {
   EXPECT_LE(lost.at() + kShortTtl / 20, admitted_at)
       << "holder told " << ms(lost.at() - cut) << " ms after the cut, the contender admitted " << ms(admitted_at - cut)
       << " ms after it: less than TTL/20 = " << (kShortTtl / 20).count() << " ms of lead (negative: two holders)";
+  held.unlock();
+}
+
+namespace {
+
+// How long the reply of one renewal is held back: well past any scheduling noise, and shorter
+// than the time every backend waits for a renewal's answer before giving it up (Consul: TTL/4,
+// Redis: min(TTL/3, 1 s)), so the late answer is read and confirms the renewal.
+constexpr auto kReplyHeldFor = 500ms;
+// Room for the loss report's own scheduling beyond the documented bound on 2 busy cores (a
+// renewal confirmed at its reply's receipt is told kReplyHeldFor late).
+constexpr auto kReportAllowance = 200ms;
+
+// Right after a request passed, at a moment when none has passed for `quiet`: replies are held
+// from then on (requests flow). A backend that renews on a period has just renewed, so the next
+// renewal is a period away.
+void hold_replies_after_a_request(TcpProxy& proxy, std::chrono::milliseconds quiet) {
+  const auto seen = proxy.last_request_at();
+  if (!Conformance::eventually([&] { return proxy.last_request_at() != seen; }, 5s)) throw std::runtime_error("no request passed");
+  for (const auto until = Clock::now() + 5s; Clock::now() < until; std::this_thread::sleep_for(5ms)) {
+    const auto last = proxy.last_request_at();
+    if (Clock::now() - last < quiet) continue;
+    proxy.hold_replies();
+    if (proxy.last_request_at() == last) return;
+    proxy.forward();  // a request slipped in: its reply would be held too
+  }
+  throw std::runtime_error("no quiet moment after a request");
+}
+
+struct LateRenewal {
+  Clock::time_point sent;  // the renewal (the client sent it no later)
+  // The last request the server got whose answer the client may have had: every renewal the
+  // client may count was sent no later.
+  Clock::time_point last_answerable;
+};
+
+// Holds replies from the next request on (the renewal, or `renew` makes one), delivers the first
+// reply kReplyHeldFor after it was sent, and cuts the link at once (requests sent after the
+// reply came get no answer).
+LateRenewal deliver_a_renewal_late_then_cut(TcpProxy& proxy, const std::function<void()>& renew) {
+  hold_replies_after_a_request(proxy, kQuiet);
+  const auto held_from = proxy.last_request_at();
+  renew();
+  if (!Conformance::eventually([&] { return proxy.last_request_at() != held_from; }, kShortTtl)) {
+    throw std::runtime_error("no renewal was sent");
+  }
+  const auto sent = proxy.last_request_at();
+  std::this_thread::sleep_until(sent + kReplyHeldFor);
+  const auto before_reply = proxy.last_request_at();
+  if (!proxy.pass_one_reply(500ms)) throw std::runtime_error("the renewal's reply never came from the server");
+  proxy.blackhole();
+  return {sent, before_reply};
+}
+
+// etcd: a renewal round is a LeaseKeepAlive on its stream, then a linearizable read of the
+// hold's key (`read_pattern`) sent once the answer came, which the keep-alive counts only with.
+// HTTP/2 control frames flow besides, and the keep-alive's bytes name only the lease: it is
+// found by time. Replies are held from right after one round's read for a keep-alive period
+// (TTL/3) plus kReplyHeldFor, which holds the next round's keep-alive answer at least
+// kReplyHeldFor; then passed one by one until that round's read is sent, answered, and the
+// link cut. A read renews nothing: the keep-alive was sent before the first reply was passed.
+LateRenewal deliver_a_keep_alive_late_then_cut(TcpProxy& proxy, const std::string& read_pattern) {
+  if (!proxy.duplicate_request(read_pattern)->wait_seen(kShortTtl)) throw std::runtime_error("no keep-alive round");
+  hold_replies_after_a_request(proxy, kQuiet);
+  const auto next_read = proxy.duplicate_request(read_pattern);
+  std::this_thread::sleep_for(kShortTtl / 3 + kReplyHeldFor);
+  const auto before_reply = proxy.last_request_at();
+  for (const auto until = Clock::now() + 2s; !next_read->wait_seen(5ms); proxy.pass_one_reply(20ms)) {
+    if (Clock::now() > until) throw std::runtime_error("no keep-alive round while replies were held");
+  }
+  proxy.forward();
+  proxy.blackhole_when_quiet(kQuiet);
+  return {before_reply, before_reply};
+}
+
+// A contender on its own client (not behind the proxy) that tries the mutex every 20 ms, so it
+// is admitted within 20 ms of the server freeing it (also where a lapsed hold is freed only
+// when a script runs, as on Redis).
+class TryingContender {
+ public:
+  TryingContender(turnstile::Client client, std::string lock_name)
+      : client_(std::move(client)), thread_([this, lock_name = std::move(lock_name)] { run(lock_name); }) {}
+  ~TryingContender() { stop(); }
+  TryingContender(const TryingContender&) = delete;
+  TryingContender& operator=(const TryingContender&) = delete;
+
+  void stop() {
+    trying_ = false;
+    if (thread_.joinable()) thread_.join();
+  }
+  bool refused() const { return refused_.load() > 0; }
+  bool admitted() const { return admitted_.load() != 0; }
+  Clock::time_point admitted_at() const { return Clock::time_point(Clock::duration(admitted_.load())); }
+
+ private:
+  void run(const std::string& lock_name) {
+    auto mutex = client_.mutex(lock_name);
+    while (trying_ && !admitted()) {
+      try {
+        if (mutex.try_lock()) {
+          admitted_ = Clock::now().time_since_epoch().count();
+          mutex.unlock();
+        } else {
+          ++refused_;
+        }
+      } catch (const turnstile::Error&) {
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+
+  turnstile::Client client_;
+  std::atomic<bool> trying_{true};
+  std::atomic<int> refused_{0};
+  std::atomic<Clock::rep> admitted_{0};
+  std::thread thread_;  // last: it uses the members above
+};
+
+}  // namespace
+
+// Issue 22.19: a renewal is confirmed from the time its request was SENT, never from when its
+// answer came: the server extended the entry from the request's arrival, so a late answer says
+// nothing about later. The renewal's reply is held back kReplyHeldFor, then delivered, and the
+// link is cut: the holder must be told by (the renewal's send time + TTL - margin, with
+// kReportAllowance for scheduling) and before a contender that tries every 20 ms directly is
+// admitted. The renewal is the first request after a quiet moment right after one (Redis: the
+// renew script; etcd: a LeaseKeepAlive; Consul: PUT /v1/session/renew); on ZooKeeper every
+// answered call renews the session (the keeper's pings and the holder's own calls): the
+// holder's client makes one (an inspect), as a holder doing other work would.
+TEST_P(Conformance, HolderIsToldByItsRenewalsSendTimeNotItsLateReply) {
+  SKIP_WITHOUT_SERVER();
+  const bool zookeeper = url().rfind("zk:", 0) == 0 || url().rfind("zookeeper:", 0) == 0;
+  const bool etcd = url().rfind("etcd", 0) == 0;
+  TcpProxy proxy(url());
+  auto cut_off = connect_through(proxy, url(), with_ttl(kShortTtl));
+  const auto lock_name = name("m");
+  auto held = cut_off.mutex(lock_name);
+  held.lock();
+  LossTime lost(held.lost_token());
+
+  TryingContender contender(connect(), lock_name);
+  std::thread call;
+  OnExit join([&] {
+    proxy.forward();
+    contender.stop();
+    if (call.joinable()) call.join();
+  });
+  ASSERT_TRUE(eventually([&] { return contender.refused(); }, 5s)) << "the contender never tried";
+
+  // On ZooKeeper every answered call renews the session: the holder's client makes one.
+  const auto renew = [&] {
+    if (!zookeeper) return;
+    call = std::thread([&] {
+      try {
+        static_cast<void>(cut_off.inspect(lock_name));
+      } catch (const turnstile::Error&) {
+      }
+    });
+  };
+  const auto renewal = etcd ? deliver_a_keep_alive_late_then_cut(proxy, lock_name) : deliver_a_renewal_late_then_cut(proxy, renew);
+  const auto renewal_sent = renewal.sent;
+  const auto last_sent = renewal.last_answerable;
+  ASSERT_FALSE(lost.reported()) << "the hold was lost before its renewal's reply came: nothing tested";
+
+  const auto bound = last_sent + kShortTtl - loss_margin(kShortTtl);
+  // Told, or (a backend that believes too long) overtaken by the contender: nothing to wait for
+  // after the holder was told, as the contender cannot be admitted earlier than it already was.
+  ASSERT_TRUE(eventually([&] { return lost.reported() || contender.admitted(); }, kShortTtl + 10s))
+      << "the holder was never told and the server never freed its hold";
+  if (contender.admitted()) {
+    const auto admitted_at = contender.admitted_at();
+    EXPECT_TRUE(lost.reported() && lost.at() < admitted_at)
+        << "the contender was admitted " << ms(admitted_at - renewal_sent)
+        << " ms after the renewal was sent, before the holder was told (two holders)";
+  }
+  ASSERT_TRUE(eventually([&] { return lost.reported(); }, kShortTtl + 5s)) << "the cut-off holder was never told";
+  std::cout << "renewal sent at 0 ms, its reply held " << ms(kReplyHeldFor) << "+ ms, last request answerable "
+            << ms(last_sent - renewal_sent) << " ms, holder told " << ms(lost.at() - renewal_sent) << " ms, bound "
+            << ms(bound - renewal_sent) << " ms\n";
+  EXPECT_LE(lost.at(), bound + kReportAllowance)
+      << "told " << ms(lost.at() - renewal_sent) << " ms after the renewal was sent (its reply came "
+      << ms(kReplyHeldFor) << " ms later, the last request answerable " << ms(last_sent - renewal_sent)
+      << " ms later); the bound is that last request + " << ms(kShortTtl - loss_margin(kShortTtl))
+      << " ms: the renewal confirmed from its reply's receipt?";
   held.unlock();
 }
 
