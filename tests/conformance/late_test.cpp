@@ -5,6 +5,8 @@
 // entry, holder or permit may appear, and a counter change applies at most once. Skipped where
 // no proxy can stand in front of the server (file://, Sentinel, Cluster).
 #include <optional>
+#include <stop_token>
+#include <thread>
 
 #include "conformance/late_support.hpp"
 #include "conformance/support.hpp"
@@ -190,6 +192,26 @@ TEST_P(Conformance, LateTakeOfAGivenUpCounterAcquireTakesNothing) {
   late.deliver();
   EXPECT_FALSE(count_moves(late.direct, outcome.succeeded ? 3 : 5))
       << "the late take changed the count to " << late.direct.available_permits() << " after the acquire "
+      << (outcome.succeeded ? "took 2" : "took nothing: " + outcome.error);
+  EXPECT_EQ(waiter_count(counter_name), 0u) << "a waiter nobody owns is in line";
+}
+
+// (d) The same, the acquire ended by a stop instead of its deadline.
+TEST_P(Conformance, LateTakeOfAStoppedCounterAcquireTakesNothing) {
+  SKIP_WITHOUT_PROXY();
+  const auto counter_name = name("c");
+  CounterCase late(url(), client(), counter_name, 5);
+  ASSERT_TRUE(late.set);
+  std::stop_source stop;
+  std::jthread stopper([&] {
+    std::this_thread::sleep_for(kGiveUp);
+    stop.request_stop();
+  });
+  const auto outcome = late.hold_while(late.patterns.take, late.patterns.take_nth,
+                                       [&] { return late.counter.try_acquire_for(10s, 2, stop.get_token()); });
+  late.deliver();
+  EXPECT_FALSE(count_moves(late.direct, outcome.succeeded ? 3 : 5))
+      << "the late take changed the count to " << late.direct.available_permits() << " after the stopped acquire "
       << (outcome.succeeded ? "took 2" : "took nothing: " + outcome.error);
   EXPECT_EQ(waiter_count(counter_name), 0u) << "a waiter nobody owns is in line";
 }
