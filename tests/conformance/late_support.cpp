@@ -20,10 +20,12 @@ LatePatterns late_patterns(const std::string& url, const std::string& label, con
     patterns = {label, 1, label, 1, label, 1, label, 1, counter, 1, true};
   } else if (starts_with(url, "etcd")) {
     // gRPC DATA frames are plain protobuf: a join's entry value (a lease's, a waiter's in a
-    // counter's line) ends with the label, a take writes a receipt under turnstile/taken/, an
-    // add reads the counter key and then writes it with a compare on its revision (the second
-    // request naming it).
-    patterns = {label, 1, label, 1, label, 1, "\x1fturnstile/taken/", 1, "\x1fturnstile/permits/" + counter, 2, false};
+    // counter's line) ends with the label; a take puts its request marker with the value
+    // "taken" (a PutRequest's value, field 2: bytes 0x12, length 5; the leave that settles a
+    // take only compares that value, field 7 of a Compare); an add reads the counter key and
+    // then writes it with a compare on its revision (the second request naming it).
+    patterns = {label, 1, label, 1, label, 1, std::string("\x12\x05" "taken"), 1, "\x1fturnstile/permits/" + counter, 2,
+                false};
   } else if (starts_with(url, "zk") || starts_with(url, "zookeeper")) {
     // An entry's node (a waiter's in a counter's line too) has data ending with
     // " label=<label>". A counter's requests all name its path: holding the first holds the rest
