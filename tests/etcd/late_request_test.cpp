@@ -158,6 +158,35 @@ TEST_F(EtcdLate, TakeAppliedAfterAnUnansweredLeaveIsUndone) {
   EXPECT_GT(failed, 0u) << "no acquire was left without an answer";
 }
 
+// A PermitCounter add applied by etcd whose reply is lost. Before, the add threw "outcome
+// unknown" and a caller that tried again added twice. Now its Txn puts its request marker and
+// the add reads it (through the server itself): applied, so the add reports the new count, and
+// the count moved once.
+TEST_F(EtcdLate, CounterAddWhoseReplyIsLostReportsItsOneChange) {
+  TcpProxy proxy(url_);
+  auto client = Client::connect(proxy_then_server(proxy), reports_.options(10s));
+  auto observer = Client::connect(url_);
+  const auto name = unique_name("lost-add-reply");
+  ASSERT_TRUE(observer.permit_counter(name).try_set_permits(5));
+  // The add reads the counter, then changes it in a Txn: the second request naming it.
+  auto held = proxy.hold_request(name, 2);
+  auto added = std::async(std::launch::async, [&] {
+    try {
+      return std::to_string(client.permit_counter(name).add_permits(3));
+    } catch (const turnstile::Error& error) {
+      return std::string(error.what());
+    }
+  });
+  ASSERT_TRUE(held->wait_held(5s)) << "the add's Txn never passed the proxy";
+  proxy.drop_replies();
+  held->deliver();  // etcd applies it; its reply is lost
+  auto counter = observer.permit_counter(name);
+  ASSERT_TRUE(eventually([&] { return counter.available_permits() == 8; }, 5s)) << "the add never reached etcd";
+  EXPECT_EQ(added.get(), "8");
+  EXPECT_EQ(counter.available_permits(), 8);
+  proxy.forward();
+}
+
 // 22.1, the PermitCounter's line: waiters' joins held up and resent, then their acquires end
 // (deadline) and leave; then the first copies reach etcd. Before, they put the waiters back in
 // line on the client's live lease, where they kept everyone behind them waiting.

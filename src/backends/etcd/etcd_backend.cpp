@@ -16,8 +16,8 @@
 // ours (etcd-io/etcd#22082).
 //
 // Loss: each lease is a ServerLease of the core's LossClock (last confirmed keep-alive's send
-// time + granted TTL - TTL/10). Late copies: every join and take Txn is guarded by its
-// request's marker (request_markers.hpp), which the join puts whatever its outcome and the
+// time + granted TTL - TTL/10). Late copies: every join, take and counter change Txn is guarded
+// by its request's marker (request_markers.hpp), which the join puts whatever its outcome and the
 // clean-up of a request whose reply was lost puts too: a copy of a join that reaches etcd
 // after its sender was answered, held, released or left changes nothing. Leaving with an entry
 // of unknown outcome puts that marker and deletes the key (if it holds the join's value) in
@@ -59,6 +59,11 @@ const std::string kReceiptPrefix = "\x1fturnstile/released/";  // + <lease hex>_
 const std::string kTaken = "taken";
 const std::string kRefused = "refused";
 const std::string kReturned = "returned";  // applied after the acquire reported it not taken: undone
+// A counter change's (add, try_set, drain) marker holds this once the change applied.
+const std::string kApplied = "applied";
+// A counter change whose reply was lost and which was found not applied is tried again, at most
+// this many times in all, before the caller hears that etcd did not answer.
+constexpr int kCounterChangeTries = 3;
 
 std::string lease_hex(std::int64_t lease) {
   char buffer[24];
@@ -479,6 +484,15 @@ class EtcdBackend final : public Backend {
   // written (so a join still in flight fails) and the key deleted if it holds the join's value.
   void leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key, std::uint64_t request,
                          const std::string& value, LocalTurn* turn);
+  // The counter key `key` changed at most once: `change` makes the Txn from the value read
+  // (none: nothing to change, return `unchanged`); `answer` what the call returns once it
+  // applied. Its Txn is guarded by a request marker (see counter_change_applied).
+  using CounterChange = std::function<std::optional<pb::TxnRequest>(const CounterValue&)>;
+  std::int64_t change_counter(const std::string& key, const CounterChange& change, std::int64_t unchanged,
+                              const std::function<std::int64_t(const CounterValue&)>& answer);
+  // One guarded try of a counter change: true when applied, false when its compares failed or
+  // it was found not applied (and now never will be).
+  bool counter_change_applied(pb::TxnRequest txn, SteadyClock::time_point deadline, int& unknown_outcomes);
 
   std::unique_ptr<Connection> owned_connection_;
   Connection& connection_;
@@ -1501,19 +1515,32 @@ Inspection EtcdBackend::inspect(const std::string& name, Deadline deadline) {
 }
 
 
+// Counter changes are not idempotent: a copy of one that reaches etcd after its sender gave up
+// (a stalled connection, a paused member) must change nothing. So each Txn is guarded by a
+// request marker on the client's lease (request_markers.hpp) and puts it, reading "applied";
+// when its reply is lost, a Txn reads the marker (applied: the call succeeded) or retires it
+// ("refused": the change never applies, and is tried again). Not settled within
+// kTakeOutcomeTry, it is settled in the background and the caller hears that the outcome is
+// unknown: every change applies at most once.
 bool EtcdBackend::counter_try_set(const std::string& name, std::int64_t permits) {
   const auto key = kCounterPrefix + name;
-  pb::TxnRequest txn;
-  add_compare(txn, key, pb::Compare::CREATE, 0);
-  add_put(txn.mutable_success(), key, std::to_string(permits), 0);
-  return connection_.txn(txn, call_deadline(), false).succeeded();
+  const auto set = change_counter(
+      key,
+      [&](const CounterValue& current) -> std::optional<pb::TxnRequest> {
+        if (current.value) return std::nullopt;
+        pb::TxnRequest txn;
+        add_compare(txn, key, pb::Compare::CREATE, 0);
+        add_put(txn.mutable_success(), key, std::to_string(permits), 0);
+        return txn;
+      },
+      0, [](const CounterValue&) { return 1; });
+  return set == 1;
 }
 
 std::int64_t EtcdBackend::counter_add(const std::string& name, std::int64_t delta) {
   const auto key = kCounterPrefix + name;
-  for (;;) {
-    const auto current = counter_value(connection_.range(key_range(key), call_deadline()));
-    std::int64_t updated = 0;
+  std::int64_t updated = 0;
+  const auto change = [&](const CounterValue& current) -> std::optional<pb::TxnRequest> {
     if (__builtin_add_overflow(current.value.value_or(0), delta, &updated) || updated > max_permits ||
         updated < -max_permits) {
       throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
@@ -1523,8 +1550,9 @@ std::int64_t EtcdBackend::counter_add(const std::string& name, std::int64_t delt
     pb::TxnRequest txn;
     add_compare(txn, key, pb::Compare::MOD, current.mod_revision);
     add_put(txn.mutable_success(), key, std::to_string(updated), 0);
-    if (connection_.txn(txn, call_deadline(), false).succeeded()) return updated;
-  }
+    return txn;
+  };
+  return change_counter(key, change, 0, [&](const CounterValue&) { return updated; });
 }
 
 std::optional<std::int64_t> EtcdBackend::counter_get(const std::string& name) {
@@ -1533,13 +1561,61 @@ std::optional<std::int64_t> EtcdBackend::counter_get(const std::string& name) {
 
 std::int64_t EtcdBackend::counter_drain(const std::string& name) {
   const auto key = kCounterPrefix + name;
-  for (;;) {
-    const auto current = counter_value(connection_.range(key_range(key), call_deadline()));
-    if (!current.value) return 0;
+  const auto change = [&](const CounterValue& current) -> std::optional<pb::TxnRequest> {
+    if (!current.value) return std::nullopt;
     pb::TxnRequest txn;
     add_compare(txn, key, pb::Compare::MOD, current.mod_revision);
     add_put(txn.mutable_success(), key, "0", 0);
-    if (connection_.txn(txn, call_deadline(), false).succeeded()) return *current.value;
+    return txn;
+  };
+  return change_counter(key, change, 0, [](const CounterValue& current) { return *current.value; });
+}
+
+std::int64_t EtcdBackend::change_counter(const std::string& key, const CounterChange& change, std::int64_t unchanged,
+                                         const std::function<std::int64_t(const CounterValue&)>& answer) {
+  int unknown_outcomes = 0;
+  for (;;) {
+    const auto current = counter_value(connection_.range(key_range(key), call_deadline()));
+    auto txn = change(current);
+    if (!txn) return unchanged;
+    if (counter_change_applied(std::move(*txn), call_deadline(), unknown_outcomes)) return answer(current);
+  }
+}
+
+bool EtcdBackend::counter_change_applied(pb::TxnRequest txn, SteadyClock::time_point deadline, int& unknown_outcomes) {
+  const auto lease = client_lease(deadline);
+  const auto request = next_request();
+  auto& markers = *lease->markers;
+  markers.begin(request);
+  markers.guard(txn, request);  // sent once (not resent): this guards its one copy
+  markers.retire(txn.mutable_success(), request, kApplied);
+  const auto floor = markers.add_sweep(txn.mutable_success());
+  try {
+    const auto answer = connection_.txn(txn, deadline, false);
+    markers.resolved(request);
+    if (answer.succeeded()) markers.swept(floor);
+    return answer.succeeded();
+  } catch (const LeaseGone&) {
+    markers.resolved(request);  // not applied (its marker names the lease): tried on a new one
+    lose_lease(lease, "etcd no longer knows the client's lease", true);
+    return false;
+  } catch (const BackendUnavailable& unknown) {
+    // Applied or not: the marker tells, or is retired so that a late copy changes nothing.
+    pb::TxnRequest settle;
+    add_value_compare(settle, markers.marker(request), kApplied);
+    markers.retire(settle.mutable_failure(), request, kRefused);
+    const auto settled =
+        run_cleanup(lease, std::move(settle), nullptr, kTakeOutcomeTry, [lease, request] { lease->markers->resolved(request); });
+    if (!settled) throw;  // settled in the background; the caller hears the outcome is unknown
+    if (settled->succeeded()) return true;
+    if (++unknown_outcomes >= kCounterChangeTries) {
+      throw BackendUnavailable("etcd did not answer a PermitCounter change " + std::to_string(kCounterChangeTries) +
+                               " times (none applied, nor will any): " + unknown.what());
+    }
+    return false;
+  } catch (const Error&) {
+    markers.resolved(request);  // refused (AccessDenied): not applied
+    throw;
   }
 }
 }  // namespace

@@ -2,12 +2,13 @@
 //
 // gRPC resends a join after a per-attempt timeout or a reset, to the next endpoint, and a copy
 // sent earlier may still reach etcd later (a paused member, a stalled connection) — after the
-// client was answered, held, released or left. So every request that creates an entry or takes
-// permits has a marker key on the client's lease, \x1fturnstile/requests/<lease hex>/<request,
-// 16 hex digits>, and its Txn applies only while (a) its marker does not exist and (b) no floor
-// key \x1fturnstile/requests-below/<lease hex>/<w> with w > request exists. A join puts its
-// marker in both branches, so once any copy was answered every later copy fails; a take (never
-// resent) puts it when it applies; the clean-up of a request whose answer was lost puts it. The
+// client was answered, held, released or left. So every request that creates an entry, takes
+// permits or changes a counter has a marker key on the client's lease,
+// \x1fturnstile/requests/<lease hex>/<request, 16 hex digits>, and its Txn applies only while (a)
+// its marker does not exist and (b) no floor key \x1fturnstile/requests-below/<lease hex>/<w>
+// with w > request exists. A join puts its marker in both branches, so once any copy was
+// answered every later copy fails; a take or a counter change (never resent) puts it when it
+// applies; the clean-up of a request whose answer was lost puts it. The
 // markers live on the lease: a copy that arrives after the lease ended fails anyway (its put
 // names a lease etcd no longer knows).
 //
