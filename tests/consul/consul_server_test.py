@@ -334,6 +334,21 @@ class ConsulServerTest(Base):
         self.assertEqual(r.json()["Errors"][0]["OpIndex"], 1)
         self.assertIsNone(self.c.kv.get(key + "-other")[1], "a failed transaction writes nothing")
 
+    def test_kv_keys_are_checked_and_txn_keys_are_not(self):
+        # agent/kvs_endpoint.go validateKVKey: "../", a leading or trailing "..", other bytes.
+        for key in (unique("dots") + "..", ".." + unique("dots"), unique("dots") + "../x",
+                    unique("pct") + "%25", unique("x") + ".json"):
+            r = requests.put("%s/v1/kv/%s" % (self.base, key), data=b"v")
+            self.assertEqual(r.status_code, 400, key)
+        for key in (unique("dots") + "..x", unique("dots") + "/..x", unique("dots") + ".x./y"):
+            r = requests.put("%s/v1/kv/%s" % (self.base, key), data=b"v")
+            self.assertEqual(r.status_code, 200, key)
+        # agent/txn_endpoint.go checks no key: the same key is written by a transaction.
+        key = unique("dots") + ".."
+        value = base64.b64encode(b"v").decode()
+        r = requests.put("%s/v1/txn" % self.base, json=[{"KV": {"Verb": "set", "Key": key, "Value": value}}])
+        self.assertEqual(r.status_code, 200, r.text)
+
     def test_headers_status_and_agent_self(self):
         r = requests.get("%s/v1/kv/%s" % (self.base, unique("hdr")))
         self.assertEqual(r.status_code, 404)

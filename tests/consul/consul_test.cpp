@@ -8,37 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "support/server_tests.hpp"
+#include "consul/consul_test_support.hpp"
 #include "support/tcp_proxy.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
-using server_tests::quoted;
-using server_tests::shell;
-
-const std::string kLockFlags = "3304740253564472344";
-const std::string kSemaphoreFlags = "16210313421097356768";
-
-std::string url() { return server_tests::read_first_line(TURNSTILE_CONSUL_URL_FILE); }
-// http://127.0.0.1:PORT of the consul:// URL.
-std::string base() {
-  auto rest = url().substr(std::string("consul://").size());
-  return "http://" + rest.substr(0, rest.find('?'));
-}
-std::string unique(const std::string& what) {
-  return "consul-test/" + std::to_string(getpid()) + "-" + std::to_string(std::rand()) + "/" + what;
-}
-std::string curl(const std::string& method, const std::string& path, const std::string& body = "") {
-  return shell("curl -s -X " + method + " --data-binary " + quoted(body) + " " + quoted(base() + path));
-}
-// A session as api.Lock makes one (TTL 15s, lock-delay 0 so the test need not wait it out).
-std::string peer_session() {
-  const auto reply = curl("PUT", "/v1/session/create", R"({"Name":"Consul API Lock","TTL":"15s","LockDelay":"0s"})");
-  const auto start = reply.find("\"ID\"");
-  const auto quote = reply.find('"', reply.find(':', start) + 1);
-  return reply.substr(quote + 1, 36);
-}
+using namespace consul_tests;
 
 TEST(Consul, ForeignApiLockHolderExcludesTurnstileAndTurnstileExcludesIt) {
   auto client = turnstile::Client::connect(url());

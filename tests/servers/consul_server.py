@@ -31,8 +31,10 @@ Implemented (one datacenter, one server that is always the leader):
     ?cas= (true when the key is already gone). As in kvsSetTxn: a write equal to what is stored
     changes nothing (no index); a plain or CAS PUT keeps the Session but writes LockIndex 0;
     an acquire by a new session bumps LockIndex, by the holder keeps it; a release writes the
-    request's value and flags. Keys are checked as current Consul's validateKVKey does
-    (letters, digits and ,-_./; no "../"; no file-like ending such as .json) unless --lax-keys.
+    request's value and flags. Keys of the KV endpoint are checked as current Consul's
+    validateKVKey does (agent/kvs_endpoint.go: letters, digits and ,-_./; no "../", none that
+    starts or ends with ".."; no file-like ending such as .json) unless --lax-keys; keys in a
+    /v1/txn are not checked (agent/txn_endpoint.go does not call it).
   * Sessions: PUT /v1/session/create (JSON, keys matched case-insensitively like Go's
     encoding/json: Name, Node, TTL "15s" (10s..86400s or 0), Behavior release|delete,
     LockDelay "15s" or nanoseconds (values below 1000 taken as seconds, as FixupLockDelay does),
@@ -69,6 +71,10 @@ Implemented (one datacenter, one server that is always the leader):
     CONSUL_TEST_TOMBSTONE_TTL), so a prefix's index may go back to its live keys' highest.
   * GET /v1/test-stand-in/stats (NOT a Consul API): requests answered per method and endpoint,
     blocking queries by how they ended; for the benchmarks (bench/consul_run.sh).
+  * PUT /v1/test-stand-in/delay?path=P&seconds=S (NOT a Consul API; TEST-ONLY): every later
+    request whose path starts with P is answered S seconds late (each in its own thread, so
+    concurrent ones overlap, as a slow server's would); seconds=0 removes it. For the tests of
+    slow renewals.
 
 Not implemented: catalog, health, agent services and checks (session checks are never
 evaluated), events, prepared queries, namespaces/partitions, ?consistent/?stale differences
@@ -165,7 +171,8 @@ def key_error(key):
     if m.end() != len(key):
         return ("key contains invalid character '%s' at position %d. Only alphanumeric "
                 "characters and ,-_./ are allowed" % (key[m.end()], len(key[:m.end()].encode())))
-    if "../" in key:
+    # pathTraversalPattern: "../" anywhere, ".." at the start or the end.
+    if "../" in key or key.startswith("..") or key.endswith(".."):
         return "key contains path traversal sequence"
     lower = key.lower()
     for ext in _SUSPICIOUS_EXTENSIONS:
@@ -201,6 +208,7 @@ class State:
         self.stats_lock = threading.Lock()
         self.undo = None         # inside a transaction: key -> (entry, tombstone) before it
         self.stats = {}
+        self.delays = {}         # TEST-ONLY: path prefix -> seconds (/v1/test-stand-in/delay)
         self.raft_index = args.initial_index
         self.kvs = {}            # key -> entry dict (Value: bytes or None)
         self.tombstones = {}     # key -> index of its deletion (the graveyard)
@@ -755,6 +763,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             path = urllib.parse.unquote(url.path)
             if path != "/v1/test-stand-in/stats":
                 self.state.count("%s %s" % (method, "/".join(path.split("/")[:4 if "/session/" in path else 3])))
+            with self.state.stats_lock:
+                delay = max([s for p, s in self.state.delays.items() if path.startswith(p)] + [0])
+            if delay:
+                time.sleep(delay)  # TEST-ONLY: a slow answer (/v1/test-stand-in/delay)
             self.route(method, path, body)
         except ConsulError as err:
             self.send(err.status, err.text, content_type="text/plain; charset=utf-8")
@@ -818,6 +830,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             # endpoint, blocking queries by how they ended), for the benchmarks. No ACL.
             with self.state.stats_lock:
                 return self.send_json(200, dict(self.state.stats))
+        if path == "/v1/test-stand-in/delay" and method == "PUT":
+            # Not a Consul API, TEST-ONLY: answer requests under ?path= ?seconds= late. No ACL.
+            prefix, seconds = self.param("path", ""), float(self.param("seconds", "0"))
+            with self.state.stats_lock:
+                if seconds > 0:
+                    self.state.delays[prefix] = seconds
+                else:
+                    self.state.delays.pop(prefix, None)
+            return self.send_json(200, True)
         if path.startswith("/v1/status/"):
             if path == "/v1/status/leader":
                 return self.send_json(200, "127.0.0.1:8300")
@@ -1133,8 +1154,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
             op = {"Verb": ci_get(kv, "Verb") or "", "Key": ci_get(kv, "Key") or "",
                   "Value": value or None, "Flags": int(ci_get(kv, "Flags") or 0),
                   "Index": int(ci_get(kv, "Index") or 0), "Session": ci_get(kv, "Session") or ""}
-            if op["Key"] and not self.server.args.lax_keys and key_error(op["Key"]):
-                raise ConsulError(400, key_error(op["Key"]))
             if op["Verb"] in TXN_WRITE_VERBS:
                 writes += 1
             ops.append(op)

@@ -4,6 +4,7 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -244,17 +245,23 @@ bool ConsulBackend::write(const char* method, const std::string& path, const std
 }
 
 void ConsulBackend::block(const WaitTarget& target, Deadline deadline, const std::stop_token& stop) {
-  if (stop.stop_requested()) return;
-  if (target.index == 0) {
+  block(std::vector<WaitTarget>{target}, deadline, stop);
+}
+
+void ConsulBackend::block(const std::vector<WaitTarget>& targets, Deadline deadline, const std::stop_token& stop) {
+  if (stop.stop_requested() || targets.empty()) return;
+  for (const auto& target : targets) {
+    if (target.index != 0) continue;
     // A lock-delay on a key that is gone (its session's Behavior delete took it): nothing in
     // the store will change when the delay ends, so look again after a while, as api.Lock does.
     if (target.retry) {
       auto pause = kLockDelayRetry;
       pause_before_resend(deadline, stop, pause);
     }
-    return;
+    return;  // an index not known: look again at once
   }
-  auto wait = target.retry ? kLockDelayRetry : kBlockingWaitMax;
+  const bool retry = std::any_of(targets.begin(), targets.end(), [](const WaitTarget& t) { return t.retry; });
+  auto wait = retry ? kLockDelayRetry : kBlockingWaitMax;
   auto timeout = wait + wait / 16 + kBlockingSlack;
   if (deadline) {
     const auto left = std::chrono::duration_cast<milliseconds>(*deadline - SteadyClock::now());
@@ -263,21 +270,23 @@ void ConsulBackend::block(const WaitTarget& target, Deadline deadline, const std
     wait = std::min(wait, std::max(left * 16 / 17, milliseconds(1)));
     timeout = std::min(timeout, left + kDeadlineGrace);
   }
-  const auto path = "/v1/kv/" + url_escape(target.key) + "?index=" + std::to_string(target.index) +
-                    "&wait=" + std::to_string(wait.count()) + "ms" + (target.recurse ? "&recurse" : "");
-  bool stopped = false;
-  Reply reply;
-  try {
-    reply = http_.call("GET", path, "", timeout, stop, &stopped);
-  } catch (const BackendUnavailable&) {
-    // Dropped (a restart, a cut link) or ended at the deadline: the caller looks again, and its
-    // look resends until the server answers, the deadline or a stop.
-    auto backoff = kResendBackoffMax / 4;
-    pause_before_resend(deadline, stop, backoff);
-    return;
+  std::vector<Request> queries;
+  for (const auto& target : targets) {
+    queries.push_back({"GET", "/v1/kv/" + url_escape(target.key) + "?index=" + std::to_string(target.index) +
+                                  "&wait=" + std::to_string(wait.count()) + "ms" + (target.recurse ? "&recurse" : ""), ""});
   }
-  if (stopped || reply.status == 200 || reply.status == 404) return;
-  throw_error("waiting on " + target.key, reply, http_.endpoint());
+  // One query per target, at once: the first to answer ends the wait (the others are cut).
+  const auto outcomes = http_.call_each(queries, queries.size(), timeout, SteadyClock::time_point::max(), stop, true);
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    if (outcomes[i].stopped) return;
+    if (!outcomes[i].reply) continue;
+    if (outcomes[i].reply->status == 200 || outcomes[i].reply->status == 404) return;
+    throw_error("waiting on " + targets[i].key, *outcomes[i].reply, http_.endpoint());
+  }
+  // Dropped (a restart, a cut link) or ended at the deadline: the caller looks again, and its
+  // look resends until the server answers, the deadline or a stop.
+  auto backoff = kResendBackoffMax / 4;
+  pause_before_resend(deadline, stop, backoff);
 }
 
 bool ConsulBackend::pause_before_resend(Deadline deadline, const std::stop_token& stop, milliseconds& backoff) {

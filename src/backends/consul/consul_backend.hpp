@@ -145,6 +145,8 @@ class ConsulBackend final : public Backend {
   // A blocking query on `target` until it changes, the deadline or a stop. One that found no
   // server pauses a little and returns: the caller's look resends (an outage is waited through).
   void block(const WaitTarget& target, Deadline deadline, const std::stop_token& stop);
+  // The same on several targets at once, until any of them changes.
+  void block(const std::vector<WaitTarget>& targets, Deadline deadline, const std::stop_token& stop);
   // A PermitCounter's key as one read saw it (index 0: absent).
   struct CounterSeen {
     std::optional<CounterValue> value;

@@ -1,12 +1,15 @@
 // Consul's HTTP API over libcurl (http.cpp): kept-alive connections in a small pool of handles,
 // a deadline on every call, stop tokens that end a blocking query at once, close-on-exec
 // sockets, the ACL token in a header only, and the one place where answers become errors.
+// Several requests may run at once (call_each, on libcurl's multi interface): renewals of many
+// sessions, or blocking queries on several prefixes of which the first answer counts.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <vector>
@@ -27,6 +30,20 @@ struct Reply {
   std::uint64_t index = 0;  // X-Consul-Index (0: none)
 };
 
+struct Request {
+  std::string method;
+  std::string path;  // starts with /v1/, may carry a query
+  std::string body;
+};
+
+// What became of one request of call_each.
+struct Outcome {
+  std::optional<Reply> reply;  // none: no answer (error says why)
+  std::string error;
+  bool stopped = false;  // the stop ended it before an answer
+  std::chrono::steady_clock::time_point sent_at{};  // when it was started (unset: never sent)
+};
+
 class Http {
  public:
   explicit Http(Endpoint endpoint);
@@ -39,6 +56,14 @@ class Http {
   // then `stopped` is set instead of throwing, when given).
   Reply call(const char* method, const std::string& path, const std::string& body, std::chrono::milliseconds timeout,
              const std::stop_token& stop = {}, bool* stopped = nullptr);
+
+  // `requests` at once, each on a connection of its own, at most `parallel` at a time (the rest
+  // start as others end); each gets `timeout` from when it starts, and none starts or runs past
+  // `until`. With `first_only` the batch ends at the first answer (the others are cut). A stop
+  // ends it at once. Throws nothing for a request that got no answer: its Outcome says so.
+  std::vector<Outcome> call_each(const std::vector<Request>& requests, std::size_t parallel,
+                                 std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point until,
+                                 const std::stop_token& stop = {}, bool first_only = false);
 
   const Endpoint& endpoint() const { return endpoint_; }
 

@@ -37,6 +37,19 @@ bool file_ending(std::string_view tail) {
   return std::find(std::begin(kFileEndings), std::end(kFileEndings), lower) != std::end(kFileEndings);
 }
 
+// Whether the '.' at name[i] must be escaped for Consul's pathTraversalPattern (validateKVKey):
+// no "../" in any key, and no key that starts or ends with "..". The name is followed by '/' in
+// the keys made from it (NAME/.lock, turnstile/q/NAME/...), so a '.' before a '/' or at the end
+// is escaped when it would end a "..", and so is the first of a leading "..". Only names that
+// Consul would refuse change: every other name keeps the key it always had.
+bool dot_refused(std::string_view name, std::size_t i) {
+  const bool dot_before = i > 0 && name[i - 1] == '.';
+  const bool dot_after = i + 1 < name.size() && name[i + 1] == '.';
+  if (i + 1 < name.size() && name[i + 1] == '/') return true;  // as ever: any '.' before a '/'
+  if (i + 1 == name.size() && dot_before) return true;
+  return i == 0 && dot_after;
+}
+
 int base64_value(char c) {
   if (c >= 'A' && c <= 'Z') return c - 'A';
   if (c >= 'a' && c <= 'z') return c - 'a' + 26;
@@ -83,8 +96,7 @@ std::string encode_name(std::string_view name) {
   std::string out;
   for (std::size_t i = 0; i < name.size(); ++i) {
     const auto c = static_cast<unsigned char>(name[i]);
-    const bool dot_before_slash = c == '.' && i + 1 < name.size() && name[i + 1] == '/';
-    if (!kept(c) || dot_before_slash || (dot_starts_ending && i == last_dot)) escape(out, c);
+    if (!kept(c) || (c == '.' && dot_refused(name, i)) || (dot_starts_ending && i == last_dot)) escape(out, c);
     else out += static_cast<char>(c);
   }
   // turnstile's own keys (queues, counters, lines, markers) live under turnstile/: a name whose

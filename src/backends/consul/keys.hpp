@@ -16,10 +16,12 @@ namespace turnstile::detail::consul {
 constexpr std::uint64_t kLockFlags = 0x2ddccbc058a50c18ULL;
 constexpr std::uint64_t kSemaphoreFlags = 0xe0f69a2baa414de0ULL;
 
-// A turnstile name as a Consul key. Consul accepts only letters, digits and ",-_./" in keys,
-// no "../" and no file-like ending (".json"): every other byte becomes ",XX" (',' is the escape,
-// so it is escaped too), a '.' before a '/' and the '.' that would start such an ending
-// likewise. A name made of accepted characters is its own key, as `consul lock` writes it.
+// A turnstile name as a Consul key. Consul's KV endpoint accepts only letters, digits and
+// ",-_./" in keys, no "../", no ".." at a key's start or end, and no file-like ending (".json"):
+// every other byte becomes ",XX" (',' is the escape, so it is escaped too, and two names never
+// share a key), and so do a '.' before a '/', the last '.' of a name ending in "..", the first of
+// one starting with "..", and the '.' that would start such an ending. A name made of accepted
+// characters that Consul takes as it is stays its own key, as `consul lock` writes it.
 // Throws InvalidArgument for a name whose key is turnstile/ or under it (turnstile's own keys).
 std::string encode_name(std::string_view name);
 

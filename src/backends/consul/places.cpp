@@ -21,6 +21,7 @@ struct Snapshot {
   std::optional<KvEntry> lock_key;            // Mutex: the api.Lock key NAME
   std::vector<KvEntry> under_name;            // Semaphore: NAME/... (.lock and contender keys)
   std::uint64_t under_name_index = 0;         // its X-Consul-Index (0: not read by a GET)
+  std::uint64_t queue_index = 0;              // the queue's X-Consul-Index (0: not read by a GET)
 };
 
 class ConsulHold final : public BackendHold {
@@ -237,8 +238,10 @@ class ConsulPlace final : public QueuePlace {
     // NAME/ before the queue: a waiter for any holder's leave blocks on NAME/ from this read's
     // index, which must be no later than the queue it decides on (else a holder that left in
     // between is seen in the queue but its leave is already behind the index: a lost wake-up).
+    // It blocks on the queue from its own read's index as well: a lease ahead that was admitted
+    // but leaves before holding changes only the queue.
     if (is_lease(request_)) snapshot.under_name = backend_.read(key_ + "/", true, timeout, &snapshot.under_name_index);
-    snapshot.queue = backend_.read(prefix_, true, timeout);
+    snapshot.queue = backend_.read(prefix_, true, timeout, &snapshot.queue_index);
     if (!is_lease(request_)) {
       if (auto keys = backend_.read(key_, false, timeout); !keys.empty()) snapshot.lock_key = keys.front();
     }
@@ -246,7 +249,7 @@ class ConsulPlace final : public QueuePlace {
   }
 
   void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override {
-    if (verdict.wait == WaitFor::any_holder_leave) return backend_.block(holders_target_, deadline, stop);
+    if (verdict.wait == WaitFor::any_holder_leave) return backend_.block({holders_target_, queue_target_}, deadline, stop);
     if (verdict.index < targets_.size()) backend_.block(targets_[verdict.index], deadline, stop);
   }
 
@@ -526,6 +529,7 @@ class ConsulPlace final : public QueuePlace {
   void add_semaphore_holders(const Snapshot& snapshot, const std::vector<KvEntry>& queue, Standing& standing) {
     semaphore_ = SemaphoreLock{request_.limit, {}, 0};
     holders_target_ = {key_ + "/", snapshot.under_name_index, true, false};
+    queue_target_ = {prefix_, snapshot.queue_index, true, false};
     std::set<std::string> alive;
     for (const auto& entry : snapshot.under_name) {
       if (!entry.session.empty()) alive.insert(entry.session);
@@ -565,7 +569,8 @@ class ConsulPlace final : public QueuePlace {
   std::string entry_key_;
   EntryValue value_;
   std::vector<WaitTarget> targets_;  // what each entry of the last look is waited on by
-  WaitTarget holders_target_;
+  WaitTarget holders_target_;  // any holder's leave: NAME/ (api.Semaphore's and ours) ...
+  WaitTarget queue_target_;    // ... and our queue (a lease ahead leaving before it held)
   SemaphoreLock semaphore_;  // `.lock` as the last look saw it, pruned
   Deadline deadline_;  // the acquire's, for hold()
   bool taken_at_once_ = false;  // take_at_once took the name: hold() has nothing left to write

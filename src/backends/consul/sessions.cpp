@@ -15,8 +15,13 @@ using std::chrono::milliseconds;
 constexpr milliseconds kRenewRetry{500};
 // A renewal's own timeout: it must end well before the next is due.
 constexpr milliseconds kRenewTimeoutMax{2000};
-// Destroying sessions at shutdown may hold up a client's destructor this long at most each.
+// Destroying sessions (lost ones, or all at shutdown) takes this long at most, all of them: the
+// server invalidates what is left after TTL x 2 anyway.
 constexpr milliseconds kDestroyTimeout{1000};
+// Renewals and destroys in flight at once, each on its own connection: a round of many sessions
+// then takes about one reply's time per this many (one after another, a slow server's replies
+// added up past the TTL), while a client stays far below Consul's http_max_conns_per_client (200).
+constexpr std::size_t kParallel = 32;
 
 std::string go_duration(milliseconds value) { return std::to_string(value.count()) + "ms"; }
 
@@ -28,11 +33,12 @@ Sessions::Sessions(const Endpoint& endpoint, Http& calls, SessionSettings settin
 }
 
 Sessions::~Sessions() {
-  thread_.request_stop();
+  thread_.request_stop();  // ends a round under way at once (its requests are cut)
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
-  for (const auto& session : all_) destroy(session->id, kDestroyTimeout);
-  for (const auto& id : to_destroy_) destroy(id, kDestroyTimeout);
+  std::vector<std::string> ids = std::move(to_destroy_);
+  for (const auto& session : all_) ids.push_back(session->id);
+  destroy(ids, {});
 }
 
 std::shared_ptr<Session> Sessions::create(milliseconds timeout) {
@@ -105,30 +111,41 @@ void Sessions::give_back(std::shared_ptr<Session> session) {
   spares_.push_back(std::move(session));
 }
 
-bool Sessions::renew(Session& session) {
-  const auto sent_at = SteadyClock::now();
+bool Sessions::renew(const std::vector<std::shared_ptr<Session>>& due, const std::stop_token& stop) {
+  std::vector<Request> renewals;
+  for (const auto& session : due) renewals.push_back({"PUT", "/v1/session/renew/" + session->id, ""});
   const auto timeout = std::min(kRenewTimeoutMax, settings_.ttl / 4);
-  try {
-    const auto reply = renewals_.call("PUT", "/v1/session/renew/" + session.id, "", timeout);
-    if (reply.status == 200) {
-      session.lease->confirmed(sent_at);
-      return true;
-    } else if (reply.status == 404) {
-      session.lease->lose("Consul says session " + session.id + " is gone (invalidated or destroyed)");
-    } else {
-      session.lease->unconfirmed("Consul answered a session renewal with HTTP " + std::to_string(reply.status));
+  const auto outcomes = renewals_.call_each(renewals, kParallel, timeout, SteadyClock::time_point::max(), stop);
+  bool all_confirmed = true;
+  for (std::size_t i = 0; i < due.size(); ++i) {
+    auto& session = *due[i];
+    const auto& outcome = outcomes[i];
+    if (outcome.stopped) return false;  // shutting down: nothing learned
+    if (outcome.reply && outcome.reply->status == 200) {
+      session.lease->confirmed(outcome.sent_at);  // by the send time: the server renewed after it
+      continue;
     }
-  } catch (const std::exception& error) {
-    session.lease->unconfirmed(error.what());
+    if (outcome.reply && outcome.reply->status == 404) {
+      session.lease->lose("Consul says session " + session.id + " is gone (invalidated or destroyed)");
+      continue;
+    }
+    session.lease->unconfirmed(outcome.reply ? "Consul answered a session renewal with HTTP " +
+                                                   std::to_string(outcome.reply->status)
+                                             : "no answer to a session renewal from Consul at " +
+                                                   renewals_.endpoint().shown + ": " + outcome.error);
+    all_confirmed = false;
   }
-  return false;
+  return all_confirmed;
 }
 
-void Sessions::destroy(const std::string& id, milliseconds timeout) noexcept {
+void Sessions::destroy(const std::vector<std::string>& ids, const std::stop_token& stop) noexcept {
   try {
-    renewals_.call("PUT", "/v1/session/destroy/" + id, "", timeout);
+    std::vector<Request> destroys;
+    for (const auto& id : ids) destroys.push_back({"PUT", "/v1/session/destroy/" + id, ""});
+    // Unanswered ones are left to the server, which invalidates them after TTL x 2.
+    renewals_.call_each(destroys, kParallel, kDestroyTimeout, SteadyClock::now() + kDestroyTimeout, stop);
   } catch (...) {
-    // The server invalidates it after TTL x 2 anyway.
+    // No memory for the requests: the same.
   }
 }
 
@@ -151,12 +168,9 @@ void Sessions::run(std::stop_token stop) {
         due = all_;
       }
     }
-    for (const auto& id : destroying) destroy(id, kDestroyTimeout);
+    destroy(destroying, stop);
     if (due.empty() && SteadyClock::now() < next) continue;
-    bool all_confirmed = true;
-    for (const auto& session : due) {
-      if (!renew(*session) && !session->lease->lost()) all_confirmed = false;
-    }
+    const bool all_confirmed = renew(due, stop);
     next = SteadyClock::now() + (all_confirmed ? settings_.ttl / 2 : kRenewRetry);
   }
 }

@@ -1,7 +1,9 @@
 // Consul sessions (sessions.cpp): the client's main session, which holds its queue entries and
 // api.Lock keys, and spare sessions, one per Semaphore permit held (api.Semaphore counts one
-// holder per session). All are renewed every TTL/2 by one thread on a connection of its own,
-// so a renewal never queues behind other calls; each is a ServerLease of the core's LossClock.
+// holder per session). All are renewed every TTL/2 by one thread on connections of its own, so
+// a renewal never queues behind other calls, and all at once (up to kParallel in flight), so a
+// round takes about one reply's time however many sessions there are; each is a ServerLease of
+// the core's LossClock.
 #pragma once
 
 #include <chrono>
@@ -44,8 +46,11 @@ class Sessions {
 
  private:
   std::shared_ptr<Session> create(std::chrono::milliseconds timeout);
-  bool renew(Session& session);  // true when confirmed
-  void destroy(const std::string& id, std::chrono::milliseconds timeout) noexcept;
+  // One round: every session of `due` at once; true when all were confirmed (a lost one too:
+  // it needs no retry). A stop ends it at once.
+  bool renew(const std::vector<std::shared_ptr<Session>>& due, const std::stop_token& stop);
+  // All at once, within kDestroyTimeout in all.
+  void destroy(const std::vector<std::string>& ids, const std::stop_token& stop) noexcept;
   void run(std::stop_token stop);
 
   Http& calls_;
