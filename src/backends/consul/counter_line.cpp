@@ -106,9 +106,11 @@ class ConsulCounterLine final : public CounterLine {
     const auto key = std::exchange(entry_key_, std::string());
     if (std::exchange(join_unknown_, false)) {
       // Our join may still arrive: its id is retired first, then the entry removed if it came.
+      // The marker is tried here first (bounded, as the removal below: a stopped acquire also
+      // leaves the line before it returns), so no copy delivered after the return can land.
       try {
         nlohmann::json undo = nlohmann::json::array({kv_op("delete", key)});
-        retire_join(backend_, session_, entry_id_, std::move(undo));
+        retire_join(backend_, session_, entry_id_, std::move(undo), true);
       } catch (...) {
         // No memory for the job: the entry goes with the session.
       }
