@@ -35,9 +35,13 @@ LatePatterns late_patterns(const std::string& url, const std::string& label, con
   } else if (starts_with(url, "consul")) {
     // Every write of a join, take or counter change is one transaction (an uncontended
     // Semaphore's second: the join's, then the take that holds its lease); the reads before are
-    // GETs, the session's renewals other PUTs. A place in a counter's line is a plain
-    // PUT ?acquire of a key under turnstile/cq/.
-    patterns = {"PUT /v1/txn", 1, "PUT /v1/txn", 2, "PUT /v1/kv/turnstile/cq/", 1, "PUT /v1/txn", 1, "PUT /v1/txn", 1, true};
+    // GETs, the session's renewals other PUTs. A place in a counter's line is a key under the
+    // line's prefix turnstile/cq/<name>/ (the test's plain names are their own keys): the look
+    // before it reads the prefix (GET …/cq/<name>/?recurse, the first request naming it), the
+    // join then writes <prefix><session>-<n>, in a transaction's body ("Key":"turnstile/cq/…")
+    // or, before issue 22, in the path of a PUT ?acquire: the second names it either way.
+    const auto line = "turnstile/cq/" + counter + "/";
+    patterns = {"PUT /v1/txn", 1, "PUT /v1/txn", 2, line, 2, "PUT /v1/txn", 1, "PUT /v1/txn", 1, true};
   }
   return patterns;
 }
