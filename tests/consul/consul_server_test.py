@@ -432,6 +432,14 @@ class AclTest(unittest.TestCase):
         self.assertEqual(r.status_code, 200, r.text)
         self.assertEqual([x["KV"]["Key"] for x in r.json()["Results"]], ["app/a", "app/a"],
                          "get results the token may not read are filtered out")
+        # kvsPreApply treats KVGet, KVGetTree and KVGetOrEmpty alike: never refused, filtered.
+        reads = [{"KV": {"Verb": "get-or-empty", "Key": "app-hidden"}},
+                 {"KV": {"Verb": "get-or-empty", "Key": "app/a"}},
+                 {"KV": {"Verb": "get-or-empty", "Key": "app/none"}}]
+        r = self.put("/v1/txn", "no-sessions", json=reads)
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual([x["KV"]["Key"] for x in r.json()["Results"]], ["app/a", "app/none"],
+                         "get-or-empty needs no write, and what may not be read is filtered out")
 
     def test_sessions_need_session_write(self):
         r = self.put("/v1/session/create", "no-sessions")
