@@ -17,11 +17,14 @@ constexpr std::uint64_t kLockFlags = 0x2ddccbc058a50c18ULL;
 constexpr std::uint64_t kSemaphoreFlags = 0xe0f69a2baa414de0ULL;
 
 // A turnstile name as a Consul key. Consul's KV endpoint accepts only letters, digits and
-// ",-_./" in keys, no "../", no ".." at a key's start or end, and no file-like ending (".json"):
-// every other byte becomes ",XX" (',' is the escape, so it is escaped too, and two names never
-// share a key), and so do a '.' before a '/', the last '.' of a name ending in "..", the first of
-// one starting with "..", and the '.' that would start such an ending. A name made of accepted
-// characters that Consul takes as it is stays its own key, as `consul lock` writes it.
+// ",-_./" in keys (1.21.5: also "?&="), never ".." (1.21.5; later ones: no "../", no ".." at a
+// key's start or end), and no file-like ending (".json"): every other byte becomes ",XX" (',' is
+// the escape, so it is escaped too, and two names never share a key), and so do a '.' right after
+// a kept '.' (no key holds ".."), a '.' before a '/', and the '.' that would start such an
+// ending. A segment ".lock", or a last segment shaped like a session id, has its first byte
+// escaped: those are api.Semaphore's keys under a prefix (PREFIX/.lock, PREFIX/<session>), and
+// no Mutex may reach a Semaphore's. A name made of accepted characters that Consul takes as it is
+// stays its own key, as `consul lock` writes it.
 // Throws InvalidArgument for a name whose key is turnstile/ or under it (turnstile's own keys).
 std::string encode_name(std::string_view name);
 
