@@ -47,3 +47,46 @@ TEST(ConsulKeys, NoKeyHoldsTwoDotsAndNoNameReachesASemaphoresKeys) {
 }
 
 }  // namespace
+
+namespace {
+
+bool occupied(const std::string& name) {
+  return keys_under("turnstile/o/" + name) != 0u;
+}
+
+// Whoever is the last one out of a name's queue ends its occupancy (turnstile/o/NAME), which used
+// to stay on the server for good: a holder that releases after its waiter gave up (its
+// release's CAS on the occupancy lost to the waiter's join), or a waiter that gives up behind an
+// api.Lock peer's hold (nobody in the queue releases after it).
+void wait_in_vain(turnstile::Client& client, const std::string& name) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(client.mutex(name).try_lock_for(std::chrono::milliseconds(800)));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(800));  // it waited
+}
+
+TEST(ConsulOccupancy, AHolderReleasingAfterItsWaiterGaveUpEndsIt) {
+  auto holder_client = turnstile::Client::connect(url());
+  auto waiter_client = turnstile::Client::connect(url());
+  const auto name = unique("occupancy-holder-last");
+  auto held = holder_client.mutex(name);
+  ASSERT_TRUE(held.try_lock());
+  ASSERT_TRUE(occupied(name));
+  wait_in_vain(waiter_client, name);
+  EXPECT_EQ(keys_under("turnstile/q/" + name + "/"), 1u);
+  held.unlock();
+  EXPECT_EQ(keys_under("turnstile/q/" + name + "/"), 0u);
+  EXPECT_FALSE(occupied(name)) << "turnstile/o/" << name << " outlived its queue";
+}
+
+TEST(ConsulOccupancy, AWaiterGivingUpBehindAPeerEndsIt) {
+  auto client = turnstile::Client::connect(url());
+  const auto name = unique("occupancy-waiter-last");
+  const auto peer = peer_session();
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "?acquire=" + peer + "&flags=" + kLockFlags), "true");
+  wait_in_vain(client, name);
+  EXPECT_EQ(keys_under("turnstile/q/" + name + "/"), 0u);
+  EXPECT_FALSE(occupied(name)) << "turnstile/o/" << name << " outlived its queue";
+  curl("PUT", "/v1/session/destroy/" + peer);
+}
+
+}  // namespace

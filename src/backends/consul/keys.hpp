@@ -34,7 +34,8 @@ std::string counter_key(std::string_view name);      // turnstile/c/<key>: Permi
 std::string line_prefix(std::string_view name);      // turnstile/cq/<key>/: its waiters
 std::string marker_key(std::string_view entry_id);   // turnstile/x/<id>: a join given up
 // turnstile/o/<key>: present whenever the name's queue has an entry (every join writes it, so
-// its ModifyIndex moves with each); only the last one out deletes it, by CAS on that index. Its
+// its ModifyIndex moves with each); only the last one out deletes it, by CAS on that index
+// (occupancy.hpp). Its
 // absence lets an exclusive join take the name at once (places.cpp).
 std::string occupancy_key(std::string_view name);
 
