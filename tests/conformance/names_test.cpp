@@ -11,6 +11,7 @@ namespace {
 std::vector<std::string> odd_names(const std::string& prefix) {
   std::vector<std::string> names;
   for (const char* leaf : {"x..", "a/b..", "a/..b", "a../b", "x...", "x.", "a./b", "...", "x..json", "x.json",
+                           "a..b", "a/..x", "a/...", "a/.lock", ".lock",
                            "100%", "%2e%2e", "a+b", "a,b", "a,2E", "with space", "a\\b",
                            "\xc3\xbc\xe6\x97\xa5\xf0\x9f\x94\x92"}) {
     names.push_back(prefix + leaf);
@@ -68,6 +69,27 @@ TEST_P(Conformance, OddNamesNeverShareAPlace) {
     EXPECT_EQ(other.permit_counter(odd).available_permits(), 1);
   }
   for (auto& mutex : held) mutex.unlock();
+}
+
+// A Mutex whose name is another name's Semaphore key (Semaphore "col" keeps "col/.lock" on
+// Consul, as api.Semaphore does) is its own place: both are held at once by different clients,
+// and each keeps out a second contender of its own kind.
+TEST_P(Conformance, NamesOfOnePrimitiveNeverReachAnothersKeys) {
+  auto other = connect();
+  const auto prefix = name("");
+  auto lease = client().semaphore(prefix + "col", 1).try_acquire();
+  ASSERT_TRUE(lease.has_value());
+  for (const auto* leaf : {"col/.lock", "col/.lock/.lock"}) {
+    SCOPED_TRACE(leaf);
+    auto mutex = other.mutex(prefix + leaf);
+    ASSERT_TRUE(mutex.try_lock());
+    EXPECT_FALSE(client().mutex(prefix + leaf).try_lock());
+    EXPECT_FALSE(connect().semaphore(prefix + "col", 1).try_acquire().has_value());
+    mutex.unlock();
+  }
+  lease.reset();
+  auto again = other.semaphore(prefix + "col", 1).try_acquire();
+  EXPECT_TRUE(again.has_value());
 }
 
 }  // namespace conformance

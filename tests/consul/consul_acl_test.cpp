@@ -71,6 +71,14 @@ class ConsulAcl : public ::testing::Test {
     return total;
   }
 
+  // Whether the name's occupancy key (turnstile/o/NAME) is on the server: the last one out of
+  // its queue must end it, a hold the ACL refused too.
+  static bool occupied(const std::string& name) {
+    const auto status = shell("curl -s -o /dev/null -w '%{http_code}' -H " + quoted("X-Consul-Token: " + kManagement) +
+                              " " + quoted("http://" + address() + "/v1/kv/turnstile/o/" + name));
+    return status != "404";
+  }
+
   static std::string* rules_file_;
   static server_tests::OwnServer* server_;
 };
@@ -81,11 +89,13 @@ server_tests::OwnServer* ConsulAcl::server_ = nullptr;
 // Red team: the exclusive take spun at ~3,000 txn/s and ended "busy" instead of AccessDenied.
 TEST_F(ConsulAcl, AMutexWhoseKeyTheTokenMayNotWriteIsAccessDeniedNotBusy) {
   auto client = turnstile::Client::connect(app_url());
-  auto mutex = client.mutex(unique("not-ok/m"));
+  const auto name = unique("not-ok/m");
+  auto mutex = client.mutex(name);
   const auto before = txn_count();
   ASSERT_GE(before, 0);
   EXPECT_THROW(static_cast<void>(mutex.try_lock_for(2s)), turnstile::AccessDenied);
   EXPECT_LE(txn_count() - before, 6) << "a refusal is told after a bounded number of transactions";
+  EXPECT_FALSE(occupied(name)) << "the refused hold left its occupancy key behind";
 }
 
 // Red team: the hold's first op (check-not-exists of the permit's key) was refused by the ACL and
@@ -99,6 +109,7 @@ TEST_F(ConsulAcl, ASemaphoreWhoseKeysTheTokenMayNotWriteIsAccessDeniedWithNothin
   const auto inspection = management.inspect(name);
   EXPECT_TRUE(inspection.holders.empty());
   EXPECT_TRUE(inspection.waiters.empty());
+  EXPECT_FALSE(occupied(name)) << "the refused hold left its occupancy key behind";
 }
 
 // Red team: one refused join destroyed the client's session, and with it every hold it had.

@@ -335,12 +335,16 @@ class ConsulServerTest(Base):
         self.assertIsNone(self.c.kv.get(key + "-other")[1], "a failed transaction writes nothing")
 
     def test_kv_keys_are_checked_and_txn_keys_are_not(self):
-        # agent/kvs_endpoint.go validateKVKey: "../", a leading or trailing "..", other bytes.
-        for key in (unique("dots") + "..", ".." + unique("dots"), unique("dots") + "../x",
-                    unique("pct") + "%25", unique("x") + ".json"):
+        # agent/kvs_endpoint.go validateKVKey: other bytes, a file-like ending.
+        for key in (unique("pct") + "%25", unique("x") + ".json"):
             r = requests.put("%s/v1/kv/%s" % (self.base, key), data=b"v")
             self.assertEqual(r.status_code, 400, key)
-        for key in (unique("dots") + "..x", unique("dots") + "/..x", unique("dots") + ".x./y"):
+        # Consul 1.21.5 (PR #22682) refused ".." anywhere in a key: 500 "invalid key name".
+        for key in (unique("dots") + "..x", unique("dots") + "/..x", unique("dots") + "/a..b"):
+            r = requests.put("%s/v1/kv/%s" % (self.base, key), data=b"v")
+            self.assertEqual(r.status_code, 500, key)
+            self.assertIn("invalid key name", r.text)
+        for key in (unique("dots") + ".x./y", unique("dots") + "/.x", unique("dots") + "/x."):
             r = requests.put("%s/v1/kv/%s" % (self.base, key), data=b"v")
             self.assertEqual(r.status_code, 200, key)
         # agent/txn_endpoint.go checks no key: the same key is written by a transaction.
@@ -432,6 +436,14 @@ class AclTest(unittest.TestCase):
         self.assertEqual(r.status_code, 200, r.text)
         self.assertEqual([x["KV"]["Key"] for x in r.json()["Results"]], ["app/a", "app/a"],
                          "get results the token may not read are filtered out")
+        # kvsPreApply treats KVGet, KVGetTree and KVGetOrEmpty alike: never refused, filtered.
+        reads = [{"KV": {"Verb": "get-or-empty", "Key": "app-hidden"}},
+                 {"KV": {"Verb": "get-or-empty", "Key": "app/a"}},
+                 {"KV": {"Verb": "get-or-empty", "Key": "app/none"}}]
+        r = self.put("/v1/txn", "no-sessions", json=reads)
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual([x["KV"]["Key"] for x in r.json()["Results"]], ["app/a", "app/none"],
+                         "get-or-empty needs no write, and what may not be read is filtered out")
 
     def test_sessions_need_session_write(self):
         r = self.put("/v1/session/create", "no-sessions")

@@ -13,7 +13,7 @@ namespace {
 using namespace std::chrono_literals;
 using namespace consul_tests;
 
-constexpr auto kTtl = 3s;  // renewed every 1.5 s, each renewal given 750 ms
+constexpr auto kTtl = 3s;  // renewed every 1.5 s, each renewal given up to 1.5 s
 constexpr int kLeases = 16;
 
 struct SlowServer {
@@ -65,6 +65,28 @@ TEST(ConsulSessions, SlowRenewalsOfManySessionsLoseNone) {
   std::this_thread::sleep_for(2 * kTtl);  // two TTLs: three rounds or more
   EXPECT_EQ(lost(leases), 0u) << "leases reported lost while the server kept their sessions";
   slow.delay("/v1/session/renew/", 0);
+}
+
+// A renewal is confirmed by its send time, so an answer that comes late still counts as long as
+// it comes before the loss deadline. Renewals used to be cut after min(2 s, TTL/4): a server
+// answering every renewal in 2.5 s (TTL 20 s) lost every hold. Here TTL 6 s (loss deadline
+// 5.4 s after a confirmed send, renewed every 3 s) and renewals answered 1.8 s late, past the
+// old cut (1.5 s) and well before the loss deadline.
+TEST(ConsulSessions, RenewalsSlowerThanAQuarterTtlStillCount) {
+  constexpr auto ttl = 6s;
+  SlowServer slow;
+  auto client = turnstile::Client::connect(slow.server->url(), server_tests::with_ttl(ttl));
+  auto mutex = client.mutex("slow-renewal");
+  ASSERT_TRUE(mutex.try_lock());
+  const auto lost = mutex.lost_token();
+  slow.delay("/v1/session/renew/", 1.8);
+  const auto start = std::chrono::steady_clock::now();
+  shell("curl -s -X PUT " + quoted(slow.base() + "/v1/session/renew/none"));
+  ASSERT_GE(std::chrono::steady_clock::now() - start, 1800ms) << "renewals are not answered late";
+  std::this_thread::sleep_for(ttl);  // past the loss deadline (5.4 s) of renewals not counted
+  EXPECT_FALSE(lost.stop_requested()) << "the hold was reported lost though every renewal was answered";
+  slow.delay("/v1/session/renew/", 0);
+  mutex.unlock();
 }
 
 // The server paused (SIGSTOP) with 8 leases held: releasing them and destroying the client

@@ -15,7 +15,8 @@ can change a token's rules as an operator updates its policy). The management to
 no token is the anonymous token, which may do nothing.
 
 Where Consul asks (agent/consul/kvs_endpoint.go kvsPreApply, txn_endpoint.go preCheck,
-session_endpoint.go): a txn's get and get-tree are not checked but their results are filtered;
+session_endpoint.go): a txn's get, get-tree and get-or-empty are not checked but their results
+are filtered;
 check-session and check-index need read; delete-tree needs KeyWritePrefix; every other verb
 (set, cas, lock, unlock, delete, delete-cas, check-not-exists) needs write.
 """
@@ -94,8 +95,8 @@ def txn_op_denied(policy, verb, key):
         return False
     if verb == "delete-tree":
         return not policy.key_write_prefix(key)
-    if verb in ("get", "get-tree"):
-        return False  # filtered on the way out
+    if verb in ("get", "get-tree", "get-or-empty"):
+        return False  # filtered on the way out (kvsPreApply: KVGet, KVGetTree, KVGetOrEmpty)
     if verb in ("check-session", "check-index"):
         return not policy.key_read(key)
     return not policy.key_write(key)

@@ -33,7 +33,8 @@ Implemented (one datacenter, one server that is always the leader):
     an acquire by a new session bumps LockIndex, by the holder keeps it; a release writes the
     request's value and flags. Keys of the KV endpoint are checked as current Consul's
     validateKVKey does (agent/kvs_endpoint.go: letters, digits and ,-_./; no "../", none that
-    starts or ends with ".."; no file-like ending such as .json) unless --lax-keys; keys in a
+    starts or ends with ".."; no file-like ending such as .json), and no ".." anywhere, as
+    1.21.5 refused (500 "invalid key name"), unless --lax-keys; keys in a
     /v1/txn are not checked (agent/txn_endpoint.go does not call it).
   * Sessions: PUT /v1/session/create (JSON, keys matched case-insensitively like Go's
     encoding/json: Name, Node, TTL "15s" (10s..86400s or 0), Behavior release|delete,
@@ -179,6 +180,16 @@ def key_error(key):
         if lower.endswith(ext):
             return ("key contains suspicious file extension '%s' that may be cached by proxies"
                     % ext)
+    return None
+
+
+# Consul 1.21.5 (hashicorp/consul PR #22682, backported to 1.18-1.21 as e.g. PR #22696) refused
+# every KV-endpoint key containing "..", anywhere, as an RPC error: HTTP 500 "invalid key name"
+# (issue #22835 quotes its answer). PR #22850 (1.22, backported as #22931) relaxed it again to
+# path traversal only. The strictest shipped rule is checked first.
+def key_error_1_21_5(key):
+    if ".." in key:
+        return "invalid key name, keys should not contain '..' (Consul 1.21.5)"
     return None
 
 
@@ -888,6 +899,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def kv(self, method, key, body):
         if key and not self.server.args.lax_keys:
+            problem = key_error_1_21_5(key)
+            if problem:
+                raise ConsulError(500, problem)
             problem = key_error(key)
             if problem:
                 raise ConsulError(400, problem)

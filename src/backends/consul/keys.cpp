@@ -37,17 +37,35 @@ bool file_ending(std::string_view tail) {
   return std::find(std::begin(kFileEndings), std::end(kFileEndings), lower) != std::end(kFileEndings);
 }
 
-// Whether the '.' at name[i] must be escaped for Consul's pathTraversalPattern (validateKVKey):
-// no "../" in any key, and no key that starts or ends with "..". The name is followed by '/' in
-// the keys made from it (NAME/.lock, turnstile/q/NAME/...), so a '.' before a '/' or at the end
-// is escaped when it would end a "..", and so is the first of a leading "..". Only names that
-// Consul would refuse change: every other name keeps the key it always had.
-bool dot_refused(std::string_view name, std::size_t i) {
-  const bool dot_before = i > 0 && name[i - 1] == '.';
-  const bool dot_after = i + 1 < name.size() && name[i + 1] == '.';
-  if (i + 1 < name.size() && name[i + 1] == '/') return true;  // as ever: any '.' before a '/'
-  if (i + 1 == name.size() && dot_before) return true;
-  return i == 0 && dot_after;
+// Whether the '.' at name[i] must be escaped. Consul 1.21.5 (hashicorp/consul PR #22682,
+// backported to 1.18-1.21) refuses any KV-endpoint key containing ".." (HTTP 500 "invalid key
+// name"); later releases refuse "../" and keys that start or end with "..". So no key holds two
+// dots in a row: a '.' right after a kept '.' is escaped ("a..b" -> "a.,2Eb"). And, as ever, a
+// '.' before a '/' (the first characters of a queue entry's key after the name's).
+bool dot_refused(std::string_view name, std::size_t i, std::string_view out) {
+  if (i + 1 < name.size() && name[i + 1] == '/') return true;
+  return !out.empty() && out.back() == '.';
+}
+
+// api.Semaphore keeps PREFIX/.lock and PREFIX/<session id> under its prefix: a name whose last
+// segment looks like either would be another name's Semaphore key (Mutex "col/.lock" is
+// Semaphore "col"'s `.lock`). Such a segment gets its first character escaped, so no name's key
+// ends in one. A segment ".lock" anywhere is escaped alike (one rule, easy to state).
+bool session_id_shaped(std::string_view segment) {
+  if (segment.size() != 36) return false;
+  for (std::size_t i = 0; i < segment.size(); ++i) {
+    const char c = segment[i];
+    const bool dash_place = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash_place ? c != '-' : !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+bool starts_reserved_segment(std::string_view name, std::size_t i) {
+  if (i > 0 && name[i - 1] != '/') return false;
+  const auto end = std::min(name.find('/', i), name.size());
+  const auto segment = name.substr(i, end - i);
+  return segment == ".lock" || (end == name.size() && session_id_shaped(segment));
 }
 
 int base64_value(char c) {
@@ -96,8 +114,12 @@ std::string encode_name(std::string_view name) {
   std::string out;
   for (std::size_t i = 0; i < name.size(); ++i) {
     const auto c = static_cast<unsigned char>(name[i]);
-    if (!kept(c) || (c == '.' && dot_refused(name, i)) || (dot_starts_ending && i == last_dot)) escape(out, c);
-    else out += static_cast<char>(c);
+    if (!kept(c) || (c == '.' && dot_refused(name, i, out)) || (dot_starts_ending && i == last_dot) ||
+        starts_reserved_segment(name, i)) {
+      escape(out, c);
+    } else {
+      out += static_cast<char>(c);
+    }
   }
   // turnstile's own keys (queues, counters, lines, markers) live under turnstile/: a name whose
   // key would be there or be that prefix itself (a Semaphore reads NAME/ whole) could reach

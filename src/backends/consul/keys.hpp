@@ -17,11 +17,14 @@ constexpr std::uint64_t kLockFlags = 0x2ddccbc058a50c18ULL;
 constexpr std::uint64_t kSemaphoreFlags = 0xe0f69a2baa414de0ULL;
 
 // A turnstile name as a Consul key. Consul's KV endpoint accepts only letters, digits and
-// ",-_./" in keys, no "../", no ".." at a key's start or end, and no file-like ending (".json"):
-// every other byte becomes ",XX" (',' is the escape, so it is escaped too, and two names never
-// share a key), and so do a '.' before a '/', the last '.' of a name ending in "..", the first of
-// one starting with "..", and the '.' that would start such an ending. A name made of accepted
-// characters that Consul takes as it is stays its own key, as `consul lock` writes it.
+// ",-_./" in keys (1.21.5: also "?&="), never ".." (1.21.5; later ones: no "../", no ".." at a
+// key's start or end), and no file-like ending (".json"): every other byte becomes ",XX" (',' is
+// the escape, so it is escaped too, and two names never share a key), and so do a '.' right after
+// a kept '.' (no key holds ".."), a '.' before a '/', and the '.' that would start such an
+// ending. A segment ".lock", or a last segment shaped like a session id, has its first byte
+// escaped: those are api.Semaphore's keys under a prefix (PREFIX/.lock, PREFIX/<session>), and
+// no Mutex may reach a Semaphore's. A name made of accepted characters that Consul takes as it is
+// stays its own key, as `consul lock` writes it.
 // Throws InvalidArgument for a name whose key is turnstile/ or under it (turnstile's own keys).
 std::string encode_name(std::string_view name);
 
@@ -31,7 +34,8 @@ std::string counter_key(std::string_view name);      // turnstile/c/<key>: Permi
 std::string line_prefix(std::string_view name);      // turnstile/cq/<key>/: its waiters
 std::string marker_key(std::string_view entry_id);   // turnstile/x/<id>: a join given up
 // turnstile/o/<key>: present whenever the name's queue has an entry (every join writes it, so
-// its ModifyIndex moves with each); only the last one out deletes it, by CAS on that index. Its
+// its ModifyIndex moves with each); only the last one out deletes it, by CAS on that index
+// (occupancy.hpp). Its
 // absence lets an exclusive join take the name at once (places.cpp).
 std::string occupancy_key(std::string_view name);
 

@@ -4,6 +4,7 @@
 
 #include "backends/consul/consul_backend.hpp"
 #include "backends/consul/given_up.hpp"
+#include "backends/consul/occupancy.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail::consul {
@@ -13,7 +14,6 @@ bool is_lease(const QueueRequest& request) { return request.kind == EntryKind::l
 
 // How many times a release reads `.lock` again after its CAS lost to a peer's change.
 constexpr int kCasRaces = 32;
-
 
 // What one read of a name saw: our queue and the peers' keys.
 struct Snapshot {
@@ -110,9 +110,11 @@ class ConsulHold final : public BackendHold {
         return std::nullopt;
       }
     }
-    if (auto results = backend_.txn(ops, timeout, context)) return results;
-    backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", timeout, context);
-    return std::nullopt;
+    auto results = backend_.txn(ops, timeout, context);
+    if (!results) backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", timeout, context);
+    // Those who joined since may all have left already (a waiter that timed out).
+    end_occupancy_if_last(backend_, name_, timeout);
+    return results;
   }
 
   // api.Semaphore's Release: our holders out of `.lock` by CAS (deleted when none is left),
@@ -147,7 +149,10 @@ class ConsulHold final : public BackendHold {
         ops.push_back(op);
       }
       Refused refused;
-      if (backend_.txn(ops, timeout, context, &refused)) return;
+      if (backend_.txn(ops, timeout, context, &refused)) {
+        if (!last_in_) end_occupancy_if_last(backend_, name_, timeout);  // those since may have left
+        return;
+      }
       // Someone joined since: the occupancy key stays theirs.
       if (last_in_ && refused.at(ops.size() - 1, Refusal::stale)) last_in_ = 0;
       if (!refused.all(Refusal::stale)) {
@@ -306,7 +311,7 @@ class ConsulPlace final : public QueuePlace {
     for (const auto& entry : *results) {
       if (entry.key == (exclusive ? key_ : entry_key_)) token = std::max(token, entry.modify_index);
       if (entry.key == occupancy_key(request_.name)) occupancy = entry.modify_index;
-      if (entry.key.rfind(prefix_, 0) == 0 && entry.create_index != 0) in_queue.insert(entry.key);
+      if (!children({entry}, prefix_).empty()) in_queue.insert(entry.key);  // not a nested name's
     }
     left_ = true;  // the hold owns the entry now
     return std::make_unique<ConsulHold>(backend_, request_.name, session_, entry_key_, value_, std::move(permits),
@@ -318,13 +323,15 @@ class ConsulPlace final : public QueuePlace {
     left_ = true;
     if (!joined_) return;
     const auto path = "/v1/kv/" + url_escape(entry_key_);
-    auto& backend = backend_;
-    const auto remove = [&backend](const std::string& path, milliseconds timeout) {
-      return backend.write("DELETE", path, "", timeout, "leaving a queue");
+    // The last one out of the queue (a waiter that gave up, a hold refused) ends its occupancy.
+    const auto remove = [&backend = backend_, name = request_.name](const std::string& path, milliseconds timeout) {
+      if (!backend.write("DELETE", path, "", timeout, "leaving a queue")) return false;
+      end_occupancy_if_last(backend, name, timeout);
+      return true;
     };
     try {
       if (remove(path, kLeaveTry)) return;
-    } catch (...) {
+    } catch (...) {  // the clean-up tries again
     }
     backend_.cleanup().add([remove, path] { return remove(path, kCallFloor); });
   }

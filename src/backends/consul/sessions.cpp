@@ -13,8 +13,6 @@ using std::chrono::milliseconds;
 
 // A renewal that got no answer is tried again this soon (the lease's deadline is what counts).
 constexpr milliseconds kRenewRetry{500};
-// A renewal's own timeout: it must end well before the next is due.
-constexpr milliseconds kRenewTimeoutMax{2000};
 // Destroying sessions (lost ones, or all at shutdown) takes this long at most, all of them: the
 // server invalidates what is left after TTL x 2 anyway.
 constexpr milliseconds kDestroyTimeout{1000};
@@ -113,9 +111,16 @@ void Sessions::give_back(std::shared_ptr<Session> session) {
 
 bool Sessions::renew(const std::vector<std::shared_ptr<Session>>& due, const std::stop_token& stop) {
   std::vector<Request> renewals;
-  for (const auto& session : due) renewals.push_back({"PUT", "/v1/session/renew/" + session->id, ""});
-  const auto timeout = std::min(kRenewTimeoutMax, settings_.ttl / 4);
-  const auto outcomes = renewals_.call_each(renewals, kParallel, timeout, SteadyClock::time_point::max(), stop);
+  // A renewal is confirmed by its send time, so a late answer still counts: each may take up to
+  // TTL/2 (when the next round is due), and the round ends by the last loss deadline among them
+  // (past it, every lease of the round is lost whatever the answer). A shorter timeout never
+  // counted a server that answers renewals slowly but surely, and lost every hold on it.
+  auto until = SteadyClock::time_point::min();
+  for (const auto& session : due) {
+    renewals.push_back({"PUT", "/v1/session/renew/" + session->id, ""});
+    until = std::max(until, session->lease->loss_deadline());
+  }
+  const auto outcomes = renewals_.call_each(renewals, kParallel, settings_.ttl / 2, until, stop);
   bool all_confirmed = true;
   for (std::size_t i = 0; i < due.size(); ++i) {
     auto& session = *due[i];
@@ -170,8 +175,11 @@ void Sessions::run(std::stop_token stop) {
     }
     destroy(destroying, stop);
     if (due.empty() && SteadyClock::now() < next) continue;
+    // The next round is due TTL/2 after this one was sent, not after its (maybe slow) answers.
+    const auto round_sent = SteadyClock::now();
     const bool all_confirmed = renew(due, stop);
-    next = SteadyClock::now() + (all_confirmed ? settings_.ttl / 2 : kRenewRetry);
+    next = all_confirmed ? std::max(round_sent + settings_.ttl / 2, SteadyClock::now() + kRenewRetry / 5)
+                         : SteadyClock::now() + kRenewRetry;
   }
 }
 
