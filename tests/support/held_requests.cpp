@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <stdexcept>
+#include <utility>
 
 namespace turnstile_test {
 namespace detail {
@@ -89,6 +90,9 @@ void ProxyControl::on_reply(RequestWatch& watch) {
 Settle ProxyControl::settle(RequestWatch& watch) {
   using Phase = HoldRecord::Phase;
   if (watch.holds.empty()) return Settle::nothing;
+  bool cut = false;
+  for (auto& hold : watch.holds) cut = std::exchange(hold->cut_requested, false) || cut;
+  if (cut) return Settle::cut_client;  // the caller asks again for a deliver or drop
   const auto asked = [&](Phase phase) {
     return std::any_of(watch.holds.begin(), watch.holds.end(), [&](const auto& h) { return h->phase == phase; });
   };
@@ -157,6 +161,13 @@ void HeldRequest::drop() {
   std::unique_lock lock(control_->mutex);
   if (disarm() || (record_->phase != Phase::held && record_->phase != Phase::deliver_requested)) return;
   record_->phase = Phase::drop_requested;
+  control_->request(lock);
+}
+
+void HeldRequest::cut_client() {
+  std::unique_lock lock(control_->mutex);
+  if (record_->phase != Phase::held) return;
+  record_->cut_requested = true;
   control_->request(lock);
 }
 

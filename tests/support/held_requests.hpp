@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,7 +33,9 @@ class HeldRequest {
   // client sends on THAT connection is kept back (other connections, and replies, flow).
   bool wait_held(std::chrono::milliseconds timeout);
   bool held() const;
-  // Sends everything kept back to the server and lets the connection flow again. If the
+  // Sends everything kept back to the server and lets the connection flow again: the held
+  // chunk at once, what the client sent after it 1 s later (a client's cancel or close must not
+  // overtake its late request: over HTTP/2 it would cancel the request on arrival). If the
   // client closed its side meanwhile, the server side stays open until the server closes it
   // or 5 s pass (so the server still executes and answers the late request; the answer is
   // discarded). Before anything was held it disarms the hold.
@@ -43,6 +46,11 @@ class HeldRequest {
   bool deliver_after(const std::string& later_pattern, std::chrono::milliseconds timeout);
   // Throws the kept-back bytes away and resets both sides of that connection (or disarms).
   void drop();
+  // Resets the client's side of the held connection, as a broken link would, and keeps its
+  // server side and the kept-back bytes for deliver(): the client learns at once that its
+  // request failed, and resends it on a new connection while the first copy is still held.
+  // (Beyond the interface the lead published: an addition, nothing changed.)
+  void cut_client();
 
  private:
   // Forgets a hold that has not matched yet (the proxy's mutex held): true when it had not.
@@ -82,6 +90,7 @@ struct HoldRecord {
   int seen = 0;
   Phase phase = Phase::armed;
   std::uint64_t connection = 0;  // the held connection's id
+  bool cut_requested = false;    // cut_client(), not acted on yet
 };
 
 struct CopyRecord {
@@ -109,13 +118,17 @@ struct RequestWatch {
   std::string tail;  // the last bytes read, for patterns that span chunks
   std::vector<std::shared_ptr<HoldRecord>> holds;  // unresolved holds on this connection
   std::vector<char> kept;                          // bytes kept back
+  std::size_t first_held = 0;                      // of which the chunk that matched
+  // Delivered: the held chunk went out; what the client sent after it (a cancel, a close, more
+  // requests) follows at rest_due, as it was sent later too.
+  std::optional<Clock::time_point> rest_due;
   std::shared_ptr<LaterRecord> awaiting_reply;     // a later request forwarded here
   std::shared_ptr<CopyRecord> replay_of;           // this connection sends a replayed copy
-  bool keeps() const { return !holds.empty(); }
+  bool keeps() const { return !holds.empty() || rest_due.has_value(); }
 };
 
 // What the proxy's thread does to a connection after the requests made to it.
-enum class Settle { nothing, deliver, drop };
+enum class Settle { nothing, deliver, drop, cut_client };
 
 // The proxy's synchronisation with its callers, shared with the HeldRequest and
 // DuplicatedRequest handed out (so they outlive the proxy safely), plus the armed holds and

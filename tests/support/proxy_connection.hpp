@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <vector>
@@ -20,6 +21,8 @@ constexpr std::size_t buffer_limit = 64 * 1024;
 // How long the server side of a connection whose client is gone stays open once its late
 // requests were written: time for the server to execute and answer them.
 constexpr std::chrono::seconds orphan_linger{5};
+// How long after a delivered request what its client sent after it follows.
+constexpr std::chrono::seconds rest_delay{1};
 
 // Closes with a reset rather than a FIN: what a crashed or reset link looks like to the peer.
 inline void close_with_reset(int fd) {
@@ -84,6 +87,23 @@ inline bool write_from(int to, Buffer& from) {
     return true;
   }
   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+// A delivery: the held chunk goes out now, the rest of what was kept at rest_due.
+inline void deliver_held(Connection& c) {
+  auto& kept = c.watch.kept;
+  const auto first = kept.begin() + static_cast<std::ptrdiff_t>(std::min(c.watch.first_held, kept.size()));
+  c.up.bytes.insert(c.up.bytes.end(), kept.begin(), first);
+  kept.erase(kept.begin(), first);
+  if (!kept.empty()) c.watch.rest_due = Clock::now() + rest_delay;
+}
+
+// Sends the rest of a delivery once it is due.
+inline void release_rest_when_due(Connection& c) {
+  if (!c.watch.rest_due || Clock::now() < *c.watch.rest_due || !c.watch.holds.empty()) return;
+  c.up.bytes.insert(c.up.bytes.end(), c.watch.kept.begin(), c.watch.kept.end());
+  c.watch.kept.clear();
+  c.watch.rest_due.reset();
 }
 
 // A cut link: a side that closed or failed is closed on our side only; the other side learns

@@ -133,6 +133,7 @@ struct TcpProxy::State {
       std::lock_guard lock(mutex);
       keep = control->on_request_chunk(c.watch, std::string_view(chunk, n));
     }
+    if (keep && c.watch.kept.empty()) c.watch.first_held = static_cast<std::size_t>(n);
     auto& into = keep ? c.watch.kept : c.up.bytes;
     into.insert(into.end(), chunk, chunk + n);
     return true;
@@ -163,6 +164,7 @@ struct TcpProxy::State {
       bool eof = false;
       if (!read_into(c.server, discard, eof) || eof) return end_orphan(c);
     }
+    release_rest_when_due(c);
     if (!c.up.empty() && !write_from(c.server, c.up)) return end_orphan(c);
     if (c.up.empty() && !c.watch.keeps() && !c.close_by) {
       c.close_by = Clock::now() + orphan_linger;
@@ -221,6 +223,7 @@ struct TcpProxy::State {
       kill(c);
       return false;
     }
+    release_rest_when_due(c);
     if (!c.connecting && c.server >= 0 && !c.up.empty() && !write_from(c.server, c.up)) {
       kill(c);
       return false;
@@ -248,10 +251,18 @@ struct TcpProxy::State {
   // connections, and opens a connection for each replay.
   void settle_requests() {
     for (auto& c : connections) {
-      const auto settle = control->settle(c.watch);
-      if (settle == detail::Settle::deliver) c.up.bytes.insert(c.up.bytes.end(), c.watch.kept.begin(), c.watch.kept.end());
-      if (settle != detail::Settle::nothing) c.watch.kept.clear();
-      if (settle == detail::Settle::drop) kill(c);
+      auto settle = control->settle(c.watch);
+      if (settle == detail::Settle::cut_client) {
+        close_with_reset(c.client);
+        c.client = -1;
+        become_orphan(c);
+        settle = control->settle(c.watch);  // a deliver or drop asked meanwhile
+      }
+      if (settle == detail::Settle::deliver) deliver_held(c);
+      if (settle == detail::Settle::drop) {
+        c.watch.kept.clear();
+        kill(c);
+      }
     }
     for (auto& copy : control->replays) {
       auto& c = connections.emplace_back();
@@ -265,11 +276,15 @@ struct TcpProxy::State {
     control->replays.clear();
   }
 
-  // How long poll() may sleep: until the first orphan is due to close (-1: no limit).
-  int poll_timeout() const {
+  // How long poll() may sleep: until the first orphan is due to close or the first rest of a
+  // delivery is due (-1: no limit; a cut link acts on neither).
+  int poll_timeout(bool forwarding) const {
+    if (!forwarding) return -1;
     std::optional<Clock::time_point> first;
     for (const auto& c : connections) {
-      if (c.close_by && (!first || *c.close_by < *first)) first = c.close_by;
+      for (const auto& due : {c.close_by, c.watch.rest_due}) {
+        if (due && (!first || *due < *first)) first = due;
+      }
     }
     if (!first) return -1;
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(*first - Clock::now()).count();
@@ -332,7 +347,7 @@ struct TcpProxy::State {
       seen.notify_all();
       open.store(connections.size());
       poll_list(fds, *now);
-      if (::poll(fds.data(), fds.size(), poll_timeout()) < 0) {
+      if (::poll(fds.data(), fds.size(), poll_timeout(now->mode != Mode::blackhole)) < 0) {
         if (errno == EINTR) continue;
         break;
       }

@@ -276,6 +276,25 @@ TEST_F(TcpProxyTest, HoldRequestKeepsTheNthMatchingChunkAndTheRestOfItsConnectio
   ::close(third);
 }
 
+// A client's cancel sent after its request must not overtake it on delivery: the held chunk
+// goes first, what followed it a second later.
+TEST_F(TcpProxyTest, DeliveryLetsTheHeldChunkGoFirstAndTheRestFollowLater) {
+  const int fd = open();
+  const auto hold = proxy.hold_request("REQUEST");
+  send_text(fd, "REQUEST;");
+  ASSERT_TRUE(hold->wait_held(5s));
+  std::this_thread::sleep_for(50ms);  // a chunk of its own
+  send_text(fd, "CANCEL;");
+  EXPECT_EQ(receive(fd, 1, 100ms), "");
+  hold->deliver();
+  EXPECT_EQ(receive(fd, 8, 5s), "REQUEST;");
+  EXPECT_EQ(receive(fd, 1, 500ms), "") << "the rest waits";
+  EXPECT_EQ(receive(fd, 7, 5s), "CANCEL;") << "then follows";
+  send_text(fd, "more;");
+  EXPECT_EQ(receive(fd, 5, 5s), "more;");
+  EXPECT_EQ(echo.log(), "aREQUEST;CANCEL;more;");
+}
+
 TEST_F(TcpProxyTest, HoldRequestMatchesAcrossChunkBoundaries) {
   const int fd = open();
   const auto hold = proxy.hold_request("SPLIT");
@@ -312,6 +331,20 @@ TEST_F(TcpProxyTest, HeldRequestIsDeliveredAfterItsClientClosed) {
   EXPECT_TRUE(eventually([&] { return echo.received() == 12; })) << "the server still gets the late requests";
   EXPECT_EQ(proxy.open_connections(), 2u) << "and time to answer them (answers discarded)";
   EXPECT_TRUE(eventually([&] { return proxy.open_connections() == 0; }, 8s)) << "closed some 5 s later";
+}
+
+TEST_F(TcpProxyTest, CutClientResetsTheClientAndKeepsTheRequestForDelivery) {
+  const int fd = open();
+  const auto hold = proxy.hold_request("RESENT");
+  send_text(fd, "RESENT");
+  ASSERT_TRUE(hold->wait_held(5s));
+  hold->cut_client();
+  EXPECT_EQ(receive(fd, 1, 5s), "<reset>") << "the client learns at once";
+  const int again = open();  // its resend, on a new connection
+  send_text(again, "RESENT");
+  EXPECT_EQ(receive(again, 6, 5s), "RESENT") << "not held: the hold caught its one request";
+  hold->deliver();
+  EXPECT_TRUE(eventually([&] { return echo.log() == "aaRESENTRESENT"; })) << "the first copy lands late: " << echo.log();
 }
 
 TEST_F(TcpProxyTest, DroppedRequestNeverReachesTheServer) {

@@ -174,8 +174,8 @@ ConsulBackend::ConsulBackend(Settings settings)
 ConsulBackend::~ConsulBackend() = default;
 
 std::vector<KvEntry> ConsulBackend::read(const std::string& key, bool recurse, milliseconds timeout,
-                                         std::uint64_t* index) {
-  const auto reply = http_.call("GET", "/v1/kv/" + url_escape(key) + (recurse ? "?recurse" : ""), "", timeout);
+                                         std::uint64_t* index, const std::stop_token& stop) {
+  const auto reply = http_.call("GET", "/v1/kv/" + url_escape(key) + (recurse ? "?recurse" : ""), "", timeout, stop);
   if (index) *index = reply.index;
   if (reply.status == 404) return {};
   if (reply.status != 200) throw_error("reading " + key, reply, http_.endpoint());
@@ -183,8 +183,9 @@ std::vector<KvEntry> ConsulBackend::read(const std::string& key, bool recurse, m
 }
 
 std::optional<std::vector<KvEntry>> ConsulBackend::txn(const nlohmann::json& ops, milliseconds timeout,
-                                                       const std::string& context, Refused* refused) {
-  const auto reply = http_.call("PUT", "/v1/txn", ops.dump(), timeout);
+                                                       const std::string& context, Refused* refused,
+                                                       const std::stop_token& stop) {
+  const auto reply = http_.call("PUT", "/v1/txn", ops.dump(), timeout, stop);
   if (reply.status != 409) {
     if (reply.status != 200) throw_error(context, reply, http_.endpoint());
     return parse_txn_results(nlohmann::json::parse(reply.body, nullptr, false));

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -113,12 +114,14 @@ class ConsulBackend final : public Backend {
   std::string next_id(const std::string& session_id) { return session_id + "-" + std::to_string(++entries_); }
   EntryValue new_value(const QueueRequest& request) const;
   // GET a key or (recurse) a prefix: its entries (none when 404) and X-Consul-Index.
-  std::vector<KvEntry> read(const std::string& key, bool recurse, milliseconds timeout, std::uint64_t* index = nullptr);
+  // A `stop` ends a call at once, as BackendUnavailable (no answer).
+  std::vector<KvEntry> read(const std::string& key, bool recurse, milliseconds timeout, std::uint64_t* index = nullptr,
+                            const std::stop_token& stop = {});
   // PUT /v1/txn: the KV results, or nullopt when Consul refused it (409: a check, CAS or lock
   // failed; each failed operation with its reason in `refused`, when given). A refusal of the
   // ACL throws AccessDenied, one with a reason nobody expects (or none) BackendUnavailable.
   std::optional<std::vector<KvEntry>> txn(const nlohmann::json& ops, milliseconds timeout, const std::string& context,
-                                          Refused* refused = nullptr);
+                                          Refused* refused = nullptr, const std::stop_token& stop = {});
   // The api.Lock key of `name` as this client last left it (released, ModifyIndex), so an
   // uncontended exclusive join can take it in one transaction that checks it is still so
   // (forgotten when a join finds it moved on).
@@ -158,9 +161,11 @@ class ConsulBackend final : public Backend {
   // Changes the counter at `key` from `seen` to `n` by CAS, as request `id`, with `extra` ops in
   // the same transaction: true when applied (also when only a resend of it was, or its reply was
   // lost and the value carries its receipt), false when someone else changed it first. Throws
-  // BackendUnavailable when neither could be told within `timeout`.
+  // BackendUnavailable when neither could be told within `timeout`. A `stop` cuts the change's
+  // call; it is then settled at once (kCallFloor), as after a lost reply.
   bool change_counter(const std::string& key, const CounterSeen& seen, std::int64_t n, const nlohmann::json& extra,
-                      const std::string& id, milliseconds timeout, const std::string& context);
+                      const std::string& id, milliseconds timeout, const std::string& context,
+                      const std::stop_token& stop = {});
   // After an unknown outcome: whether request `id`'s CAS on `seen` applied; once this answers
   // false, no copy of it can apply any more. A key still as seen is rewritten with a mark of `id`
   // (its index moves, so a late copy finds it stale); a key still absent gets `resend` (the

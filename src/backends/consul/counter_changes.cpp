@@ -34,7 +34,7 @@ ConsulBackend::CounterSeen ConsulBackend::read_counter(const std::string& key, m
 
 bool ConsulBackend::change_counter(const std::string& key, const CounterSeen& seen, std::int64_t n,
                                    const nlohmann::json& extra, const std::string& id, milliseconds timeout,
-                                   const std::string& context) {
+                                   const std::string& context, const std::stop_token& stop) {
   auto op = kv_op("cas", key);
   op["KV"]["Index"] = seen.index;  // 0: only if it does not exist yet
   op["KV"]["Value"] = base64_encode(to_json(changed(seen.value.value_or(CounterValue{}), n, id)));
@@ -43,13 +43,15 @@ bool ConsulBackend::change_counter(const std::string& key, const CounterSeen& se
   const auto until = SteadyClock::now() + timeout;
   Refused refused;
   try {
-    if (txn(ops, timeout, context, &refused)) return true;
+    if (txn(ops, timeout, context, &refused, stop)) return true;
   } catch (const BackendUnavailable&) {
-    // The reply was lost: applied or not, the value's receipts tell.
+    // The reply was lost, or the stop cut the call: applied or not, the value's receipts tell.
   }
   // Refused: someone else's change, or a resend of ours (libcurl resends a request whose
-  // kept-alive connection died before any answer) finding the one already applied.
-  return counter_change_applied(key, seen, id, std::max(until, SteadyClock::now() + kCallFloor), ops);
+  // kept-alive connection died before any answer) finding the one already applied. After a
+  // stop the caller is waiting: the settling gets the least a call that must reach Consul gets.
+  const auto settle_by = SteadyClock::now() + kCallFloor;
+  return counter_change_applied(key, seen, id, stop.stop_requested() ? settle_by : std::max(until, settle_by), ops);
 }
 
 bool ConsulBackend::counter_change_applied(const std::string& key, const CounterSeen& seen, const std::string& id,

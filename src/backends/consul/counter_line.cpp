@@ -18,7 +18,8 @@ class ConsulCounterLine final : public CounterLine {
   ~ConsulCounterLine() override { leave(); }
 
   // Reads are resent while no server answers (a restart), until the deadline or a stop: then
-  // the acquire ends not taken (shown as a wait for permits, which ends at once).
+  // the acquire ends not taken (shown as a wait for permits, which ends at once). Every call of
+  // the line ends on the acquire's stop; what it may have written is settled or retired after.
   CounterStanding look(bool, Deadline deadline) override {
     CounterStanding not_taken;
     not_taken.in_line = true;
@@ -28,8 +29,8 @@ class ConsulCounterLine final : public CounterLine {
   CounterStanding look_once(Deadline deadline) {
     const auto timeout = call_timeout(deadline, milliseconds(250));
     std::uint64_t index = 0;
-    const auto counter = backend_.read(counter_, false, timeout, &index);
-    const auto line = children(backend_.read(prefix_, true, timeout), prefix_);
+    const auto counter = backend_.read(counter_, false, timeout, &index, stop_);
+    const auto line = children(backend_.read(prefix_, true, timeout, nullptr, stop_), prefix_);
     CounterStanding standing;
     counter_target_ = {counter_, counter.empty() ? std::max<std::uint64_t>(index, 1) : counter.front().modify_index};
     seen_ = {};
@@ -47,13 +48,23 @@ class ConsulCounterLine final : public CounterLine {
   }
 
   // The permits and our place in line go in one transaction, its receipt in the value (a lost
-  // reply or a resend is told from someone else's change: never taken twice).
+  // reply or a resend is told from someone else's change: never taken twice). A stop cuts the
+  // call; the take is then settled at once: found applied (taken), or its CAS made stale by a
+  // rewrite of the counter (the void receipt), so that a copy still on its way never applies.
   bool take(const CounterStanding&, Deadline deadline) override {
+    if (stop_.stop_requested()) return false;  // nothing sent: the core ends the acquire
     nlohmann::json extra = nlohmann::json::array();
     if (!entry_key_.empty()) extra.push_back(kv_op("delete", entry_key_));
     take_id_ = backend_.request_id();
-    const bool taken = backend_.change_counter(counter_, seen_, seen_.value.value_or(CounterValue{}).n - permits_, extra,
-                                               take_id_, call_timeout(deadline), "taking permits of '" + name_ + "'");
+    bool taken = false;
+    try {
+      taken = backend_.change_counter(counter_, seen_, seen_.value.value_or(CounterValue{}).n - permits_, extra,
+                                      take_id_, call_timeout(deadline), "taking permits of '" + name_ + "'", stop_);
+    } catch (const BackendUnavailable&) {
+      // Settling after a stop found no server: a stopped caller is not kept for a second try.
+      if (stop_.stop_requested()) take_id_.clear();
+      throw;
+    }
     take_id_.clear();  // told: leave() need not ask
     if (taken) entry_key_.clear();
     return taken;
@@ -76,9 +87,11 @@ class ConsulCounterLine final : public CounterLine {
     Refused refused;
     std::optional<std::vector<KvEntry>> results;
     try {
-      results = backend_.txn(ops, call_timeout(deadline), context, &refused);
+      results = backend_.txn(ops, call_timeout(deadline), context, &refused, stop_);
     } catch (const BackendUnavailable&) {
       join_unknown_ = true;
+      // Cut by the stop: the acquire ends not taken; leave() retires the join (it may still land).
+      if (stop_.stop_requested()) throw QueueEntryGone();
       throw;
     }
     if (results) return;
@@ -106,9 +119,11 @@ class ConsulCounterLine final : public CounterLine {
     const auto key = std::exchange(entry_key_, std::string());
     if (std::exchange(join_unknown_, false)) {
       // Our join may still arrive: its id is retired first, then the entry removed if it came.
+      // The marker is tried here first (bounded, as the removal below: a stopped acquire also
+      // leaves the line before it returns), so no copy delivered after the return can land.
       try {
         nlohmann::json undo = nlohmann::json::array({kv_op("delete", key)});
-        retire_join(backend_, session_, entry_id_, std::move(undo));
+        retire_join(backend_, session_, entry_id_, std::move(undo), true);
       } catch (...) {
         // No memory for the job: the entry goes with the session.
       }

@@ -14,10 +14,11 @@ bool lose_refused_session(const Refused& refused, Session& session) {
   return false;
 }
 
-void retire_join(ConsulBackend& backend, std::shared_ptr<Session> session, const std::string& id, nlohmann::json undo) {
+void retire_join(ConsulBackend& backend, std::shared_ptr<Session> session, const std::string& id, nlohmann::json undo,
+                 bool now) {
   nlohmann::json mark = nlohmann::json::array();
   mark.push_back(kv_lock(marker_key(id), "", 0, session->id));
-  backend.cleanup().add([&backend, mark, undo, session, marked = false]() mutable {
+  auto retire = [&backend, mark, undo, session, marked = false]() mutable {
     if (session->lease->lost()) return true;  // the entry went with the session
     // The marker first: from then on a late delivery of the join cannot apply.
     if (!marked) {
@@ -29,7 +30,15 @@ void retire_join(ConsulBackend& backend, std::shared_ptr<Session> session, const
     // Refused: the entry never came (or is gone already): nothing else to undo.
     backend.txn(undo, kCallFloor, "removing a given-up entry");
     return true;
-  });
+  };
+  if (now) {
+    try {
+      if (retire()) return;
+    } catch (...) {
+      // Not reached: the background tries again (from the undo, once the marker is there).
+    }
+  }
+  backend.cleanup().add(std::move(retire));
 }
 
 }  // namespace turnstile::detail::consul

@@ -275,6 +275,15 @@ std::vector<Outcome> Http::call_each(const std::vector<Request>& requests, std::
                                      std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point until,
                                      const std::stop_token& stop, bool first_only) {
   if (requests.empty()) return {};
+  if (stop.stop_requested()) {
+    // Nothing is sent once the caller stopped (a request started now could be cut half sent).
+    std::vector<Outcome> outcomes(requests.size());
+    for (auto& outcome : outcomes) {
+      outcome.stopped = true;
+      outcome.error = "stopped";
+    }
+    return outcomes;
+  }
   auto handle = take();
   std::vector<Outcome> outcomes;
   bool reusable = false;
