@@ -162,8 +162,8 @@ TEST(ConsulLate, AnExclusiveHoldDeliveredAfterItsReleaseTakesNoKey) {
 
 // Item 8: a take's CAS held until the acquire gave up on it (its call timed out, the counter
 // read unchanged), delivered while the acquire's next take is on its way: the first must not
-// apply, or one acquire of 1 takes 2. Consul skips a rewrite that changes nothing (kvsSetTxn
-// keeps the ModifyIndex), so only a rewrite that changes the value makes the late copy stale.
+// apply, or one acquire of 1 takes 2. (Consul skips a rewrite that changes nothing, kvsSetTxn
+// keeps the ModifyIndex: the settling writes the take's marker "void" instead.)
 TEST(ConsulLate, ACounterTakeDeliveredAfterItWasGivenUpTakesNothing) {
   turnstile_test::TcpProxy proxy(url());
   auto client = turnstile::Client::connect(proxy.url_through(url()));

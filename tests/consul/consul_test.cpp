@@ -112,55 +112,6 @@ TEST(ConsulOwnServer, ARestartWithItsStateSuspendsThenResumesTheHolds) {
       server.url(), 10s, [&] { ASSERT_EQ(server.stop(), 0); }, [&] { ASSERT_EQ(server.restart(), 0); });
 }
 
-// The ModifyIndex of a key on the server itself (0: absent).
-std::uint64_t modify_index(const std::string& key) {
-  const auto kv = nlohmann::json::parse(curl("GET", "/v1/kv/" + key), nullptr, false);
-  return kv.is_array() && !kv.empty() ? kv[0].value("ModifyIndex", std::uint64_t{0}) : 0;
-}
-
-// Runs `change` through a proxy whose replies are held: `replies_before` pass, then the next
-// request is applied on the server (its key's ModifyIndex moves) and its reply is lost with the
-// connection (reset), so libcurl resends it on a fresh connection or the call sees the error.
-template <typename Result>
-Result with_lost_reply(turnstile_test::TcpProxy& proxy, const std::string& key, int replies_before,
-                       std::function<Result()> change) {
-  const auto before = modify_index(key);
-  proxy.hold_replies();
-  auto result = std::async(std::launch::async, change);
-  for (int i = 0; i < replies_before; ++i) EXPECT_TRUE(proxy.pass_one_reply(5s));
-  EXPECT_TRUE(server_tests::eventually([&] { return modify_index(key) != before; }, 5s));
-  proxy.drop_replies();
-  EXPECT_TRUE(server_tests::eventually([&] { return proxy.dropped_bytes() > 0; }, 5s));
-  proxy.forward();
-  proxy.reset();
-  return result.get();
-}
-
-// Red team (issue 12): the reply of a counter change was lost after it applied; the resend's (or
-// the retry's) CAS failed and was read as someone else's change, so the permits went twice.
-TEST(Consul, ACounterChangeWhoseReplyWasLostIsAppliedOnce) {
-  turnstile_test::TcpProxy proxy(url());
-  auto client = turnstile::Client::connect(proxy.url_through(url()));
-  const auto name = unique("counter-add");
-  auto counter = client.permit_counter(name);
-  ASSERT_EQ(counter.add_permits(1), 1);
-  const auto key = "turnstile/c/" + name;
-  EXPECT_EQ(with_lost_reply<std::int64_t>(proxy, key, 1, [&] { return counter.add_permits(5); }), 6);
-  EXPECT_EQ(counter.available_permits(), 6);
-}
-
-TEST(Consul, ACounterTakeWhoseReplyWasLostTakesOnce) {
-  turnstile_test::TcpProxy proxy(url());
-  auto client = turnstile::Client::connect(proxy.url_through(url()));
-  const auto name = unique("counter-take");
-  auto counter = client.permit_counter(name);
-  ASSERT_EQ(counter.add_permits(10), 10);
-  const auto key = "turnstile/c/" + name;
-  // The acquire reads the counter and its line, then takes.
-  EXPECT_TRUE(with_lost_reply<bool>(proxy, key, 2, [&] { return counter.try_acquire(3); }));
-  EXPECT_EQ(counter.available_permits(), 7);
-}
-
 // Red team (issue 12): a Semaphore hold whose reply was lost after it applied was resent by
 // libcurl; the resend's CAS on `.lock` failed, was read as a lost race, and the permit's session
 // went back to the spares still counted in `.lock`: a permit leaked for as long as the client ran.

@@ -5,10 +5,8 @@
 #include <curl/curl.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include "turnstile/error.hpp"
@@ -28,13 +26,6 @@ std::int64_t now_ms() {
 std::optional<std::int64_t> counter_value(const std::vector<KvEntry>& entries) {
   if (entries.empty()) return std::nullopt;
   return counter_value_of(entries.front().value).n;
-}
-
-std::string random_id() {
-  std::random_device random;
-  char text[17];
-  std::snprintf(text, sizeof text, "%08x%08x", random(), random());
-  return text;
 }
 
 }  // namespace
@@ -165,7 +156,6 @@ ConsulBackend::ConsulBackend(Settings settings)
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   host_ = name;
-  client_id_ = random_id();
   label_ = settings.label;
   // Reaches Consul once, so a wrong address or token is reported by connect.
   sessions_.main(settings.connect_timeout);

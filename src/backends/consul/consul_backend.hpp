@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "backends/consul/counter_markers.hpp"
 #include "backends/consul/http.hpp"
 #include "backends/consul/keys.hpp"
 #include "backends/consul/layout.hpp"
@@ -156,23 +157,25 @@ class ConsulBackend final : public Backend {
     std::uint64_t index = 0;
   };
   CounterSeen read_counter(const std::string& key, milliseconds timeout);
-  // A request id no other change of any client's makes (a receipt in CounterValue).
-  std::string request_id() { return client_id_ + ":" + std::to_string(++requests_); }
-  // Changes the counter at `key` from `seen` to `n` by CAS, as request `id`, with `extra` ops in
-  // the same transaction: true when applied (also when only a resend of it was, or its reply was
-  // lost and the value carries its receipt), false when someone else changed it first. Throws
+  // A new request marker for one counter change, on the client's main session (made if none).
+  ChangeMarker new_marker(milliseconds timeout);
+  // Changes the counter at `key` from `seen` to `n` by CAS, with `marker` and `extra` ops in the
+  // same transaction (counter_markers.hpp): true when applied (also when only a resend of it was,
+  // or its reply was lost and its marker is there), false when it did not apply and no copy of it
+  // ever will (someone else's change came first, its session is gone, or it was voided). Throws
   // BackendUnavailable when neither could be told within `timeout`. A `stop` cuts the change's
-  // call; it is then settled at once (kCallFloor), as after a lost reply.
+  // call; it is then settled at once (kCallFloor), as after a lost reply. One marker, one call.
   bool change_counter(const std::string& key, const CounterSeen& seen, std::int64_t n, const nlohmann::json& extra,
-                      const std::string& id, milliseconds timeout, const std::string& context,
+                      const ChangeMarker& marker, milliseconds timeout, const std::string& context,
                       const std::stop_token& stop = {});
-  // After an unknown outcome: whether request `id`'s CAS on `seen` applied; once this answers
-  // false, no copy of it can apply any more. A key still as seen is rewritten with a mark of `id`
-  // (its index moves, so a late copy finds it stale); a key still absent gets `resend` (the
-  // change's own transaction) again, as only its existence stops a late create. Throws
-  // BackendUnavailable when that cannot be told by `until`, or after a bounded number of looks.
-  bool counter_change_applied(const std::string& key, const CounterSeen& seen, const std::string& id,
-                              SteadyClock::time_point until, const nlohmann::json& resend = {});
+  // After an unknown outcome: whether the change with `marker` (a CAS on `seen`) applied; once
+  // this answers false, no copy of it can apply any more (its marker is written "void" unless it
+  // is there). Throws BackendUnavailable when that cannot be told by `until`, or after a bounded
+  // number of looks, or when the marker's session is gone and the counter moved on meanwhile.
+  bool counter_change_applied(const std::string& key, const CounterSeen& seen, const ChangeMarker& marker,
+                              SteadyClock::time_point until);
+  // A marker's value: nullopt when absent, else whether its change applied (not "void").
+  std::optional<bool> marker_says_applied(const ChangeMarker& marker);
   // PUT/DELETE answering true/false (false also for an acquire whose session is gone).
   bool write(const char* method, const std::string& path, const std::string& body, milliseconds timeout,
              const std::string& context);
@@ -180,10 +183,9 @@ class ConsulBackend final : public Backend {
  private:
   Http http_;
   Sessions sessions_;
+  SettledMarkers markers_;  // before cleanup_: its jobs use it until cleanup_'s thread ends
   Cleanup cleanup_;
   std::atomic<std::uint64_t> entries_{0};
-  std::string client_id_;  // random, for request ids
-  std::atomic<std::uint64_t> requests_{0};
   std::string host_;
   std::string label_;
   std::mutex released_mutex_;

@@ -47,25 +47,25 @@ class ConsulCounterLine final : public CounterLine {
     return standing;
   }
 
-  // The permits and our place in line go in one transaction, its receipt in the value (a lost
+  // The permits and our place in line go in one transaction with its request marker (a lost
   // reply or a resend is told from someone else's change: never taken twice). A stop cuts the
-  // call; the take is then settled at once: found applied (taken), or its CAS made stale by a
-  // rewrite of the counter (the void receipt), so that a copy still on its way never applies.
+  // call; the take is then settled at once: found applied (taken), or its marker written "void"
+  // so that a copy still on its way never applies.
   bool take(const CounterStanding&, Deadline deadline) override {
     if (stop_.stop_requested()) return false;  // nothing sent: the core ends the acquire
     nlohmann::json extra = nlohmann::json::array();
     if (!entry_key_.empty()) extra.push_back(kv_op("delete", entry_key_));
-    take_id_ = backend_.request_id();
+    take_marker_ = backend_.new_marker(call_timeout(deadline));
     bool taken = false;
     try {
       taken = backend_.change_counter(counter_, seen_, seen_.value.value_or(CounterValue{}).n - permits_, extra,
-                                      take_id_, call_timeout(deadline), "taking permits of '" + name_ + "'", stop_);
+                                      *take_marker_, call_timeout(deadline), "taking permits of '" + name_ + "'", stop_);
     } catch (const BackendUnavailable&) {
       // Settling after a stop found no server: a stopped caller is not kept for a second try.
-      if (stop_.stop_requested()) take_id_.clear();
+      if (stop_.stop_requested()) take_marker_.reset();
       throw;
     }
-    take_id_.clear();  // told: leave() need not ask
+    take_marker_.reset();  // told: leave() need not ask
     if (taken) entry_key_.clear();
     return taken;
   }
@@ -105,10 +105,10 @@ class ConsulCounterLine final : public CounterLine {
   }
 
   bool leave() noexcept override {
-    // A take whose outcome is still unknown took the permits (and our entry) if its receipt is there.
-    if (const auto id = std::exchange(take_id_, std::string()); !id.empty()) {
+    // A take whose outcome is still unknown took the permits (and our entry) if its marker says so.
+    if (auto marker = std::exchange(take_marker_, std::nullopt)) {
       try {
-        if (backend_.counter_change_applied(counter_, seen_, id, SteadyClock::now() + kCallFloor)) {
+        if (backend_.counter_change_applied(counter_, seen_, *marker, SteadyClock::now() + kCallFloor)) {
           entry_key_.clear();
           return true;
         }
@@ -153,7 +153,7 @@ class ConsulCounterLine final : public CounterLine {
   ConsulBackend::CounterSeen seen_;  // the counter as the last look saw it
   WaitTarget counter_target_;
   WaitTarget predecessor_;
-  std::string take_id_;  // a take whose outcome is unknown (its reply never came)
+  std::optional<ChangeMarker> take_marker_;  // a take whose outcome is unknown (its reply never came)
   std::stop_token stop_;  // the acquire's
 };
 

@@ -32,7 +32,9 @@ std::string encode_name(std::string_view name);
 std::string queue_prefix(std::string_view name);     // turnstile/q/<key>/: queue entries
 std::string counter_key(std::string_view name);      // turnstile/c/<key>: PermitCounter value
 std::string line_prefix(std::string_view name);      // turnstile/cq/<key>/: its waiters
-std::string marker_key(std::string_view entry_id);   // turnstile/x/<id>: a join given up
+// turnstile/x/<id>, id = <session>-<n> (ConsulBackend::next_id): the request marker of a join
+// given up (given_up.hpp) or of a counter change (counter_markers.hpp); never the same n.
+std::string marker_key(std::string_view entry_id);
 // turnstile/o/<key>: present whenever the name's queue has an entry (every join writes it, so
 // its ModifyIndex moves with each); only the last one out deletes it, by CAS on that index
 // (occupancy.hpp). Its

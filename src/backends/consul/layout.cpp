@@ -77,9 +77,7 @@ EntryValue entry_value(const std::string& text) {
   return value;
 }
 
-std::string to_json(const CounterValue& value) {
-  return nlohmann::json{{"n", value.n}, {"r", value.receipts}}.dump();
-}
+std::string to_json(const CounterValue& value) { return nlohmann::json{{"n", value.n}}.dump(); }
 
 CounterValue counter_value_of(const std::string& text) {
   CounterValue value;
@@ -89,20 +87,6 @@ CounterValue counter_value_of(const std::string& text) {
     return value;
   }
   if (const auto n = json.find("n"); n != json.end() && n->is_number_integer()) value.n = n->get<std::int64_t>();
-  if (const auto r = json.find("r"); r != json.end() && r->is_array()) {
-    for (const auto& id : *r) {
-      if (id.is_string()) value.receipts.push_back(id.get<std::string>());
-    }
-  }
-  return value;
-}
-
-CounterValue changed(CounterValue value, std::int64_t n, const std::string& id) {
-  value.n = n;
-  value.receipts.push_back(id);
-  if (value.receipts.size() > kCounterReceipts) {
-    value.receipts.erase(value.receipts.begin(), value.receipts.end() - kCounterReceipts);
-  }
   return value;
 }
 

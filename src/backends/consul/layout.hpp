@@ -46,21 +46,15 @@ std::string to_json(const SemaphoreLock& lock);
 // Throws KindMismatch when the key is someone else's (other flags, or not the document).
 SemaphoreLock semaphore_lock(const KvEntry& entry, const std::string& name);
 
-// A PermitCounter's value (turnstile's own layout): {"n":N,"r":[...]}, `r` the request ids of
-// its last changes, so a change whose reply was lost (or that libcurl resent on a kept-alive
-// connection that died) is recognised as ours and never applied twice. A plain decimal, as
-// earlier versions wrote it, reads as N with no receipts.
+// A PermitCounter's value (turnstile's own layout): {"n":N}. Earlier versions also kept the
+// request ids of its last 32 changes in "r" (ignored now: each change has its own marker key,
+// counter_markers.hpp); a plain decimal, as the first versions wrote it, reads as N.
 struct CounterValue {
   std::int64_t n = 0;
-  std::vector<std::string> receipts;  // oldest first, at most kCounterReceipts
 };
-// Enough changes by others between our write and our read-back that ours is still found.
-constexpr std::size_t kCounterReceipts = 32;
 
 std::string to_json(const CounterValue& value);
 CounterValue counter_value_of(const std::string& text);
-// `value` changed to `n` by request `id`: its receipt appended, the oldest dropped.
-CounterValue changed(CounterValue value, std::int64_t n, const std::string& id);
 
 // The key a waiter blocks on (GET ?index=) until it changes: a predecessor's entry, the
 // api.Lock key, or a Semaphore's prefix.

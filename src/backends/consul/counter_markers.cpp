@@ -1,0 +1,45 @@
+// Removing the request markers of settled PermitCounter changes (counter_markers.hpp).
+#include "backends/consul/counter_markers.hpp"
+
+#include <map>
+
+#include "backends/consul/consul_backend.hpp"
+
+namespace turnstile::detail::consul {
+
+void SettledMarkers::add(ConsulBackend& backend, SettledMarker settled) {
+  std::vector<SettledMarker> batch;
+  {
+    std::lock_guard lock(mutex_);
+    pending_.push_back(std::move(settled));
+    if (++added_since_sweep_ < kMarkerSweepBatch) return;
+    added_since_sweep_ = 0;
+    batch.swap(pending_);
+  }
+  backend.cleanup().add([&backend, this, batch = std::move(batch)]() mutable {
+    nlohmann::json deletes = nlohmann::json::array();
+    std::vector<SettledMarker> kept;
+    std::map<std::string, std::uint64_t> counter_indexes;  // one read per counter
+    for (const auto& settled : batch) {
+      if (settled.marker.session->lease->lost()) continue;  // gone with its session
+      if (settled.voided) {
+        auto index = counter_indexes.find(settled.counter);
+        if (index == counter_indexes.end()) {
+          index = counter_indexes.emplace(settled.counter, backend.read_counter(settled.counter, kCallFloor).index).first;
+        }
+        // Still as its CAS named it (or still absent): a copy could pass the CAS, M must stay.
+        if (index->second == settled.seen_index) {
+          kept.push_back(settled);  // a copy: a failed round is tried again whole
+          continue;
+        }
+      }
+      deletes.push_back(kv_op("delete", settled.marker.key));
+    }
+    if (!deletes.empty()) backend.txn(deletes, kCallFloor, "removing settled counter markers");
+    std::lock_guard lock(mutex_);
+    for (auto& settled : kept) pending_.push_back(std::move(settled));
+    return true;
+  });
+}
+
+}  // namespace turnstile::detail::consul
