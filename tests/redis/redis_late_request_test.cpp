@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <future>
+#include <map>
 #include <sstream>
 #include <stop_token>
 
@@ -195,6 +196,59 @@ TEST_F(RedisLateRequests, ARenewalExtendsOnlyItsOwnEntry) {
     mutex.release();
   } catch (const turnstile::Error&) {
   }
+}
+
+// The server's clock in ms (request records' ends are in it).
+std::int64_t server_ms(const std::string& url) {
+  std::istringstream words(redis_cli(url, "TIME"));
+  std::int64_t seconds = 0, micros = 0;
+  words >> seconds >> micros;
+  return seconds * 1000 + micros / 1000;
+}
+
+// The request record fields ("r:<client>") of a hash: field -> the record's end (ms).
+std::map<std::string, std::int64_t> record_ends(const std::string& url, const std::string& key) {
+  std::istringstream lines(redis_cli(url, "HGETALL " + quoted(key)));
+  std::map<std::string, std::int64_t> ends;
+  for (std::string field, value; std::getline(lines, field) && std::getline(lines, value);) {
+    if (field.rfind("r:", 0) == 0) ends[field] = std::stoll(value.substr(0, value.find(' ')));
+  }
+  return ends;
+}
+
+// Red team, issue 22 round 3: a client's request records are kept 2 TTLs (at least 2 minutes)
+// whichever script wrote them last, and a rewrite never brings their end nearer. They ended
+// 2 minutes on unless a release wrote them last, so with a 10-minute TTL a copy delivered
+// 130 s late (a counter change, an acquire given up) was applied.
+TEST_F(RedisLateRequests, RequestRecordsAreKeptTwoTtlsWhicheverScriptWroteThemLast) {
+  constexpr std::int64_t kTwoTtlsMs = 1'200'000, kSlackMs = 20'000;
+  auto client = Client::connect(url_, with_ttl(600s));
+  auto other = Client::connect(url_);
+  const auto name = unique_name("record-life");
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  mutex.unlock();
+  const auto after_release = record_ends(url_, state_key(name));
+  ASSERT_EQ(after_release.size(), 1u) << "one record: the client's";
+  const auto [field, release_end] = *after_release.begin();
+  EXPECT_GE(release_end - server_ms(url_), kTwoTtlsMs - kSlackMs) << "after a release";
+  auto holder = other.mutex(name);
+  holder.lock();
+  ASSERT_FALSE(mutex.try_lock()) << "the name is held: a try-once decides without an entry";
+  const auto try_end = record_ends(url_, state_key(name))[field];
+  EXPECT_GE(try_end - server_ms(url_), kTwoTtlsMs - kSlackMs) << "after a try-once rewrote the record";
+  EXPECT_GE(try_end, release_end) << "a rewrite brought the record's end nearer";
+  holder.unlock();
+
+  const auto counter_name = unique_name("record-life-counter");
+  auto counter = client.permit_counter(counter_name);
+  const auto line = "{" + counter_name + "}:turnstile:c";
+  counter.add_permits(1);
+  ASSERT_EQ(record_ends(url_, line).size(), 1u) << "the add recorded nothing";
+  EXPECT_GE(record_ends(url_, line).begin()->second - server_ms(url_), kTwoTtlsMs - kSlackMs) << "after an add";
+  ASSERT_TRUE(counter.try_acquire(1));
+  EXPECT_GE(record_ends(url_, line).begin()->second - server_ms(url_), kTwoTtlsMs - kSlackMs) << "after a take";
+  redis_cli(url_, "DEL " + quoted(state_key(name)) + " " + quoted(counter_name) + " " + quoted(line));
 }
 
 }  // namespace

@@ -121,10 +121,11 @@ constexpr milliseconds kLostReleasePatience{250};
 // Leaving a queue or a counter's line: bounded, so a giving-up waiter returns soon; what fails
 // is retired by the watchdog (retire_later).
 constexpr milliseconds kLeavePatience{1000};
-// A request given up without an answer is retired in the background (an orphan) until it is
-// answered, for this long at most: as long as the scripts remember requests (memory_ms in
-// common_prelude.lua), after which nothing could tell a late copy of it anyway.
-constexpr milliseconds kOrphanPatience{120'000};
+// How long the server remembers a client's requests (memory_ms in common_prelude.lua): at
+// least this, and 2 TTLs (request_memory()). A request given up without an answer is retired
+// in the background (an orphan) until it is answered, for as long at most: after that nothing
+// could tell a late copy of it anyway.
+constexpr milliseconds kMinRequestMemory{120'000};
 // How long a waiter waits for the server to confirm its SUBSCRIBE; unconfirmed, the watchdog's
 // rounds (which wake a waiter whose entry is admitted) cover what it may miss.
 constexpr milliseconds kSubscribeConfirm{1000};
@@ -143,10 +144,10 @@ constexpr milliseconds kRenewalPatience{1000};
 // short deadline then ends in the server's answer (admitted, or not: a timeout), never in
 // BackendUnavailable. A second covers a loaded server; an unreachable one holds it up no longer.
 constexpr milliseconds kOneShotFloor{1000};
-// A release is remembered at least this long (and 2 TTLs), so a resend after a lost reply is recognised.
-constexpr milliseconds kMinReleaseMemory{60'000};
 // ?min_replicas=N: WAIT gets the caller's time left, but at least this.
 constexpr milliseconds kMinReplicaWait{200};
+
+milliseconds request_memory(const Settings& settings) { return std::max<milliseconds>(kMinRequestMemory, 2 * settings.ttl); }
 
 bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
 
@@ -387,6 +388,7 @@ class RedisBackend final : public Backend {
         identity_(std::to_string(getpid()) + " " + host_name()),
         label_suffix_(label.empty() ? "" : " " + label),
         wake_fd_(make_wake_fd()),
+        request_ids_(request_memory(settings).count()),
         connection_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); }),
         renewals_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); },
                   renewal_retry()),
@@ -417,7 +419,7 @@ class RedisBackend final : public Backend {
   QueueKeys keys_of(const std::string& name) const { return queue_keys(name, settings_.db); }
   // How long a release is remembered, so a resend after a lost reply is recognised.
   std::string release_memory_ms() const {
-    return std::to_string(std::max<long long>(2 * settings_.ttl.count(), kMinReleaseMemory.count()));
+    return std::to_string(request_memory(settings_).count());
   }
   void track(RedisHold* hold) {
     std::lock_guard lock(holds_mutex_);
@@ -685,7 +687,7 @@ void RedisBackend::leave(const std::string& name, const std::string& seq, std::u
 void RedisBackend::retire_later(Orphan orphan) {
   {
     std::lock_guard lock(holds_mutex_);
-    orphan.give_up = SteadyClock::now() + std::max<milliseconds>(kOrphanPatience, 2 * settings_.ttl);
+    orphan.give_up = SteadyClock::now() + request_memory(settings_);
     orphan.serial = ++orphan_serial_;
     orphans_.push_back(std::move(orphan));
   }

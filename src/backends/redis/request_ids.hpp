@@ -15,11 +15,13 @@ namespace turnstile::detail::redis {
 // Request numbers: unique per client (its prefix is drawn when the client connects, so forked
 // processes differ) and growing. Per key, the numbers still in flight (not yet answered, or
 // given up and not yet retired) are kept: the smallest is the watermark every call that may
-// create or change something sends along ("<client>:<n>:<low>", see common_prelude.lua), below
-// which a copy delivered late changes nothing.
+// create or change something sends along ("<client>:<n>:<low>:<keep ms>", see
+// common_prelude.lua), below which a copy delivered late changes nothing. <keep ms> is how long
+// the server must remember this client's requests (2 TTLs, at least 2 minutes: the README's
+// Redis section): a record is never kept shorter than any request written to it asked.
 class RequestIds {
  public:
-  RequestIds() {
+  explicit RequestIds(std::int64_t keep_ms) : keep_(":" + std::to_string(keep_ms)) {
     std::random_device random;
     std::snprintf(prefix_, sizeof prefix_, "%08x%08x%08x", random(), random(), random());
   }
@@ -41,11 +43,12 @@ class RequestIds {
     std::lock_guard lock(mutex_);
     const auto it = in_flight_.find(key);
     const auto low = it == in_flight_.end() ? count_ + 1 : *it->second.begin();
-    return id(n) + ":" + std::to_string(std::min(low, n));
+    return id(n) + ":" + std::to_string(std::min(low, n)) + keep_;
   }
 
  private:
   char prefix_[25];
+  std::string keep_;  // ":<keep ms>"
   std::mutex mutex_;
   std::uint64_t count_ = 0;
   std::map<std::string, std::set<std::uint64_t>> in_flight_;
