@@ -85,6 +85,39 @@ TEST(RedisLateRequestsOwnServer, ACounterAcquireEndedDuringAStallTakesNothingWhe
   }
 }
 
+// Red team, issue 22 round 3: a try-once ends within its one-shot floor (1 s) when the server
+// does not answer, its clean-up left to the watchdog: Mutex::try_lock() returned after 6 s
+// (the connection's 5 s reply cap, then a 1 s leave), try_lock_for(300ms) after 2 s.
+TEST(RedisLateRequestsOwnServer, ATryOnceEndsWithinItsFloorWhenTheServerStalls) {
+  RedisServer server("--save '' --appendonly no");
+  auto client = Client::connect(server.url(), with_ttl(10s));
+  const auto name = unique_name("stalled-try");
+  {
+    auto warm = client.mutex(name + "-warm");  // its scripts are loaded
+    ASSERT_TRUE(warm.try_lock());
+    warm.unlock();
+  }
+  server.signal(SIGSTOP);
+  const Thaw thaw{server};
+  for (const bool timed : {false, true}) {
+    auto mutex = client.mutex(name);
+    const auto start = std::chrono::steady_clock::now();
+    bool got = true;
+    try {
+      got = timed ? mutex.try_lock_for(300ms) : mutex.try_lock();
+    } catch (const turnstile::BackendUnavailable&) {
+      got = false;
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_FALSE(got);
+    EXPECT_LT(took, 1500ms) << (timed ? "try_lock_for(300ms)" : "try_lock()") << " took "
+                            << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+  }
+  server.signal(SIGCONT);
+  auto next = Client::connect(server.url()).mutex(name);
+  EXPECT_TRUE(next.try_lock_for(5s)) << "the given-up tries left an entry behind";
+}
+
 // Issue 22.4: a try_lock_for whose acquire is held back by the proxy ends (the client retires
 // the request on another connection); the acquire delivered after that must create no entry
 // (it made a holder nobody owns, for the TTL). MultiLock's members are acquired the same way.

@@ -158,10 +158,11 @@ long long first_integer(const redisReply* reply) {
   return first->type == REDIS_REPLY_INTEGER ? first->integer : -1000;
 }
 
-// The deadline of a join: the caller's, but at least kOneShotFloor from now (none stays none; one
-// already passed stays passed: the connection then tries once, within its own caps).
+// The deadline of a join: the caller's, but at least kOneShotFloor from now (none stays none). A
+// deadline already passed (a try-once) gets the floor too, not the connection's own caps: a
+// try-once ends within it (and its clean-up goes to the watchdog, see RedisPlace::join).
 Deadline at_least_floor(Deadline deadline) {
-  if (!deadline || passed(deadline)) return deadline;
+  if (!deadline) return deadline;
   return std::max(*deadline, SteadyClock::now() + kOneShotFloor);
 }
 
@@ -493,7 +494,9 @@ class RedisBackend final : public Backend {
   // bounded; when that fails, the watchdog keeps trying (an entry left behind would hold the
   // name up for a TTL). Either way the acquire is retired: a copy of it delivered late creates
   // nothing. `settle_join`: the acquire's outcome was unknown, its number is still in flight.
-  void leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join) noexcept;
+  // `patience`: how long to wait for the server before the watchdog takes over (0: at once).
+  void leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join,
+             milliseconds patience = kLeavePatience) noexcept;
   // Runs a counter change once (its request marked with a fresh number); when its outcome is
   // unknown, the request is retired in the background before the error reaches the caller.
   Reply counter_change(const QueueKeys& keys, const Script& script,
@@ -664,7 +667,8 @@ void RedisBackend::check_replicas(const Reply& reply) const {
                       "; nothing was taken");
 }
 
-void RedisBackend::leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join) noexcept {
+void RedisBackend::leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join,
+                         milliseconds patience) noexcept {
   try {
     const auto keys = keys_of(name);
     const auto& key = keys.keys.back();
@@ -674,9 +678,11 @@ void RedisBackend::leave(const std::string& name, const std::string& seq, std::u
     std::vector<std::string> args{keys.channel, seq, request_ids_.id(join), release_memory_ms(),
                                   request_ids_.marked(key, release)};
     try {
-      integer_of(connection_.eval(scripts::release, keys.keys, args, SteadyClock::now() + kLeavePatience, true));
-      for (const auto n : settles) request_ids_.settle(key, n);
-      return;
+      if (patience.count() > 0) {
+        integer_of(connection_.eval(scripts::release, keys.keys, args, SteadyClock::now() + patience, true));
+        for (const auto n : settles) request_ids_.settle(key, n);
+        return;
+      }
     } catch (...) {
     }
     retire_later({&scripts::release, keys.keys, std::move(args), key, std::move(settles), {}});
@@ -737,8 +743,13 @@ class RedisPlace final : public QueuePlace {
       join_answered_ = true;
     } catch (const BackendUnavailable&) {
       // The script may have run and its reply been lost: take out the entry it may have made
-      // (found by our request id) rather than leave it to hold up the name for a TTL.
-      leave();
+      // (found by our request id) rather than leave it to hold up the name for a TTL. A one-shot
+      // join (deadline within the floor) ends within its floor: the leave gets what is left of
+      // it, then the watchdog retires the request.
+      const auto floor_end = sent_at + kOneShotFloor;
+      const bool one_shot = deadline && *deadline <= floor_end;
+      leave_within(one_shot ? std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(floor_end - SteadyClock::now()))
+                            : kLeavePatience);
       if (stop_.stop_requested()) return std::nullopt;
       throw;
     }
@@ -813,11 +824,12 @@ class RedisPlace final : public QueuePlace {
                                        backend_.loss_clock_.watch(backend_.settings_.ttl, admitted_at_), server_);
   }
 
-  void leave() noexcept override {
+  void leave() noexcept override { leave_within(kLeavePatience); }
+  void leave_within(milliseconds patience) noexcept {
     if (std::exchange(left_, true)) return;
     if (listener_) backend_.waiters_.set_queued(listener_->waiter, false);
     // By request id alone while the seq is unknown (the acquire's reply was lost).
-    backend_.leave(name_, seq_ ? std::to_string(seq_) : std::string(), join_, !join_answered_);
+    backend_.leave(name_, seq_ ? std::to_string(seq_) : std::string(), join_, !join_answered_, patience);
   }
 
   // The script decided; the queue is in our mode (it refuses a request of another).
