@@ -88,6 +88,35 @@ TEST_F(RedisCluster, SlotsAreTheServersOwn) {
   EXPECT_EQ(key_slot("123456789"), 0x31C3 % 16384);
 }
 
+// Red team, issue 22 round 3 (item 17): ?eviction=refuse (the default) checks each node when
+// the client first uses it, not only the one asked at connect: a lock on an allkeys-lru primary
+// was taken without a word while the seed node was noeviction.
+TEST_F(RedisCluster, AnEvictingNodeIsRefusedWhenFirstUsed) {
+  std::string seed_owner, name, evicting;
+  for (int i = 0; i < 200 && name.empty(); ++i) {
+    const auto candidate = unique_name("evicting") + std::to_string(i);
+    const auto owner = nodes_->owner(queue_key(candidate));
+    if (seed_owner.empty()) seed_owner = owner;
+    else if (owner != seed_owner) name = candidate, evicting = owner;
+  }
+  ASSERT_FALSE(name.empty()) << "every name on one node";
+  ASSERT_EQ(nodes_->cli(evicting, "CONFIG SET maxmemory-policy allkeys-lru"), "OK");
+  struct Restore {
+    const ClusterNodes& nodes;
+    std::string id;
+    ~Restore() { nodes.cli(id, "CONFIG SET maxmemory-policy noeviction"); }
+  } restore{*nodes_, evicting};
+  // Seeded with a noeviction primary only, so the connect's own check passes.
+  auto client = Client::connect("redis+cluster://127.0.0.1:" + nodes_->port(seed_owner));
+  auto mutex = client.mutex(name);
+  try {
+    const bool got = mutex.try_lock_for(2s);
+    ADD_FAILURE() << "a lock on an allkeys-lru node was " << (got ? "taken" : "waited for");
+  } catch (const turnstile::BackendUnavailable& error) {
+    EXPECT_NE(std::string(error.what()).find("maxmemory-policy allkeys-lru"), std::string::npos) << error.what();
+  }
+}
+
 TEST_F(RedisCluster, NamesSpreadOverEveryPrimaryAndHandOver) {
   auto client = Client::connect(url_);
   auto other = Client::connect(url_);

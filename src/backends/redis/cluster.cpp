@@ -144,6 +144,8 @@ bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop)
       reply = node(candidates[i]).command({"CLUSTER", "SLOTS"}, std::min(until, now + share), stop);
     } catch (const AccessDenied&) {
       throw;
+    } catch (const EvictingServer&) {
+      throw;  // the whole cluster is refused: this node would serve some names
     } catch (const BackendUnavailable&) {
       continue;
     }
@@ -253,6 +255,8 @@ Result Router::routed(int slot, Deadline deadline, bool retry, const std::stop_t
     try {
       result = attempt(node(address), share, asking);
     } catch (const AccessDenied&) {
+      throw;
+    } catch (const EvictingServer&) {
       throw;
     } catch (const BackendUnavailable&) {
       // The node did not answer (down, paused, failing over): the map may name another by now.

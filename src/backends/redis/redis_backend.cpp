@@ -390,7 +390,7 @@ class RedisBackend final : public Backend {
         label_suffix_(label.empty() ? "" : " " + label),
         wake_fd_(make_wake_fd()),
         request_ids_(request_memory(settings).count()),
-        connection_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); }),
+        connection_(with_eviction_rule(settings, eviction), all_scripts(), [this](const std::string& server) { on_server_changed(server); }),
         renewals_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); },
                   renewal_retry()),
         subscriber_(settings, [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
