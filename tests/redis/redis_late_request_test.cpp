@@ -118,6 +118,46 @@ TEST(RedisLateRequestsOwnServer, ATryOnceEndsWithinItsFloorWhenTheServerStalls) 
   EXPECT_TRUE(next.try_lock_for(5s)) << "the given-up tries left an entry behind";
 }
 
+// Red team, issue 22 round 3: a client destroyed while the retirement of a given-up
+// PermitCounter acquire is still pending (its link cut) tries it once more before it ends (for
+// a second): when the link heals within that second, the look delivered late takes nothing.
+// The client dropped it at once, and the late look took 2 permits for good (3 left).
+TEST_F(RedisLateRequests, AClientEndingRightAfterGivingUpRetiresItsRequestFirst) {
+  const auto name = unique_name("exit-after-give-up");
+  auto direct = Client::connect(url_);
+  ASSERT_TRUE(direct.permit_counter(name).try_set_permits(5));
+  turnstile_test::TcpProxy proxy(url_);
+  auto client = std::make_unique<Client>(Client::connect(proxy.url_through(url_), with_ttl(10s)));
+  ASSERT_FALSE(client->permit_counter(name + "-warm").try_acquire(1));  // its scripts are loaded
+  // Every request naming the counter is held: the look, the leave, the watchdog's retirements.
+  std::vector<std::shared_ptr<turnstile_test::HeldRequest>> holds;
+  for (int i = 1; i <= 40; ++i) holds.push_back(proxy.hold_request(name, i));
+  std::stop_source stop;
+  auto taken = std::async(std::launch::async, [&] { return client->permit_counter(name).acquire(2, stop.get_token()); });
+  ASSERT_TRUE(holds.front()->wait_held(2s)) << "the look was never held: nothing tested";
+  stop.request_stop();
+  ASSERT_EQ(taken.wait_for(5s), std::future_status::ready) << "the acquire did not end";
+  ASSERT_FALSE(taken.get());
+  ASSERT_TRUE(holds[1]->wait_held(2s)) << "the leave was never held: nothing pending";
+  // The client ends; 300 ms in, the link heals: the look arrives late.
+  auto ended = std::async(std::launch::async, [&] { client.reset(); });
+  std::this_thread::sleep_for(300ms);
+  holds.front()->deliver();
+  // Connections held so far stay cut (their requests lost, as with a partition that outlives
+  // them); new ones flow.
+  for (std::size_t i = 1; i < holds.size(); ++i) {
+    if (!holds[i]->held()) holds[i]->drop();
+  }
+  ASSERT_EQ(ended.wait_for(5s), std::future_status::ready) << "the client did not end";
+  const auto settled = [&] {
+    return direct.permit_counter(name).available_permits() == 5 && direct.inspect(name).waiters.empty();
+  };
+  EXPECT_TRUE(eventually(settled, 2s)) << "the late look took " << 5 - direct.permit_counter(name).available_permits()
+                                       << " permit(s) after its client ended";
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(settled()) << "the late look changed the counter after it settled";
+}
+
 // Issue 22.4: a try_lock_for whose acquire is held back by the proxy ends (the client retires
 // the request on another connection); the acquire delivered after that must create no entry
 // (it made a holder nobody owns, for the TTL). MultiLock's members are acquired the same way.

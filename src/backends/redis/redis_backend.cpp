@@ -126,6 +126,10 @@ constexpr milliseconds kLeavePatience{1000};
 // in the background (an orphan) until it is answered, for as long at most: after that nothing
 // could tell a late copy of it anyway.
 constexpr milliseconds kMinRequestMemory{120'000};
+// A client being destroyed gives its pending retirements (orphans) this long in all, trying
+// again after kExitRetryPause while they go unanswered.
+constexpr milliseconds kExitRetirePatience{1000};
+constexpr milliseconds kExitRetryPause{50};
 // How long a waiter waits for the server to confirm its SUBSCRIBE; unconfirmed, the watchdog's
 // rounds (which wake a waiter whose entry is admitted) cover what it may miss.
 constexpr milliseconds kSubscribeConfirm{1000};
@@ -402,7 +406,9 @@ class RedisBackend final : public Backend {
   ~RedisBackend() override {
     watchdog_.request_stop();
     renew_soon();  // wakes the watchdog
-    // jthread members join next; the eventfd outlives them (declared first).
+    if (watchdog_.joinable()) watchdog_.join();
+    retire_orphans_before_exit();
+    // The subscriber's thread joins next; the eventfd outlives it (declared first).
   }
 
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
@@ -530,6 +536,7 @@ class RedisBackend final : public Backend {
     std::uint64_t serial = 0;
   };
   void retire_later(Orphan orphan);
+  void retire_orphans_before_exit() noexcept;
 
   std::mutex holds_mutex_;
   std::set<RedisHold*> holds_;
@@ -698,6 +705,40 @@ void RedisBackend::retire_later(Orphan orphan) {
     orphans_.push_back(std::move(orphan));
   }
   renew_soon();
+}
+
+// A client ending with requests still to retire (a give-up whose clean-up has not got through:
+// the server stalled, or the link is cut) tries them once more, all in one round trip per node,
+// again until they are answered or kExitRetirePatience has passed. Whatever is still unanswered
+// then is dropped: a copy of it reaching the server later may still apply (the README's Redis
+// section: a client that ends during a partition).
+void RedisBackend::retire_orphans_before_exit() noexcept {
+  try {
+    std::vector<Orphan> orphans;
+    {
+      std::lock_guard lock(holds_mutex_);
+      orphans.swap(orphans_);
+    }
+    const auto until = SteadyClock::now() + kExitRetirePatience;
+    while (!orphans.empty() && SteadyClock::now() < until) {
+      std::vector<ScriptCall> calls;
+      for (const auto& orphan : orphans) calls.emplace_back(orphan.script, orphan.keys, orphan.args);
+      std::vector<Result> results;
+      try {
+        results = renewals_.eval_each(calls, until);
+      } catch (const std::exception&) {
+        std::this_thread::sleep_for(std::min<SteadyClock::duration>(kExitRetryPause, until - SteadyClock::now()));
+        continue;
+      }
+      std::vector<Orphan> unanswered;
+      for (std::size_t i = 0; i < orphans.size(); ++i) {
+        if (!results[i].ok()) unanswered.push_back(std::move(orphans[i]));
+      }
+      orphans.swap(unanswered);
+      if (!orphans.empty()) std::this_thread::sleep_for(std::min<SteadyClock::duration>(kExitRetryPause, until - SteadyClock::now()));
+    }
+  } catch (...) {
+  }
 }
 
 // Our entry in a name's queue. The Lua scripts evaluate the queue atomically (admit()), so every
