@@ -324,4 +324,32 @@ TEST_F(RedisLateRequests, RequestRecordsAreKeptTwoTtlsWhicheverScriptWroteThemLa
   redis_cli(url_, "DEL " + quoted(state_key(name)) + " " + quoted(counter_name) + " " + quoted(line));
 }
 
+// Red team, issue 22 round 3: one long PermitCounter waiter does not pin its client's
+// watermark. The client's other changes of that counter were kept one by one in its record
+// (r:<client>) for as long as the waiter waited: 117 KB after 8,000 pairs, parsed by every
+// script on the name.
+TEST_F(RedisLateRequests, ALongWaiterDoesNotMakeItsClientsRecordGrow) {
+  auto client = Client::connect(url_);
+  const auto name = unique_name("pinned");
+  auto counter = client.permit_counter(name);
+  ASSERT_TRUE(counter.try_set_permits(0));
+  std::stop_source stop;
+  auto waiter = std::async(std::launch::async, [&] { return client.permit_counter(name).acquire(1000, stop.get_token()); });
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }, 3s)) << "the waiter never queued";
+  for (int i = 0; i < 200; ++i) counter.add_permits(1);
+  EXPECT_EQ(waiter.wait_for(0s), std::future_status::timeout) << "the waiter was not waiting";
+  const auto line = "{" + name + "}:turnstile:c";
+  std::istringstream lines(redis_cli(url_, "HGETALL " + quoted(line)));
+  std::string record;
+  for (std::string field, value; std::getline(lines, field) && std::getline(lines, value);) {
+    if (field.rfind("r:", 0) == 0) record = value;
+  }
+  const auto items = std::count(record.begin(), record.end(), '=');
+  EXPECT_LE(items, 4) << "the record keeps " << items << " requests (" << record.size() << " bytes) behind one waiter";
+  stop.request_stop();
+  EXPECT_FALSE(waiter.get());
+  EXPECT_EQ(counter.available_permits(), 200);
+  redis_cli(url_, "DEL " + quoted(name) + " " + quoted(line));
+}
+
 }  // namespace

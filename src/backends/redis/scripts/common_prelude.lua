@@ -53,7 +53,10 @@ end
 -- did is remembered in 'r:<client>' = "<until ms> L<low> <n>=<result> ...": a resend gets the
 -- first answer, and a retired request ('x', or a release or leave) cannot be applied later.
 -- Only requests still in flight stay listed (the client raises <low> past the rest), so the
--- record holds no count window. One field per client and key, reaped once its "until" passes:
+-- record holds no count window. A client may also name the requests below <low> still in
+-- flight (its 5th part, "<e1>,<e2>,...": then <low> is past its last request, and everything
+-- below it but those is settled), so one long waiter does not pin the watermark and make the
+-- record grow with every other request of its client ("E<e1>,<e2>" in the record). One field per client and key, reaped once its "until" passes:
 -- `memory_ms` after the client's last request there at least, or longer when the request asks
 -- (its 4th part, "<client>:<n>:<low>:<keep ms>": 2 TTLs, see the README's Redis section: how
 -- late a copy may come). A rewrite never brings "until" nearer.
@@ -64,9 +67,15 @@ local function split_request(request) return string.match(request, '^([0-9a-f]+)
 -- The id, the client and n of a marked request, the client's watermark and how long its record
 -- is to be kept (0: not said); nil when malformed.
 local function split_marked(marked)
-  local client, n, low, keep = string.match(marked, '^([0-9a-f]+):(%d+):(%d+):?(%d*)$')
+  local client, n, low, keep, open = string.match(marked, '^([0-9a-f]+):(%d+):(%d+):?(%d*):?([%d,]*)$')
   if not client or #n > 15 or #low > 15 or #keep > 15 then return nil end
-  return client .. ':' .. n, client, tonumber(n), tonumber(low), tonumber(keep) or 0
+  return client .. ':' .. n, client, tonumber(n), tonumber(low), tonumber(keep) or 0, open
+end
+-- The set of numbers in "<e1>,<e2>,...".
+local function number_set(text)
+  local set = {}
+  for e in string.gmatch(text or '', '%d+') do set[tonumber(e)] = true end
+  return set
 end
 
 local records = {}  -- client -> {low, items (n -> result), until_ms, keep_ms, changed}, as loaded and updated
@@ -77,6 +86,7 @@ local function record_of(client)
   local text = fields['r:' .. client] or ''
   record.until_ms = tonumber(string.match(text, '^(%d+) ')) or 0
   record.low = tonumber(string.match(text, '^%d+ L(%d+)')) or 0
+  record.open = number_set(string.match(text, '^%d+ L%d+ E([%d,]+)'))  -- below low, in flight
   for n, result in string.gmatch(text, ' (%d+)=(%S+)') do record.items[tonumber(n)] = result end
   records[client] = record
   return record
@@ -85,16 +95,19 @@ end
 -- What the marked request did before: its result; 'late' when its client had settled it
 -- (a copy delivered after its sender went on); nil when it is new. Raises the client's watermark.
 local function recalled(marked)
-  local _, client, n, low, keep = split_marked(marked)
+  local _, client, n, low, keep, open = split_marked(marked)
   local record = record_of(client)
   record.keep_ms = math.max(record.keep_ms, keep)
   if low > record.low then
-    record.low = low
+    -- Newer news (a copy that took longer says less, and is not read): what was in flight
+    -- then and is not named now has been settled since.
+    record.low, record.open = low, number_set(open)
+    record.changed = true
     for item in pairs(record.items) do
-      if item < low then record.items[item] = nil; record.changed = true end
+      if item < low and not record.open[item] then record.items[item] = nil end
     end
   end
-  if n < record.low then return 'late' end
+  if n < record.low and not record.open[n] then return 'late' end
   return record.items[n]
 end
 
@@ -113,6 +126,11 @@ local function save_records(keep_ms)
     if record.changed then
       local until_ms = math.max(record.until_ms, now + math.max(keep_ms or 0, record.keep_ms, memory_ms))
       local numbers, parts = {}, {fmt(until_ms), 'L' .. fmt(record.low)}
+      local open = {}
+      for e in pairs(record.open) do open[#open + 1] = e end
+      table.sort(open)
+      for i, e in ipairs(open) do open[i] = fmt(e) end
+      if #open > 0 then parts[#parts + 1] = 'E' .. table.concat(open, ',') end
       for n in pairs(record.items) do numbers[#numbers + 1] = n end
       table.sort(numbers)
       for _, n in ipairs(numbers) do parts[#parts + 1] = fmt(n) .. '=' .. record.items[n] end
