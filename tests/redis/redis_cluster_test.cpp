@@ -20,6 +20,7 @@ using namespace std::chrono_literals;
 using turnstile::Client;
 using namespace server_tests;
 using turnstile::detail::redis::key_slot;
+using turnstile::detail::redis::tag_for_slot;
 
 // The key of a name's queue (the backend's layout: turnstile:{NAME}:q).
 std::string queue_key(const std::string& name) { return "turnstile:{" + name + "}:q"; }
@@ -92,12 +93,13 @@ TEST_F(RedisCluster, SlotsAreTheServersOwn) {
 // the client first uses it, not only the one asked at connect: a lock on an allkeys-lru primary
 // was taken without a word while the seed node was noeviction.
 TEST_F(RedisCluster, AnEvictingNodeIsRefusedWhenFirstUsed) {
-  std::string seed_owner, name, evicting;
+  // The connect's own check asks the node of slot 0 (Router::command with no key): the seed.
+  const auto seed_owner = nodes_->owner("{" + tag_for_slot(0) + "}");
+  std::string name, evicting;
   for (int i = 0; i < 200 && name.empty(); ++i) {
     const auto candidate = unique_name("evicting") + std::to_string(i);
     const auto owner = nodes_->owner(queue_key(candidate));
-    if (seed_owner.empty()) seed_owner = owner;
-    else if (owner != seed_owner) name = candidate, evicting = owner;
+    if (owner != seed_owner) name = candidate, evicting = owner;
   }
   ASSERT_FALSE(name.empty()) << "every name on one node";
   ASSERT_EQ(nodes_->cli(evicting, "CONFIG SET maxmemory-policy allkeys-lru"), "OK");
