@@ -130,15 +130,15 @@ TEST(RedisSentinelFaults, AnEvictingPrimaryAfterAFailoverIsRefused) {
   ASSERT_TRUE(set.healthy_within(10s));
   const auto replica = set.leader() == "p1" ? "p2" : "p1";
   ASSERT_EQ(redis_cli(set.node_url(replica), "CONFIG SET maxmemory-policy allkeys-lru"), "OK");
-  // Its watchdog asks the sentinels every second (TTL/3): the old primary, which may accept
+  // Its watchdog asks the sentinels every 500 ms (TTL/3): the old primary, which may accept
   // writes for seconds after the failover, is left within that.
-  auto client = Client::connect(set.url(), with_ttl(3s));
+  auto client = Client::connect(set.url(), with_ttl(1500ms));
   auto before = client.mutex(unique_name("evicting-before"));
   ASSERT_TRUE(before.try_lock_for(2s)) << "the first primary does not evict";
   before.unlock();
   ASSERT_EQ(set.run("failover"), 0);
   ASSERT_EQ(set.leader(), replica);
-  std::this_thread::sleep_for(1500ms);
+  std::this_thread::sleep_for(800ms);
   auto after = client.mutex(unique_name("evicting-after"));
   try {
     const bool got = after.try_lock_for(3s);

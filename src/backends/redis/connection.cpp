@@ -555,6 +555,16 @@ Hello hello_commands(const Settings& settings, const redisContext* context, cons
   return hello;
 }
 
+// ?eviction=refuse: throws EvictingServer when the hello's CONFIG GET maxmemory-policy found an
+// allkeys-* policy. CONFIG refused to the user (or renamed away): nothing to check, as at connect.
+void check_policy(const Settings& settings, const redisReply* policy) {
+  if (policy && policy->type == REDIS_REPLY_ARRAY && policy->elements >= 2 &&
+      reply_view(policy->element[1]).starts_with("allkeys-")) {
+    throw EvictingServer(eviction_risk(settings, std::string(reply_view(policy->element[1]))) +
+                         ", or accept the risk with ?eviction=allow (or ?eviction=warn)");
+  }
+}
+
 // Reads the replies to hello_commands into `opened`; throws AccessDenied for what the user may
 // not do, BackendUnavailable for a server that does not answer like Redis.
 void read_hello(const Settings& settings, const Hello& hello, const std::vector<Reply>& replies,
@@ -602,13 +612,7 @@ void read_hello(const Settings& settings, const Hello& hello, const std::vector<
     }
   }
   if (!scripts) return;
-  // CONFIG refused to the user (or renamed away): nothing to check, as at connect.
-  if (const auto* policy = hello.policy_at ? replies[hello.policy_at].get() : nullptr;
-      policy && policy->type == REDIS_REPLY_ARRAY && policy->elements >= 2 &&
-      reply_view(policy->element[1]).starts_with("allkeys-")) {
-    throw EvictingServer(eviction_risk(settings, std::string(reply_view(policy->element[1]))) +
-                         ", or accept the risk with ?eviction=allow (or ?eviction=warn)");
-  }
+  if (hello.policy_at) check_policy(settings, replies[hello.policy_at].get());
   for (std::size_t i = hello.scripts_at; i < hello.scripts_at + scripts->size(); ++i) {
     check(i, "run scripts");
     if (replies[i]->type != REDIS_REPLY_STRING) {

@@ -126,9 +126,11 @@ constexpr milliseconds kLeavePatience{1000};
 // in the background (an orphan) until it is answered, for as long at most: after that nothing
 // could tell a late copy of it anyway.
 constexpr milliseconds kMinRequestMemory{120'000};
-// A client being destroyed gives its pending retirements (orphans) this long in all, trying
-// again after kExitRetryPause while they go unanswered.
+// A client being destroyed gives its pending retirements (orphans) this long in all, each try
+// at most kExitAttempt (a link that stopped answering is left for a new one), trying again
+// after kExitRetryPause while they go unanswered.
 constexpr milliseconds kExitRetirePatience{1000};
+constexpr milliseconds kExitAttempt{250};
 constexpr milliseconds kExitRetryPause{50};
 // How long a waiter waits for the server to confirm its SUBSCRIBE; unconfirmed, the watchdog's
 // rounds (which wake a waiter whose entry is admitted) cover what it may miss.
@@ -491,7 +493,8 @@ class RedisBackend final : public Backend {
   };
   // One pipelined round of renewals and orphan removals. False when something went unanswered
   // (the next round comes after renewal_retry()).
-  bool renewal_round();
+  // `stop`: the watchdog's, which ends a round in flight (a client being destroyed).
+  bool renewal_round(const std::stop_token& stop);
   // Applies a name's renewal reply to its holds (the first answers; `queued` waiting entries'
   // answers follow). False when it confirmed nothing for one of them.
   bool settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
@@ -725,7 +728,7 @@ void RedisBackend::retire_orphans_before_exit() noexcept {
       for (const auto& orphan : orphans) calls.emplace_back(orphan.script, orphan.keys, orphan.args);
       std::vector<Result> results;
       try {
-        results = renewals_.eval_each(calls, until);
+        results = renewals_.eval_each(calls, std::min(until, SteadyClock::now() + kExitAttempt));
       } catch (const std::exception&) {
         std::this_thread::sleep_for(std::min<SteadyClock::duration>(kExitRetryPause, until - SteadyClock::now()));
         continue;
@@ -1060,13 +1063,13 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
       if (read(wake_fd_.fd, &count, sizeof count) > 0) break;  // renew_soon(), or stop
     }
     if (stop.stop_requested()) break;
-    wait = !renewal_round()         ? renewal_retry()
+    wait = !renewal_round(stop)     ? renewal_retry()
            : waiters_.any_queued() ? std::min(renewal_period(), recheck_interval())
                                    : renewal_period();
   }
 }
 
-bool RedisBackend::renewal_round() {
+bool RedisBackend::renewal_round(const std::stop_token& stop) {
   // A snapshot (leases are shared: a hold may be released and destroyed meanwhile).
   struct Entries {
     std::vector<Renewal> holds;
@@ -1142,7 +1145,7 @@ bool RedisBackend::renewal_round() {
   const auto sent_at = SteadyClock::now();
   std::vector<Result> results;
   try {
-    results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience));
+    results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience), stop);
   } catch (const std::exception&) {
     for (auto& [name, entries] : by_name) {
       for (auto& renewal : entries.holds) {
