@@ -137,7 +137,11 @@ BackendUrl parse_url(std::string_view raw) {
       const auto pair = query.substr(0, amp);
       const auto eq = pair.find('=');
       if (eq == std::string_view::npos || eq == 0) fail("query parameters must be key=value");
-      url.query[percent_decode(pair.substr(0, eq), shown)] = percent_decode(pair.substr(eq + 1), shown);
+      // An option given twice is refused: silently keeping one of them would ignore the other.
+      const auto key = percent_decode(pair.substr(0, eq), shown);
+      if (!url.query.emplace(key, percent_decode(pair.substr(eq + 1), shown)).second) {
+        fail("the query parameter '" + key + "' is given more than once");
+      }
       if (amp == std::string_view::npos) break;
       query = query.substr(amp + 1);
     }

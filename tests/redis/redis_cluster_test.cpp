@@ -20,6 +20,7 @@ using namespace std::chrono_literals;
 using turnstile::Client;
 using namespace server_tests;
 using turnstile::detail::redis::key_slot;
+using turnstile::detail::redis::tag_for_slot;
 
 // The key of a name's queue (the backend's layout: turnstile:{NAME}:q).
 std::string queue_key(const std::string& name) { return "turnstile:{" + name + "}:q"; }
@@ -86,6 +87,36 @@ TEST_F(RedisCluster, SlotsAreTheServersOwn) {
     EXPECT_EQ(std::to_string(key_slot(key)), nodes_->cli("n1", "CLUSTER KEYSLOT " + quoted(key))) << key;
   }
   EXPECT_EQ(key_slot("123456789"), 0x31C3 % 16384);
+}
+
+// Red team, issue 22 round 3 (item 17): ?eviction=refuse (the default) checks each node when
+// the client first uses it, not only the one asked at connect: a lock on an allkeys-lru primary
+// was taken without a word while the seed node was noeviction.
+TEST_F(RedisCluster, AnEvictingNodeIsRefusedWhenFirstUsed) {
+  // The connect's own check asks the node of slot 0 (Router::command with no key): the seed.
+  const auto seed_owner = nodes_->owner("{" + tag_for_slot(0) + "}");
+  std::string name, evicting;
+  for (int i = 0; i < 200 && name.empty(); ++i) {
+    const auto candidate = unique_name("evicting") + std::to_string(i);
+    const auto owner = nodes_->owner(queue_key(candidate));
+    if (owner != seed_owner) name = candidate, evicting = owner;
+  }
+  ASSERT_FALSE(name.empty()) << "every name on one node";
+  ASSERT_EQ(nodes_->cli(evicting, "CONFIG SET maxmemory-policy allkeys-lru"), "OK");
+  struct Restore {
+    const ClusterNodes& nodes;
+    std::string id;
+    ~Restore() { nodes.cli(id, "CONFIG SET maxmemory-policy noeviction"); }
+  } restore{*nodes_, evicting};
+  // Seeded with a noeviction primary only, so the connect's own check passes.
+  auto client = Client::connect("redis+cluster://127.0.0.1:" + nodes_->port(seed_owner));
+  auto mutex = client.mutex(name);
+  try {
+    const bool got = mutex.try_lock_for(2s);
+    ADD_FAILURE() << "a lock on an allkeys-lru node was " << (got ? "taken" : "waited for");
+  } catch (const turnstile::BackendUnavailable& error) {
+    EXPECT_NE(std::string(error.what()).find("maxmemory-policy allkeys-lru"), std::string::npos) << error.what();
+  }
 }
 
 TEST_F(RedisCluster, NamesSpreadOverEveryPrimaryAndHandOver) {

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <future>
+#include <map>
 #include <sstream>
 #include <stop_token>
 
@@ -82,6 +83,79 @@ TEST(RedisLateRequestsOwnServer, ACounterAcquireEndedDuringAStallTakesNothingWhe
     std::this_thread::sleep_for(300ms);
     EXPECT_TRUE(settled()) << "a late look changed the counter after it settled";
   }
+}
+
+// Red team, issue 22 round 3: a try-once ends within its one-shot floor (1 s) when the server
+// does not answer, its clean-up left to the watchdog: Mutex::try_lock() returned after 6 s
+// (the connection's 5 s reply cap, then a 1 s leave), try_lock_for(300ms) after 2 s.
+TEST(RedisLateRequestsOwnServer, ATryOnceEndsWithinItsFloorWhenTheServerStalls) {
+  RedisServer server("--save '' --appendonly no");
+  auto client = Client::connect(server.url(), with_ttl(10s));
+  const auto name = unique_name("stalled-try");
+  {
+    auto warm = client.mutex(name + "-warm");  // its scripts are loaded
+    ASSERT_TRUE(warm.try_lock());
+    warm.unlock();
+  }
+  server.signal(SIGSTOP);
+  const Thaw thaw{server};
+  for (const bool timed : {false, true}) {
+    auto mutex = client.mutex(name);
+    const auto start = std::chrono::steady_clock::now();
+    bool got = true;
+    try {
+      got = timed ? mutex.try_lock_for(300ms) : mutex.try_lock();
+    } catch (const turnstile::BackendUnavailable&) {
+      got = false;
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_FALSE(got);
+    EXPECT_LT(took, 1500ms) << (timed ? "try_lock_for(300ms)" : "try_lock()") << " took "
+                            << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+  }
+  server.signal(SIGCONT);
+  auto next = Client::connect(server.url()).mutex(name);
+  EXPECT_TRUE(next.try_lock_for(5s)) << "the given-up tries left an entry behind";
+}
+
+// Red team, issue 22 round 3: a client destroyed while the retirement of a given-up
+// PermitCounter acquire is still pending (its link cut) tries it once more before it ends (for
+// a second): when the link heals within that second, the look delivered late takes nothing.
+// The client dropped it at once, and the late look took 2 permits for good (3 left).
+TEST_F(RedisLateRequests, AClientEndingRightAfterGivingUpRetiresItsRequestFirst) {
+  const auto name = unique_name("exit-after-give-up");
+  auto direct = Client::connect(url_);
+  ASSERT_TRUE(direct.permit_counter(name).try_set_permits(5));
+  turnstile_test::TcpProxy proxy(url_);
+  auto client = std::make_unique<Client>(Client::connect(proxy.url_through(url_), with_ttl(10s)));
+  ASSERT_FALSE(client->permit_counter(name + "-warm").try_acquire(1));  // its scripts are loaded
+  // Every request naming the counter is held: the look, the leave, the watchdog's retirements.
+  std::vector<std::shared_ptr<turnstile_test::HeldRequest>> holds;
+  for (int i = 1; i <= 40; ++i) holds.push_back(proxy.hold_request(name, i));
+  std::stop_source stop;
+  auto taken = std::async(std::launch::async, [&] { return client->permit_counter(name).acquire(2, stop.get_token()); });
+  ASSERT_TRUE(holds.front()->wait_held(2s)) << "the look was never held: nothing tested";
+  stop.request_stop();
+  ASSERT_EQ(taken.wait_for(5s), std::future_status::ready) << "the acquire did not end";
+  ASSERT_FALSE(taken.get());
+  ASSERT_TRUE(holds[1]->wait_held(2s)) << "the leave was never held: nothing pending";
+  // The client ends; 300 ms in, the link heals: the look arrives late.
+  auto ended = std::async(std::launch::async, [&] { client.reset(); });
+  std::this_thread::sleep_for(300ms);
+  holds.front()->deliver();
+  // Connections held so far stay cut (their requests lost, as with a partition that outlives
+  // them); new ones flow.
+  for (std::size_t i = 1; i < holds.size(); ++i) {
+    if (!holds[i]->held()) holds[i]->drop();
+  }
+  ASSERT_EQ(ended.wait_for(5s), std::future_status::ready) << "the client did not end";
+  const auto settled = [&] {
+    return direct.permit_counter(name).available_permits() == 5 && direct.inspect(name).waiters.empty();
+  };
+  EXPECT_TRUE(eventually(settled, 2s)) << "the late look took " << 5 - direct.permit_counter(name).available_permits()
+                                       << " permit(s) after its client ended";
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(settled()) << "the late look changed the counter after it settled";
 }
 
 // Issue 22.4: a try_lock_for whose acquire is held back by the proxy ends (the client retires
@@ -195,6 +269,87 @@ TEST_F(RedisLateRequests, ARenewalExtendsOnlyItsOwnEntry) {
     mutex.release();
   } catch (const turnstile::Error&) {
   }
+}
+
+// The server's clock in ms (request records' ends are in it).
+std::int64_t server_ms(const std::string& url) {
+  std::istringstream words(redis_cli(url, "TIME"));
+  std::int64_t seconds = 0, micros = 0;
+  words >> seconds >> micros;
+  return seconds * 1000 + micros / 1000;
+}
+
+// The request record fields ("r:<client>") of a hash: field -> the record's end (ms).
+std::map<std::string, std::int64_t> record_ends(const std::string& url, const std::string& key) {
+  std::istringstream lines(redis_cli(url, "HGETALL " + quoted(key)));
+  std::map<std::string, std::int64_t> ends;
+  for (std::string field, value; std::getline(lines, field) && std::getline(lines, value);) {
+    if (field.rfind("r:", 0) == 0) ends[field] = std::stoll(value.substr(0, value.find(' ')));
+  }
+  return ends;
+}
+
+// Red team, issue 22 round 3: a client's request records are kept 2 TTLs (at least 2 minutes)
+// whichever script wrote them last, and a rewrite never brings their end nearer. They ended
+// 2 minutes on unless a release wrote them last, so with a 10-minute TTL a copy delivered
+// 130 s late (a counter change, an acquire given up) was applied.
+TEST_F(RedisLateRequests, RequestRecordsAreKeptTwoTtlsWhicheverScriptWroteThemLast) {
+  constexpr std::int64_t kTwoTtlsMs = 1'200'000, kSlackMs = 20'000;
+  auto client = Client::connect(url_, with_ttl(600s));
+  auto other = Client::connect(url_);
+  const auto name = unique_name("record-life");
+  auto mutex = client.mutex(name);
+  mutex.lock();
+  mutex.unlock();
+  const auto after_release = record_ends(url_, state_key(name));
+  ASSERT_EQ(after_release.size(), 1u) << "one record: the client's";
+  const auto [field, release_end] = *after_release.begin();
+  EXPECT_GE(release_end - server_ms(url_), kTwoTtlsMs - kSlackMs) << "after a release";
+  auto holder = other.mutex(name);
+  holder.lock();
+  ASSERT_FALSE(mutex.try_lock()) << "the name is held: a try-once decides without an entry";
+  const auto try_end = record_ends(url_, state_key(name))[field];
+  EXPECT_GE(try_end - server_ms(url_), kTwoTtlsMs - kSlackMs) << "after a try-once rewrote the record";
+  EXPECT_GE(try_end, release_end) << "a rewrite brought the record's end nearer";
+  holder.unlock();
+
+  const auto counter_name = unique_name("record-life-counter");
+  auto counter = client.permit_counter(counter_name);
+  const auto line = "{" + counter_name + "}:turnstile:c";
+  counter.add_permits(1);
+  ASSERT_EQ(record_ends(url_, line).size(), 1u) << "the add recorded nothing";
+  EXPECT_GE(record_ends(url_, line).begin()->second - server_ms(url_), kTwoTtlsMs - kSlackMs) << "after an add";
+  ASSERT_TRUE(counter.try_acquire(1));
+  EXPECT_GE(record_ends(url_, line).begin()->second - server_ms(url_), kTwoTtlsMs - kSlackMs) << "after a take";
+  redis_cli(url_, "DEL " + quoted(state_key(name)) + " " + quoted(counter_name) + " " + quoted(line));
+}
+
+// Red team, issue 22 round 3: one long PermitCounter waiter does not pin its client's
+// watermark. The client's other changes of that counter were kept one by one in its record
+// (r:<client>) for as long as the waiter waited: 117 KB after 8,000 pairs, parsed by every
+// script on the name.
+TEST_F(RedisLateRequests, ALongWaiterDoesNotMakeItsClientsRecordGrow) {
+  auto client = Client::connect(url_);
+  const auto name = unique_name("pinned");
+  auto counter = client.permit_counter(name);
+  ASSERT_TRUE(counter.try_set_permits(0));
+  std::stop_source stop;
+  auto waiter = std::async(std::launch::async, [&] { return client.permit_counter(name).acquire(1000, stop.get_token()); });
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }, 3s)) << "the waiter never queued";
+  for (int i = 0; i < 200; ++i) counter.add_permits(1);
+  EXPECT_EQ(waiter.wait_for(0s), std::future_status::timeout) << "the waiter was not waiting";
+  const auto line = "{" + name + "}:turnstile:c";
+  std::istringstream lines(redis_cli(url_, "HGETALL " + quoted(line)));
+  std::string record;
+  for (std::string field, value; std::getline(lines, field) && std::getline(lines, value);) {
+    if (field.rfind("r:", 0) == 0) record = value;
+  }
+  const auto items = std::count(record.begin(), record.end(), '=');
+  EXPECT_LE(items, 4) << "the record keeps " << items << " requests (" << record.size() << " bytes) behind one waiter";
+  stop.request_stop();
+  EXPECT_FALSE(waiter.get());
+  EXPECT_EQ(counter.available_permits(), 200);
+  redis_cli(url_, "DEL " + quoted(name) + " " + quoted(line));
 }
 
 }  // namespace

@@ -177,6 +177,8 @@ TEST(RedisSafetyOwnServer, AServerThatMayEvictIsRefusedUnlessAllowed) {
   auto allowed = Client::connect(server.url() + "?eviction=allow", options);
   EXPECT_EQ(reports.load(), 0) << "eviction=allow still warned";
   EXPECT_THROW(Client::connect(server.url() + "?eviction=maybe"), turnstile::InvalidUrl);
+  // Repeated (red team, round 3): a clear error, not silently one of them.
+  EXPECT_THROW(Client::connect(server.url() + "?eviction=allow&eviction=refuse"), turnstile::InvalidUrl);
   RedisServer safe("--save '' --appendonly no --maxmemory 3mb --maxmemory-policy volatile-lru");
   auto fine = Client::connect(safe.url());
   auto mutex = fine.mutex(unique_name("safe"));

@@ -122,6 +122,32 @@ TEST(RedisSentinelFaults, KilledPrimaryReportsHoldsLostAndServesWaitersOnTheNewP
                            [&](const std::string& primary) { ASSERT_EQ(set.run("kill", primary), 0); }, 10s);
 }
 
+// Red team, issue 22 round 3 (item 17): ?eviction=refuse (the default) checks each primary a
+// failover brings, not only the one found at connect: a client connected before the failover
+// took new holds on an allkeys-lru primary without a word.
+TEST(RedisSentinelFaults, AnEvictingPrimaryAfterAFailoverIsRefused) {
+  SentinelSet set;
+  ASSERT_TRUE(set.healthy_within(10s));
+  const auto replica = set.leader() == "p1" ? "p2" : "p1";
+  ASSERT_EQ(redis_cli(set.node_url(replica), "CONFIG SET maxmemory-policy allkeys-lru"), "OK");
+  // Its watchdog asks the sentinels every 500 ms (TTL/3): the old primary, which may accept
+  // writes for seconds after the failover, is left within that.
+  auto client = Client::connect(set.url(), with_ttl(1500ms));
+  auto before = client.mutex(unique_name("evicting-before"));
+  ASSERT_TRUE(before.try_lock_for(2s)) << "the first primary does not evict";
+  before.unlock();
+  ASSERT_EQ(set.run("failover"), 0);
+  ASSERT_EQ(set.leader(), replica);
+  std::this_thread::sleep_for(800ms);
+  auto after = client.mutex(unique_name("evicting-after"));
+  try {
+    const bool got = after.try_lock_for(3s);
+    ADD_FAILURE() << "a lock on an allkeys-lru primary was " << (got ? "taken" : "waited for");
+  } catch (const turnstile::BackendUnavailable& error) {
+    EXPECT_NE(std::string(error.what()).find("maxmemory-policy allkeys-lru"), std::string::npos) << error.what();
+  }
+}
+
 TEST(RedisSentinelFaults, MinReplicasWithoutTheReplicaFailsAndLeavesNothing) {
   SentinelSet set;
   const auto primary = set.leader();

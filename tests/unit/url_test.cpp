@@ -121,7 +121,9 @@ TEST(UrlParsing, EveryPartInOneTable) {
 
 TEST(UrlParsing, MalformedUrlsAreInvalidUrl) {
   for (const char* bad : {"", "redis", "://h:1", "re dis://h:1", "redis://h:1#x", "redis://h:1?novalue", "redis://h:1?=v",
-                          "redis://a:1,,b:2", "redis://h :1", "redis://h:1/%g0", "redis://h:1/%4"}) {
+                          "redis://a:1,,b:2", "redis://h :1", "redis://h:1/%g0", "redis://h:1/%4",
+                          // An option given twice (which one would win?), also when percent-encoded.
+                          "redis://h:1?eviction=allow&eviction=refuse", "redis://h:1?ttl=5&%74tl=6"}) {
     EXPECT_THROW(parse_url(bad), turnstile::InvalidUrl) << bad;
   }
 }

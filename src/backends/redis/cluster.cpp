@@ -144,6 +144,8 @@ bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop)
       reply = node(candidates[i]).command({"CLUSTER", "SLOTS"}, std::min(until, now + share), stop);
     } catch (const AccessDenied&) {
       throw;
+    } catch (const EvictingServer&) {
+      throw;  // the whole cluster is refused: this node would serve some names
     } catch (const BackendUnavailable&) {
       continue;
     }
@@ -254,6 +256,8 @@ Result Router::routed(int slot, Deadline deadline, bool retry, const std::stop_t
       result = attempt(node(address), share, asking);
     } catch (const AccessDenied&) {
       throw;
+    } catch (const EvictingServer&) {
+      throw;
     } catch (const BackendUnavailable&) {
       // The node did not answer (down, paused, failing over): the map may name another by now.
       if (!retry || passed(deadline) || stop.stop_requested()) throw;
@@ -304,8 +308,9 @@ Reply Router::eval(const Script& script, const std::vector<std::string>& keys, c
   return result.take();
 }
 
-std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline) {
-  if (single_) return single_->eval_each(calls, deadline);
+std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline,
+                                     const std::stop_token& stop) {
+  if (single_) return single_->eval_each(calls, deadline, nullptr, stop);
   // One pipelined round trip per node, all at once; what a node did not answer, or redirected,
   // goes out again alone, routed.
   std::map<std::string, std::vector<std::size_t>> by_node;
@@ -318,7 +323,7 @@ std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Dead
     std::vector<ScriptCall> mine;
     for (const auto i : indices) mine.push_back(calls[i]);
     try {
-      auto answers = node(address).eval_each(mine, deadline);
+      auto answers = node(address).eval_each(mine, deadline, nullptr, stop);
       for (std::size_t k = 0; k < indices.size(); ++k) results[indices[k]] = std::move(answers[k]);
     } catch (...) {
       for (const auto i : indices) {
@@ -348,8 +353,8 @@ std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Dead
     }
     const auto& [script, keys, args] = calls[i];
     try {
-      results[i] = routed(key_slot(keys.front()), deadline, true, {}, [&](Connection& node, Deadline share, bool asking) {
-        return node.eval_result(*script, keys, args, share, true, nullptr, {}, nullptr, nullptr, asking);
+      results[i] = routed(key_slot(keys.front()), deadline, true, stop, [&](Connection& node, Deadline share, bool asking) {
+        return node.eval_result(*script, keys, args, share, true, nullptr, stop, nullptr, nullptr, asking);
       });
     } catch (...) {
       results[i] = Result{};

@@ -47,7 +47,7 @@ class Router {
              Deadline deadline, bool retry, std::string* server = nullptr, std::stop_token stop = {},
              const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr);
   // As Connection's: one round trip per node; each Result says which server answered it.
-  std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, Deadline deadline);
+  std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, Deadline deadline, const std::stop_token& stop = {});
   std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline);
   // A plain command on the node serving `key` (any node for "").
   Reply command(const Command& command, Deadline deadline, const std::string& key = {});

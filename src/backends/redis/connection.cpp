@@ -497,6 +497,12 @@ std::string exchange(redisContext* context, const std::vector<Command>& commands
   return "";
 }
 
+std::string eviction_risk(const Settings& settings, const std::string& policy) {
+  return "redis at " + settings.description + " has maxmemory-policy " + policy +
+         ": it may evict lock state while it is held (another contender may then get in before "
+         "the holder is told its hold is lost); use noeviction or volatile-*";
+}
+
 namespace {
 
 // What a new connection sends at once, in one round trip: credentials, database, INFO (for the
@@ -506,6 +512,7 @@ struct Hello {
   std::size_t info_at = 0;     // INFO's index (AUTH and SELECT come before)
   std::size_t role_at = 0;     // ROLE's, right after INFO (with sentinels only)
   std::size_t scripts_at = 0;  // the first SCRIPT LOAD's; the probes follow the scripts
+  std::size_t policy_at = 0;   // CONFIG GET maxmemory-policy's, the last (0: not asked)
 };
 
 Hello hello_commands(const Settings& settings, const redisContext* context, const std::vector<const Script*>* scripts) {
@@ -541,7 +548,21 @@ Hello hello_commands(const Settings& settings, const redisContext* context, cons
   for (const auto channel : {kProbeQueueChannel, kProbeCounterChannel}) {
     commands.push_back({"UNSUBSCRIBE", std::string(channel) + own});
   }
+  if (settings.refuse_evicting) {
+    hello.policy_at = commands.size();
+    commands.push_back({"CONFIG", "GET", "maxmemory-policy"});
+  }
   return hello;
+}
+
+// ?eviction=refuse: throws EvictingServer when the hello's CONFIG GET maxmemory-policy found an
+// allkeys-* policy. CONFIG refused to the user (or renamed away): nothing to check, as at connect.
+void check_policy(const Settings& settings, const redisReply* policy) {
+  if (policy && policy->type == REDIS_REPLY_ARRAY && policy->elements >= 2 &&
+      reply_view(policy->element[1]).starts_with("allkeys-")) {
+    throw EvictingServer(eviction_risk(settings, std::string(reply_view(policy->element[1]))) +
+                         ", or accept the risk with ?eviction=allow (or ?eviction=warn)");
+  }
 }
 
 // Reads the replies to hello_commands into `opened`; throws AccessDenied for what the user may
@@ -591,6 +612,7 @@ void read_hello(const Settings& settings, const Hello& hello, const std::vector<
     }
   }
   if (!scripts) return;
+  if (hello.policy_at) check_policy(settings, replies[hello.policy_at].get());
   for (std::size_t i = hello.scripts_at; i < hello.scripts_at + scripts->size(); ++i) {
     check(i, "run scripts");
     if (replies[i]->type != REDIS_REPLY_STRING) {
@@ -883,6 +905,11 @@ std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
       try {
         return open_link(wait);
       } catch (const AccessDenied&) {
+        lock.lock();
+        --links_;
+        notify_returned();
+        throw;
+      } catch (const EvictingServer&) {
         lock.lock();
         --links_;
         notify_returned();

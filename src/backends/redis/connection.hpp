@@ -56,6 +56,10 @@ struct Settings {
   std::vector<SentinelAddress> cluster_seeds;
   // ?min_replicas=N: an acquire returns only once WAIT says N replicas have its entry.
   int min_replicas = 0;
+  // ?eviction=refuse (eviction.hpp): every new command link asks the server its maxmemory-policy
+  // in its hello, and an allkeys-* one is refused (EvictingServer) before anything is written:
+  // so each cluster node is checked when first used, and each primary a failover brings.
+  bool refuse_evicting = false;
   bool sentinel() const { return !sentinels.empty(); }
   bool cluster() const { return !cluster_seeds.empty(); }
 };
@@ -199,6 +203,14 @@ struct Redirected : BackendUnavailable {
   int slot;             // -1 with again
   std::string address;  // "" with again
 };
+
+// A server whose maxmemory-policy may evict lock state (allkeys-*), refused with
+// ?eviction=refuse: a BackendUnavailable to callers, but never retried (it will not pass).
+struct EvictingServer : BackendUnavailable {
+  using BackendUnavailable::BackendUnavailable;
+};
+// What is wrong with a server of `policy` (for EvictingServer and the warning at connect).
+std::string eviction_risk(const Settings& settings, const std::string& policy);
 
 // Throws BackendUnavailable: redis answered `call` with a reply of a shape it never gives.
 [[noreturn]] void unexpected_reply(const std::string& call);

@@ -21,6 +21,11 @@ EvictionRule take_eviction_rule(BackendUrl& url) {
   return rule;
 }
 
+Settings with_eviction_rule(Settings settings, const EvictionRule& rule) {
+  settings.refuse_evicting = rule.action == EvictionRule::Action::refuse;
+  return settings;
+}
+
 void check_eviction_policy(Router& connection, const Settings& settings, const EvictionRule& rule,
                            const ErrorHandler& warn) {
   Reply reply;
@@ -28,6 +33,8 @@ void check_eviction_policy(Router& connection, const Settings& settings, const E
     auto until = SteadyClock::now() + kConnectTimeout;  // a connect's worth
     if (settings.connect_by) until = std::min(until, *settings.connect_by);
     reply = connection.command({"CONFIG", "GET", "maxmemory-policy"}, until);
+  } catch (const EvictingServer&) {
+    throw;  // the link's own hello found the policy (?eviction=refuse)
   } catch (const AccessDenied&) {
     return;  // CONFIG not allowed to this user (or renamed away): nothing to check
   } catch (const BackendUnavailable&) {
@@ -36,9 +43,7 @@ void check_eviction_policy(Router& connection, const Settings& settings, const E
   if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) return;
   const auto policy = string_at(reply.get(), 1);
   if (policy.rfind("allkeys-", 0) != 0) return;
-  const std::string what = "redis at " + settings.description + " has maxmemory-policy " + policy +
-                           ": it may evict lock state while it is held (another contender may then get in before "
-                           "the holder is told its hold is lost); use noeviction or volatile-*";
+  const auto what = eviction_risk(settings, policy);
   if (rule.action == EvictionRule::Action::refuse) {
     throw BackendUnavailable(what + ", or accept the risk with ?eviction=allow (or ?eviction=warn)");
   }

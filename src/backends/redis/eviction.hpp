@@ -18,6 +18,12 @@ struct EvictionRule {
 // Throws InvalidUrl for another value.
 EvictionRule take_eviction_rule(BackendUrl& url);
 
+// The settings of the backend's command connection: with refuse, each new link asks its
+// server's policy in its hello (Settings::refuse_evicting), so a cluster node first used, or a
+// primary a failover brings, is refused as the first server is. The renewals' connection does
+// not check: holds already taken are renewed, not suddenly lost.
+Settings with_eviction_rule(Settings settings, const EvictionRule& rule);
+
 // At connect: CONFIG GET maxmemory-policy (when the user may). With allkeys-*, throws
 // BackendUnavailable naming the policy (refuse), reports a warning through `warn` (or stderr),
 // or accepts silently (allow).

@@ -121,10 +121,17 @@ constexpr milliseconds kLostReleasePatience{250};
 // Leaving a queue or a counter's line: bounded, so a giving-up waiter returns soon; what fails
 // is retired by the watchdog (retire_later).
 constexpr milliseconds kLeavePatience{1000};
-// A request given up without an answer is retired in the background (an orphan) until it is
-// answered, for this long at most: as long as the scripts remember requests (memory_ms in
-// common_prelude.lua), after which nothing could tell a late copy of it anyway.
-constexpr milliseconds kOrphanPatience{120'000};
+// How long the server remembers a client's requests (memory_ms in common_prelude.lua): at
+// least this, and 2 TTLs (request_memory()). A request given up without an answer is retired
+// in the background (an orphan) until it is answered, for as long at most: after that nothing
+// could tell a late copy of it anyway.
+constexpr milliseconds kMinRequestMemory{120'000};
+// A client being destroyed gives its pending retirements (orphans) this long in all, each try
+// at most kExitAttempt (a link that stopped answering is left for a new one), trying again
+// after kExitRetryPause while they go unanswered.
+constexpr milliseconds kExitRetirePatience{1000};
+constexpr milliseconds kExitAttempt{250};
+constexpr milliseconds kExitRetryPause{50};
 // How long a waiter waits for the server to confirm its SUBSCRIBE; unconfirmed, the watchdog's
 // rounds (which wake a waiter whose entry is admitted) cover what it may miss.
 constexpr milliseconds kSubscribeConfirm{1000};
@@ -143,10 +150,10 @@ constexpr milliseconds kRenewalPatience{1000};
 // short deadline then ends in the server's answer (admitted, or not: a timeout), never in
 // BackendUnavailable. A second covers a loaded server; an unreachable one holds it up no longer.
 constexpr milliseconds kOneShotFloor{1000};
-// A release is remembered at least this long (and 2 TTLs), so a resend after a lost reply is recognised.
-constexpr milliseconds kMinReleaseMemory{60'000};
 // ?min_replicas=N: WAIT gets the caller's time left, but at least this.
 constexpr milliseconds kMinReplicaWait{200};
+
+milliseconds request_memory(const Settings& settings) { return std::max<milliseconds>(kMinRequestMemory, 2 * settings.ttl); }
 
 bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
 
@@ -157,10 +164,11 @@ long long first_integer(const redisReply* reply) {
   return first->type == REDIS_REPLY_INTEGER ? first->integer : -1000;
 }
 
-// The deadline of a join: the caller's, but at least kOneShotFloor from now (none stays none; one
-// already passed stays passed: the connection then tries once, within its own caps).
+// The deadline of a join: the caller's, but at least kOneShotFloor from now (none stays none). A
+// deadline already passed (a try-once) gets the floor too, not the connection's own caps: a
+// try-once ends within it (and its clean-up goes to the watchdog, see RedisPlace::join).
 Deadline at_least_floor(Deadline deadline) {
-  if (!deadline || passed(deadline)) return deadline;
+  if (!deadline) return deadline;
   return std::max(*deadline, SteadyClock::now() + kOneShotFloor);
 }
 
@@ -387,7 +395,8 @@ class RedisBackend final : public Backend {
         identity_(std::to_string(getpid()) + " " + host_name()),
         label_suffix_(label.empty() ? "" : " " + label),
         wake_fd_(make_wake_fd()),
-        connection_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); }),
+        request_ids_(request_memory(settings).count()),
+        connection_(with_eviction_rule(settings, eviction), all_scripts(), [this](const std::string& server) { on_server_changed(server); }),
         renewals_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); },
                   renewal_retry()),
         subscriber_(settings, [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
@@ -399,7 +408,9 @@ class RedisBackend final : public Backend {
   ~RedisBackend() override {
     watchdog_.request_stop();
     renew_soon();  // wakes the watchdog
-    // jthread members join next; the eventfd outlives them (declared first).
+    if (watchdog_.joinable()) watchdog_.join();
+    retire_orphans_before_exit();
+    // The subscriber's thread joins next; the eventfd outlives it (declared first).
   }
 
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
@@ -417,7 +428,7 @@ class RedisBackend final : public Backend {
   QueueKeys keys_of(const std::string& name) const { return queue_keys(name, settings_.db); }
   // How long a release is remembered, so a resend after a lost reply is recognised.
   std::string release_memory_ms() const {
-    return std::to_string(std::max<long long>(2 * settings_.ttl.count(), kMinReleaseMemory.count()));
+    return std::to_string(request_memory(settings_).count());
   }
   void track(RedisHold* hold) {
     std::lock_guard lock(holds_mutex_);
@@ -482,7 +493,8 @@ class RedisBackend final : public Backend {
   };
   // One pipelined round of renewals and orphan removals. False when something went unanswered
   // (the next round comes after renewal_retry()).
-  bool renewal_round();
+  // `stop`: the watchdog's, which ends a round in flight (a client being destroyed).
+  bool renewal_round(const std::stop_token& stop);
   // Applies a name's renewal reply to its holds (the first answers; `queued` waiting entries'
   // answers follow). False when it confirmed nothing for one of them.
   bool settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
@@ -491,7 +503,9 @@ class RedisBackend final : public Backend {
   // bounded; when that fails, the watchdog keeps trying (an entry left behind would hold the
   // name up for a TTL). Either way the acquire is retired: a copy of it delivered late creates
   // nothing. `settle_join`: the acquire's outcome was unknown, its number is still in flight.
-  void leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join) noexcept;
+  // `patience`: how long to wait for the server before the watchdog takes over (0: at once).
+  void leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join,
+             milliseconds patience = kLeavePatience) noexcept;
   // Runs a counter change once (its request marked with a fresh number); when its outcome is
   // unknown, the request is retired in the background before the error reaches the caller.
   Reply counter_change(const QueueKeys& keys, const Script& script,
@@ -525,6 +539,7 @@ class RedisBackend final : public Backend {
     std::uint64_t serial = 0;
   };
   void retire_later(Orphan orphan);
+  void retire_orphans_before_exit() noexcept;
 
   std::mutex holds_mutex_;
   std::set<RedisHold*> holds_;
@@ -662,7 +677,8 @@ void RedisBackend::check_replicas(const Reply& reply) const {
                       "; nothing was taken");
 }
 
-void RedisBackend::leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join) noexcept {
+void RedisBackend::leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join,
+                         milliseconds patience) noexcept {
   try {
     const auto keys = keys_of(name);
     const auto& key = keys.keys.back();
@@ -672,9 +688,11 @@ void RedisBackend::leave(const std::string& name, const std::string& seq, std::u
     std::vector<std::string> args{keys.channel, seq, request_ids_.id(join), release_memory_ms(),
                                   request_ids_.marked(key, release)};
     try {
-      integer_of(connection_.eval(scripts::release, keys.keys, args, SteadyClock::now() + kLeavePatience, true));
-      for (const auto n : settles) request_ids_.settle(key, n);
-      return;
+      if (patience.count() > 0) {
+        integer_of(connection_.eval(scripts::release, keys.keys, args, SteadyClock::now() + patience, true));
+        for (const auto n : settles) request_ids_.settle(key, n);
+        return;
+      }
     } catch (...) {
     }
     retire_later({&scripts::release, keys.keys, std::move(args), key, std::move(settles), {}});
@@ -685,11 +703,45 @@ void RedisBackend::leave(const std::string& name, const std::string& seq, std::u
 void RedisBackend::retire_later(Orphan orphan) {
   {
     std::lock_guard lock(holds_mutex_);
-    orphan.give_up = SteadyClock::now() + std::max<milliseconds>(kOrphanPatience, 2 * settings_.ttl);
+    orphan.give_up = SteadyClock::now() + request_memory(settings_);
     orphan.serial = ++orphan_serial_;
     orphans_.push_back(std::move(orphan));
   }
   renew_soon();
+}
+
+// A client ending with requests still to retire (a give-up whose clean-up has not got through:
+// the server stalled, or the link is cut) tries them once more, all in one round trip per node,
+// again until they are answered or kExitRetirePatience has passed. Whatever is still unanswered
+// then is dropped: a copy of it reaching the server later may still apply (the README's Redis
+// section: a client that ends during a partition).
+void RedisBackend::retire_orphans_before_exit() noexcept {
+  try {
+    std::vector<Orphan> orphans;
+    {
+      std::lock_guard lock(holds_mutex_);
+      orphans.swap(orphans_);
+    }
+    const auto until = SteadyClock::now() + kExitRetirePatience;
+    while (!orphans.empty() && SteadyClock::now() < until) {
+      std::vector<ScriptCall> calls;
+      for (const auto& orphan : orphans) calls.emplace_back(orphan.script, orphan.keys, orphan.args);
+      std::vector<Result> results;
+      try {
+        results = renewals_.eval_each(calls, std::min(until, SteadyClock::now() + kExitAttempt));
+      } catch (const std::exception&) {
+        std::this_thread::sleep_for(std::min<SteadyClock::duration>(kExitRetryPause, until - SteadyClock::now()));
+        continue;
+      }
+      std::vector<Orphan> unanswered;
+      for (std::size_t i = 0; i < orphans.size(); ++i) {
+        if (!results[i].ok()) unanswered.push_back(std::move(orphans[i]));
+      }
+      orphans.swap(unanswered);
+      if (!orphans.empty()) std::this_thread::sleep_for(std::min<SteadyClock::duration>(kExitRetryPause, until - SteadyClock::now()));
+    }
+  } catch (...) {
+  }
 }
 
 // Our entry in a name's queue. The Lua scripts evaluate the queue atomically (admit()), so every
@@ -735,8 +787,13 @@ class RedisPlace final : public QueuePlace {
       join_answered_ = true;
     } catch (const BackendUnavailable&) {
       // The script may have run and its reply been lost: take out the entry it may have made
-      // (found by our request id) rather than leave it to hold up the name for a TTL.
-      leave();
+      // (found by our request id) rather than leave it to hold up the name for a TTL. A one-shot
+      // join (deadline within the floor) ends within its floor: the leave gets what is left of
+      // it, then the watchdog retires the request.
+      const auto floor_end = sent_at + kOneShotFloor;
+      const bool one_shot = deadline && *deadline <= floor_end;
+      leave_within(one_shot ? std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(floor_end - SteadyClock::now()))
+                            : kLeavePatience);
       if (stop_.stop_requested()) return std::nullopt;
       throw;
     }
@@ -811,11 +868,12 @@ class RedisPlace final : public QueuePlace {
                                        backend_.loss_clock_.watch(backend_.settings_.ttl, admitted_at_), server_);
   }
 
-  void leave() noexcept override {
+  void leave() noexcept override { leave_within(kLeavePatience); }
+  void leave_within(milliseconds patience) noexcept {
     if (std::exchange(left_, true)) return;
     if (listener_) backend_.waiters_.set_queued(listener_->waiter, false);
     // By request id alone while the seq is unknown (the acquire's reply was lost).
-    backend_.leave(name_, seq_ ? std::to_string(seq_) : std::string(), join_, !join_answered_);
+    backend_.leave(name_, seq_ ? std::to_string(seq_) : std::string(), join_, !join_answered_, patience);
   }
 
   // The script decided; the queue is in our mode (it refuses a request of another).
@@ -1005,13 +1063,13 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
       if (read(wake_fd_.fd, &count, sizeof count) > 0) break;  // renew_soon(), or stop
     }
     if (stop.stop_requested()) break;
-    wait = !renewal_round()         ? renewal_retry()
+    wait = !renewal_round(stop)     ? renewal_retry()
            : waiters_.any_queued() ? std::min(renewal_period(), recheck_interval())
                                    : renewal_period();
   }
 }
 
-bool RedisBackend::renewal_round() {
+bool RedisBackend::renewal_round(const std::stop_token& stop) {
   // A snapshot (leases are shared: a hold may be released and destroyed meanwhile).
   struct Entries {
     std::vector<Renewal> holds;
@@ -1087,7 +1145,7 @@ bool RedisBackend::renewal_round() {
   const auto sent_at = SteadyClock::now();
   std::vector<Result> results;
   try {
-    results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience));
+    results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience), stop);
   } catch (const std::exception&) {
     for (auto& [name, entries] : by_name) {
       for (auto& renewal : entries.holds) {

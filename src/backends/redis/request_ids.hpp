@@ -14,12 +14,15 @@ namespace turnstile::detail::redis {
 
 // Request numbers: unique per client (its prefix is drawn when the client connects, so forked
 // processes differ) and growing. Per key, the numbers still in flight (not yet answered, or
-// given up and not yet retired) are kept: the smallest is the watermark every call that may
-// create or change something sends along ("<client>:<n>:<low>", see common_prelude.lua), below
-// which a copy delivered late changes nothing.
+// given up and not yet retired) are kept and sent with every call that may create or change
+// something ("<client>:<n>:<low>:<keep ms>:<open>", see common_prelude.lua): every request
+// below <low> but those open is settled, so a copy of one delivered late changes nothing.
+// <keep ms> is how long the server must remember this client's requests (2 TTLs, at least
+// 2 minutes: the README's Redis section): a record is never kept shorter than any request
+// written to it asked.
 class RequestIds {
  public:
-  RequestIds() {
+  explicit RequestIds(std::int64_t keep_ms) : keep_(":" + std::to_string(keep_ms)) {
     std::random_device random;
     std::snprintf(prefix_, sizeof prefix_, "%08x%08x%08x", random(), random(), random());
   }
@@ -37,15 +40,21 @@ class RequestIds {
     if (it->second.empty()) in_flight_.erase(it);
   }
   std::string id(std::uint64_t n) const { return prefix_ + std::string(":") + std::to_string(n); }
+  // "<client>:<n>:<low>:<keep ms>:<open>": every request of this client on `key` below <low>
+  // (past its last one) is settled but those listed in <open> (its in flight ones, n among
+  // them), so a long waiter does not pin the watermark (see common_prelude.lua).
   std::string marked(const std::string& key, std::uint64_t n) {
     std::lock_guard lock(mutex_);
-    const auto it = in_flight_.find(key);
-    const auto low = it == in_flight_.end() ? count_ + 1 : *it->second.begin();
-    return id(n) + ":" + std::to_string(std::min(low, n));
+    std::set<std::uint64_t> open{n};
+    if (const auto it = in_flight_.find(key); it != in_flight_.end()) open.insert(it->second.begin(), it->second.end());
+    std::string listed;
+    for (const auto e : open) listed += (listed.empty() ? "" : ",") + std::to_string(e);
+    return id(n) + ":" + std::to_string(std::max(count_, n) + 1) + keep_ + ":" + listed;
   }
 
  private:
   char prefix_[25];
+  std::string keep_;  // ":<keep ms>"
   std::mutex mutex_;
   std::uint64_t count_ = 0;
   std::map<std::string, std::set<std::uint64_t>> in_flight_;

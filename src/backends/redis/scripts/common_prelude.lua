@@ -53,26 +53,40 @@ end
 -- did is remembered in 'r:<client>' = "<until ms> L<low> <n>=<result> ...": a resend gets the
 -- first answer, and a retired request ('x', or a release or leave) cannot be applied later.
 -- Only requests still in flight stay listed (the client raises <low> past the rest), so the
--- record holds no count window. One field per client and key, reaped `memory_ms` after the
--- client's last request there (see the README's Redis section: how late a copy may come).
+-- record holds no count window. A client may also name the requests below <low> still in
+-- flight (its 5th part, "<e1>,<e2>,...": then <low> is past its last request, and everything
+-- below it but those is settled), so one long waiter does not pin the watermark and make the
+-- record grow with every other request of its client ("E<e1>,<e2>" in the record). One field per client and key, reaped once its "until" passes:
+-- `memory_ms` after the client's last request there at least, or longer when the request asks
+-- (its 4th part, "<client>:<n>:<low>:<keep ms>": 2 TTLs, see the README's Redis section: how
+-- late a copy may come). A rewrite never brings "until" nearer.
 -- Every script reads the whole hash, so this is also how many clients' records a busy name
 -- carries: 2 minutes (measured: 600 records make an acquire and a release 15 times slower).
 local memory_ms = 120000
 local function split_request(request) return string.match(request, '^([0-9a-f]+):(%d+)$') end
--- The id, the client and n of a marked request, and the client's watermark; nil when malformed.
+-- The id, the client and n of a marked request, the client's watermark and how long its record
+-- is to be kept (0: not said); nil when malformed.
 local function split_marked(marked)
-  local client, n, low = string.match(marked, '^([0-9a-f]+):(%d+):(%d+)$')
-  if not client or #n > 15 or #low > 15 then return nil end
-  return client .. ':' .. n, client, tonumber(n), tonumber(low)
+  local client, n, low, keep, open = string.match(marked, '^([0-9a-f]+):(%d+):(%d+):?(%d*):?([%d,]*)$')
+  if not client or #n > 15 or #low > 15 or #keep > 15 then return nil end
+  return client .. ':' .. n, client, tonumber(n), tonumber(low), tonumber(keep) or 0, open
+end
+-- The set of numbers in "<e1>,<e2>,...".
+local function number_set(text)
+  local set = {}
+  for e in string.gmatch(text or '', '%d+') do set[tonumber(e)] = true end
+  return set
 end
 
-local records = {}  -- client -> {low, items (n -> result), changed}, as loaded and updated
+local records = {}  -- client -> {low, items (n -> result), until_ms, keep_ms, changed}, as loaded and updated
 local function record_of(client)
   local record = records[client]
   if record then return record end
-  record = {low = 0, items = {}, changed = false}
+  record = {low = 0, items = {}, until_ms = 0, keep_ms = 0, changed = false}
   local text = fields['r:' .. client] or ''
+  record.until_ms = tonumber(string.match(text, '^(%d+) ')) or 0
   record.low = tonumber(string.match(text, '^%d+ L(%d+)')) or 0
+  record.open = number_set(string.match(text, '^%d+ L%d+ E([%d,]+)'))  -- below low, in flight
   for n, result in string.gmatch(text, ' (%d+)=(%S+)') do record.items[tonumber(n)] = result end
   records[client] = record
   return record
@@ -81,30 +95,42 @@ end
 -- What the marked request did before: its result; 'late' when its client had settled it
 -- (a copy delivered after its sender went on); nil when it is new. Raises the client's watermark.
 local function recalled(marked)
-  local _, client, n, low = split_marked(marked)
+  local _, client, n, low, keep, open = split_marked(marked)
   local record = record_of(client)
+  record.keep_ms = math.max(record.keep_ms, keep)
   if low > record.low then
-    record.low = low
+    -- Newer news (a copy that took longer says less, and is not read): what was in flight
+    -- then and is not named now has been settled since.
+    record.low, record.open = low, number_set(open)
+    record.changed = true
     for item in pairs(record.items) do
-      if item < low then record.items[item] = nil; record.changed = true end
+      if item < low and not record.open[item] then record.items[item] = nil end
     end
   end
-  if n < record.low then return 'late' end
+  if n < record.low and not record.open[n] then return 'late' end
   return record.items[n]
 end
 
 local function remember(marked, result)
-  local _, client, n = split_marked(marked)
+  local _, client, n, _, keep = split_marked(marked)
   local record = record_of(client)
+  record.keep_ms = math.max(record.keep_ms, keep)
   record.items[n] = result
   record.changed = true
 end
 
--- Writes the records that changed (by put: before the family's flush).
+-- Writes the records that changed (by put: before the family's flush), each kept for the
+-- longest of memory_ms, `keep_ms`, what its requests asked, and what it was kept before.
 local function save_records(keep_ms)
   for client, record in pairs(records) do
     if record.changed then
-      local numbers, parts = {}, {fmt(now + math.max(keep_ms or 0, memory_ms)), 'L' .. fmt(record.low)}
+      local until_ms = math.max(record.until_ms, now + math.max(keep_ms or 0, record.keep_ms, memory_ms))
+      local numbers, parts = {}, {fmt(until_ms), 'L' .. fmt(record.low)}
+      local open = {}
+      for e in pairs(record.open) do open[#open + 1] = e end
+      table.sort(open)
+      for i, e in ipairs(open) do open[i] = fmt(e) end
+      if #open > 0 then parts[#parts + 1] = 'E' .. table.concat(open, ',') end
       for n in pairs(record.items) do numbers[#numbers + 1] = n end
       table.sort(numbers)
       for _, n in ipairs(numbers) do parts[#parts + 1] = fmt(n) .. '=' .. record.items[n] end
