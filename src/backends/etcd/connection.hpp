@@ -157,8 +157,10 @@ class Connection {
   static constexpr std::size_t kAnyEndpoint = static_cast<std::size_t>(-1);
   void check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline,
                        std::size_t tried = kAnyEndpoint);
-  // The one place where a failed call's status becomes a turnstile exception.
-  [[noreturn]] void throw_error(Failure failure, const grpc::Status& status, std::string_view what) const;
+  // The one place where a failed call's status becomes a turnstile exception. `where`: the
+  // endpoints the call went to (empty: all of them).
+  [[noreturn]] void throw_error(Failure failure, const grpc::Status& status, std::string_view what,
+                                std::string_view where = {}) const;
 
  private:
   struct Endpoint {

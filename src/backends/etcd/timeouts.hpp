@@ -50,9 +50,12 @@ constexpr milliseconds kBackgroundTry{2000};
 constexpr milliseconds kCleanupFirstPause{100};
 constexpr milliseconds kCleanupLastPause{2000};
 // A release of a hold already reported lost: its caller is not kept waiting on a dead link
-// (the core retries it in the background). Other releases get a call attempt's time.
+// (the core retries it in the background). Other releases get room for one fail-over: a whole
+// attempt at a member that does not answer (a paused or cut-off follower, kAttemptCap), then
+// one round trip with connecting at the next (kOneShot). With only kAttemptCap, a release
+// never reached a healthy member while the one in use stalled.
 constexpr milliseconds kLostReleaseTry{250};
-constexpr milliseconds kReleaseTry{2000};
+constexpr milliseconds kReleaseTry = kAttemptCap + kOneShot;
 // The client's end revokes its lease (its keys go at once rather than after the TTL) within.
 constexpr milliseconds kRevokeAtEnd{1000};
 
