@@ -272,8 +272,9 @@ HeldTakeEnd end_held_take(const std::string& url, ErrorReports& reports,
 
 // Red team F3: a stop during the take. Before, leave() waited up to 5 s for the take's outcome,
 // ignoring the stop, and the acquire threw "outcome unknown ... CANCELLED" 5.0 s after the
-// stop. Now it returns false at once; the background settles the take.
-TEST_F(EtcdLate, StopDuringATakeReturnsFalseAtOnce) {
+// stop. Now it settles for at most 1 s (here etcd's only endpoint is stuck), returns false and
+// leaves the take to the background.
+TEST_F(EtcdLate, StopDuringATakeReturnsFalseSoon) {
   std::stop_source stop;
   const auto end = end_held_take(
       url_, reports_, [&](turnstile::PermitCounter& counter) { return counter.acquire(2, stop.get_token()); },
@@ -282,7 +283,7 @@ TEST_F(EtcdLate, StopDuringATakeReturnsFalseAtOnce) {
         stop.request_stop();
       });
   EXPECT_EQ(end.outcome, "not taken");
-  EXPECT_LT(end.after, 300ms + 1s) << "the stop was held up by the take's settling";
+  EXPECT_LT(end.after, 300ms + 1700ms) << "the stop was held up by the take's settling";
 }
 
 // Red team F3, with a deadline: try_acquire_for(1 s) returned after 6.0 s, throwing. Now it

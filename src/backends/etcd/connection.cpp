@@ -305,13 +305,13 @@ void Connection::next_endpoint(std::size_t from) {
 
 template <class Call>
 void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what,
-                       const std::stop_token& stop) {
+                       const std::stop_token& stop, milliseconds attempt_cap) {
   auto pause = kRetryFirstPause;
   std::string tried_endpoints;  // for the message: only those the call went to
   for (;;) {
     if (stop.stop_requested()) throw CallStopped(std::string("stopped before ") + what + " was sent to etcd");
     grpc::ClientContext context;
-    prepare(context, std::min(deadline, SteadyClock::now() + kAttemptCap), idempotent);
+    prepare(context, std::min(deadline, SteadyClock::now() + attempt_cap), idempotent);
     const auto tried = current_index();
     const auto& endpoint = settings_.endpoints.at(tried);
     if (("," + tried_endpoints + ",").find("," + endpoint + ",") == std::string::npos) {
@@ -374,10 +374,10 @@ pb::RangeResponse Connection::range(const pb::RangeRequest& request, SteadyClock
 }
 
 pb::TxnResponse Connection::txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent,
-                                const std::stop_token& stop) {
+                                const std::stop_token& stop, milliseconds attempt_cap) {
   pb::TxnResponse response;
   unary([&](grpc::ClientContext& context) { return current().kv->Txn(&context, request, &response); }, deadline, idempotent,
-        "a transaction", stop);
+        "a transaction", stop, attempt_cap);
   return response;
 }
 

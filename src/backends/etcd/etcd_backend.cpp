@@ -439,12 +439,13 @@ class EtcdBackend final : public Backend {
   // exist). Returns the first try's answer, or none (not answered in time, or the lease gone).
   // `finished` runs once it is done (or moot: the lease is gone); `later`, when given, is what
   // the background tries instead of the Txn (it throws until done). A `stop` ends the first
-  // try (none at all when it came already, or when `first_try` is not positive).
+  // try (none at all when it came already, or when `first_try` is not positive), in which an
+  // endpoint is tried `attempt_cap` before the next.
   std::optional<pb::TxnResponse> run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn,
                                              LocalTurn* turn, milliseconds first_try = kLeaveTry,
                                              std::function<void()> finished = {},
                                              std::function<void(SteadyClock::time_point)> later = {},
-                                             const std::stop_token& stop = {});
+                                             const std::stop_token& stop = {}, milliseconds attempt_cap = kAttemptCap);
   // Waits for an event of the watch (or its end, the deadline, `stop`, or the lease's loss).
   // `changed_already`, when given, is asked once the watch exists: true means what we wait for
   // happened before the watch began, so no wait.
@@ -909,14 +910,14 @@ std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<Cl
                                                         LocalTurn* turn, milliseconds first_try,
                                                         std::function<void()> finished,
                                                         std::function<void(SteadyClock::time_point)> later,
-                                                        const std::stop_token& stop) {
+                                                        const std::stop_token& stop, milliseconds attempt_cap) {
   auto answer = std::make_shared<std::optional<pb::TxnResponse>>();
   const auto shared_txn = std::make_shared<const pb::TxnRequest>(std::move(txn));
   Cleanup cleanup;
   cleanup.lease = lease;
   cleanup.finished = std::move(finished);
-  cleanup.attempt = [this, shared_txn, answer, stop](SteadyClock::time_point deadline) {
-    *answer = connection_.txn(*shared_txn, deadline, true, stop);
+  cleanup.attempt = [this, shared_txn, answer, stop, attempt_cap](SteadyClock::time_point deadline) {
+    *answer = connection_.txn(*shared_txn, deadline, true, stop, attempt_cap);
   };
   const bool may_try = first_try > milliseconds::zero() && !stop.stop_requested();
   if (may_try && try_cleanup(cleanup, SteadyClock::now() + first_try)) return *answer;
@@ -1279,7 +1280,8 @@ class EtcdCounterLine final : public CounterLine {
   enum class TakeOutcome { taken, not_taken, unknown };
   // A take whose reply was lost: tells it by its marker until `until` (or the stop), then
   // leaves it to the background, which gives back a take it finds applied.
-  TakeOutcome settle_take(SteadyClock::time_point until);
+  TakeOutcome settle_take(SteadyClock::time_point until, const std::stop_token& stop,
+                          milliseconds attempt_cap = kAttemptCap);
   // The take's outcome is known (or no longer matters): its marker is nobody's concern now.
   void resolved();
   // What the background tries for a take that leave() could not settle in time.
@@ -1380,11 +1382,13 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
     backend_.lose_lease(lease, "etcd no longer knows the client's lease", true);
     return false;
   } catch (const BackendUnavailable&) {
-    // The reply was lost (or the stop cancelled the call). A caller with a deadline or a stop
-    // waits for the outcome only within its own budget (at least one round trip, as any call
-    // past its deadline) and never past the stop; untimed ones as long as leave() does.
+    // The reply was lost (or the stop cut it). A caller with a deadline waits for the outcome
+    // within its budget (at least kOneShot, as any call past its deadline), a stopped one
+    // within kOneShot, trying each endpoint briefly; untimed ones as long as leave() does.
     if (!deadline && !stop_.stop_possible()) throw;
-    const auto outcome = settle_take(bounded(deadline, kOneShot));
+    const auto outcome = stop_.stop_requested()
+                             ? settle_take(SteadyClock::now() + kOneShot, {}, kStoppedSettleAttempt)
+                             : settle_take(bounded(deadline, kOneShot), stop_);
     left_ = true;  // taken: our key went with the take; otherwise the settle deletes it
     if (outcome == TakeOutcome::taken) return true;
     // Not taken, or not known yet: the background makes sure nothing stays taken.
@@ -1442,10 +1446,11 @@ bool EtcdCounterLine::leave() noexcept {
     if (!place_.empty()) backend_.run_cleanup(lease_, delete_entry_txn(place_, place_revision_), nullptr);
     return false;
   }
-  return settle_take(SteadyClock::now() + kTakeOutcomeTry) == TakeOutcome::taken;
+  return settle_take(SteadyClock::now() + kTakeOutcomeTry, stop_) == TakeOutcome::taken;
 }
 
-EtcdCounterLine::TakeOutcome EtcdCounterLine::settle_take(SteadyClock::time_point until) {
+EtcdCounterLine::TakeOutcome EtcdCounterLine::settle_take(SteadyClock::time_point until, const std::stop_token& stop,
+                                                          milliseconds attempt_cap) {
   // Its marker reads "taken" exactly when the take was applied (then it also deleted our
   // waiter key). Otherwise this Txn retires the marker, so the take can no longer apply when
   // it arrives late, and our key goes. Resent, it answers the same.
@@ -1464,7 +1469,7 @@ EtcdCounterLine::TakeOutcome EtcdCounterLine::settle_take(SteadyClock::time_poin
         lease->markers->resolved(request);
         backend.count_unresolved_take(*lease, -1);
       },
-      std::move(later), stop_);
+      std::move(later), stop, attempt_cap);
   if (!answer) return TakeOutcome::unknown;
   return answer->succeeded() ? TakeOutcome::taken : TakeOutcome::not_taken;
 }

@@ -45,6 +45,10 @@ constexpr milliseconds kLeaveTry{500};
 // A leave that must tell whether a take whose reply was lost was applied gets as long as any
 // call (kCallCap): its answer decides between an acquire that succeeded and permits lost for good.
 constexpr milliseconds kTakeOutcomeTry = kCallCap;
+// A stopped acquire still settles its take within kOneShot (the stop itself cut the take's
+// reply): an endpoint that does not answer gives way to the next after this, so a stuck member
+// does not take all of it. Not settled by then, the background settles it.
+constexpr milliseconds kStoppedSettleAttempt{400};
 // One background attempt, and the pauses between attempts (doubling from first to last).
 constexpr milliseconds kBackgroundTry{2000};
 constexpr milliseconds kCleanupFirstPause{100};
