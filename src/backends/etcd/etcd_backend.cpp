@@ -1278,6 +1278,7 @@ class EtcdCounterLine final : public CounterLine {
 
  private:
   enum class TakeOutcome { taken, not_taken, unknown };
+  bool take_reply_lost(Deadline deadline);
   // A take whose reply was lost: tells it by its marker until `until` (or the stop), then
   // leaves it to the background, which gives back a take it finds applied.
   TakeOutcome settle_take(SteadyClock::time_point until, const std::stop_token& stop,
@@ -1382,19 +1383,7 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
     backend_.lose_lease(lease, "etcd no longer knows the client's lease", true);
     return false;
   } catch (const BackendUnavailable&) {
-    // The reply was lost (or the stop cut it). A caller with a deadline waits for the outcome
-    // within its budget (at least kOneShot, as any call past its deadline), a stopped one
-    // within kOneShot, trying each endpoint briefly; untimed ones as long as leave() does.
-    if (!deadline && !stop_.stop_possible()) throw;
-    const auto outcome = stop_.stop_requested()
-                             ? settle_take(SteadyClock::now() + kOneShot, {}, kStoppedSettleAttempt)
-                             : settle_take(bounded(deadline, kOneShot), stop_);
-    left_ = true;  // taken: our key went with the take; otherwise the settle deletes it
-    if (outcome == TakeOutcome::taken) return true;
-    // Not taken, or not known yet: the background makes sure nothing stays taken.
-    if (!stop_.stop_requested() && !passed(deadline)) throw;
-    ended_ = true;
-    return false;
+    return take_reply_lost(deadline);  // rethrows unless the acquire ends here
   }
   resolved();
   if (!answer.succeeded()) return false;
@@ -1402,6 +1391,23 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
   backend_.receipts_deleted(garbage);
   left_ = true;  // our waiter key went with the take
   return true;
+}
+
+// The take's reply was lost (or the stop cut it); called in take()'s handler. A caller with a
+// deadline waits for the outcome within its budget (at least kOneShot, as any call past its
+// deadline), a stopped one within kOneShot, trying each endpoint briefly; untimed ones as long
+// as leave() does (the error is rethrown, and the core leaves).
+bool EtcdCounterLine::take_reply_lost(Deadline deadline) {
+  if (!deadline && !stop_.stop_possible()) throw;
+  const auto outcome = stop_.stop_requested()
+                           ? settle_take(SteadyClock::now() + kOneShot, {}, kStoppedSettleAttempt)
+                           : settle_take(bounded(deadline, kOneShot), stop_);
+  left_ = true;  // taken: our key went with the take; otherwise the settle deletes it
+  if (outcome == TakeOutcome::taken) return true;
+  // Not taken, or not known yet: the background makes sure nothing stays taken.
+  if (!stop_.stop_requested() && !passed(deadline)) throw;
+  ended_ = true;
+  return false;
 }
 
 void EtcdCounterLine::join(Deadline deadline) {
