@@ -42,8 +42,9 @@ constexpr milliseconds kForkTeardown{50};
 // How long a leave or a clean-up is tried in the caller's thread before the background
 // thread takes it over: a caller is not held up by an outage.
 constexpr milliseconds kLeaveTry{500};
-// A leave that must tell whether a take whose reply was lost was applied gets as long as any
-// call (kCallCap): its answer decides between an acquire that succeeded and permits lost for good.
+// An untimed acquire without a stop that must tell whether its take, whose reply was lost, was
+// applied gets as long as any call (kCallCap) before it throws "outcome unknown". Callers with a
+// deadline or a stop get their own budget instead (the background settles the rest).
 constexpr milliseconds kTakeOutcomeTry = kCallCap;
 // A stopped acquire still settles its take within kOneShot (the stop itself cut the take's
 // reply): an endpoint that does not answer gives way to the next after this, so a stuck member
