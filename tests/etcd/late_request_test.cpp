@@ -234,6 +234,68 @@ TEST_F(EtcdLate, RequestMarkersDoNotPileUp) {
 
 // 22.6: a stop ends a join that etcd does not answer. Before, the join ignored it: held after
 // 2.69 s when etcd answered after 3 s, BackendUnavailable after 5 s when it did not.
+// A PermitCounter acquire of 2 of 5 permits whose take is held up on the way (the client's
+// only endpoint is the proxy) and which `give_up` ends (a stop, or its deadline passing): the
+// acquire's outcome and how long after `give_up` began it returned; then the take reaches
+// etcd, and whatever it did is undone (the count is 5 again).
+struct HeldTakeEnd {
+  std::string outcome;
+  Steady::duration after;
+};
+HeldTakeEnd end_held_take(const std::string& url, ErrorReports& reports,
+                          const std::function<bool(turnstile::PermitCounter&)>& acquire,
+                          const std::function<void()>& give_up) {
+  TcpProxy proxy(url);
+  auto client = Client::connect(proxy.url_through(url), reports.options(10s));
+  auto observer = Client::connect(url);
+  const auto name = unique_name("ended-take");
+  EXPECT_TRUE(observer.permit_counter(name).try_set_permits(5));
+  auto held = proxy.hold_request("taken");
+  auto counter = client.permit_counter(name);
+  auto acquiring = std::async(std::launch::async, [&] {
+    try {
+      return std::string(acquire(counter) ? "taken" : "not taken");
+    } catch (const std::exception& error) {
+      return std::string("threw: ") + error.what();
+    }
+  });
+  EXPECT_TRUE(held->wait_held(5s)) << "no take was held up";
+  const auto began = Steady::now();
+  give_up();
+  HeldTakeEnd end{acquiring.get(), Steady::now() - began};
+  held->deliver();
+  auto seen = observer.permit_counter(name);
+  EXPECT_TRUE(eventually([&] { return seen.available_permits() == 5; }, 8s))
+      << seen.available_permits() << " left after the late take; the acquire said " << end.outcome;
+  return end;
+}
+
+// Red team F3: a stop during the take. Before, leave() waited up to 5 s for the take's outcome,
+// ignoring the stop, and the acquire threw "outcome unknown ... CANCELLED" 5.0 s after the
+// stop. Now it settles for at most 1 s (here etcd's only endpoint is stuck), returns false and
+// leaves the take to the background.
+TEST_F(EtcdLate, StopDuringATakeReturnsFalseSoon) {
+  std::stop_source stop;
+  const auto end = end_held_take(
+      url_, reports_, [&](turnstile::PermitCounter& counter) { return counter.acquire(2, stop.get_token()); },
+      [&] {
+        std::this_thread::sleep_for(300ms);
+        stop.request_stop();
+      });
+  EXPECT_EQ(end.outcome, "not taken");
+  EXPECT_LT(end.after, 300ms + 1700ms) << "the stop was held up by the take's settling";
+}
+
+// Red team F3, with a deadline: try_acquire_for(1 s) returned after 6.0 s, throwing. Now it
+// returns false once its budget is spent: the take's (the deadline, at least 1 s), then the
+// settling's (at least 1 s, as any call past its deadline).
+TEST_F(EtcdLate, DeadlineDuringATakeReturnsFalseInTime) {
+  const auto end = end_held_take(
+      url_, reports_, [](turnstile::PermitCounter& counter) { return counter.try_acquire_for(1s, 2); }, [] {});
+  EXPECT_EQ(end.outcome, "not taken");
+  EXPECT_LT(end.after, 3s) << "the deadline was held up by the take's settling";
+}
+
 TEST_F(EtcdLate, StopEndsAJoinThatEtcdDoesNotAnswer) {
   TcpProxy proxy(url_);
   auto client = Client::connect(proxy.url_through(url_), reports_.options(10s));

@@ -254,8 +254,10 @@ bool never_sent(const grpc::Status& status) {
 
 // The one place where a failed call's status becomes a turnstile exception. No user name nor
 // password appears in a message.
-void Connection::throw_error(Failure failure, const grpc::Status& status, std::string_view what) const {
+void Connection::throw_error(Failure failure, const grpc::Status& status, std::string_view what,
+                             std::string_view where) const {
   const auto detail = std::string(what) + ": " + describe(status);
+  const std::string endpoints = where.empty() ? settings_.description : std::string(where);
   switch (failure) {
     case Failure::unauthenticated:
       throw AccessDenied("etcd refused " + detail);
@@ -266,11 +268,11 @@ void Connection::throw_error(Failure failure, const grpc::Status& status, std::s
     case Failure::outcome_unknown:
       throw BackendUnavailable("etcd did not confirm (its outcome is unknown) " + detail);
     case Failure::transient:
-      throw BackendUnavailable("no etcd at " + settings_.description + " answered " + detail);
+      throw BackendUnavailable("no etcd at " + endpoints + " answered " + detail);
     case Failure::failed:
       break;
   }
-  throw BackendUnavailable("etcd at " + settings_.description + " failed " + detail);
+  throw BackendUnavailable("etcd at " + endpoints + " failed " + detail);
 }
 
 void Connection::check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline,
@@ -303,13 +305,18 @@ void Connection::next_endpoint(std::size_t from) {
 
 template <class Call>
 void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what,
-                       const std::stop_token& stop) {
+                       const std::stop_token& stop, milliseconds attempt_cap) {
   auto pause = kRetryFirstPause;
+  std::string tried_endpoints;  // for the message: only those the call went to
   for (;;) {
     if (stop.stop_requested()) throw CallStopped(std::string("stopped before ") + what + " was sent to etcd");
     grpc::ClientContext context;
-    prepare(context, std::min(deadline, SteadyClock::now() + kAttemptCap), idempotent);
+    prepare(context, std::min(deadline, SteadyClock::now() + attempt_cap), idempotent);
     const auto tried = current_index();
+    const auto& endpoint = settings_.endpoints.at(tried);
+    if (("," + tried_endpoints + ",").find("," + endpoint + ",") == std::string::npos) {
+      tried_endpoints += (tried_endpoints.empty() ? "" : ",") + endpoint;
+    }
     grpc::Status status;
     {
       std::stop_callback cancel(stop, [&context] { context.TryCancel(); });
@@ -323,7 +330,7 @@ void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempot
     }
     check_retryable(status, what, deadline, tried);
     if (!idempotent && !never_sent(status)) throw_error(Failure::outcome_unknown, status, what);
-    if (SteadyClock::now() + pause >= deadline) throw_error(Failure::transient, status, what);
+    if (SteadyClock::now() + pause >= deadline) throw_error(Failure::transient, status, what, tried_endpoints);
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, kRetryLastPause);
   }
@@ -367,10 +374,10 @@ pb::RangeResponse Connection::range(const pb::RangeRequest& request, SteadyClock
 }
 
 pb::TxnResponse Connection::txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent,
-                                const std::stop_token& stop) {
+                                const std::stop_token& stop, milliseconds attempt_cap) {
   pb::TxnResponse response;
   unary([&](grpc::ClientContext& context) { return current().kv->Txn(&context, request, &response); }, deadline, idempotent,
-        "a transaction", stop);
+        "a transaction", stop, attempt_cap);
   return response;
 }
 

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/etcd/timeouts.hpp"
 #include "core/backend.hpp"
 #include "rpc.grpc.pb.h"
 
@@ -123,8 +124,9 @@ class Connection {
   // requested cancels the call (CallStopped, unless a write's outcome is unknown).
   pb::RangeResponse range(const pb::RangeRequest& request, SteadyClock::time_point deadline,
                           const std::stop_token& stop = {});
+  // `attempt_cap`: how long one endpoint is tried before the next (kAttemptCap unless given).
   pb::TxnResponse txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent,
-                      const std::stop_token& stop = {});
+                      const std::stop_token& stop = {}, milliseconds attempt_cap = kAttemptCap);
   pb::LeaseGrantResponse lease_grant(std::int64_t ttl_seconds, SteadyClock::time_point deadline,
                                      const std::stop_token& stop = {});
   // Throws LeaseGone when the lease is already gone, BackendUnavailable when etcd did not answer.
@@ -157,8 +159,10 @@ class Connection {
   static constexpr std::size_t kAnyEndpoint = static_cast<std::size_t>(-1);
   void check_retryable(const grpc::Status& status, const char* what, SteadyClock::time_point deadline,
                        std::size_t tried = kAnyEndpoint);
-  // The one place where a failed call's status becomes a turnstile exception.
-  [[noreturn]] void throw_error(Failure failure, const grpc::Status& status, std::string_view what) const;
+  // The one place where a failed call's status becomes a turnstile exception. `where`: the
+  // endpoints the call went to (empty: all of them).
+  [[noreturn]] void throw_error(Failure failure, const grpc::Status& status, std::string_view what,
+                                std::string_view where = {}) const;
 
  private:
   struct Endpoint {
@@ -173,7 +177,7 @@ class Connection {
 
   template <class Call>
   void unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what,
-             const std::stop_token& stop);
+             const std::stop_token& stop, milliseconds attempt_cap = kAttemptCap);
   Endpoint& current();
   std::size_t current_index();
   void authenticate(SteadyClock::time_point deadline);

@@ -438,11 +438,14 @@ class EtcdBackend final : public Backend {
   // it succeeds or the lease is gone. A `turn` still held is kept until then (the key may
   // exist). Returns the first try's answer, or none (not answered in time, or the lease gone).
   // `finished` runs once it is done (or moot: the lease is gone); `later`, when given, is what
-  // the background tries instead of the Txn (it throws until done).
+  // the background tries instead of the Txn (it throws until done). A `stop` ends the first
+  // try (none at all when it came already, or when `first_try` is not positive), in which an
+  // endpoint is tried `attempt_cap` before the next.
   std::optional<pb::TxnResponse> run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn,
                                              LocalTurn* turn, milliseconds first_try = kLeaveTry,
                                              std::function<void()> finished = {},
-                                             std::function<void(SteadyClock::time_point)> later = {});
+                                             std::function<void(SteadyClock::time_point)> later = {},
+                                             const std::stop_token& stop = {}, milliseconds attempt_cap = kAttemptCap);
   // Waits for an event of the watch (or its end, the deadline, `stop`, or the lease's loss).
   // `changed_already`, when given, is asked once the watch exists: true means what we wait for
   // happened before the watch began, so no wait.
@@ -906,20 +909,25 @@ bool EtcdBackend::try_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline
 std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn,
                                                         LocalTurn* turn, milliseconds first_try,
                                                         std::function<void()> finished,
-                                                        std::function<void(SteadyClock::time_point)> later) {
+                                                        std::function<void(SteadyClock::time_point)> later,
+                                                        const std::stop_token& stop, milliseconds attempt_cap) {
   auto answer = std::make_shared<std::optional<pb::TxnResponse>>();
+  const auto shared_txn = std::make_shared<const pb::TxnRequest>(std::move(txn));
   Cleanup cleanup;
   cleanup.lease = lease;
   cleanup.finished = std::move(finished);
-  cleanup.attempt = [this, txn = std::move(txn), answer](SteadyClock::time_point deadline) {
-    *answer = connection_.txn(txn, deadline, true);
+  cleanup.attempt = [this, shared_txn, answer, stop, attempt_cap](SteadyClock::time_point deadline) {
+    *answer = connection_.txn(*shared_txn, deadline, true, stop, attempt_cap);
   };
-  if (try_cleanup(cleanup, SteadyClock::now() + first_try)) return *answer;
+  const bool may_try = first_try > milliseconds::zero() && !stop.stop_requested();
+  if (may_try && try_cleanup(cleanup, SteadyClock::now() + first_try)) return *answer;
   if (turn && turn->held && !lease_lost(*lease)) {
     cleanup.turn = turn->name;
     turn->held = false;
   }
-  if (later) cleanup.attempt = std::move(later);
+  cleanup.attempt = later ? std::move(later) : [this, shared_txn](SteadyClock::time_point deadline) {
+    connection_.txn(*shared_txn, deadline, true);
+  };
   schedule(std::move(cleanup));  // its later answers are nobody's
   return std::nullopt;
 }
@@ -1249,7 +1257,9 @@ std::unique_ptr<QueuePlace> EtcdBackend::join(const QueueRequest& request, bool,
 // it, reading "taken": when its reply is lost, leave() reads the marker and, if the take was
 // not applied, retires it in the same Txn, so the take cannot apply later (a stalled request
 // delivered late) and the acquire knows for sure whether it took the permits. Every call ends
-// on the caller's stop, but the leave.
+// on the caller's stop and by its deadline: a take whose outcome a stopped or timed caller
+// cannot wait for is settled in the background (a take found applied is given back), and the
+// acquire reports false; only an untimed caller without a stop waits up to kTakeOutcomeTry.
 
 class EtcdCounterLine final : public CounterLine {
  public:
@@ -1267,6 +1277,12 @@ class EtcdCounterLine final : public CounterLine {
   bool leave() noexcept override;
 
  private:
+  enum class TakeOutcome { taken, not_taken, unknown };
+  bool take_reply_lost(Deadline deadline);
+  // A take whose reply was lost: tells it by its marker until `until` (or the stop), then
+  // leaves it to the background, which gives back a take it finds applied.
+  TakeOutcome settle_take(SteadyClock::time_point until, const std::stop_token& stop,
+                          milliseconds attempt_cap = kAttemptCap);
   // The take's outcome is known (or no longer matters): its marker is nobody's concern now.
   void resolved();
   // What the background tries for a take that leave() could not settle in time.
@@ -1282,6 +1298,9 @@ class EtcdCounterLine final : public CounterLine {
   std::string place_;  // our waiter key, once in line
   std::int64_t place_revision_ = 0;
   bool left_ = false;
+  // A stop or the deadline ended the acquire while its take was being settled: nothing more
+  // is read (the next look finds nothing, so the core ends the acquire with false).
+  bool ended_ = false;
   // A take whose outcome is unknown (its reply was lost): its request number and lease.
   std::uint64_t take_request_ = 0;
   std::shared_ptr<ClientLease> take_lease_;
@@ -1292,6 +1311,7 @@ class EtcdCounterLine final : public CounterLine {
 };
 
 CounterStanding EtcdCounterLine::look(bool, Deadline deadline) {
+  if (ended_) return {};
   pb::TxnRequest read;  // the counter and the line ahead of us, at one revision
   add_range(read.mutable_success(), key_range(counter_key_));
   add_range(read.mutable_success(), queue_range(line_prefix_, place_revision_));
@@ -1362,6 +1382,8 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
     resolved();
     backend_.lose_lease(lease, "etcd no longer knows the client's lease", true);
     return false;
+  } catch (const BackendUnavailable&) {
+    return take_reply_lost(deadline);  // rethrows unless the acquire ends here
   }
   resolved();
   if (!answer.succeeded()) return false;
@@ -1369,6 +1391,23 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
   backend_.receipts_deleted(garbage);
   left_ = true;  // our waiter key went with the take
   return true;
+}
+
+// The take's reply was lost (or the stop cut it); called in take()'s handler. A caller with a
+// deadline waits for the outcome within its budget (at least kOneShot, as any call past its
+// deadline), a stopped one within kOneShot, trying each endpoint briefly; untimed ones as long
+// as leave() does (the error is rethrown, and the core leaves).
+bool EtcdCounterLine::take_reply_lost(Deadline deadline) {
+  if (!deadline && !stop_.stop_possible()) throw;
+  const auto outcome = stop_.stop_requested()
+                           ? settle_take(SteadyClock::now() + kOneShot, {}, kStoppedSettleAttempt)
+                           : settle_take(bounded(deadline, kOneShot), stop_);
+  left_ = true;  // taken: our key went with the take; otherwise the settle deletes it
+  if (outcome == TakeOutcome::taken) return true;
+  // Not taken, or not known yet: the background makes sure nothing stays taken.
+  if (!stop_.stop_requested() && !passed(deadline)) throw;
+  ended_ = true;
+  return false;
 }
 
 void EtcdCounterLine::join(Deadline deadline) {
@@ -1413,9 +1452,14 @@ bool EtcdCounterLine::leave() noexcept {
     if (!place_.empty()) backend_.run_cleanup(lease_, delete_entry_txn(place_, place_revision_), nullptr);
     return false;
   }
-  // A take whose reply was lost: its marker reads "taken" exactly when it was applied (then it
-  // also deleted our waiter key). Otherwise this Txn retires the marker, so the take can no
-  // longer apply when it arrives late, and our key goes. Resent, it answers the same.
+  return settle_take(SteadyClock::now() + kTakeOutcomeTry, stop_) == TakeOutcome::taken;
+}
+
+EtcdCounterLine::TakeOutcome EtcdCounterLine::settle_take(SteadyClock::time_point until, const std::stop_token& stop,
+                                                          milliseconds attempt_cap) {
+  // Its marker reads "taken" exactly when the take was applied (then it also deleted our
+  // waiter key). Otherwise this Txn retires the marker, so the take can no longer apply when
+  // it arrives late, and our key goes. Resent, it answers the same.
   const auto lease = std::exchange(take_lease_, nullptr);
   const auto request = std::exchange(take_request_, 0);
   pb::TxnRequest resolve;
@@ -1424,14 +1468,16 @@ bool EtcdCounterLine::leave() noexcept {
   lease->markers->retire(resolve.mutable_failure(), request, kRefused);
   if (!place_.empty()) add_delete(resolve.mutable_failure(), place_);  // keys of one line are never reused
   auto later = undo_take(lease, request, resolve);
+  const auto first_try = std::chrono::duration_cast<milliseconds>(until - SteadyClock::now());
   const auto answer = backend_.run_cleanup(
-      lease, std::move(resolve), nullptr, kTakeOutcomeTry,
+      lease, std::move(resolve), nullptr, first_try,
       [&backend = backend_, lease, request] {
         lease->markers->resolved(request);
         backend.count_unresolved_take(*lease, -1);
       },
-      std::move(later));
-  return answer && answer->succeeded();
+      std::move(later), stop, attempt_cap);
+  if (!answer) return TakeOutcome::unknown;
+  return answer->succeeded() ? TakeOutcome::taken : TakeOutcome::not_taken;
 }
 
 // Not settled in time, the acquire reported the take not applied: the background settles it,

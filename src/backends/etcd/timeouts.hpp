@@ -42,17 +42,25 @@ constexpr milliseconds kForkTeardown{50};
 // How long a leave or a clean-up is tried in the caller's thread before the background
 // thread takes it over: a caller is not held up by an outage.
 constexpr milliseconds kLeaveTry{500};
-// A leave that must tell whether a take whose reply was lost was applied gets as long as any
-// call (kCallCap): its answer decides between an acquire that succeeded and permits lost for good.
+// An untimed acquire without a stop that must tell whether its take, whose reply was lost, was
+// applied gets as long as any call (kCallCap) before it throws "outcome unknown". Callers with a
+// deadline or a stop get their own budget instead (the background settles the rest).
 constexpr milliseconds kTakeOutcomeTry = kCallCap;
+// A stopped acquire still settles its take within kOneShot (the stop itself cut the take's
+// reply): an endpoint that does not answer gives way to the next after this, so a stuck member
+// does not take all of it. Not settled by then, the background settles it.
+constexpr milliseconds kStoppedSettleAttempt{400};
 // One background attempt, and the pauses between attempts (doubling from first to last).
 constexpr milliseconds kBackgroundTry{2000};
 constexpr milliseconds kCleanupFirstPause{100};
 constexpr milliseconds kCleanupLastPause{2000};
 // A release of a hold already reported lost: its caller is not kept waiting on a dead link
-// (the core retries it in the background). Other releases get a call attempt's time.
+// (the core retries it in the background). Other releases get room for one fail-over: a whole
+// attempt at a member that does not answer (a paused or cut-off follower, kAttemptCap), then
+// one round trip with connecting at the next (kOneShot). With only kAttemptCap, a release
+// never reached a healthy member while the one in use stalled.
 constexpr milliseconds kLostReleaseTry{250};
-constexpr milliseconds kReleaseTry{2000};
+constexpr milliseconds kReleaseTry = kAttemptCap + kOneShot;
 // The client's end revokes its lease (its keys go at once rather than after the TTL) within.
 constexpr milliseconds kRevokeAtEnd{1000};
 
