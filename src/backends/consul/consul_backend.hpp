@@ -174,6 +174,11 @@ class ConsulBackend final : public Backend {
   // number of looks, or when the marker's session is gone and the counter moved on meanwhile.
   bool counter_change_applied(const std::string& key, const CounterSeen& seen, const ChangeMarker& marker,
                               SteadyClock::time_point until);
+  // counter_change_applied's look, and what it leaves to the background when it cannot tell:
+  // the marker written "void" (retried until done, the session gone, or kCleanupGiveUp).
+  bool settle_change(const std::string& key, const CounterSeen& seen, const ChangeMarker& marker,
+                     SteadyClock::time_point until);
+  void void_in_background(const std::string& key, const CounterSeen& seen, const ChangeMarker& marker);
   // A marker's value: nullopt when absent, else whether its change applied (not "void").
   std::optional<bool> marker_says_applied(const ChangeMarker& marker);
   // PUT/DELETE answering true/false (false also for an acquire whose session is gone).

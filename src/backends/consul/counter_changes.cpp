@@ -17,6 +17,12 @@ constexpr int kSettleRounds = 16;
 // The transaction's operations: [check-not-exists M, cas, lock M, extra...].
 constexpr std::size_t kMarkerCheckOp = 0;
 
+// The marker written "void" unless it exists: from then on no copy of its change can apply.
+nlohmann::json void_ops(const ChangeMarker& marker) {
+  return nlohmann::json::array(
+      {kv_op("check-not-exists", marker.key), kv_lock(marker.key, kVoidMarker, 0, marker.session->id)});
+}
+
 }  // namespace
 
 ConsulBackend::CounterSeen ConsulBackend::read_counter(const std::string& key, milliseconds timeout) {
@@ -76,9 +82,32 @@ std::optional<bool> ConsulBackend::marker_says_applied(const ChangeMarker& marke
 
 bool ConsulBackend::counter_change_applied(const std::string& key, const CounterSeen& seen, const ChangeMarker& marker,
                                            SteadyClock::time_point until) {
-  // The marker written "void" unless it exists: from then on no copy of the change can apply.
-  const nlohmann::json void_it = nlohmann::json::array(
-      {kv_op("check-not-exists", marker.key), kv_lock(marker.key, kVoidMarker, 0, marker.session->id)});
+  try {
+    return settle_change(key, seen, marker, until);
+  } catch (const BackendUnavailable&) {
+    // The caller is told "outcome unknown"; a copy still on its way must not apply once Consul
+    // answers again, so the void goes on in the background (Curator's guaranteed delete).
+    void_in_background(key, seen, marker);
+    throw;
+  }
+}
+
+void ConsulBackend::void_in_background(const std::string& key, const CounterSeen& seen, const ChangeMarker& marker) {
+  cleanup_.add([this, key, index = seen.index, marker] {
+    if (marker.session->lease->lost()) return true;  // the marker's lock fails in every copy now
+    Refused refused;
+    if (txn(void_ops(marker), kCallFloor, "voiding a change of " + key, &refused)) {
+      markers_.add(*this, {marker, key, index, true});
+      return true;
+    }
+    // There already (applied, or voided): settled either way. Or its session is gone: no copy applies.
+    return refused.at(kMarkerCheckOp, Refusal::exists) || lose_refused_session(refused, *marker.session);
+  });
+}
+
+bool ConsulBackend::settle_change(const std::string& key, const CounterSeen& seen, const ChangeMarker& marker,
+                                  SteadyClock::time_point until) {
+  const nlohmann::json void_it = void_ops(marker);
   auto backoff = kResendBackoff;
   for (int round = 0; round < kSettleRounds; ++round) {
     try {
