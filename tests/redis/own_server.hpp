@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <gtest/gtest.h>
+
 #include "support/server_tests.hpp"
 
 namespace redis_tests {
@@ -21,6 +23,19 @@ using namespace std::chrono_literals;
 using server_tests::eventually;
 using server_tests::read_first_line;
 using server_tests::shell;
+
+// The name's one key (see the README's Redis section).
+inline std::string state_key(const std::string& name) { return "turnstile:{" + name + "}:q"; }
+
+// A test on the suite's fixture server (its URL in url_).
+class FixtureServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    url_ = read_first_line(TURNSTILE_REDIS_URL_FILE);
+    ASSERT_FALSE(url_.empty()) << "no URL in " << TURNSTILE_REDIS_URL_FILE;
+  }
+  std::string url_;
+};
 
 // A redis-server of the test's own, started with `options` in a directory it controls, so it
 // can be shut down without saving and restarted from what that directory holds.

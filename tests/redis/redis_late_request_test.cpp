@@ -22,17 +22,9 @@ using namespace server_tests;
 using redis_tests::RedisServer;
 using redis_tests::Thaw;
 
-// The name's one key (see the README's Redis section).
-std::string state_key(const std::string& name) { return "turnstile:{" + name + "}:q"; }
+using redis_tests::state_key;
 
-class RedisLateRequests : public ::testing::Test {
- protected:
-  void SetUp() override {
-    url_ = read_first_line(TURNSTILE_REDIS_URL_FILE);
-    ASSERT_FALSE(url_.empty()) << "no URL in " << TURNSTILE_REDIS_URL_FILE;
-  }
-  std::string url_;
-};
+class RedisLateRequests : public redis_tests::FixtureServerTest {};
 
 // The entry text with its request id (the 4th word: see queue_prelude.lua) replaced.
 std::string with_request(const std::string& entry, const std::string& request) {

@@ -31,17 +31,9 @@ using namespace server_tests;
 using redis_tests::RedisServer;
 using redis_tests::Thaw;
 
-// The name's one key (see the README's Redis section).
-std::string state_key(const std::string& name) { return "turnstile:{" + name + "}:q"; }
+using redis_tests::state_key;
 
-class RedisSafety : public ::testing::Test {
- protected:
-  void SetUp() override {
-    url_ = read_first_line(TURNSTILE_REDIS_URL_FILE);
-    ASSERT_FALSE(url_.empty()) << "no URL in " << TURNSTILE_REDIS_URL_FILE;
-  }
-  std::string url_;
-};
+class RedisSafety : public redis_tests::FixtureServerTest {};
 
 // A thread that waits for a Mutex of its own client and says whether it got it (then unlocks).
 std::future<bool> wait_for_lock(const std::string& url, const std::string& name, std::chrono::seconds timeout) {
