@@ -1,0 +1,141 @@
+#include "core/guaranteed_removal.hpp"
+
+#include <algorithm>
+
+#include "core/fork_generation.hpp"
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail {
+
+GuaranteedRemoval::GuaranteedRemoval(Backoff backoff, Report report, Driver driver)
+    : backoff_(backoff), report_(std::move(report)), driver_(driver), generation_(fork_generation()) {}
+
+GuaranteedRemoval::~GuaranteedRemoval() {
+  std::lock_guard lock(mutex_);
+  forget_parent_locked();  // in a child, the thread object is the parent's: never join it
+  thread_.request_stop();
+  wake_.notify_all();
+}
+
+void GuaranteedRemoval::forget_parent_locked() {
+  const auto generation = fork_generation();
+  if (generation == generation_) return;
+  // The thread does not exist in this process: joining it would wait forever. Its object is
+  // leaked on purpose, like the parent's items (they hold the parent's connections).
+  if (thread_.joinable()) static_cast<void>(new std::jthread(std::move(thread_)));
+  for (auto& item : items_) static_cast<void>(new Attempt(std::move(item.attempt)));
+  items_.clear();
+  generation_ = generation;
+}
+
+void GuaranteedRemoval::add(std::string what, Attempt attempt) {
+  std::lock_guard lock(mutex_);
+  forget_parent_locked();
+  const auto now = SteadyClock::now();
+  const auto give_up = backoff_.give_up ? now + *backoff_.give_up : SteadyClock::time_point::max();
+  items_.push_back({std::move(what), std::move(attempt), backoff_.first_pause, now + backoff_.first_pause, give_up});
+  if (driver_ == Driver::own_thread && !thread_.joinable()) {
+    thread_ = std::jthread([this](std::stop_token stop) { run(std::move(stop)); });
+  }
+  wake_.notify_all();
+}
+
+std::size_t GuaranteedRemoval::pending() const {
+  std::lock_guard lock(mutex_);
+  return items_.size();
+}
+
+bool GuaranteedRemoval::attempt(Item& item) {
+  std::exception_ptr error;
+  try {
+    if (item.attempt() != Removal::again) return true;
+  } catch (const BackendUnavailable&) {
+    // no answer: like `again`
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const auto now = SteadyClock::now();
+  if (!error && now < item.give_up) {
+    item.next_try = now + item.pause;  // measured from the attempt's end: never a hot loop
+    item.pause = std::min(item.pause * 2, backoff_.last_pause);
+    return false;
+  }
+  if (!error) {
+    error = std::make_exception_ptr(BackendUnavailable("gave up removing " + item.what + " in the background"));
+  }
+  if (report_) report_(item.what, error);
+  return true;
+}
+
+std::deque<GuaranteedRemoval::Item> GuaranteedRemoval::take_due(SteadyClock::time_point now) {
+  std::lock_guard lock(mutex_);
+  forget_parent_locked();
+  std::deque<Item> due;
+  for (auto it = items_.begin(); it != items_.end();) {
+    if (it->next_try <= now) {
+      due.push_back(std::move(*it));
+      it = items_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return due;
+}
+
+void GuaranteedRemoval::put_back(std::deque<Item>& items) {
+  std::lock_guard lock(mutex_);
+  for (auto& item : items) items_.push_back(std::move(item));
+  items.clear();
+}
+
+std::size_t GuaranteedRemoval::run_due() {
+  // Attempts run without the mutex: a removal handed over meanwhile never waits on the network.
+  auto due = take_due(SteadyClock::now());
+  std::deque<Item> again;
+  for (auto& item : due) {
+    if (!attempt(item)) again.push_back(std::move(item));
+  }
+  put_back(again);
+  return pending();
+}
+
+void GuaranteedRemoval::run(std::stop_token stop) {
+  while (!stop.stop_requested()) {
+    {
+      std::unique_lock lock(mutex_);
+      if (items_.empty()) {
+        wake_.wait(lock, stop, [&] { return !items_.empty(); });
+        continue;
+      }
+      auto due = items_.front().next_try;
+      for (const auto& item : items_) due = std::min(due, item.next_try);
+      // Woken early by a new item only to recompute the earliest due time.
+      if (wake_.wait_until(lock, stop, due, [] { return false; }); stop.stop_requested()) return;
+    }
+    run_due();
+  }
+}
+
+void GuaranteedRemoval::drain(milliseconds within) {
+  const auto end = SteadyClock::now() + within;
+  {
+    std::lock_guard lock(mutex_);
+    forget_parent_locked();
+    for (auto& item : items_) {
+      item.next_try = SteadyClock::now();
+      item.give_up = std::min(item.give_up, end);
+    }
+  }
+  while (run_due() > 0 && SteadyClock::now() < end) {
+    std::unique_lock lock(mutex_);
+    if (items_.empty()) break;
+    auto due = items_.front().next_try;
+    for (const auto& item : items_) due = std::min(due, item.next_try);
+    lock.unlock();
+    std::this_thread::sleep_until(std::min(due, end));
+  }
+  std::lock_guard lock(mutex_);
+  items_.clear();
+}
+
+}  // namespace turnstile::detail

@@ -1,0 +1,87 @@
+// Removals that must happen even when the caller could not wait for them (Curator's
+// `guaranteed()` delete): a release or a leave whose reply did not come in time, an entry a
+// given-up join may have created, a marker to void. Every backend hands them here instead of
+// keeping a janitor of its own.
+//
+// A backend gives a bounded, idempotent, one-attempt function; the service owns the retries,
+// the backoff between them (no hot loop, whatever the attempt answers), the bound after which
+// it gives up, and what is reported. Attempts run on one background thread, started on the
+// first removal, or — for a backend that batches them into a round of its own (Redis's
+// renewal round) — from that round through run_due().
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <thread>
+
+#include "core/time_policy.hpp"
+
+namespace turnstile::detail {
+
+// What one attempt found.
+enum class Removal {
+  done,       // removed, or found already gone: nothing left to do
+  again,      // no answer, or not now: try again after the next pause
+  abandoned,  // can never be done (the entry belongs to someone else now): stop, report nothing
+};
+
+class GuaranteedRemoval {
+ public:
+  // One attempt: bounded by its own call limits, safe to repeat. A BackendUnavailable it throws
+  // counts as `again`; another turnstile::Error ends the item and is reported.
+  using Attempt = std::function<Removal()>;
+  // Told of an item that ended in an error or was given up (`what` names it; no credentials).
+  using Report = std::function<void(const std::string& what, std::exception_ptr error)>;
+  enum class Driver { own_thread, caller };
+
+  explicit GuaranteedRemoval(Backoff backoff, Report report = {}, Driver driver = Driver::own_thread);
+  ~GuaranteedRemoval();  // stops the thread; call drain() first to try what is pending
+  GuaranteedRemoval(const GuaranteedRemoval&) = delete;
+  GuaranteedRemoval& operator=(const GuaranteedRemoval&) = delete;
+
+  // Hands over a removal; its first attempt comes after the first pause. Never blocks on the
+  // network. In a forked child, what the parent handed over is dropped (it is the parent's).
+  void add(std::string what, Attempt attempt);
+  // Runs the attempts that are due, in the calling thread (Driver::caller); returns how many
+  // items remain.
+  std::size_t run_due();
+  // Tries every pending item now, and again with the usual pauses, until all are done or
+  // `within` has passed (a client's end); what remains is dropped.
+  void drain(milliseconds within);
+  std::size_t pending() const;
+
+ private:
+  struct Item {
+    std::string what;
+    Attempt attempt;
+    milliseconds pause;
+    SteadyClock::time_point next_try;
+    SteadyClock::time_point give_up;
+  };
+  void run(std::stop_token stop);
+  // Runs `item` once: true when it is finished (done, abandoned, reported, given up).
+  bool attempt(Item& item);
+  // Takes the due items out (under the mutex); puts back those to try again.
+  std::deque<Item> take_due(SteadyClock::time_point now);
+  void put_back(std::deque<Item>& items);
+  // Drops items and thread inherited from the parent, in a forked child (mutex held).
+  void forget_parent_locked();
+
+  Backoff backoff_;
+  Report report_;
+  Driver driver_;
+  mutable std::mutex mutex_;
+  std::condition_variable_any wake_;
+  std::deque<Item> items_;
+  std::uint64_t generation_;
+  std::jthread thread_;  // last member: stopped and joined first
+};
+
+}  // namespace turnstile::detail
