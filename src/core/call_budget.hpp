@@ -54,16 +54,12 @@ class CallBudget {
   // The one clamp rule: a call ends when the caller's deadline comes, but no later than `cap`
   // from now and no sooner than `floor` from now. So an untimed caller is still capped, a
   // passed deadline becomes `floor` (zero: stays passed), and a near one is lifted to `floor`.
-  SteadyClock::time_point call_end(const CallLimits& limits) const {
-    const auto now = SteadyClock::now();
-    const auto latest = now + limits.cap;
-    const auto earliest = now + std::min(limits.floor, limits.cap);
-    if (!deadline_) return latest;
-    return std::clamp(*deadline_, earliest, latest);
-  }
+  SteadyClock::time_point call_end(const CallLimits& limits) const { return call_end(limits, SteadyClock::now()); }
   // The same end as a timeout from now, for libraries that take one (libcurl, gRPC, zoo_*).
+  // One reading of the clock: a passed deadline without a floor is a zero timeout, never 1 ms.
   milliseconds call_timeout(const CallLimits& limits) const {
-    return std::max(std::chrono::ceil<milliseconds>(call_end(limits) - SteadyClock::now()), milliseconds(0));
+    const auto now = SteadyClock::now();
+    return std::max(std::chrono::ceil<milliseconds>(call_end(limits, now) - now), milliseconds(0));
   }
   // The budget of one call: the clamped end, the same stop.
   CallBudget for_call(const CallLimits& limits) const { return {call_end(limits), stop_}; }
@@ -73,6 +69,13 @@ class CallBudget {
   }
 
  private:
+  SteadyClock::time_point call_end(const CallLimits& limits, SteadyClock::time_point now) const {
+    const auto latest = now + limits.cap;
+    const auto earliest = now + std::min(limits.floor, limits.cap);
+    if (!deadline_) return latest;
+    return std::clamp(*deadline_, earliest, latest);
+  }
+
   Deadline deadline_;
   std::stop_token stop_;
 };

@@ -34,6 +34,7 @@ void GuaranteedRemoval::add(std::string what, Attempt attempt) {
   const auto now = SteadyClock::now();
   const auto give_up = backoff_.give_up ? now + *backoff_.give_up : SteadyClock::time_point::max();
   items_.push_back({std::move(what), std::move(attempt), backoff_.first_pause, now + backoff_.first_pause, give_up});
+  ++added_;
   if (driver_ == Driver::own_thread && !thread_.joinable()) {
     thread_ = std::jthread([this](std::stop_token stop) { run(std::move(stop)); });
   }
@@ -42,7 +43,14 @@ void GuaranteedRemoval::add(std::string what, Attempt attempt) {
 
 std::size_t GuaranteedRemoval::pending() const {
   std::lock_guard lock(mutex_);
+  if (generation_ != fork_generation()) return 0;  // a forked child: the items are the parent's
   return items_.size();
+}
+
+void GuaranteedRemoval::report_given_up(const Item& item) {
+  if (!report_) return;
+  report_(item.what,
+          std::make_exception_ptr(BackendUnavailable("gave up removing " + item.what + " in the background")));
 }
 
 bool GuaranteedRemoval::attempt(Item& item) {
@@ -56,14 +64,17 @@ bool GuaranteedRemoval::attempt(Item& item) {
   }
   const auto now = SteadyClock::now();
   if (!error && now < item.give_up) {
-    item.next_try = now + item.pause;  // measured from the attempt's end: never a hot loop
+    // The handing over waited first_pause; each retry after it waits twice the pause before,
+    // measured from the attempt's end: never a hot loop.
     item.pause = std::min(item.pause * 2, backoff_.last_pause);
+    item.next_try = now + item.pause;
     return false;
   }
   if (!error) {
-    error = std::make_exception_ptr(BackendUnavailable("gave up removing " + item.what + " in the background"));
+    report_given_up(item);
+  } else if (report_) {
+    report_(item.what, error);
   }
-  if (report_) report_(item.what, error);
   return true;
 }
 
@@ -109,18 +120,33 @@ void GuaranteedRemoval::run(std::stop_token stop) {
       }
       auto due = items_.front().next_try;
       for (const auto& item : items_) due = std::min(due, item.next_try);
-      // Woken early by a new item only to recompute the earliest due time.
-      if (wake_.wait_until(lock, stop, due, [] { return false; }); stop.stop_requested()) return;
+      // A new item may be due before `due`: it ends the wait, and the earliest is taken again.
+      const auto added = added_;
+      if (wake_.wait_until(lock, stop, due, [&] { return added_ != added; }); stop.stop_requested()) return;
     }
     run_due();
   }
 }
 
+void GuaranteedRemoval::stop_thread() {
+  std::jthread thread;
+  {
+    std::lock_guard lock(mutex_);
+    forget_parent_locked();  // a parent's thread is not joined (it does not exist here)
+    thread = std::move(thread_);
+  }
+  if (!thread.joinable()) return;
+  thread.request_stop();
+  wake_.notify_all();
+  thread.join();  // its attempt in flight ends by its own bound
+}
+
 void GuaranteedRemoval::drain(milliseconds within) {
+  // The thread stops first: no attempt of it is still in flight when what is left is given up.
+  stop_thread();
   const auto end = SteadyClock::now() + within;
   {
     std::lock_guard lock(mutex_);
-    forget_parent_locked();
     for (auto& item : items_) {
       item.next_try = SteadyClock::now();
       item.give_up = std::min(item.give_up, end);
@@ -134,8 +160,12 @@ void GuaranteedRemoval::drain(milliseconds within) {
     lock.unlock();
     std::this_thread::sleep_until(std::min(due, end));
   }
-  std::lock_guard lock(mutex_);
-  items_.clear();
+  std::deque<Item> left;
+  {
+    std::lock_guard lock(mutex_);
+    left.swap(items_);
+  }
+  for (const auto& item : left) report_given_up(item);  // not done by the end: said, not dropped silently
 }
 
 }  // namespace turnstile::detail

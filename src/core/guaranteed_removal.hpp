@@ -52,8 +52,9 @@ class GuaranteedRemoval {
   // Runs the attempts that are due, in the calling thread (Driver::caller); returns how many
   // items remain.
   std::size_t run_due();
-  // Tries every pending item now, and again with the usual pauses, until all are done or
-  // `within` has passed (a client's end); what remains is dropped.
+  // Stops the service's thread, then tries every pending item now, and again with the usual
+  // pauses, until all are done or `within` has passed (a client's end); what remains is
+  // reported as given up and dropped.
   void drain(milliseconds within);
   std::size_t pending() const;
 
@@ -73,6 +74,9 @@ class GuaranteedRemoval {
   void put_back(std::deque<Item>& items);
   // Drops items and thread inherited from the parent, in a forked child (mutex held).
   void forget_parent_locked();
+  void stop_thread();
+  // Reports that `item` was not done within its bound.
+  void report_given_up(const Item& item);
 
   Backoff backoff_;
   Report report_;
@@ -81,6 +85,7 @@ class GuaranteedRemoval {
   std::condition_variable_any wake_;
   std::deque<Item> items_;
   std::uint64_t generation_;
+  std::uint64_t added_ = 0;  // items ever added: a change wakes the thread to take the earliest again
   std::jthread thread_;  // last member: stopped and joined first
 };
 
