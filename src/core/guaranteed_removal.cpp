@@ -45,6 +45,13 @@ std::size_t GuaranteedRemoval::pending() const {
   return items_.size();
 }
 
+std::optional<SteadyClock::time_point> GuaranteedRemoval::next_due() const {
+  std::lock_guard lock(mutex_);
+  std::optional<SteadyClock::time_point> due;
+  for (const auto& item : items_) due = due ? std::min(*due, item.next_try) : item.next_try;
+  return due;
+}
+
 bool GuaranteedRemoval::attempt(Item& item) {
   std::exception_ptr error;
   try {

@@ -17,6 +17,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -56,6 +57,9 @@ class GuaranteedRemoval {
   // `within` has passed (a client's end); what remains is dropped.
   void drain(milliseconds within);
   std::size_t pending() const;
+  // When the earliest pending item is due (nullopt when none): a caller-driven service's round
+  // (Driver::caller) comes by then.
+  std::optional<SteadyClock::time_point> next_due() const;
 
  private:
   struct Item {
