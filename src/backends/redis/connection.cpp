@@ -138,35 +138,8 @@ std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
         continue;
       }
       ++links_;
-      lock.unlock();
-      try {
-        return open_link(wait);
-      } catch (const AccessDenied&) {
-        lock.lock();
-        --links_;
-        notify_returned();
-        throw;
-      } catch (const EvictingServer&) {
-        lock.lock();
-        --links_;
-        notify_returned();
-        throw;
-      } catch (const BackendUnavailable&) {
-        lock.lock();
-        --links_;
-        if (!wait.stop.stop_requested()) {  // a cancelled attempt says nothing of the server
-          backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, max_backoff_);
-          next_attempt_ = SteadyClock::now() + backoff_;
-        }
-        notify_returned();
-        if (wait.try_once || wait.until < next_attempt_ || wait.stop.stop_requested()) throw;
-        continue;
-      } catch (...) {
-        lock.lock();
-        --links_;
-        notify_returned();
-        throw;
-      }
+      if (auto link = open_counted(lock, wait)) return link;
+      continue;
     }
     // Every link is busy with another call: wait for one, within our own deadline.
     if (!wait_returned(lock, wait.until, wait.stop) && !wait.stop.stop_requested() && idle_.empty() &&
@@ -174,6 +147,33 @@ std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
       throw BackendUnavailable("every connection to redis at " + settings_.description + " stayed busy until the deadline");
     }
   }
+}
+
+std::unique_ptr<Connection::Link> Connection::open_counted(std::unique_lock<std::mutex>& lock, const Wait& wait) {
+  lock.unlock();
+  std::exception_ptr failure;
+  bool may_retry = false;
+  try {
+    return open_link(wait);
+  } catch (const EvictingServer&) {
+    failure = std::current_exception();  // it will not pass: never retried
+  } catch (const BackendUnavailable&) {
+    failure = std::current_exception();
+    may_retry = true;
+  } catch (...) {
+    failure = std::current_exception();  // AccessDenied: retrying would not help either
+  }
+  lock.lock();
+  --links_;
+  if (may_retry && !wait.stop.stop_requested()) {  // a cancelled attempt says nothing of the server
+    backoff_ = std::clamp(backoff_ * 2, kFirstBackoff, max_backoff_);
+    next_attempt_ = SteadyClock::now() + backoff_;
+  }
+  notify_returned();
+  if (!may_retry || wait.try_once || wait.until < next_attempt_ || wait.stop.stop_requested()) {
+    std::rethrow_exception(failure);
+  }
+  return nullptr;
 }
 
 void Connection::checkin(std::unique_ptr<Link> link) {
@@ -238,8 +238,9 @@ void Connection::forget_idle() {
   }
 }
 
-std::vector<Reply> Connection::run(const std::vector<Command>& commands, const Wait& wait, bool retry,
-                                   std::string* server, const FollowUp* follow_up, Reply* follow_reply, bool asking) {
+std::vector<Reply> Connection::run(const std::vector<Command>& commands, const Wait& wait, const CallOptions& options) {
+  const bool asking = options.asking;
+  const auto* follow_up = options.follow_up;
   std::vector<Command> asked;
   if (asking) {
     asked.push_back({"ASKING"});
@@ -247,22 +248,7 @@ std::vector<Reply> Connection::run(const std::vector<Command>& commands, const W
   }
   for (;;) {
     auto link = checkout(wait);  // throws once a stop is requested
-    if (!retry && SteadyClock::now() - link->last_reply >= kIdleProbe) {
-      // What must not be resent is written only to a connection just shown alive: one the
-      // server closed (`timeout`) or a NAT dropped while idle fails this PING instead, and the
-      // call goes out on a new connection rather than reporting an unknown outcome.
-      std::vector<Reply> pong;
-      if (const auto why = exchange(link->context.get(), std::vector<Command>{Command{"PING"}}, pong, wait.reply_until(),
-                                    wait.cancel_fd);
-          !why.empty()) {
-        discard(std::move(link), false);
-        if (wait.expired()) {
-          throw BackendUnavailable("redis at " + settings_.description + " did not answer (" + why + "); nothing was sent");
-        }
-        continue;
-      }
-      link->last_reply = SteadyClock::now();
-    }
+    if (!options.idempotent && !shown_alive(link, wait)) continue;
     bool sent = false;
     std::vector<Reply> replies;
     const auto why = exchange(link->context.get(), asking ? asked : commands, replies, wait.reply_until(), wait.cancel_fd, &sent);
@@ -282,28 +268,17 @@ std::vector<Reply> Connection::run(const std::vector<Command>& commands, const W
         }
         continue;
       }
-      if (server) *server = link->server;
-      if (follow_up && *follow_up) {
-        if (auto next = (*follow_up)(replies)) {
-          std::vector<Reply> more;
-          // Bounded by the follow-up's own timeout (WAIT's is below kConnectTimeout).
-          if (exchange(link->context.get(), std::vector<Command>{*next}, more, SteadyClock::now() + kReplyTimeout,
-                       wait.cancel_fd)
-                  .empty()) {
-            link->last_reply = SteadyClock::now();
-            if (follow_reply) *follow_reply = std::move(more.front());
-          } else {
-            discard(std::move(link), false);
-            return replies;
-          }
-        }
+      if (options.server) *options.server = link->server;
+      if (follow_up && *follow_up && !send_follow_up(*link, replies, wait, options)) {
+        discard(std::move(link), false);
+        return replies;
       }
       checkin(std::move(link));
       return replies;
     }
     const bool fresh = !link->used && !wait.stop.stop_requested();
     discard(std::move(link), fresh);
-    if (sent && !retry) {
+    if (sent && !options.idempotent) {
       throw BackendUnavailable("redis at " + settings_.description + " failed mid-request (" + why +
                                "); the outcome is unknown");
     }
@@ -311,6 +286,40 @@ std::vector<Reply> Connection::run(const std::vector<Command>& commands, const W
       throw BackendUnavailable("redis at " + settings_.description + " failed: " + why);
     }
   }
+}
+
+bool Connection::shown_alive(std::unique_ptr<Link>& link, const Wait& wait) {
+  if (SteadyClock::now() - link->last_reply < kIdleProbe) return true;
+  // What must not be resent is written only to a connection just shown alive: one the server
+  // closed (`timeout`) or a NAT dropped while idle fails this PING instead, and the call goes
+  // out on a new connection rather than reporting an unknown outcome.
+  std::vector<Reply> pong;
+  if (const auto why = exchange(link->context.get(), std::vector<Command>{Command{"PING"}}, pong, wait.reply_until(),
+                                wait.cancel_fd);
+      !why.empty()) {
+    discard(std::move(link), false);
+    if (wait.expired()) {
+      throw BackendUnavailable("redis at " + settings_.description + " did not answer (" + why + "); nothing was sent");
+    }
+    return false;
+  }
+  link->last_reply = SteadyClock::now();
+  return true;
+}
+
+bool Connection::send_follow_up(Link& link, const std::vector<Reply>& replies, const Wait& wait,
+                                const CallOptions& options) {
+  auto next = (*options.follow_up)(replies);
+  if (!next) return true;
+  std::vector<Reply> more;
+  // Bounded by the follow-up's own timeout (WAIT's is below kConnectTimeout).
+  if (!exchange(link.context.get(), std::vector<Command>{*next}, more, SteadyClock::now() + kReplyTimeout, wait.cancel_fd)
+           .empty()) {
+    return false;
+  }
+  link.last_reply = SteadyClock::now();
+  if (options.follow_reply) *options.follow_reply = std::move(more.front());
+  return true;
 }
 
 Command Connection::eval_command(const Script& script, const std::vector<std::string>& keys,
@@ -329,11 +338,10 @@ Command Connection::eval_command(const Script& script, const std::vector<std::st
   return command;
 }
 
-std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, bool retry,
-                                            std::string* server, const FollowUp* follow_up, Reply* follow_reply,
-                                            bool asking) {
+std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, CallOptions options) {
   std::string answered;
-  if (!server) server = &answered;
+  if (!options.server) options.server = &answered;
+  const auto* follow_up = options.follow_up;
   std::vector<Command> commands;
   for (const auto& [script, keys, args] : calls) commands.push_back(eval_command(*script, keys, args, true));
   // No follow-up after a NOSCRIPT: it goes after the EVAL that runs the script instead.
@@ -346,7 +354,9 @@ std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls
       return (*follow_up)(replies);
     };
   }
-  auto replies = run(commands, wait, retry, server, &unless_noscript, follow_reply, asking);
+  auto first = options;
+  first.follow_up = &unless_noscript;
+  auto replies = run(commands, wait, first);
   // The server lost its script cache (restart, SCRIPT FLUSH): those scripts did not run; EVAL
   // sends and caches them, in one more round trip.
   std::vector<std::size_t> missing;
@@ -358,35 +368,34 @@ std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls
     commands.push_back(eval_command(*script, keys, args, false));
   }
   if (!missing.empty()) {
-    auto again = run(commands, wait, retry, server, follow_up, follow_reply, asking);
+    auto again = run(commands, wait, options);
     for (std::size_t k = 0; k < missing.size(); ++k) replies[missing[k]] = std::move(again[k]);
   }
   std::vector<Result> results(calls.size());
   for (std::size_t i = 0; i < calls.size(); ++i) {
     results[i].error = reply_error(settings_, "script " + std::get<0>(calls[i])->name, replies[i].get());
     if (results[i].ok()) results[i].reply = std::move(replies[i]);
-    results[i].server = *server;
+    results[i].server = *options.server;
   }
   return results;
 }
 
 Result Connection::eval_result(const Script& script, const std::vector<std::string>& keys,
-                               const std::vector<std::string>& args, Deadline deadline, bool retry, std::string* server,
-                               std::stop_token stop, const FollowUp* follow_up, Reply* follow_reply, bool asking) {
-  const StopFd cancel(stop);
-  return std::move(run_scripts({ScriptCall{&script, keys, args}}, Wait(deadline, std::move(stop), cancel.fd()), retry,
-                               server, follow_up, follow_reply, asking)
-                       .front());
+                               const std::vector<std::string>& args, const CallOptions& options) {
+  const StopFd cancel(options.budget.stop());
+  const Wait wait(options.budget.deadline(), options.budget.stop(), cancel.fd());
+  return std::move(run_scripts({ScriptCall{&script, keys, args}}, wait, options).front());
 }
 
-std::vector<Result> Connection::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline, std::string* server,
-                                          std::stop_token stop) {
-  const StopFd cancel(stop);
-  return run_scripts(calls, Wait(deadline, std::move(stop), cancel.fd()), true, server);
+std::vector<Result> Connection::eval_each(const std::vector<ScriptCall>& calls, const CallBudget& budget,
+                                          std::string* server) {
+  const StopFd cancel(budget.stop());
+  return run_scripts(calls, Wait(budget.deadline(), budget.stop(), cancel.fd()),
+                     {.budget = budget, .idempotent = true, .server = server});
 }
 
-std::vector<Reply> Connection::eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline, std::string* server) {
-  auto results = eval_each(calls, deadline, server);
+std::vector<Reply> Connection::eval_pipelined(const std::vector<ScriptCall>& calls, const CallBudget& budget) {
+  auto results = eval_each(calls, budget);
   std::vector<Reply> replies;
   for (auto& result : results) replies.push_back(result.take());
   return replies;
@@ -427,11 +436,12 @@ bool Connection::take_back_idle(bool readable) {
   return false;
 }
 
-Result Connection::command_result(const Command& command, Deadline deadline, std::stop_token stop, bool asking) {
-  const StopFd cancel(stop);
+Result Connection::command_result(const Command& command, CallOptions options) {
+  const StopFd cancel(options.budget.stop());
   Result result;
-  auto replies = run({command}, Wait(deadline, std::move(stop), cancel.fd()), true, &result.server, nullptr, nullptr,
-                     asking);
+  options.idempotent = true;
+  options.server = &result.server;
+  auto replies = run({command}, Wait(options.budget.deadline(), options.budget.stop(), cancel.fd()), options);
   result.error = reply_error(settings_, command.front(), replies.front().get());
   if (result.ok()) result.reply = std::move(replies.front());
   return result;

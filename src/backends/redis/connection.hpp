@@ -24,6 +24,7 @@
 #include "backends/redis/replies.hpp"
 #include "backends/redis/settings.hpp"
 #include "backends/redis/wire.hpp"
+#include "core/call_budget.hpp"
 
 namespace turnstile::detail::redis {
 
@@ -64,12 +65,32 @@ Opened open_context(const Settings& settings, const Wait& wait, const std::vecto
 // address of the primary. Throws AccessDenied (sentinel_password) or BackendUnavailable.
 HostPort ask_sentinels(const Settings& settings, SteadyClock::time_point until, int cancel_fd = -1);
 
-
 using ScriptCall = std::tuple<const Script*, std::vector<std::string>, std::vector<std::string>>;
 
 // After a call's replies came, a command to send on the same connection (WAIT counts the
 // replicas that have that connection's writes), or none.
 using FollowUp = std::function<std::optional<Command>(const std::vector<Reply>&)>;
+
+// How one call runs; written with designated initializers, e.g.
+// `{.budget = {deadline, stop}, .idempotent = true, .server = &server}`.
+struct CallOptions {
+  // The caller's deadline and stop: every wait of the call (connect, reply, backoff, a busy
+  // pool) ends by the deadline, and at once on the stop. A deadline already passed gets one
+  // attempt within the caps (kConnectTimeout, kReplyTimeout).
+  CallBudget budget;
+  // The call may run again after a failure that left its outcome unknown: it then keeps
+  // reconnecting until the deadline. Otherwise it is only written to a connection known to be
+  // alive, and a failure after writing throws BackendUnavailable saying the outcome is unknown.
+  bool idempotent = false;
+  // Receives the identity of the server the call ran on (Opened::server).
+  std::string* server = nullptr;
+  // May name a command to send on the same connection once the reply came; its reply goes to
+  // `follow_reply` (left empty when it failed: the connection is dropped then).
+  const FollowUp* follow_up = nullptr;
+  Reply* follow_reply = nullptr;
+  // Sends ASKING first, in the same round trip (a cluster's ASK redirection).
+  bool asking = false;
+};
 
 class Connection {
  public:
@@ -85,43 +106,28 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // Runs the script (EVALSHA, or EVAL after NOSCRIPT). `retry` says whether the script may run
-  // again after a failure that left its outcome unknown (it must be idempotent); the call then
-  // keeps reconnecting until `deadline`. Otherwise it is only written to a connection known to
-  // be alive, and a failure after writing throws BackendUnavailable saying the outcome is
-  // unknown. Error replies throw their typed error (see reply_error). Throws
-  // BackendUnavailable when the deadline passes, or at once when `stop` is requested (every wait:
-  // connect, reply, backoff, a busy pool).
-  // `server`, when given, receives the identity of the server the script ran on (Opened::server).
-  // `follow_up`, when given, may name a command to send on the same connection once the script's
-  // reply came; its reply goes to `follow_reply` (left empty when it failed: the connection is
-  // dropped then).
-  // With sentinels, a READONLY reply (the primary was demoted) drops the connection and the call
-  // goes out again on a new one to the primary the sentinels name, until the deadline.
-  // `asking` sends ASKING first, in the same round trip (a cluster's ASK redirection).
+  // Runs the script (EVALSHA, or EVAL after NOSCRIPT) as `options` say. Error replies throw
+  // their typed error (see reply_error); BackendUnavailable when the deadline passes or a stop
+  // comes. With sentinels, a READONLY reply (the primary was demoted) drops the connection and
+  // the call goes out again on a new one to the primary the sentinels name, until the deadline.
   Reply eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-             Deadline deadline, bool retry, std::string* server = nullptr, std::stop_token stop = {},
-             const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr, bool asking = false) {
-    return eval_result(script, keys, args, deadline, retry, server, std::move(stop), follow_up, follow_reply, asking)
-        .take();
+             const CallOptions& options) {
+    return eval_result(script, keys, args, options).take();
   }
   // The same, with an error reply returned in the Result rather than thrown.
   Result eval_result(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                     Deadline deadline, bool retry, std::string* server = nullptr, std::stop_token stop = {},
-                     const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr, bool asking = false);
+                     const CallOptions& options);
   // Several idempotent script calls in one round trip, each with its own outcome: an error
   // reply to one (OOM, READONLY, BUSY...) is that call's typed error, never thrown. Throws
   // BackendUnavailable only when no reply came by the deadline.
-  std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, Deadline deadline,
-                                std::string* server = nullptr, std::stop_token stop = {});
+  std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, const CallBudget& budget,
+                                std::string* server = nullptr);
   // The same, throwing the first call's error reply as its typed error.
-  std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline,
-                                    std::string* server = nullptr);
+  std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, const CallBudget& budget);
   // A plain command, retried like an idempotent script; error replies throw typed errors.
-  Reply command(const Command& command, Deadline deadline, std::stop_token stop = {}) {
-    return command_result(command, deadline, std::move(stop)).take();
-  }
-  Result command_result(const Command& command, Deadline deadline, std::stop_token stop = {}, bool asking = false);
+  Reply command(const Command& command, const CallBudget& budget) { return command_result(command, {.budget = budget}).take(); }
+  // The same, with an error reply returned; options.idempotent is implied.
+  Result command_result(const Command& command, CallOptions options);
 
   // Sleeps until `until`, until `wake_fd` becomes readable, or until an idle connection shows
   // that its server went away (EOF or reset: a restart, a shutdown, a killed server), so that
@@ -155,16 +161,21 @@ class Connection {
   // Closes a broken link; `fresh` (it never completed a call) counts as a failed attempt.
   void discard(std::unique_ptr<Link> link, bool fresh);
   std::unique_ptr<Link> open_link(const Wait& wait);
+  // Opens a link in a slot already counted in links_ (`lock` released meanwhile, held again on
+  // return). Null when it failed and the call may try again (after the reconnect backoff).
+  std::unique_ptr<Link> open_counted(std::unique_lock<std::mutex>& lock, const Wait& wait);
+  // Before a call that must not be resent: PINGs a link idle for kIdleProbe. False when it did
+  // not answer (it is discarded: try another); throws when the wait is over.
+  bool shown_alive(std::unique_ptr<Link>& link, const Wait& wait);
+  // Sends options.follow_up's command, if any, after `replies`; false when the link failed.
+  bool send_follow_up(Link& link, const std::vector<Reply>& replies, const Wait& wait, const CallOptions& options);
   // Waits (mutex_ held by `lock`) until a link comes back or a slot frees up, `until`, or a stop.
   // False on timeout or stop.
   bool wait_returned(std::unique_lock<std::mutex>& lock, SteadyClock::time_point until, const std::stop_token& stop);
   void notify_returned();  // mutex_ held
   // One round trip of `commands` on some link; error replies are returned, not thrown.
-  std::vector<Reply> run(const std::vector<Command>& commands, const Wait& wait, bool retry, std::string* server,
-                         const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr, bool asking = false);
-  std::vector<Result> run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, bool retry,
-                                  std::string* server, const FollowUp* follow_up = nullptr,
-                                  Reply* follow_reply = nullptr, bool asking = false);
+  std::vector<Reply> run(const std::vector<Command>& commands, const Wait& wait, const CallOptions& options);
+  std::vector<Result> run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, CallOptions options);
   // With sentinels: drops the idle links (they lead to a demoted primary). mutex_ not held.
   void forget_idle();
   Command eval_command(const Script& script, const std::vector<std::string>& keys,

@@ -88,7 +88,7 @@ class RedisCounterLine final : public CounterLine {
                                            {keys_.channel, std::to_string(permits_),
                                             std::to_string(backend_.settings_.ttl.count()), mode, backend_.identity_,
                                             marked(), backend_.label_suffix_},
-                                           until, true, nullptr, stop);
+                                           {.budget = {until, stop}, .idempotent = true});
     CounterStanding standing;
     const auto status = integer_at(reply.get(), 0);
     if (status == 0 || status == 1) {

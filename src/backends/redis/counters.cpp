@@ -10,7 +10,8 @@ Reply RedisBackend::counter_change(const QueueKeys& keys, const Script& script,
   const auto n = request_ids_.open(key);
   const auto marked = request_ids_.marked(key, n);
   try {
-    auto reply = connection_.eval(script, keys.keys, args_with(marked), SteadyClock::now() + kCallPatience, true);
+    auto reply = connection_.eval(script, keys.keys, args_with(marked),
+                                  {.budget = Deadline(SteadyClock::now() + kCallPatience), .idempotent = true});
     request_ids_.settle(key, n);
     return reply;
   } catch (const BackendUnavailable&) {
@@ -48,7 +49,7 @@ std::int64_t RedisBackend::counter_add(const std::string& name, std::int64_t del
 
 std::optional<std::int64_t> RedisBackend::counter_get(const std::string& name) {
   check_counter_name(name);
-  auto reply = connection_.command({"GET", name}, SteadyClock::now() + kCallPatience, name);
+  auto reply = connection_.command({"GET", name}, Deadline(SteadyClock::now() + kCallPatience), name);
   if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
   try {
     if (reply->type == REDIS_REPLY_STRING) return std::stoll(std::string(reply->str, reply->len));

@@ -25,7 +25,7 @@ RedisHold::~RedisHold() {
 void RedisHold::downgrade() {
   const auto keys = backend_.keys_of(name_);
   auto reply = backend_.connection().eval(scripts::downgrade, keys.keys, {keys.channel, std::to_string(seq_), request_},
-                                          SteadyClock::now() + kCallPatience, true);
+                                          {.budget = Deadline(SteadyClock::now() + kCallPatience), .idempotent = true});
   if (integer_of(reply) == 0) lease_->lose("its entry expired or the redis server forgot it");
 }
 
@@ -46,8 +46,8 @@ void RedisHold::release() {
   auto reply = backend_.connection().eval(scripts::release, keys.keys,
                                           {keys.channel, std::to_string(seq_), request_, backend_.release_memory_ms(),
                                            ids.marked(keys.keys.back(), release_request_)},
-                                          SteadyClock::now() + patience, true, nullptr,
-                                          lost ? std::stop_token() : loss_->token());
+                                          {.budget = {SteadyClock::now() + patience, lost ? std::stop_token() : loss_->token()},
+                                           .idempotent = true});
   ids.settle(keys.keys.back(), std::exchange(release_request_, 0));
   released_ = true;
   backend_.untrack(this);

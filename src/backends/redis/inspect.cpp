@@ -13,28 +13,8 @@ std::string label_after(std::istringstream& text) {
   return rest.size() > 1 && rest[0] == ' ' ? rest.substr(1) : std::string();
 }
 
-}  // namespace
-
-Inspection RedisBackend::inspect(const std::string& name, Deadline deadline) {
-  const auto keys = keys_of(name);
-  std::vector<ScriptCall> calls{{&scripts::inspect, keys.keys, {keys.channel}}};
-  bool counter = true;
-  try {
-    const auto counter_keys_of_name = counter_keys(name, settings_.cluster());
-    calls.emplace_back(&scripts::counter_inspect, counter_keys_of_name.keys,
-                       std::vector<std::string>{counter_keys_of_name.channel});
-  } catch (const InvalidArgument&) {
-    counter = false;  // a lock name that no counter may use
-  }
-  auto until = SteadyClock::now() + kCallPatience;
-  if (deadline) until = std::min(until, *deadline);
-  auto replies = connection_.eval_pipelined(calls, until);
-  for (const auto& reply : replies) {
-    if (reply->type != REDIS_REPLY_ARRAY) unexpected_reply("inspect");
-  }
-  Inspection result;
-  result.name = name;
-  const auto* queue = replies[0].get();
+// The queue's entries, from inspect.lua's reply.
+void read_queue(const redisReply* queue, Inspection& result) {
   for (std::size_t i = 0; i < queue->elements; ++i) {
     const auto* item = queue->element[i];
     EntryInfo info;
@@ -56,8 +36,10 @@ Inspection RedisBackend::inspect(const std::string& name, Deadline deadline) {
     }
     (info.holding ? result.holders : result.waiters).push_back(info);
   }
-  if (!counter) return result;
-  const auto* permits = replies[1].get();
+}
+
+// The counter's permits and waiter line, from counter_inspect.lua's reply.
+void read_counter(const redisReply* permits, Inspection& result) {
   if (permits->elements > 0 && permits->element[0]->type == REDIS_REPLY_STRING) {
     try {
       result.permits = std::stoll(string_at(permits, 0));
@@ -75,6 +57,32 @@ Inspection RedisBackend::inspect(const std::string& name, Deadline deadline) {
     info.since = std::chrono::system_clock::time_point(milliseconds(since_ms));
     result.waiters.push_back(info);
   }
+}
+
+}  // namespace
+
+Inspection RedisBackend::inspect(const std::string& name, Deadline deadline) {
+  const auto keys = keys_of(name);
+  std::vector<ScriptCall> calls{{&scripts::inspect, keys.keys, {keys.channel}}};
+  bool counter = true;
+  try {
+    const auto counter_keys_of_name = counter_keys(name, settings_.cluster());
+    calls.emplace_back(&scripts::counter_inspect, counter_keys_of_name.keys,
+                       std::vector<std::string>{counter_keys_of_name.channel});
+  } catch (const InvalidArgument&) {
+    counter = false;  // a lock name that no counter may use
+  }
+  auto until = SteadyClock::now() + kCallPatience;
+  if (deadline) until = std::min(until, *deadline);
+  auto replies = connection_.eval_pipelined(calls, Deadline(until));
+  for (const auto& reply : replies) {
+    if (reply->type != REDIS_REPLY_ARRAY) unexpected_reply("inspect");
+  }
+  Inspection result;
+  result.name = name;
+  read_queue(replies[0].get(), result);
+  if (counter) read_counter(replies[1].get(), result);
   return result;
 }
+
 }  // namespace turnstile::detail::redis

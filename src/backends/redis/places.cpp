@@ -67,7 +67,11 @@ class RedisPlace final : public QueuePlace {
           {keys_.channel, std::string(1, kind_code(request.kind)), std::to_string(request.permits),
            std::to_string(request.limit), std::to_string(backend_.settings_.ttl.count()), try_once ? "1" : "0",
            backend_.request_ids_.marked(keys_.keys.back(), join_), backend_.identity_, backend_.label_suffix_},
-          at_least_floor(deadline), true, &server_, stop_, &follow_up, &replicas);
+          {.budget = {at_least_floor(deadline), stop_},
+           .idempotent = true,
+           .server = &server_,
+           .follow_up = &follow_up,
+           .follow_reply = &replicas});
       // Answered: the server knows what this acquire did, and a late copy of it finds that out.
       backend_.request_ids_.settle(keys_.keys.back(), join_);
       join_answered_ = true;
@@ -116,8 +120,12 @@ class RedisPlace final : public QueuePlace {
     try {
       reply = backend_.connection_.eval(
           scripts::renew, keys_.keys,
-          {keys_.channel, std::to_string(backend_.settings_.ttl.count()), std::to_string(seq_), request_id_}, deadline,
-          true, &server_, stop_, &follow_up, &replicas);
+          {keys_.channel, std::to_string(backend_.settings_.ttl.count()), std::to_string(seq_), request_id_},
+          {.budget = {deadline, stop_},
+           .idempotent = true,
+           .server = &server_,
+           .follow_up = &follow_up,
+           .follow_reply = &replicas});
     } catch (const BackendUnavailable&) {
       // Ended by the stop or the deadline: not admitted (the core gives up and leaves).
       if (stop_.stop_requested() || passed(deadline)) return standing(false);

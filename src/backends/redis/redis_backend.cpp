@@ -131,7 +131,8 @@ void RedisBackend::leave(const std::string& name, const std::string& seq, std::u
                                   request_ids_.marked(key, release)};
     try {
       if (patience.count() > 0) {
-        integer_of(connection_.eval(scripts::release, keys.keys, args, SteadyClock::now() + patience, true));
+        integer_of(connection_.eval(scripts::release, keys.keys, args,
+                                    {.budget = Deadline(SteadyClock::now() + patience), .idempotent = true}));
         for (const auto n : settles) request_ids_.settle(key, n);
         return;
       }
@@ -170,7 +171,7 @@ void RedisBackend::retire_orphans_before_exit() noexcept {
       for (const auto& orphan : orphans) calls.emplace_back(orphan.script, orphan.keys, orphan.args);
       std::vector<Result> results;
       try {
-        results = renewals_.eval_each(calls, std::min(until, SteadyClock::now() + kExitAttempt));
+        results = renewals_.eval_each(calls, Deadline(std::min(until, SteadyClock::now() + kExitAttempt)));
       } catch (const std::exception&) {
         std::this_thread::sleep_for(std::min<SteadyClock::duration>(kExitRetryPause, until - SteadyClock::now()));
         continue;

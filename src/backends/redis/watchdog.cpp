@@ -112,7 +112,7 @@ bool RedisBackend::renewal_round(const std::stop_token& stop) {
   const auto sent_at = SteadyClock::now();
   std::vector<Result> results;
   try {
-    results = renewals_.eval_each(calls, sent_at + std::min(renewal_period(), kRenewalPatience), stop);
+    results = renewals_.eval_each(calls, {sent_at + std::min(renewal_period(), kRenewalPatience), stop});
   } catch (const std::exception&) {
     for (auto& [name, entries] : by_name) {
       for (auto& renewal : entries.holds) {
