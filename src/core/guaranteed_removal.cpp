@@ -33,7 +33,8 @@ void GuaranteedRemoval::add(std::string what, Attempt attempt) {
   forget_parent_locked();
   const auto now = SteadyClock::now();
   const auto give_up = backoff_.give_up ? now + *backoff_.give_up : SteadyClock::time_point::max();
-  items_.push_back({std::move(what), std::move(attempt), backoff_.first_pause, now + backoff_.first_pause, give_up});
+  const auto first_try = now + backoff_.first_try.value_or(backoff_.first_pause);
+  items_.push_back({std::move(what), std::move(attempt), backoff_.first_pause, first_try, give_up});
   if (driver_ == Driver::own_thread && !thread_.joinable()) {
     thread_ = std::jthread([this](std::stop_token stop) { run(std::move(stop)); });
   }

@@ -47,8 +47,8 @@ class GuaranteedRemoval {
   GuaranteedRemoval(const GuaranteedRemoval&) = delete;
   GuaranteedRemoval& operator=(const GuaranteedRemoval&) = delete;
 
-  // Hands over a removal; its first attempt comes after the first pause. Never blocks on the
-  // network. In a forked child, what the parent handed over is dropped (it is the parent's).
+  // Hands over a removal; its first attempt comes after Backoff::first_try (default: the first
+  // pause). Never blocks on the network. In a forked child, what the parent handed over is dropped (it is the parent's).
   void add(std::string what, Attempt attempt);
   // Runs the attempts that are due, in the calling thread (Driver::caller); returns how many
   // items remain.
