@@ -33,7 +33,8 @@ void GuaranteedRemoval::add(std::string what, Attempt attempt) {
   forget_parent_locked();
   const auto now = SteadyClock::now();
   const auto give_up = backoff_.give_up ? now + *backoff_.give_up : SteadyClock::time_point::max();
-  items_.push_back({std::move(what), std::move(attempt), backoff_.first_pause, now + backoff_.first_pause, give_up});
+  const auto first_try = now + backoff_.first_try.value_or(backoff_.first_pause);
+  items_.push_back({std::move(what), std::move(attempt), backoff_.first_pause, first_try, give_up});
   ++added_;
   if (driver_ == Driver::own_thread && !thread_.joinable()) {
     thread_ = std::jthread([this](std::stop_token stop) { run(std::move(stop)); });
@@ -51,6 +52,14 @@ void GuaranteedRemoval::report_given_up(const Item& item) {
   if (!report_) return;
   report_(item.what,
           std::make_exception_ptr(BackendUnavailable("gave up removing " + item.what + " in the background")));
+}
+
+std::optional<SteadyClock::time_point> GuaranteedRemoval::next_due() const {
+  std::lock_guard lock(mutex_);
+  if (generation_ != fork_generation()) return std::nullopt;  // a forked child: the items are the parent's
+  std::optional<SteadyClock::time_point> due;
+  for (const auto& item : items_) due = due ? std::min(*due, item.next_try) : item.next_try;
+  return due;
 }
 
 bool GuaranteedRemoval::attempt(Item& item) {

@@ -17,6 +17,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -46,8 +47,8 @@ class GuaranteedRemoval {
   GuaranteedRemoval(const GuaranteedRemoval&) = delete;
   GuaranteedRemoval& operator=(const GuaranteedRemoval&) = delete;
 
-  // Hands over a removal; its first attempt comes after the first pause. Never blocks on the
-  // network. In a forked child, what the parent handed over is dropped (it is the parent's).
+  // Hands over a removal; its first attempt comes after Backoff::first_try (default: the first
+  // pause). Never blocks on the network. In a forked child, what the parent handed over is dropped (it is the parent's).
   void add(std::string what, Attempt attempt);
   // Runs the attempts that are due, in the calling thread (Driver::caller); returns how many
   // items remain.
@@ -57,6 +58,9 @@ class GuaranteedRemoval {
   // reported as given up and dropped.
   void drain(milliseconds within);
   std::size_t pending() const;
+  // When the earliest pending item is due (nullopt when none): a caller-driven service's round
+  // (Driver::caller) comes by then.
+  std::optional<SteadyClock::time_point> next_due() const;
 
  private:
   struct Item {

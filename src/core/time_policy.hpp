@@ -17,6 +17,10 @@ struct Backoff {
   milliseconds first_pause{100};
   milliseconds last_pause{2000};
   std::optional<milliseconds> give_up{};
+  // The wait before an item's first attempt, when it differs from `first_pause` (zero: at the
+  // next chance, e.g. a caller-driven service's next round); the pauses still start at
+  // `first_pause`.
+  std::optional<milliseconds> first_try{};
 };
 
 struct TimePolicy {

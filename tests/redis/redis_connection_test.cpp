@@ -122,12 +122,12 @@ TEST_F(RedisConnection, NoCallWaitsPastItsOwnDeadlineBehindAnother) {
   turnstile_test::TcpProxy proxy(url_);
   redis::Connection connection(settings_for(proxy.url_through(url_)), kScripts, {});
   const auto key = key_for("deadline");
-  EXPECT_EQ(connection.eval(kIncr, {key}, {}, Clock::now() + 5s, true)->integer, 1);
+  EXPECT_EQ(connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 5s), .idempotent = true})->integer, 1);
   proxy.blackhole();
   std::atomic<bool> long_call_done{false};
   auto long_call = std::async(std::launch::async, [&] {
     try {
-      connection.eval(kIncr, {key}, {}, Clock::now() + 4s, true);
+      connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 4s), .idempotent = true});
     } catch (const turnstile::BackendUnavailable&) {
     }
     long_call_done = true;
@@ -135,7 +135,7 @@ TEST_F(RedisConnection, NoCallWaitsPastItsOwnDeadlineBehindAnother) {
   std::this_thread::sleep_for(200ms);
   ASSERT_FALSE(long_call_done) << "the long call should be stuck on the cut link";
   const auto start = Clock::now();
-  EXPECT_THROW(connection.eval(kGet, {key}, {}, Clock::now() + 300ms, true), turnstile::BackendUnavailable);
+  EXPECT_THROW(connection.eval(kGet, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 300ms), .idempotent = true}), turnstile::BackendUnavailable);
   const auto took = Clock::now() - start;
   EXPECT_FALSE(long_call_done) << "the short call must not have waited for the long one";
   EXPECT_LT(took, 1500ms) << "a 300 ms call waited " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
@@ -143,7 +143,7 @@ TEST_F(RedisConnection, NoCallWaitsPastItsOwnDeadlineBehindAnother) {
   proxy.forward();
   long_call.get();
   // The link heals: calls go through again.
-  EXPECT_NO_THROW(connection.eval(kGet, {key}, {}, Clock::now() + 5s, true));
+  EXPECT_NO_THROW(connection.eval(kGet, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 5s), .idempotent = true}));
 }
 
 // Issue 16.3: every error reply is a typed error; in a pipeline, each call gets its own.
@@ -152,28 +152,28 @@ TEST(RedisConnectionOwnServer, ErrorRepliesBecomeTypedErrors) {
   redis::Connection connection(settings_for(server.url()), kScripts, {});
   const auto key = key_for("errors");
   const auto soon = [] { return Clock::now() + 5s; };
-  EXPECT_EQ(connection.eval(kIncr, {key}, {}, soon(), false)->integer, 1);
+  EXPECT_EQ(connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(soon())})->integer, 1);
 
   // OOM under maxmemory + noeviction (the default policy).
   ASSERT_EQ(redis_cli(server.url(), "CONFIG SET maxmemory 1"), "OK");
-  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] { connection.eval(kIncr, {key}, {}, soon(), true); }).find("OOM"),
+  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] { connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true}); }).find("OOM"),
             std::string::npos);
-  auto results = connection.eval_each({{&kIncr, {key}, {}}, {&kGet, {key}, {}}}, soon());
+  auto results = connection.eval_each({{&kIncr, {key}, {}}, {&kGet, {key}, {}}}, turnstile::Deadline(soon()));
   ASSERT_EQ(results.size(), 2u);
   EXPECT_THROW(results[0].take(), turnstile::BackendUnavailable);
   ASSERT_TRUE(results[1].ok()) << "a read-only script still runs under OOM";
   EXPECT_EQ(std::string(results[1].reply->str, results[1].reply->len), "1");
-  EXPECT_THROW(connection.eval_pipelined({{&kIncr, {key}, {}}}, soon()), turnstile::BackendUnavailable);
+  EXPECT_THROW(connection.eval_pipelined({{&kIncr, {key}, {}}}, turnstile::Deadline(soon())), turnstile::BackendUnavailable);
   ASSERT_EQ(redis_cli(server.url(), "CONFIG SET maxmemory 0"), "OK");
 
   // A script error.
-  EXPECT_THROW(connection.eval(kBroken, {key}, {}, soon(), true), turnstile::BackendUnavailable);
+  EXPECT_THROW(connection.eval(kBroken, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true}), turnstile::BackendUnavailable);
 
   // BUSY: another connection runs a script that does not end.
   ASSERT_EQ(redis_cli(server.url(), "CONFIG SET busy-reply-threshold 100"), "OK");
   auto busy = std::async(std::launch::async, [&] { return redis_cli(server.url(), "EVAL 'while true do end' 0"); });
   ASSERT_TRUE(eventually([&] { return redis_cli(server.url(), "PING").find("BUSY") != std::string::npos; }));
-  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] { connection.eval(kIncr, {key}, {}, soon(), true); }).find("BUSY"),
+  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] { connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true}); }).find("BUSY"),
             std::string::npos);
   redis_cli(server.url(), "SCRIPT KILL");
   busy.get();
@@ -184,13 +184,13 @@ TEST(RedisConnectionOwnServer, ErrorRepliesBecomeTypedErrors) {
   const auto hostport = server.url().substr(std::string("redis://").size());
   redis::Connection limited(settings_for("redis://" + user + ":pw@" + hostport), kScripts, {});
   ASSERT_EQ(redis_cli(server.url(), "ACL SETUSER " + user + " resetchannels"), "OK");
-  EXPECT_THROW(limited.eval(kPublish, {}, {"turnstile:{x}:w"}, soon(), true), turnstile::AccessDenied);
+  EXPECT_THROW(limited.eval(kPublish, {}, {"turnstile:{x}:w"}, {.budget = turnstile::Deadline(soon()), .idempotent = true}), turnstile::AccessDenied);
 
   // READONLY after a demotion to replica of another server.
   OwnServer primary(TURNSTILE_REDIS_SCRIPT);
   const auto primary_port = primary.url().substr(primary.url().rfind(':') + 1);
   ASSERT_EQ(redis_cli(server.url(), "REPLICAOF 127.0.0.1 " + primary_port), "OK");
-  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] { connection.eval(kIncr, {key}, {}, soon(), true); }).find("READONLY"),
+  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] { connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true}); }).find("READONLY"),
             std::string::npos);
   // And a new connection to a replica is refused at connect.
   EXPECT_THROW(redis::Connection(settings_for(server.url()), kScripts, {}), turnstile::BackendUnavailable);
@@ -230,11 +230,11 @@ TEST_F(RedisConnection, SilentIdleLinkIsProbedBeforeANonIdempotentCall) {
   turnstile_test::TcpProxy proxy(url_);
   redis::Connection connection(settings_for(proxy.url_through(url_)), kScripts, {});
   const auto key = key_for("silent");
-  EXPECT_EQ(connection.eval(kIncr, {key}, {}, Clock::now() + 5s, false)->integer, 1);
+  EXPECT_EQ(connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 5s)})->integer, 1);
   std::this_thread::sleep_for(redis::kIdleProbe + 100ms);
   proxy.blackhole();
   const auto error = error_of<turnstile::BackendUnavailable>(
-      [&] { connection.eval(kIncr, {key}, {}, Clock::now() + 500ms, false); });
+      [&] { connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 500ms)}); });
   EXPECT_EQ(error.find("unknown"), std::string::npos) << error;
   proxy.forward();
   std::this_thread::sleep_for(200ms);  // what the proxy held back is delivered now

@@ -36,21 +36,18 @@ std::uint16_t crc16(std::string_view data) {
   return crc;
 }
 
-bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
-
-// Sleeps `how_long` (by the deadline), ended at once by a stop.
-void pause(milliseconds how_long, Deadline deadline, const std::stop_token& stop) {
-  auto until = SteadyClock::now() + how_long;
-  if (deadline) until = std::min(until, *deadline);
+// Sleeps `how_long` (by the budget's deadline), ended at once by its stop.
+void pause(milliseconds how_long, const CallBudget& budget) {
+  const auto until = budget.until(SteadyClock::now() + how_long).deadline();
   std::mutex mutex;
   std::condition_variable_any never;
   std::unique_lock lock(mutex);
-  never.wait_until(lock, stop, until, [] { return false; });
+  never.wait_until(lock, budget.stop(), *until, [] { return false; });
 }
 
-std::string text_of(const redisReply* reply) {
-  return reply && reply->str ? std::string(reply->str, reply->len) : std::string();
-}
+// One node's share of a call: kNodeAttempt at most, by the caller's deadline; a deadline
+// already passed ("try once") stays passed: one attempt, within the connection's caps.
+constexpr CallLimits kNodeShare{.floor = milliseconds(0), .cap = kNodeAttempt};
 
 }  // namespace
 
@@ -97,7 +94,7 @@ Router::Router(Settings settings, std::vector<const Script*> scripts,
   if (!refresh(until)) {
     // Ask the first seed once more for its error: unreachable, refused, or no cluster.
     const auto& seed = settings_.cluster_seeds.front();
-    node(seed.host + ":" + std::to_string(seed.port)).command({"CLUSTER", "SLOTS"}, SteadyClock::now());
+    node(seed.host + ":" + std::to_string(seed.port)).command({"CLUSTER", "SLOTS"}, Deadline(SteadyClock::now()));
     throw BackendUnavailable("no node of " + settings_.description + " answered CLUSTER SLOTS");
   }
 }
@@ -116,6 +113,54 @@ Connection& Router::node(const std::string& address) {
     slot = std::make_unique<Connection>(std::move(settings), scripts_, on_server_changed_, max_backoff_, false);
   }
   return *slot;
+}
+
+namespace {
+
+// Reads CLUSTER SLOTS' reply (from the node at `asked_host`) into a map: node index by slot, and
+// the nodes' addresses. False when the reply is of a shape CLUSTER SLOTS never gives.
+bool read_slot_map(const redisReply* reply, const std::string& asked_host, std::vector<int>& slots,
+                   std::vector<std::string>& addresses) {
+  for (std::size_t r = 0; r < reply->elements; ++r) {
+    const auto* range = reply->element[r];
+    if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 || range->element[0]->type != REDIS_REPLY_INTEGER ||
+        range->element[1]->type != REDIS_REPLY_INTEGER || range->element[2]->type != REDIS_REPLY_ARRAY ||
+        range->element[2]->elements < 2 || range->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
+      return false;
+    }
+    const auto first = range->element[0]->integer, last = range->element[1]->integer;
+    const auto port = range->element[2]->element[1]->integer;
+    if (port <= 0 || port > 65535) continue;  // a primary whose address is unknown (noaddr): no node serves these
+    auto host = std::string(reply_view(range->element[2]->element[0]));
+    if (host.empty() || host == "?") host = asked_host;  // "this node's address", as redis-cli reads it
+    // host:port with the host unbracketed, as Opened::address and MOVED write it.
+    const auto address = host + ":" + std::to_string(port);
+    if (first < 0 || last >= kClusterSlots || first > last ||
+        !valid_host(host.find(':') == std::string::npos ? host : "[" + host + "]")) {
+      return false;
+    }
+    auto at = std::find(addresses.begin(), addresses.end(), address);
+    if (at == addresses.end()) at = addresses.insert(addresses.end(), address);
+    std::fill(slots.begin() + first, slots.begin() + last + 1, static_cast<int>(at - addresses.begin()));
+  }
+  return true;
+}
+
+}  // namespace
+
+bool Router::adopt_map(std::vector<int> slots, std::vector<std::string> addresses) {
+  std::lock_guard lock(mutex_);
+  bool changed = false;
+  for (int s = 0; s < kClusterSlots && !changed; ++s) {
+    const auto* was = slots_[s] < 0 ? nullptr : &addresses_[slots_[s]];
+    const auto* now_at = slots[s] < 0 ? nullptr : &addresses[slots[s]];
+    changed = (was == nullptr) != (now_at == nullptr) || (was && *was != *now_at);
+  }
+  const bool first_map = addresses_.empty();
+  slots_ = std::move(slots);
+  addresses_ = std::move(addresses);
+  refreshed_at_ = SteadyClock::now();
+  return changed && !first_map;
 }
 
 bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop) {
@@ -141,7 +186,7 @@ bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop)
                                                         milliseconds(300));
     Reply reply;
     try {
-      reply = node(candidates[i]).command({"CLUSTER", "SLOTS"}, std::min(until, now + share), stop);
+      reply = node(candidates[i]).command({"CLUSTER", "SLOTS"}, {std::min(until, now + share), stop});
     } catch (const AccessDenied&) {
       throw;
     } catch (const EvictingServer&) {
@@ -152,58 +197,19 @@ bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop)
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0) continue;  // no slots assigned yet
     std::vector<int> slots(kClusterSlots, -1);
     std::vector<std::string> addresses;
-    const auto asked_host = candidates[i].substr(0, candidates[i].rfind(':'));
-    bool odd = false;
-    for (std::size_t r = 0; r < reply->elements && !odd; ++r) {
-      const auto* range = reply->element[r];
-      if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 || range->element[0]->type != REDIS_REPLY_INTEGER ||
-          range->element[1]->type != REDIS_REPLY_INTEGER || range->element[2]->type != REDIS_REPLY_ARRAY ||
-          range->element[2]->elements < 2 || range->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
-        odd = true;
-        break;
-      }
-      const auto first = range->element[0]->integer, last = range->element[1]->integer;
-      const auto port = range->element[2]->element[1]->integer;
-      if (port <= 0 || port > 65535) continue;  // a primary whose address is unknown (noaddr): no node serves these
-      auto host = text_of(range->element[2]->element[0]);
-      if (host.empty() || host == "?") host = asked_host;  // "this node's address", as redis-cli reads it
-      // host:port with the host unbracketed, as Opened::address and MOVED write it.
-      const auto address = host + ":" + std::to_string(port);
-      if (first < 0 || last >= kClusterSlots || first > last ||
-          !valid_host(host.find(':') == std::string::npos ? host : "[" + host + "]")) {
-        odd = true;
-        break;
-      }
-      auto at = std::find(addresses.begin(), addresses.end(), address);
-      if (at == addresses.end()) at = addresses.insert(addresses.end(), address);
-      std::fill(slots.begin() + first, slots.begin() + last + 1, static_cast<int>(at - addresses.begin()));
-    }
-    if (odd) continue;
-    bool changed = false;
-    {
-      std::lock_guard lock(mutex_);
-      for (int s = 0; s < kClusterSlots && !changed; ++s) {
-        const auto* was = slots_[s] < 0 ? nullptr : &addresses_[slots_[s]];
-        const auto* now_at = slots[s] < 0 ? nullptr : &addresses[slots[s]];
-        changed = (was == nullptr) != (now_at == nullptr) || (was && *was != *now_at);
-      }
-      const bool first_map = addresses_.empty();
-      slots_ = std::move(slots);
-      addresses_ = std::move(addresses);
-      refreshed_at_ = SteadyClock::now();
-      changed = changed && !first_map;
-    }
+    if (!read_slot_map(reply.get(), candidates[i].substr(0, candidates[i].rfind(':')), slots, addresses)) continue;
+    const bool changed = adopt_map(std::move(slots), std::move(addresses));
     if (changed && on_server_changed_) on_server_changed_(std::string());
     return true;
   }
   return false;
 }
 
-void Router::refresh_by(Deadline deadline, const std::stop_token& stop) {
+void Router::refresh_by(const CallBudget& budget) {
   // A connect timeout's worth, by the deadline (one already passed: a try-once's own caps).
   auto until = SteadyClock::now() + kConnectTimeout;
-  if (deadline && !passed(deadline)) until = std::min(until, *deadline);
-  refresh(until, stop);
+  if (budget.deadline() && !passed(budget.deadline())) until = std::min(until, *budget.deadline());
+  refresh(until, budget.stop());
 }
 
 std::string Router::owner(const std::string& key) {
@@ -218,7 +224,7 @@ bool Router::serves_slots(const std::string& address) {
   return at != addresses_.end() && std::find(slots_.begin(), slots_.end(), at - addresses_.begin()) != slots_.end();
 }
 
-std::string Router::owner_of(int slot, Deadline deadline, const std::stop_token& stop) {
+std::string Router::owner_of(int slot, const CallBudget& budget) {
   for (;;) {
     {
       std::lock_guard lock(mutex_);
@@ -226,43 +232,36 @@ std::string Router::owner_of(int slot, Deadline deadline, const std::stop_token&
     }
     // No node serves the slot by our map (its primary failed with no replica to take over, or
     // the map is being changed): read it again, by the deadline.
-    refresh_by(deadline, stop);
+    refresh_by(budget);
     {
       std::lock_guard lock(mutex_);
       if (slots_[slot] >= 0) return addresses_[slots_[slot]];
     }
-    if (passed(deadline) || stop.stop_requested()) {
+    if (budget.passed()) {
       throw BackendUnavailable("no node of " + settings_.description + " serves hash slot " + std::to_string(slot));
     }
-    pause(kRetryPause, deadline, stop);
+    pause(kRetryPause, budget);
   }
 }
 
-Result Router::routed(int slot, Deadline deadline, bool retry, const std::stop_token& stop,
-                      const std::function<Result(Connection&, Deadline, bool)>& attempt) {
+Result Router::routed(int slot, const CallBudget& budget, bool idempotent, const Attempt& attempt) {
   std::string ask;  // the node an ASK named, for the next attempt only
   int redirects = 0;
   for (;;) {
     const bool asking = !ask.empty();
-    const auto address = asking ? std::exchange(ask, std::string()) : owner_of(slot, deadline, stop);
-    // A deadline already passed ("try once") stays passed: one attempt, within the caps.
-    Deadline share = deadline;
-    if (!passed(deadline)) {
-      const auto cap = SteadyClock::now() + kNodeAttempt;
-      share = deadline ? std::min(*deadline, cap) : cap;
-    }
+    const auto address = asking ? std::exchange(ask, std::string()) : owner_of(slot, budget);
     Result result;
     try {
-      result = attempt(node(address), share, asking);
+      result = attempt(node(address), budget.for_call(kNodeShare), asking);
     } catch (const AccessDenied&) {
       throw;
     } catch (const EvictingServer&) {
       throw;
     } catch (const BackendUnavailable&) {
       // The node did not answer (down, paused, failing over): the map may name another by now.
-      if (!retry || passed(deadline) || stop.stop_requested()) throw;
-      refresh_by(deadline, stop);
-      pause(kRetryPause, deadline, stop);
+      if (!idempotent || budget.passed()) throw;
+      refresh_by(budget);
+      pause(kRetryPause, budget);
       continue;
     }
     if (result.ok()) return result;
@@ -270,13 +269,13 @@ Result Router::routed(int slot, Deadline deadline, bool retry, const std::stop_t
       std::rethrow_exception(result.error);
     } catch (const Redirected& redirect) {
       // CLUSTERDOWN/TRYAGAIN pass with the failover or the migration: waited out by the deadline.
-      if ((redirect.kind != Redirected::Kind::again && ++redirects > kMaxRedirects) || stop.stop_requested()) return result;
+      if ((redirect.kind != Redirected::Kind::again && ++redirects > kMaxRedirects) || budget.stopped()) return result;
       switch (redirect.kind) {
         case Redirected::Kind::ask:
           ask = redirect.address;
           break;
         case Redirected::Kind::moved: {
-          refresh_by(deadline, stop);
+          refresh_by(budget);
           // The map may lag the node that answered: the redirection wins for this slot.
           std::lock_guard lock(mutex_);
           if (slots_[slot] < 0 || addresses_[slots_[slot]] != redirect.address) {
@@ -287,8 +286,8 @@ Result Router::routed(int slot, Deadline deadline, bool retry, const std::stop_t
           break;
         }
         case Redirected::Kind::again:
-          if (passed(deadline)) return result;
-          pause(kRetryPause, deadline, stop);
+          if (passed(budget.deadline())) return result;
+          pause(kRetryPause, budget);
           break;
       }
     } catch (...) {
@@ -298,24 +297,27 @@ Result Router::routed(int slot, Deadline deadline, bool retry, const std::stop_t
 }
 
 Reply Router::eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                   Deadline deadline, bool retry, std::string* server, std::stop_token stop, const FollowUp* follow_up,
-                   Reply* follow_reply) {
-  if (single_) return single_->eval(script, keys, args, deadline, retry, server, stop, follow_up, follow_reply);
-  auto result = routed(key_slot(keys.front()), deadline, retry, stop, [&](Connection& node, Deadline share, bool asking) {
-    return node.eval_result(script, keys, args, share, retry, nullptr, stop, follow_up, follow_reply, asking);
-  });
-  if (server) *server = result.server;
+                   const CallOptions& options) {
+  if (single_) return single_->eval(script, keys, args, options);
+  auto result = routed(key_slot(keys.front()), options.budget, options.idempotent,
+                       [&](Connection& node, const CallBudget& share, bool asking) {
+                         auto on_node = options;
+                         on_node.budget = share;
+                         on_node.server = nullptr;
+                         on_node.asking = asking;
+                         return node.eval_result(script, keys, args, on_node);
+                       });
+  if (options.server) *options.server = result.server;
   return result.take();
 }
 
-std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Deadline deadline,
-                                     const std::stop_token& stop) {
-  if (single_) return single_->eval_each(calls, deadline, nullptr, stop);
+std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, const CallBudget& budget) {
+  if (single_) return single_->eval_each(calls, budget);
   // One pipelined round trip per node, all at once; what a node did not answer, or redirected,
   // goes out again alone, routed.
   std::map<std::string, std::vector<std::size_t>> by_node;
   for (std::size_t i = 0; i < calls.size(); ++i) {
-    by_node[owner_of(key_slot(std::get<1>(calls[i]).front()), deadline, {})].push_back(i);
+    by_node[owner_of(key_slot(std::get<1>(calls[i]).front()), CallBudget(budget.deadline()))].push_back(i);
   }
   std::vector<Result> results(calls.size());
   std::vector<char> again(calls.size(), 0);  // not vector<bool>: the nodes' threads set their own elements
@@ -323,7 +325,7 @@ std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Dead
     std::vector<ScriptCall> mine;
     for (const auto i : indices) mine.push_back(calls[i]);
     try {
-      auto answers = node(address).eval_each(mine, deadline, nullptr, stop);
+      auto answers = node(address).eval_each(mine, budget);
       for (std::size_t k = 0; k < indices.size(); ++k) results[indices[k]] = std::move(answers[k]);
     } catch (...) {
       for (const auto i : indices) {
@@ -353,8 +355,8 @@ std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Dead
     }
     const auto& [script, keys, args] = calls[i];
     try {
-      results[i] = routed(key_slot(keys.front()), deadline, true, stop, [&](Connection& node, Deadline share, bool asking) {
-        return node.eval_result(*script, keys, args, share, true, nullptr, stop, nullptr, nullptr, asking);
+      results[i] = routed(key_slot(keys.front()), budget, true, [&](Connection& node, const CallBudget& share, bool asking) {
+        return node.eval_result(*script, keys, args, {.budget = share, .idempotent = true, .asking = asking});
       });
     } catch (...) {
       results[i] = Result{};
@@ -364,18 +366,18 @@ std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, Dead
   return results;
 }
 
-std::vector<Reply> Router::eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline) {
-  if (single_) return single_->eval_pipelined(calls, deadline);
-  auto results = eval_each(calls, deadline);
+std::vector<Reply> Router::eval_pipelined(const std::vector<ScriptCall>& calls, const CallBudget& budget) {
+  if (single_) return single_->eval_pipelined(calls, budget);
+  auto results = eval_each(calls, budget);
   std::vector<Reply> replies;
   for (auto& result : results) replies.push_back(result.take());
   return replies;
 }
 
-Reply Router::command(const Command& command, Deadline deadline, const std::string& key) {
-  if (single_) return single_->command(command, deadline);
-  return routed(key_slot(key), deadline, true, {}, [&](Connection& node, Deadline share, bool asking) {
-           return node.command_result(command, share, {}, asking);
+Reply Router::command(const Command& command, const CallBudget& budget, const std::string& key) {
+  if (single_) return single_->command(command, budget);
+  return routed(key_slot(key), budget, true, [&](Connection& node, const CallBudget& share, bool asking) {
+           return node.command_result(command, {.budget = share, .asking = asking});
          })
       .take();
 }

@@ -43,14 +43,14 @@ class Router {
 
   // As Connection's, on the node serving keys.front()'s slot. `server` receives the node's
   // identity (Opened::server).
+  // (options.asking is the router's own.)
   Reply eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-             Deadline deadline, bool retry, std::string* server = nullptr, std::stop_token stop = {},
-             const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr);
+             const CallOptions& options);
   // As Connection's: one round trip per node; each Result says which server answered it.
-  std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, Deadline deadline, const std::stop_token& stop = {});
-  std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline);
+  std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, const CallBudget& budget);
+  std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, const CallBudget& budget);
   // A plain command on the node serving `key` (any node for "").
-  Reply command(const Command& command, Deadline deadline, const std::string& key = {});
+  Reply command(const Command& command, const CallBudget& budget, const std::string& key = {});
   // As Connection's; with a cluster, only sleeps until `until` or `wake_fd` (false).
   bool watch_idle(SteadyClock::time_point until, int wake_fd);
   // Sentinels only (see Connection).
@@ -71,14 +71,17 @@ class Router {
 
  private:
   Connection& node(const std::string& address);
+  // Takes a slot map read from a node; true when it differs from the one before (not the first).
+  bool adopt_map(std::vector<int> slots, std::vector<std::string> addresses);
   // refresh() by the deadline, at most a connect timeout.
-  void refresh_by(Deadline deadline, const std::stop_token& stop);
+  void refresh_by(const CallBudget& budget);
   // The node serving `slot`, by the map (reading it again when it names none).
-  std::string owner_of(int slot, Deadline deadline, const std::stop_token& stop);
-  // Runs `attempt(node, its deadline, asking)` (a Result: an error reply inside, a failed
-  // connection thrown) on the node serving `slot`, following redirections and outages.
-  Result routed(int slot, Deadline deadline, bool retry, const std::stop_token& stop,
-                const std::function<Result(Connection&, Deadline, bool)>& attempt);
+  std::string owner_of(int slot, const CallBudget& budget);
+  // One try of a call on a node: its share of the budget, and whether to send ASKING first.
+  using Attempt = std::function<Result(Connection& node, const CallBudget& share, bool asking)>;
+  // Runs `attempt` (a Result: an error reply inside, a failed connection thrown) on the node
+  // serving `slot`, following redirections, and outages when the call is idempotent.
+  Result routed(int slot, const CallBudget& budget, bool idempotent, const Attempt& attempt);
 
   const Settings settings_;
   const std::vector<const Script*> scripts_;

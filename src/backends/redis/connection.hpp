@@ -8,8 +8,6 @@
 // beyond its own deadline, and a release never queues behind a long acquire.
 #pragma once
 
-#include <hiredis/hiredis.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -23,61 +21,13 @@
 #include <tuple>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "backends/redis/replies.hpp"
+#include "backends/redis/settings.hpp"
+#include "backends/redis/wire.hpp"
+#include "core/call_budget.hpp"
 
 namespace turnstile::detail::redis {
 
-// A sentinel of a redis+sentinel:// URL, or a node of a redis+cluster:// URL.
-struct SentinelAddress {
-  std::string host;  // without an IPv6 address' brackets
-  int port = 26379;
-  std::string description;  // host:port as written
-};
-
-struct Settings {
-  std::string description;  // host:port, for messages (never the password); with sentinels,
-                            // the master's name and the sentinels until a primary is found
-  std::string host;         // "" with sentinels: open_context asks them
-  int port = 6379;
-  std::string user;
-  std::string password;
-  int db = 0;
-  std::chrono::milliseconds ttl{30'000};
-  // When set, Client::connect's bound (ClientOptions::connect_timeout from the parse): what
-  // the backend does while it is being made (its connections, the eviction check) ends by then.
-  std::optional<SteadyClock::time_point> connect_by;
-  // redis+sentinel://: the sentinels to ask, in order, for the primary of `master_name`; and
-  // the password they want (sentinel_password=), if any.
-  std::vector<SentinelAddress> sentinels;
-  std::string master_name;
-  std::string sentinel_password;
-  // redis+cluster://: the nodes the URL names, asked in turn for the slot map (and, by the
-  // subscriber, for any node to listen on: PUBLISH reaches every node of a cluster).
-  std::vector<SentinelAddress> cluster_seeds;
-  // ?min_replicas=N: an acquire returns only once WAIT says N replicas have its entry.
-  int min_replicas = 0;
-  // ?eviction=refuse (eviction.hpp): every new command link asks the server its maxmemory-policy
-  // in its hello, and an allkeys-* one is refused (EvictingServer) before anything is written:
-  // so each cluster node is checked when first used, and each primary a failover brings.
-  bool refuse_evicting = false;
-  bool sentinel() const { return !sentinels.empty(); }
-  bool cluster() const { return !cluster_seeds.empty(); }
-};
-
-inline constexpr int kMaxMinReplicas = 100;
-
-// redis://[user:password@]host:port[/db][?ttl=SECONDS&min_replicas=N],
-// redis+sentinel://[user:password@]s1:p1,s2:p2/MASTER[?ttl=…&min_replicas=N&sentinel_password=…]
-// and redis+cluster://[user:password@]h1:p1,h2:p2[?ttl=…&min_replicas=N] (database 0 only);
-// ClientOptions::ttl wins when set.
-Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
-
-// Caps on each network wait; each is also bounded by the caller's deadline.
-inline constexpr std::chrono::milliseconds kConnectTimeout{2000};
-inline constexpr std::chrono::milliseconds kReplyTimeout{5000};
-// The most one reply may make us buffer or allocate (a hostile server cannot make us allocate
-// without bound; hiredis 0.14 has no limit of its own).
-inline constexpr std::size_t kMaxReplyBytes = std::size_t{64} << 20;
 // A connection idle for this long is PINGed before a call that must not be resent: Redis'
 // `timeout` (1 s at least) cannot have closed it since, and a NAT that dropped it shows.
 inline constexpr std::chrono::milliseconds kIdleProbe{500};
@@ -86,56 +36,10 @@ inline constexpr int kMaxLinks = 8;
 // Reconnect attempts back off from 50 ms up to this (per Connection; see its constructor).
 inline constexpr std::chrono::milliseconds kMaxReconnectBackoff{2000};
 
-struct ReplyDeleter {
-  void operator()(redisReply* reply) const { freeReplyObject(reply); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
-
-struct ContextDeleter {
-  void operator()(redisContext* context) const;
-};
-using Context = std::unique_ptr<redisContext, ContextDeleter>;
-
-using Command = std::vector<std::string>;
-
 // A Lua script of scripts/, with its SHA1 once the server has loaded it.
 struct Script {
   std::string name;
   std::string body;
-};
-
-// An eventfd that becomes readable when `stop` is requested, for poll() (-1 when no stop is
-// possible): network waits end at once on it.
-class StopFd {
- public:
-  explicit StopFd(std::stop_token stop);
-  ~StopFd();
-  StopFd(const StopFd&) = delete;
-  StopFd& operator=(const StopFd&) = delete;
-  int fd() const { return fd_; }
-
- private:
-  struct Signal {
-    int fd;
-    void operator()() const noexcept;
-  };
-  int fd_ = -1;
-  std::optional<std::stop_callback<Signal>> callback_;
-};
-
-// The network waits of one call: they end by `until`, the caller's deadline, or at once when
-// `stop` is requested (`cancel_fd` is its StopFd). A call whose deadline had already passed when
-// it began ("try once") gets one attempt bounded by the caps.
-struct Wait {
-  explicit Wait(Deadline deadline, std::stop_token stop = {}, int cancel_fd = -1);
-  SteadyClock::time_point start;
-  bool try_once;
-  SteadyClock::time_point until;  // time_point::max() for "no deadline"
-  std::stop_token stop;
-  int cancel_fd;
-  SteadyClock::time_point connect_until() const;
-  SteadyClock::time_point reply_until() const;
-  bool expired() const { return SteadyClock::now() >= until; }
 };
 
 // A connected, authenticated context on the selected database.
@@ -161,88 +65,32 @@ Opened open_context(const Settings& settings, const Wait& wait, const std::vecto
 // address of the primary. Throws AccessDenied (sentinel_password) or BackendUnavailable.
 HostPort ask_sentinels(const Settings& settings, SteadyClock::time_point until, int cancel_fd = -1);
 
-// Sends every command and reads every reply by `until` (each reply at most kMaxReplyBytes).
-// Returns "" on success, else what failed (the context is then unusable). `sent` (optional) is
-// set when any byte of the commands may have reached the server.
-std::string exchange(redisContext* context, const std::vector<Command>& commands, std::vector<Reply>& replies,
-                     SteadyClock::time_point until, int cancel_fd = -1, bool* sent = nullptr);
-
-// Appends a command in the protocol's encoding. False when out of memory.
-bool append_command(std::string& out, const Command& command);
-// Writes what the socket takes now of `out` and removes it (non-blocking; never SIGPIPE).
-// False when the connection failed (context->errstr says).
-bool write_pending(redisContext* context, std::string& out);
-// Reads what the socket has (non-blocking), refusing to buffer more than kMaxReplyBytes of one
-// reply. False when the connection failed or the reply is too large (context->errstr says).
-bool read_available(redisContext* context);
-// The next complete reply already read (null when none yet). False on a protocol error or a
-// reply over kMaxReplyBytes.
-bool next_reply(redisContext* context, Reply& reply);
-
-// What a server answers becomes a turnstile exception here and only here (the model is
-// redis-plus-plus's throw_error(context, reply)): error replies by their code (reply_error), and
-// replies of a shape no script gives (the readers below); failures of the connection itself
-// become BackendUnavailable in Connection. Callers never look into an exception's text.
-//
-// The typed error an error reply (or an array holding one) stands for; null when it is none.
-// `call` names what was asked, for the message. NOPERM/NOAUTH/WRONGPASS and ACL refusals inside
-// scripts are AccessDenied; everything else (OOM, READONLY, BUSY, MOVED, script errors...) is
-// BackendUnavailable with the server's message, redacted.
-std::exception_ptr reply_error(const Settings& settings, const std::string& call, const redisReply* reply);
-// A server's text made safe to show: bounded, printable, the password masked.
-std::string redacted(const Settings& settings, std::string_view text);
-
-// A cluster node's MOVED or ASK reply (reply_error makes these): the slot is served by `address`
-// (host:port), for good (MOVED) or for this one command (ASK: resend it there after ASKING); or
-// a refusal that passes (CLUSTERDOWN, TRYAGAIN: a failover or a migration under way).
-struct Redirected : BackendUnavailable {
-  enum class Kind { moved, ask, again };
-  Redirected(const std::string& message, Kind what, int slot_number, std::string to)
-      : BackendUnavailable(message), kind(what), slot(slot_number), address(std::move(to)) {}
-  Kind kind;
-  int slot;             // -1 with again
-  std::string address;  // "" with again
-};
-
-// A server whose maxmemory-policy may evict lock state (allkeys-*), refused with
-// ?eviction=refuse: a BackendUnavailable to callers, but never retried (it will not pass).
-struct EvictingServer : BackendUnavailable {
-  using BackendUnavailable::BackendUnavailable;
-};
-// What is wrong with a server of `policy` (for EvictingServer and the warning at connect).
-std::string eviction_risk(const Settings& settings, const std::string& policy);
-
-// Throws BackendUnavailable: redis answered `call` with a reply of a shape it never gives.
-[[noreturn]] void unexpected_reply(const std::string& call);
-// Fencing tokens and places in line stay below 2^53 (the scripts refuse to hand out more), so
-// Lua's doubles carry them exactly; anything else in a reply is not a token.
-inline constexpr long long kMaxToken = (1LL << 53) - 1;
-// Element `index` of a script's array reply: an integer (or decimal text), a token in
-// 1..kMaxToken, or text ("" when absent). The first two throw on anything else.
-long long integer_at(const redisReply* reply, std::size_t index);
-std::uint64_t token_at(const redisReply* reply, std::size_t index);
-std::string string_at(const redisReply* reply, std::size_t index);
-// A script's integer reply.
-long long integer_of(const Reply& reply);
-
-// One script call's outcome in a pipeline: the reply, or the typed error the server answered.
-struct Result {
-  Reply reply;
-  std::exception_ptr error;
-  std::string server;  // the server that answered (Opened::server)
-  bool ok() const { return error == nullptr; }
-  // The reply; rethrows the error.
-  Reply take();
-};
-
-// poll()'s timeout for waiting until `until` (-1 for forever), in whole milliseconds rounded up.
-int poll_timeout(SteadyClock::time_point until);
-
 using ScriptCall = std::tuple<const Script*, std::vector<std::string>, std::vector<std::string>>;
 
 // After a call's replies came, a command to send on the same connection (WAIT counts the
 // replicas that have that connection's writes), or none.
 using FollowUp = std::function<std::optional<Command>(const std::vector<Reply>&)>;
+
+// How one call runs; written with designated initializers, e.g.
+// `{.budget = {deadline, stop}, .idempotent = true, .server = &server}`.
+struct CallOptions {
+  // The caller's deadline and stop: every wait of the call (connect, reply, backoff, a busy
+  // pool) ends by the deadline, and at once on the stop. A deadline already passed gets one
+  // attempt within the caps (kConnectTimeout, kReplyTimeout).
+  CallBudget budget;
+  // The call may run again after a failure that left its outcome unknown: it then keeps
+  // reconnecting until the deadline. Otherwise it is only written to a connection known to be
+  // alive, and a failure after writing throws BackendUnavailable saying the outcome is unknown.
+  bool idempotent = false;
+  // Receives the identity of the server the call ran on (Opened::server).
+  std::string* server = nullptr;
+  // May name a command to send on the same connection once the reply came; its reply goes to
+  // `follow_reply` (left empty when it failed: the connection is dropped then).
+  const FollowUp* follow_up = nullptr;
+  Reply* follow_reply = nullptr;
+  // Sends ASKING first, in the same round trip (a cluster's ASK redirection).
+  bool asking = false;
+};
 
 class Connection {
  public:
@@ -258,43 +106,28 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // Runs the script (EVALSHA, or EVAL after NOSCRIPT). `retry` says whether the script may run
-  // again after a failure that left its outcome unknown (it must be idempotent); the call then
-  // keeps reconnecting until `deadline`. Otherwise it is only written to a connection known to
-  // be alive, and a failure after writing throws BackendUnavailable saying the outcome is
-  // unknown. Error replies throw their typed error (see reply_error). Throws
-  // BackendUnavailable when the deadline passes, or at once when `stop` is requested (every wait:
-  // connect, reply, backoff, a busy pool).
-  // `server`, when given, receives the identity of the server the script ran on (Opened::server).
-  // `follow_up`, when given, may name a command to send on the same connection once the script's
-  // reply came; its reply goes to `follow_reply` (left empty when it failed: the connection is
-  // dropped then).
-  // With sentinels, a READONLY reply (the primary was demoted) drops the connection and the call
-  // goes out again on a new one to the primary the sentinels name, until the deadline.
-  // `asking` sends ASKING first, in the same round trip (a cluster's ASK redirection).
+  // Runs the script (EVALSHA, or EVAL after NOSCRIPT) as `options` say. Error replies throw
+  // their typed error (see reply_error); BackendUnavailable when the deadline passes or a stop
+  // comes. With sentinels, a READONLY reply (the primary was demoted) drops the connection and
+  // the call goes out again on a new one to the primary the sentinels name, until the deadline.
   Reply eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-             Deadline deadline, bool retry, std::string* server = nullptr, std::stop_token stop = {},
-             const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr, bool asking = false) {
-    return eval_result(script, keys, args, deadline, retry, server, std::move(stop), follow_up, follow_reply, asking)
-        .take();
+             const CallOptions& options) {
+    return eval_result(script, keys, args, options).take();
   }
   // The same, with an error reply returned in the Result rather than thrown.
   Result eval_result(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                     Deadline deadline, bool retry, std::string* server = nullptr, std::stop_token stop = {},
-                     const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr, bool asking = false);
+                     const CallOptions& options);
   // Several idempotent script calls in one round trip, each with its own outcome: an error
   // reply to one (OOM, READONLY, BUSY...) is that call's typed error, never thrown. Throws
   // BackendUnavailable only when no reply came by the deadline.
-  std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, Deadline deadline,
-                                std::string* server = nullptr, std::stop_token stop = {});
+  std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, const CallBudget& budget,
+                                std::string* server = nullptr);
   // The same, throwing the first call's error reply as its typed error.
-  std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, Deadline deadline,
-                                    std::string* server = nullptr);
+  std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, const CallBudget& budget);
   // A plain command, retried like an idempotent script; error replies throw typed errors.
-  Reply command(const Command& command, Deadline deadline, std::stop_token stop = {}) {
-    return command_result(command, deadline, std::move(stop)).take();
-  }
-  Result command_result(const Command& command, Deadline deadline, std::stop_token stop = {}, bool asking = false);
+  Reply command(const Command& command, const CallBudget& budget) { return command_result(command, {.budget = budget}).take(); }
+  // The same, with an error reply returned; options.idempotent is implied.
+  Result command_result(const Command& command, CallOptions options);
 
   // Sleeps until `until`, until `wake_fd` becomes readable, or until an idle connection shows
   // that its server went away (EOF or reset: a restart, a shutdown, a killed server), so that
@@ -328,16 +161,21 @@ class Connection {
   // Closes a broken link; `fresh` (it never completed a call) counts as a failed attempt.
   void discard(std::unique_ptr<Link> link, bool fresh);
   std::unique_ptr<Link> open_link(const Wait& wait);
+  // Opens a link in a slot already counted in links_ (`lock` released meanwhile, held again on
+  // return). Null when it failed and the call may try again (after the reconnect backoff).
+  std::unique_ptr<Link> open_counted(std::unique_lock<std::mutex>& lock, const Wait& wait);
+  // Before a call that must not be resent: PINGs a link idle for kIdleProbe. False when it did
+  // not answer (it is discarded: try another); throws when the wait is over.
+  bool shown_alive(std::unique_ptr<Link>& link, const Wait& wait);
+  // Sends options.follow_up's command, if any, after `replies`; false when the link failed.
+  bool send_follow_up(Link& link, const std::vector<Reply>& replies, const Wait& wait, const CallOptions& options);
   // Waits (mutex_ held by `lock`) until a link comes back or a slot frees up, `until`, or a stop.
   // False on timeout or stop.
   bool wait_returned(std::unique_lock<std::mutex>& lock, SteadyClock::time_point until, const std::stop_token& stop);
   void notify_returned();  // mutex_ held
   // One round trip of `commands` on some link; error replies are returned, not thrown.
-  std::vector<Reply> run(const std::vector<Command>& commands, const Wait& wait, bool retry, std::string* server,
-                         const FollowUp* follow_up = nullptr, Reply* follow_reply = nullptr, bool asking = false);
-  std::vector<Result> run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, bool retry,
-                                  std::string* server, const FollowUp* follow_up = nullptr,
-                                  Reply* follow_reply = nullptr, bool asking = false);
+  std::vector<Reply> run(const std::vector<Command>& commands, const Wait& wait, const CallOptions& options);
+  std::vector<Result> run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, CallOptions options);
   // With sentinels: drops the idle links (they lead to a demoted primary). mutex_ not held.
   void forget_idle();
   Command eval_command(const Script& script, const std::vector<std::string>& keys,

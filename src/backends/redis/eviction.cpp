@@ -32,7 +32,7 @@ void check_eviction_policy(Router& connection, const Settings& settings, const E
   try {
     auto until = SteadyClock::now() + kConnectTimeout;  // a connect's worth
     if (settings.connect_by) until = std::min(until, *settings.connect_by);
-    reply = connection.command({"CONFIG", "GET", "maxmemory-policy"}, until);
+    reply = connection.command({"CONFIG", "GET", "maxmemory-policy"}, Deadline(until));
   } catch (const EvictingServer&) {
     throw;  // the link's own hello found the policy (?eviction=refuse)
   } catch (const AccessDenied&) {

@@ -1,0 +1,226 @@
+// The Redis backend: every state change is one Lua script (scripts/*.lua), so an uncontended
+// acquire and a release are one round trip each. Everything one name needs lives in ONE hash
+// (eviction or deletion takes all of it or nothing): a queue ordered by fencing tokens that
+// keep growing even when that hash is lost (max(last + 1, server time in µs)), whose entries
+// are leases renewed by a watchdog on its own connection every TTL/3 and reaped by the next
+// script once they run out. Waiters sleep until a message names them, then ask the server: a
+// message only wakes, the scripts alone admit. PermitCounter keeps Redisson's RSemaphore layout
+// so Java and C++ share permits.
+//
+// RedisBackend's declaration is the backend's table of contents: the queue places (places.cpp),
+// the holds (holds.cpp), the counter lines and changes (counter_line.cpp, counters.cpp), the
+// watchdog that renews leases (watchdog.cpp), inspect (inspect.cpp); the key layout (keys.hpp),
+// the waiters (waiters.hpp) and the connections (cluster.hpp, connection.hpp).
+#pragma once
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/redis/cluster.hpp"
+#include "backends/redis/connection.hpp"
+#include "backends/redis/eviction.hpp"
+#include "backends/redis/keys.hpp"
+#include "backends/redis/request_ids.hpp"
+#include "backends/redis/subscriber.hpp"
+#include "backends/redis/timeouts.hpp"
+#include "backends/redis/waiters.hpp"
+#include "core/call_budget.hpp"
+#include "core/fork_generation.hpp"
+#include "core/loss_clock.hpp"
+
+namespace turnstile::detail::redis {
+
+class RedisBackend;
+
+// What the watchdog shares with a hold: its lease, and whether its release has begun. Once it
+// has, no renewal speaks for the hold: a renewal that crossed the release finds the entry gone
+// because the release removed it (the release itself reports a real loss).
+struct HoldLease {
+  explicit HoldLease(std::shared_ptr<ServerLease> l) : lease(std::move(l)) {}
+  std::shared_ptr<ServerLease> lease;
+  std::atomic<bool> releasing{false};
+};
+
+class RedisHold final : public BackendHold {
+ public:
+  RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::uint64_t join,
+            std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease, std::string server);
+  ~RedisHold() override;
+
+  std::uint64_t fencing_token() const override { return seq_; }
+  void downgrade() override;
+  void release() override;
+
+  const std::string& name() const { return name_; }
+  std::uint64_t seq() const { return seq_; }
+  const std::string& request() const { return request_; }
+  const std::shared_ptr<HoldLease>& state() const { return state_; }
+  // The server (Opened::server) whose script admitted the hold.
+  const std::string& server() const { return server_; }
+
+ private:
+  RedisBackend& backend_;
+  std::string name_;
+  std::uint64_t seq_;
+  std::string server_;
+  std::string request_;  // the acquire's request id: the entry's owner
+  std::uint64_t release_request_ = 0;  // the release's own number, the same for every try; 0 until the first
+  std::shared_ptr<LossSignal> loss_;
+  std::shared_ptr<ServerLease> lease_;
+  std::shared_ptr<HoldLease> state_;
+  bool released_ = false;
+  std::uint64_t fork_generation_ = fork_generation();  // a child's copy touches nothing
+};
+
+class RedisBackend final : public Backend {
+ public:
+  RedisBackend(Settings settings, EvictionRule eviction, ErrorHandler warn, const std::string& label);
+  ~RedisBackend() override;
+
+  std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
+                                   Standing& first) override;
+  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
+                                            const std::stop_token& stop) override;
+  Inspection inspect(const std::string& name, Deadline deadline) override;
+  bool counter_try_set(const std::string& name, std::int64_t permits) override;
+  std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
+  std::optional<std::int64_t> counter_get(const std::string& name) override;
+  std::int64_t counter_drain(const std::string& name) override;
+
+  Router& connection() { return connection_; }
+  RequestIds& request_ids() { return request_ids_; }
+  QueueKeys keys_of(const std::string& name) const { return queue_keys(name, settings_.db); }
+  // How long a release is remembered, so a resend after a lost reply is recognised.
+  std::string release_memory_ms() const {
+    return std::to_string(request_memory(settings_).count());
+  }
+  void track(RedisHold* hold) {
+    std::lock_guard lock(holds_mutex_);
+    holds_.insert(hold);
+    // A primary change noticed between the admitting script's reply and now.
+    if (settings_.sentinel() && !primary_.empty() && hold->server() != primary_) {
+      hold->state()->lease->lose(primary_changed(hold->server(), primary_));
+    }
+    if (settings_.cluster() && demoted(connection_, *hold->state(), hold->name(), hold->server())) {
+      hold->state()->lease->lose(primary_changed(hold->server(), connection_.owner(keys_of(hold->name()).keys.front())));
+    }
+    // The watchdog notices a node going away through its own idle connection to it: on a node
+    // it has none to yet, it renews now, which opens one (else a node killed and restarted
+    // empty before the first round went unnoticed for up to TTL/3).
+    if (settings_.cluster() && !renewals_.knows_node(hold->server().substr(0, hold->server().find(' ')))) renew_soon();
+  }
+  // With sentinels: WAIT for min_replicas after the script that admits an entry (a FollowUp
+  // for Connection::eval; none without min_replicas). `admitted` reads the script's reply.
+  FollowUp replica_wait(Deadline deadline, bool (*admitted)(const redisReply*)) const;
+  // Throws NotReplicated unless `reply` (WAIT's) counts min_replicas replicas.
+  void check_replicas(const Reply& reply) const;
+  void untrack(RedisHold* hold) {
+    std::lock_guard lock(holds_mutex_);
+    holds_.erase(hold);
+  }
+
+ private:
+  friend class RedisPlace;
+  friend class RedisCounterLine;
+
+  milliseconds recheck_interval() const { return std::min(kMaxRecheck, settings_.ttl / 3); }
+  milliseconds renewal_period() const { return std::max(kMinRenewalPeriod, settings_.ttl / 3); }
+  milliseconds renewal_retry() const { return std::min(renewal_period(), kMaxRenewalRetry); }
+  static int make_wake_fd() {
+    const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) throw BackendUnavailable("eventfd failed");
+    return fd;
+  }
+  void on_subscriber_reset();
+  // A new connection found another server. With sentinels every hold admitted by another
+  // server than `server` is lost: a failover (or a restart) may have lost its entry, or handed
+  // the name to someone else, and the holder must not go on believing it holds.
+  void on_server_changed(const std::string& server);
+  static std::string primary_changed(const std::string& was, const std::string& now);
+  // host:port of a server (Opened::server: "host:port run_id").
+  static std::string address_of(const std::string& server) { return server.substr(0, server.find(' ')); }
+  // With a cluster: by `router`'s map, the node that admitted a hold (`server`) serves the
+  // name's slot no more and no slot at all: a failover demoted it, or it is gone. (A node that
+  // only gave the slot away to a resharding, or admitted the hold through ASK while the slot
+  // moves to it, still serves slots: the renewal's answer decides then, by which node answers.)
+  bool demoted(Router& router, const HoldLease& state, const std::string& name, const std::string& server) {
+    const auto owner = router.owner(keys_of(name).keys.front());
+    return !state.releasing && !owner.empty() && owner != address_of(server) && !router.serves_slots(address_of(server));
+  }
+  void renew_soon();
+  void watchdog_loop(std::stop_token stop);
+  // What the watchdog renews: a hold's lease, by seq and request id.
+  struct Renewal {
+    std::shared_ptr<HoldLease> state;
+    std::string seq, request;
+    std::string server;  // that admitted the hold
+  };
+  // One pipelined round of renewals and orphan removals. False when something went unanswered
+  // (the next round comes after renewal_retry()).
+  // `stop`: the watchdog's, which ends a round in flight (a client being destroyed).
+  bool renewal_round(const std::stop_token& stop);
+  // Applies a name's renewal reply to its holds (the first answers; `queued` waiting entries'
+  // answers follow). False when it confirmed nothing for one of them.
+  bool settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
+                       const std::string& server, std::size_t queued);
+  // Takes the entry of the acquire numbered `join` out of the queue (by seq when known),
+  // bounded; when that fails, the watchdog keeps trying (an entry left behind would hold the
+  // name up for a TTL). Either way the acquire is retired: a copy of it delivered late creates
+  // nothing. `settle_join`: the acquire's outcome was unknown, its number is still in flight.
+  // `patience`: how long to wait for the server before the watchdog takes over (0: at once).
+  void leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join,
+             milliseconds patience = kLeavePatience) noexcept;
+  // Runs a counter change once (its request marked with a fresh number); when its outcome is
+  // unknown, the request is retired in the background before the error reaches the caller.
+  Reply counter_change(const QueueKeys& keys, const Script& script,
+                       const std::function<std::vector<std::string>(const std::string& marked)>& args_with);
+
+  Settings settings_;
+  std::string identity_;  // "<pid> <host>", for inspect
+  std::string label_suffix_;  // " <holder label>" after the entry's since, or "" (for inspect)
+  // Wakes the watchdog (renew now, or stop). Closed last, after every thread that uses it.
+  struct WakeFd {
+    int fd;
+    ~WakeFd() { close(fd); }
+  } wake_fd_;
+  RequestIds request_ids_;
+  LossClock loss_clock_;  // before every hold's lease
+  Router connection_;
+  Router renewals_;  // the watchdog's own: renewals never queue behind other calls
+  Waiters waiters_;
+
+  // Requests given up without an answer (Curator's guaranteed delete is the model): an entry
+  // whose removal failed or whose creation's outcome is unknown, a counter change or take whose
+  // outcome is unknown. Each is one idempotent script call that retires the request (so that a
+  // copy delivered late changes nothing), retried in the watchdog's rounds until answered; the
+  // numbers it settles stay in flight (holding their key's watermark) until then.
+  struct Orphan {
+    const Script* script;
+    std::vector<std::string> keys, args;
+    std::string key;                     // the key whose request numbers `settles` are
+    std::vector<std::uint64_t> settles;  // settled once it is answered (or given up)
+    SteadyClock::time_point give_up;
+    std::uint64_t serial = 0;
+  };
+  void retire_later(Orphan orphan);
+  void retire_orphans_before_exit() noexcept;
+
+  std::mutex holds_mutex_;
+  std::set<RedisHold*> holds_;
+  std::string primary_;  // with sentinels: the server the latest new connection found
+  std::vector<Orphan> orphans_;
+  std::uint64_t orphan_serial_ = 0;
+
+  Subscriber subscriber_;  // after the waiter tables: its thread calls into them
+  std::jthread watchdog_;  // last: stopped and joined first
+};
+}  // namespace turnstile::detail::redis
