@@ -31,6 +31,7 @@ void GuaranteedRemoval::forget_parent_locked() {
 void GuaranteedRemoval::add(std::string what, Attempt attempt) {
   std::lock_guard lock(mutex_);
   forget_parent_locked();
+  if (closed_) return;  // `attempt` is dropped (after the mutex is released: declared first)
   const auto now = SteadyClock::now();
   const auto give_up = backoff_.give_up ? now + *backoff_.give_up : SteadyClock::time_point::max();
   items_.push_back({std::move(what), std::move(attempt), backoff_.first_pause, now + backoff_.first_pause, give_up});
@@ -83,7 +84,12 @@ std::deque<GuaranteedRemoval::Item> GuaranteedRemoval::take_due(SteadyClock::tim
 }
 
 void GuaranteedRemoval::put_back(std::deque<Item>& items) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  if (closed_) {
+    lock.unlock();
+    items.clear();
+    return;
+  }
   for (auto& item : items) items_.push_back(std::move(item));
   items.clear();
 }
@@ -114,6 +120,20 @@ void GuaranteedRemoval::run(std::stop_token stop) {
     }
     run_due();
   }
+}
+
+void GuaranteedRemoval::close() {
+  std::deque<Item> dropped;
+  std::jthread thread;
+  {
+    std::lock_guard lock(mutex_);
+    forget_parent_locked();
+    closed_ = true;
+    dropped.swap(items_);
+    thread = std::move(thread_);
+    wake_.notify_all();
+  }
+  thread.request_stop();  // joined as `thread` goes, before the dropped items
 }
 
 void GuaranteedRemoval::drain(milliseconds within) {

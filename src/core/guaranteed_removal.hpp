@@ -55,6 +55,10 @@ class GuaranteedRemoval {
   // Tries every pending item now, and again with the usual pauses, until all are done or
   // `within` has passed (a client's end); what remains is dropped.
   void drain(milliseconds within);
+  // Ends the background thread now (joined: an attempt in flight finishes first) and drops
+  // what is pending; what is handed over later is dropped too. For a client whose end must
+  // leave no thread behind before its connections go (an exit handler).
+  void close();
   std::size_t pending() const;
 
  private:
@@ -81,6 +85,7 @@ class GuaranteedRemoval {
   std::condition_variable_any wake_;
   std::deque<Item> items_;
   std::uint64_t generation_;
+  bool closed_ = false;
   std::jthread thread_;  // last member: stopped and joined first
 };
 
