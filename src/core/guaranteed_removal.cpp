@@ -31,6 +31,7 @@ void GuaranteedRemoval::forget_parent_locked() {
 void GuaranteedRemoval::add(std::string what, Attempt attempt) {
   std::lock_guard lock(mutex_);
   forget_parent_locked();
+  if (closed_) return;  // `attempt` is dropped (after the mutex is released: declared first)
   const auto now = SteadyClock::now();
   const auto give_up = backoff_.give_up ? now + *backoff_.give_up : SteadyClock::time_point::max();
   const auto first_try = now + backoff_.first_try.value_or(backoff_.first_pause);
@@ -103,7 +104,12 @@ std::deque<GuaranteedRemoval::Item> GuaranteedRemoval::take_due(SteadyClock::tim
 }
 
 void GuaranteedRemoval::put_back(std::deque<Item>& items) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  if (closed_) {
+    lock.unlock();
+    items.clear();
+    return;
+  }
   for (auto& item : items) items_.push_back(std::move(item));
   items.clear();
 }
@@ -148,6 +154,17 @@ void GuaranteedRemoval::stop_thread() {
   thread.request_stop();
   wake_.notify_all();
   thread.join();  // its attempt in flight ends by its own bound
+}
+
+void GuaranteedRemoval::close() {
+  std::deque<Item> dropped;  // destroyed after the thread is joined, without the mutex
+  {
+    std::lock_guard lock(mutex_);
+    forget_parent_locked();
+    closed_ = true;
+    dropped.swap(items_);
+  }
+  stop_thread();
 }
 
 void GuaranteedRemoval::drain(milliseconds within) {

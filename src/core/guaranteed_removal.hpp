@@ -57,6 +57,10 @@ class GuaranteedRemoval {
   // pauses, until all are done or `within` has passed (a client's end); what remains is
   // reported as given up and dropped.
   void drain(milliseconds within);
+  // Ends the background thread now (joined: an attempt in flight finishes first) and drops
+  // what is pending; what is handed over later is dropped too. For a client whose end must
+  // leave no thread behind before its connections go (an exit handler).
+  void close();
   std::size_t pending() const;
   // When the earliest pending item is due (nullopt when none): a caller-driven service's round
   // (Driver::caller) comes by then.
@@ -90,6 +94,7 @@ class GuaranteedRemoval {
   std::deque<Item> items_;
   std::uint64_t generation_;
   std::uint64_t added_ = 0;  // items ever added: a change wakes the thread to take the earliest again
+  bool closed_ = false;
   std::jthread thread_;  // last member: stopped and joined first
 };
 

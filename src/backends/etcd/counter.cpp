@@ -1,0 +1,160 @@
+// Inspection, and the PermitCounter's plain operations (try_set, add, get, drain).
+#include "backends/etcd/etcd_backend.hpp"
+
+namespace turnstile::detail::etcd {
+
+// A counter change whose reply was lost and which was found not applied is tried again, at most
+// this many times in all, before the caller hears that etcd did not answer.
+constexpr int kCounterChangeTries = 3;
+
+// --- inspection and the PermitCounter's plain operations -----------------------------------
+
+Inspection EtcdBackend::inspect(const std::string& name, Deadline deadline) {
+  const auto prefix = name + "/";
+  pb::TxnRequest read;
+  add_range(read.mutable_success(), queue_range(prefix));
+  add_range(read.mutable_success(), key_range(kCounterPrefix + name));
+  add_range(read.mutable_success(), queue_range(kCounterWaiterPrefix + name + "/"));
+  const auto answer = connection_.txn(read, deadline ? std::min(*deadline, call_deadline()) : call_deadline(), true);
+  Inspection result;
+  result.name = name;
+  const auto entries = entries_of(answer.responses(0).response_range(), prefix);
+  if (!entries.empty()) {
+    result.mode = to_string(queue_mode(entries[0]));
+    if (result.mode == "semaphore") result.limit = entries[0].limit;
+  }
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    EntryInfo info;
+    info.fencing_token = static_cast<std::uint64_t>(entries[i].create_revision);
+    info.kind = to_string(entries[i].kind);
+    info.permits = entries[i].permits;
+    info.pid = entries[i].pid;
+    info.host = entries[i].host;
+    info.since = std::chrono::system_clock::time_point(milliseconds(entries[i].since_ms));
+    info.label = entries[i].label;
+    // Its key is NAME/<lease id in hex>, as etcdctl lock and concurrency.Mutex write it.
+    if (entries[i].foreign) info.foreign = "etcd client (etcdctl lock), lease " + entries[i].key.substr(prefix.size());
+    info.holding = evaluate_queue(views_of(entries, i), i, entries[0].limit).admitted();
+    (info.holding ? result.holders : result.waiters).push_back(info);
+  }
+  result.permits = counter_value(answer.responses(1).response_range()).value;
+  for (const auto* kv : children(answer.responses(2).response_range(), kCounterWaiterPrefix + name + "/")) {
+    EntryInfo info;
+    info.kind = "permits";
+    info.fencing_token = static_cast<std::uint64_t>(kv->create_revision());
+    std::istringstream text(kv->value());
+    long long since_ms = 0;
+    std::uint64_t number = 0;
+    text >> info.permits >> info.pid >> info.host >> since_ms >> number;
+    info.label = label_after(text);
+    info.since = std::chrono::system_clock::time_point(milliseconds(since_ms));
+    result.waiters.push_back(info);
+  }
+  return result;
+}
+
+
+// Counter changes are not idempotent: a copy of one that reaches etcd after its sender gave up
+// (a stalled connection, a paused member) must change nothing. So each Txn is guarded by a
+// request marker on the client's lease (request_markers.hpp) and puts it, reading "applied";
+// when its reply is lost, a Txn reads the marker (applied: the call succeeded) or retires it
+// ("refused": the change never applies, and is tried again). Not settled within
+// kTakeOutcomeTry, it is settled in the background and the caller hears that the outcome is
+// unknown: every change applies at most once.
+bool EtcdBackend::counter_try_set(const std::string& name, std::int64_t permits) {
+  const auto key = kCounterPrefix + name;
+  const auto set = change_counter(
+      key,
+      [&](const CounterValue& current) -> std::optional<pb::TxnRequest> {
+        if (current.value) return std::nullopt;
+        pb::TxnRequest txn;
+        add_compare(txn, key, pb::Compare::CREATE, 0);
+        add_put(txn.mutable_success(), key, std::to_string(permits), 0);
+        return txn;
+      },
+      0, [](const CounterValue&) { return 1; });
+  return set == 1;
+}
+
+std::int64_t EtcdBackend::counter_add(const std::string& name, std::int64_t delta) {
+  const auto key = kCounterPrefix + name;
+  std::int64_t updated = 0;
+  const auto change = [&](const CounterValue& current) -> std::optional<pb::TxnRequest> {
+    if (__builtin_add_overflow(current.value.value_or(0), delta, &updated) || updated > max_permits ||
+        updated < -max_permits) {
+      throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
+                            std::to_string(current.value.value_or(0)) + " would leave [-" + std::to_string(max_permits) +
+                            ", " + std::to_string(max_permits) + "]; nothing changed");
+    }
+    pb::TxnRequest txn;
+    add_compare(txn, key, pb::Compare::MOD, current.mod_revision);
+    add_put(txn.mutable_success(), key, std::to_string(updated), 0);
+    return txn;
+  };
+  return change_counter(key, change, 0, [&](const CounterValue&) { return updated; });
+}
+
+std::optional<std::int64_t> EtcdBackend::counter_get(const std::string& name) {
+  return counter_value(connection_.range(key_range(kCounterPrefix + name), call_deadline())).value;
+}
+
+std::int64_t EtcdBackend::counter_drain(const std::string& name) {
+  const auto key = kCounterPrefix + name;
+  const auto change = [&](const CounterValue& current) -> std::optional<pb::TxnRequest> {
+    if (!current.value) return std::nullopt;
+    pb::TxnRequest txn;
+    add_compare(txn, key, pb::Compare::MOD, current.mod_revision);
+    add_put(txn.mutable_success(), key, "0", 0);
+    return txn;
+  };
+  return change_counter(key, change, 0, [](const CounterValue& current) { return *current.value; });
+}
+
+std::int64_t EtcdBackend::change_counter(const std::string& key, const CounterChange& change, std::int64_t unchanged,
+                                         const std::function<std::int64_t(const CounterValue&)>& answer) {
+  int unknown_outcomes = 0;
+  for (;;) {
+    const auto current = counter_value(connection_.range(key_range(key), call_deadline()));
+    auto txn = change(current);
+    if (!txn) return unchanged;
+    if (counter_change_applied(std::move(*txn), call_deadline(), unknown_outcomes)) return answer(current);
+  }
+}
+
+bool EtcdBackend::counter_change_applied(pb::TxnRequest txn, SteadyClock::time_point deadline, int& unknown_outcomes) {
+  const auto lease = client_lease(deadline);
+  const auto request = next_request();
+  auto& markers = *lease->markers;
+  markers.begin(request);
+  markers.guard(txn, request);  // sent once (not resent): this guards its one copy
+  markers.retire(txn.mutable_success(), request, kApplied);
+  const auto floor = markers.add_sweep(txn.mutable_success());
+  try {
+    const auto answer = connection_.txn(txn, deadline, false);
+    markers.resolved(request);
+    if (answer.succeeded()) markers.swept(floor);
+    return answer.succeeded();
+  } catch (const LeaseGone&) {
+    markers.resolved(request);  // not applied (its marker names the lease): tried on a new one
+    lose_lease(lease, "etcd no longer knows the client's lease", true);
+    return false;
+  } catch (const BackendUnavailable& unknown) {
+    // Applied or not: the marker tells, or is retired so that a late copy changes nothing.
+    pb::TxnRequest settle;
+    add_value_compare(settle, markers.marker(request), kApplied);
+    markers.retire(settle.mutable_failure(), request, kRefused);
+    const auto settled =
+        run_cleanup(lease, std::move(settle), nullptr, kTakeOutcomeTry, [lease, request] { lease->markers->resolved(request); });
+    if (!settled) throw;  // settled in the background; the caller hears the outcome is unknown
+    if (settled->succeeded()) return true;
+    if (++unknown_outcomes >= kCounterChangeTries) {
+      throw BackendUnavailable("etcd did not answer a PermitCounter change " + std::to_string(kCounterChangeTries) +
+                               " times (none applied, nor will any): " + unknown.what());
+    }
+    return false;
+  } catch (const Error&) {
+    markers.resolved(request);  // refused (AccessDenied): not applied
+    throw;
+  }
+}
+}  // namespace turnstile::detail::etcd
