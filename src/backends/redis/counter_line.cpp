@@ -33,7 +33,7 @@ class RedisCounterLine final : public CounterLine {
   bool leave() noexcept override {
     if (settled_) return taken_;
     try {
-      taken_ = run_script("2", SteadyClock::now() + kLeavePatience, {}).taken;  // not ended by the stop
+      taken_ = run_script("2", SteadyClock::now() + kRedisTimes.leave_try, {}).taken;  // not ended by the stop
     } catch (...) {
       // Unanswered: a look of ours may still arrive, or may have taken the permits. Retired in
       // the background: a take it made is given back (we report "not taken"), our place goes,
@@ -41,7 +41,7 @@ class RedisCounterLine final : public CounterLine {
       try {
         retiring_ = true;
         backend_.retire_later({&scripts::counter_retire, keys_.keys,
-                               {keys_.channel, marked(), std::to_string(permits_)}, keys_.keys.back(), {request_}, {}});
+                               {keys_.channel, marked(), std::to_string(permits_)}, keys_.keys.back(), {request_}});
       } catch (...) {
       }
     }
@@ -50,16 +50,15 @@ class RedisCounterLine final : public CounterLine {
   }
 
  private:
-  // Every call but a leave: at least kOneShotFloor, so a short deadline on a healthy server ends
-  // in the script's answer; without a deadline kCallPatience (the line's calls are all bounded);
+  // Every call but a leave: at least the one-shot floor (kRedisTimes), so a short deadline on a healthy server ends
+  // in the script's answer; without a deadline the call cap (the line's calls are all bounded);
   // ended at once by the caller's stop. After a stop we leave (bounded) and report "not taken,
   // waiting" (the core then gives up), or taken when the leave finds that a call we cut short
   // had taken the permits.
   CounterStanding run(const char* mode, Deadline deadline) {
     if (!stop_.stop_requested()) {
       try {
-        const auto now = SteadyClock::now();
-        return run_script(mode, deadline ? std::max(*deadline, now + kOneShotFloor) : now + kCallPatience, stop_);
+        return run_script(mode, deadline ? at_least_floor(deadline) : CallBudget().call_end(kRedisTimes.call), stop_);
       } catch (const BackendUnavailable&) {
         if (!stop_.stop_requested() && deadline) throw;
         if (!stop_.stop_requested()) {

@@ -16,6 +16,14 @@
 namespace turnstile::detail::redis {
 namespace {
 
+// Retirements are tried for as long as the server remembers the request (after that nothing
+// could tell a late copy of it anyway).
+Backoff retirement_backoff(const Settings& settings) {
+  auto backoff = kRedisTimes.background;
+  backoff.give_up = request_memory(settings);
+  return backoff;
+}
+
 std::string host_name() {
   char buffer[256] = {};
   gethostname(buffer, sizeof buffer - 1);
@@ -33,6 +41,7 @@ RedisBackend::RedisBackend(Settings settings, EvictionRule eviction, ErrorHandle
       connection_(with_eviction_rule(settings, eviction), all_scripts(), [this](const std::string& server) { on_server_changed(server); }),
       renewals_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); },
                 renewal_retry()),
+      removals_(retirement_backoff(settings), {}, GuaranteedRemoval::Driver::caller),
       subscriber_(settings, [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
                   [this] { on_subscriber_reset(); }) {
   check_eviction_policy(connection_, settings_, eviction, warn);
@@ -43,7 +52,14 @@ RedisBackend::~RedisBackend() {
   watchdog_.request_stop();
   renew_soon();  // wakes the watchdog
   if (watchdog_.joinable()) watchdog_.join();
-  retire_orphans_before_exit();
+  // A client ending with requests still to retire (a give-up whose clean-up has not got
+  // through: the server stalled, or the link is cut) tries them once more, each try at most
+  // kExitAttempt, until they are answered or kRedisTimes.drain_at_end has passed. Whatever is still
+  // unanswered then is dropped: a copy of it reaching the server later may still apply (the
+  // README's Redis section: a client that ends during a partition).
+  removal_budget_ = CallBudget(SteadyClock::now() + kRedisTimes.drain_at_end);
+  removal_attempt_cap_ = kExitAttempt;
+  removals_.drain(kRedisTimes.drain_at_end);
   // The subscriber's thread joins next; the eventfd outlives it (declared first).
 }
 
@@ -138,53 +154,40 @@ void RedisBackend::leave(const std::string& name, const std::string& seq, std::u
       }
     } catch (...) {
     }
-    retire_later({&scripts::release, keys.keys, std::move(args), key, std::move(settles), {}});
+    retire_later({&scripts::release, keys.keys, std::move(args), key, std::move(settles)});
   } catch (...) {
   }
 }
 
-void RedisBackend::retire_later(Orphan orphan) {
-  {
-    std::lock_guard lock(holds_mutex_);
-    orphan.give_up = SteadyClock::now() + request_memory(settings_);
-    orphan.serial = ++orphan_serial_;
-    orphans_.push_back(std::move(orphan));
+namespace {
+
+// Settles a retirement's request numbers when the last copy of its attempt goes: answered,
+// given up, or dropped at the client's end.
+struct Settler {
+  RequestIds& ids;
+  std::string key;
+  std::vector<std::uint64_t> numbers;
+  ~Settler() {
+    for (const auto n : numbers) ids.settle(key, n);
   }
-  renew_soon();
+};
+
+}  // namespace
+
+void RedisBackend::retire_later(Retirement retirement) {
+  auto settler = std::make_shared<Settler>(Settler{request_ids_, retirement.key, std::move(retirement.settles)});
+  ScriptCall call{retirement.script, std::move(retirement.keys), std::move(retirement.args)};
+  const auto what = "request " + retirement.key + " (" + retirement.script->name + ")";
+  removals_.add(what, [this, call = std::move(call), settler] { return retire_once(call); });
+  renew_soon();  // the watchdog's wait ends by the first attempt's time (next_due)
 }
 
-// A client ending with requests still to retire (a give-up whose clean-up has not got through:
-// the server stalled, or the link is cut) tries them once more, all in one round trip per node,
-// again until they are answered or kExitRetirePatience has passed. Whatever is still unanswered
-// then is dropped: a copy of it reaching the server later may still apply (the README's Redis
-// section: a client that ends during a partition).
-void RedisBackend::retire_orphans_before_exit() noexcept {
-  try {
-    std::vector<Orphan> orphans;
-    {
-      std::lock_guard lock(holds_mutex_);
-      orphans.swap(orphans_);
-    }
-    const auto until = SteadyClock::now() + kExitRetirePatience;
-    while (!orphans.empty() && SteadyClock::now() < until) {
-      std::vector<ScriptCall> calls;
-      for (const auto& orphan : orphans) calls.emplace_back(orphan.script, orphan.keys, orphan.args);
-      std::vector<Result> results;
-      try {
-        results = renewals_.eval_each(calls, Deadline(std::min(until, SteadyClock::now() + kExitAttempt)));
-      } catch (const std::exception&) {
-        std::this_thread::sleep_for(std::min<SteadyClock::duration>(kExitRetryPause, until - SteadyClock::now()));
-        continue;
-      }
-      std::vector<Orphan> unanswered;
-      for (std::size_t i = 0; i < orphans.size(); ++i) {
-        if (!results[i].ok()) unanswered.push_back(std::move(orphans[i]));
-      }
-      orphans.swap(unanswered);
-      if (!orphans.empty()) std::this_thread::sleep_for(std::min<SteadyClock::duration>(kExitRetryPause, until - SteadyClock::now()));
-    }
-  } catch (...) {
-  }
+Removal RedisBackend::retire_once(const ScriptCall& call) {
+  // Within what the round (or the client's end) has left: past it, the attempt waits for the next.
+  const auto budget = removal_budget_.until(SteadyClock::now() + removal_attempt_cap_);
+  if (budget.passed()) return Removal::again;
+  auto results = renewals_.eval_each({call}, budget);  // an error reply is the Result's, not thrown
+  return results.front().ok() ? Removal::done : Removal::again;
 }
 
 void RedisBackend::renew_soon() {
