@@ -63,6 +63,27 @@ RedisBackend::~RedisBackend() {
   // The subscriber's thread joins next; the eventfd outlives it (declared first).
 }
 
+void RedisBackend::track(RedisHold* hold) {
+  std::lock_guard lock(holds_mutex_);
+  holds_.insert(hold);
+  // A primary change noticed between the admitting script's reply and now.
+  if (settings_.sentinel() && !primary_.empty() && hold->server() != primary_) {
+    hold->state()->lease->lose(primary_changed(hold->server(), primary_));
+  }
+  if (settings_.cluster() && demoted(connection_, *hold->state(), hold->name(), hold->server())) {
+    hold->state()->lease->lose(primary_changed(hold->server(), connection_.owner(keys_of(hold->name()).keys.front())));
+  }
+  // The watchdog notices a node going away through its own idle connection to it: on a node
+  // it has none to yet, it renews now, which opens one (else a node killed and restarted
+  // empty before the first round went unnoticed for up to TTL/3).
+  if (settings_.cluster() && !renewals_.knows_node(hold->server().substr(0, hold->server().find(' ')))) renew_soon();
+}
+
+bool RedisBackend::demoted(Router& router, const HoldLease& state, const std::string& name, const std::string& server) {
+  const auto owner = router.owner(keys_of(name).keys.front());
+  return !state.releasing && !owner.empty() && owner != address_of(server) && !router.serves_slots(address_of(server));
+}
+
 void RedisBackend::on_subscriber_reset() {
   waiters_.poke_all();
   // The subscriber lost its connection and made a new one: the server may have restarted
@@ -119,20 +140,7 @@ FollowUp RedisBackend::replica_wait(Deadline deadline, bool (*admitted)(const re
 }
 
 void RedisBackend::check_replicas(const Reply& reply) const {
-  const auto need = settings_.min_replicas;
-  if (!reply) {
-    throw NotReplicated("redis at " + settings_.description + ": no answer to WAIT " + std::to_string(need) +
-                        " (min_replicas); nothing was taken");
-  }
-  if (reply->type == REDIS_REPLY_INTEGER && reply->integer >= need) return;
-  if (reply->type == REDIS_REPLY_INTEGER) {
-    throw NotReplicated("redis at " + settings_.description + ": the entry reached " + std::to_string(reply->integer) +
-                        " replica(s) in time, min_replicas=" + std::to_string(need) + " asked for " +
-                        std::to_string(need) + "; nothing was taken");
-  }
-  throw NotReplicated("redis at " + settings_.description + " refused WAIT " + std::to_string(need) +
-                      " (min_replicas): " + redacted(settings_, reply->str ? std::string_view(reply->str, reply->len) : "") +
-                      "; nothing was taken");
+  if (auto error = not_replicated(settings_, reply.get())) std::rethrow_exception(error);
 }
 
 void RedisBackend::leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join,

@@ -105,21 +105,8 @@ class RedisBackend final : public Backend {
   std::string release_memory_ms() const {
     return std::to_string(request_memory(settings_).count());
   }
-  void track(RedisHold* hold) {
-    std::lock_guard lock(holds_mutex_);
-    holds_.insert(hold);
-    // A primary change noticed between the admitting script's reply and now.
-    if (settings_.sentinel() && !primary_.empty() && hold->server() != primary_) {
-      hold->state()->lease->lose(primary_changed(hold->server(), primary_));
-    }
-    if (settings_.cluster() && demoted(connection_, *hold->state(), hold->name(), hold->server())) {
-      hold->state()->lease->lose(primary_changed(hold->server(), connection_.owner(keys_of(hold->name()).keys.front())));
-    }
-    // The watchdog notices a node going away through its own idle connection to it: on a node
-    // it has none to yet, it renews now, which opens one (else a node killed and restarted
-    // empty before the first round went unnoticed for up to TTL/3).
-    if (settings_.cluster() && !renewals_.knows_node(hold->server().substr(0, hold->server().find(' ')))) renew_soon();
-  }
+  // Renewed by the watchdog from now on; lost at once when a failover already moved the name.
+  void track(RedisHold* hold);
   // With sentinels: WAIT for min_replicas after the script that admits an entry (a FollowUp
   // for Connection::eval; none without min_replicas). `admitted` reads the script's reply.
   FollowUp replica_wait(Deadline deadline, bool (*admitted)(const redisReply*)) const;
@@ -154,10 +141,7 @@ class RedisBackend final : public Backend {
   // name's slot no more and no slot at all: a failover demoted it, or it is gone. (A node that
   // only gave the slot away to a resharding, or admitted the hold through ASK while the slot
   // moves to it, still serves slots: the renewal's answer decides then, by which node answers.)
-  bool demoted(Router& router, const HoldLease& state, const std::string& name, const std::string& server) {
-    const auto owner = router.owner(keys_of(name).keys.front());
-    return !state.releasing && !owner.empty() && owner != address_of(server) && !router.serves_slots(address_of(server));
-  }
+  bool demoted(Router& router, const HoldLease& state, const std::string& name, const std::string& server);
   void renew_soon();
   void watchdog_loop(std::stop_token stop);
   // What the watchdog renews: a hold's lease, by seq and request id.
