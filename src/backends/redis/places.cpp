@@ -142,8 +142,9 @@ class RedisPlace final : public QueuePlace {
   // sends nothing: its lease is renewed by that round, in one call for all of the client's
   // entries of the name.
   void wait(const Verdict&, Deadline deadline, const std::stop_token& stop) override {
-    if (!listener_ || listener_->subscribe(deadline, stop)) return;
-    listener_->sleep(std::nullopt, deadline, stop);
+    const CallBudget budget(deadline, stop);
+    if (!listener_ || listener_->subscribe(budget)) return;
+    listener_->sleep(std::nullopt, budget);
   }
 
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
