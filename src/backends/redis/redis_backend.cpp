@@ -129,12 +129,8 @@ FollowUp RedisBackend::replica_wait(Deadline deadline, bool (*admitted)(const re
   return [deadline, admitted, replicas](const std::vector<Reply>& replies) -> std::optional<Command> {
     if (replies.empty() || !admitted(replies.front().get())) return std::nullopt;
     // The caller's time left, at least kMinReplicaWait (a try-once or a deadline about to pass
-    // still gets a chance), at most kConnectTimeout.
-    auto wait = kConnectTimeout;
-    if (deadline) {
-      const auto left = std::chrono::ceil<milliseconds>(*deadline - SteadyClock::now());
-      wait = std::clamp(left, kMinReplicaWait, kConnectTimeout);
-    }
+    // still gets a chance), at most kConnectTimeout: the core's rule.
+    const auto wait = CallBudget(deadline).call_timeout({.floor = kMinReplicaWait, .cap = kConnectTimeout});
     return Command{"WAIT", std::to_string(replicas), std::to_string(wait.count())};
   };
 }
