@@ -1,4 +1,4 @@
-// The Redis backend's connection layer (src/backends/redis/connection.cpp, subscriber.cpp),
+// The Redis backend's connection layer (src/backends/redis/connection.cpp and below, subscriber.cpp),
 // against real redis-servers configured as operators run them (maxmemory, replicas, ACL users,
 // `timeout`), a loopback proxy that cuts the link, and a test peer that answers like a hostile
 // server: calls never wait past their own deadline, error replies are typed errors and never

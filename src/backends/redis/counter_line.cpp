@@ -27,13 +27,14 @@ class RedisCounterLine final : public CounterLine {
     if (!in_line_) run("0", deadline);
   }
   void wait(CounterWait, Deadline deadline, const std::stop_token& stop) override {
-    if (listener_.subscribe(deadline, stop)) return;
-    listener_.sleep(backend_.recheck_interval(), deadline, stop);
+    const CallBudget budget(deadline, stop);
+    if (listener_.subscribe(budget)) return;
+    listener_.sleep(backend_.recheck_interval(), budget);
   }
   bool leave() noexcept override {
     if (settled_) return taken_;
     try {
-      taken_ = run_script("2", SteadyClock::now() + kLeavePatience, {}).taken;  // not ended by the stop
+      taken_ = run_script("2", Deadline(SteadyClock::now() + kRedisTimes.leave_try)).taken;  // not ended by the stop
     } catch (...) {
       // Unanswered: a look of ours may still arrive, or may have taken the permits. Retired in
       // the background: a take it made is given back (we report "not taken"), our place goes,
@@ -41,7 +42,7 @@ class RedisCounterLine final : public CounterLine {
       try {
         retiring_ = true;
         backend_.retire_later({&scripts::counter_retire, keys_.keys,
-                               {keys_.channel, marked(), std::to_string(permits_)}, keys_.keys.back(), {request_}, {}});
+                               {keys_.channel, marked(), std::to_string(permits_)}, keys_.keys.back(), {request_}});
       } catch (...) {
       }
     }
@@ -50,16 +51,15 @@ class RedisCounterLine final : public CounterLine {
   }
 
  private:
-  // Every call but a leave: at least kOneShotFloor, so a short deadline on a healthy server ends
-  // in the script's answer; without a deadline kCallPatience (the line's calls are all bounded);
+  // Every call but a leave: at least the one-shot floor (kRedisTimes), so a short deadline on a healthy server ends
+  // in the script's answer; without a deadline the call cap (the line's calls are all bounded);
   // ended at once by the caller's stop. After a stop we leave (bounded) and report "not taken,
   // waiting" (the core then gives up), or taken when the leave finds that a call we cut short
   // had taken the permits.
   CounterStanding run(const char* mode, Deadline deadline) {
     if (!stop_.stop_requested()) {
       try {
-        const auto now = SteadyClock::now();
-        return run_script(mode, deadline ? std::max(*deadline, now + kOneShotFloor) : now + kCallPatience, stop_);
+        return run_script(mode, {deadline ? at_least_floor(deadline) : CallBudget().call_end(kRedisTimes.call), stop_});
       } catch (const BackendUnavailable&) {
         if (!stop_.stop_requested() && deadline) throw;
         if (!stop_.stop_requested()) {
@@ -81,14 +81,14 @@ class RedisCounterLine final : public CounterLine {
 
   // Runs counter_acquire in `mode`: "0" take or wait in line, "1" take or leave, "2" only leave.
   // The script remembers a take by our request id, so a resend after a lost reply says taken.
-  CounterStanding run_script(const char* mode, Deadline until, const std::stop_token& stop) {
+  CounterStanding run_script(const char* mode, const CallBudget& budget) {
     listener_.unpoke();
     settled_ = false;  // until answered, a lost reply may have placed us or taken the permits
     auto reply = backend_.connection_.eval(scripts::counter_acquire, keys_.keys,
                                            {keys_.channel, std::to_string(permits_),
                                             std::to_string(backend_.settings_.ttl.count()), mode, backend_.identity_,
                                             marked(), backend_.label_suffix_},
-                                           {.budget = {until, stop}, .idempotent = true});
+                                           {.budget = budget, .idempotent = true});
     CounterStanding standing;
     const auto status = integer_at(reply.get(), 0);
     if (status == 0 || status == 1) {

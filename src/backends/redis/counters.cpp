@@ -11,11 +11,11 @@ Reply RedisBackend::counter_change(const QueueKeys& keys, const Script& script,
   const auto marked = request_ids_.marked(key, n);
   try {
     auto reply = connection_.eval(script, keys.keys, args_with(marked),
-                                  {.budget = Deadline(SteadyClock::now() + kCallPatience), .idempotent = true});
+                                  {.budget = CallBudget().for_call(kRedisTimes.call), .idempotent = true});
     request_ids_.settle(key, n);
     return reply;
   } catch (const BackendUnavailable&) {
-    retire_later({&scripts::counter_retire, keys.keys, {keys.channel, marked, "0"}, key, {n}, {}});
+    retire_later({&scripts::counter_retire, keys.keys, {keys.channel, marked, "0"}, key, {n}});
     throw;
   } catch (...) {
     request_ids_.settle(key, n);  // an error reply: nothing was changed
@@ -49,7 +49,7 @@ std::int64_t RedisBackend::counter_add(const std::string& name, std::int64_t del
 
 std::optional<std::int64_t> RedisBackend::counter_get(const std::string& name) {
   check_counter_name(name);
-  auto reply = connection_.command({"GET", name}, Deadline(SteadyClock::now() + kCallPatience), name);
+  auto reply = connection_.command({"GET", name}, CallBudget().for_call(kRedisTimes.call), name);
   if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
   try {
     if (reply->type == REDIS_REPLY_STRING) return std::stoll(std::string(reply->str, reply->len));

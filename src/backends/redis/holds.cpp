@@ -25,19 +25,19 @@ RedisHold::~RedisHold() {
 void RedisHold::downgrade() {
   const auto keys = backend_.keys_of(name_);
   auto reply = backend_.connection().eval(scripts::downgrade, keys.keys, {keys.channel, std::to_string(seq_), request_},
-                                          {.budget = Deadline(SteadyClock::now() + kCallPatience), .idempotent = true});
+                                          {.budget = CallBudget().for_call(kRedisTimes.call), .idempotent = true});
   if (integer_of(reply) == 0) lease_->lose("its entry expired or the redis server forgot it");
 }
 
 void RedisHold::release() {
   if (released_) return;
   const auto keys = backend_.keys_of(name_);
-  // Bounded: at most kReleasePatience, and no longer once the hold is reported lost (a hold
+  // Bounded: at most kRedisTimes.release_try, and no longer once the hold is reported lost (a hold
   // already lost gets one short try): the caller must hear of a loss at once, and the core
   // retries a failed release in the background. A resend after a lost reply finds the release
   // remembered, not a loss.
   const bool lost = loss_->lost_by_now();
-  const auto patience = lost ? kLostReleasePatience : kReleasePatience;
+  const auto patience = lost ? kLostReleasePatience : kRedisTimes.release_try;
   // From now on a renewal that finds the entry gone may have crossed this release: only the
   // release's own answer says whether the hold was lost.
   state_->releasing = true;

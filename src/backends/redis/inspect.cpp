@@ -72,9 +72,7 @@ Inspection RedisBackend::inspect(const std::string& name, Deadline deadline) {
   } catch (const InvalidArgument&) {
     counter = false;  // a lock name that no counter may use
   }
-  auto until = SteadyClock::now() + kCallPatience;
-  if (deadline) until = std::min(until, *deadline);
-  auto replies = connection_.eval_pipelined(calls, Deadline(until));
+  auto replies = connection_.eval_pipelined(calls, CallBudget(deadline).for_call(kRedisTimes.call));
   for (const auto& reply : replies) {
     if (reply->type != REDIS_REPLY_ARRAY) unexpected_reply("inspect");
   }

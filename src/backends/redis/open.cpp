@@ -104,10 +104,8 @@ void check_allowed(const Settings& settings, const Hello& hello, const std::vect
 // The credentials, the database, the run_id and (with sentinels) the role, from the replies.
 void read_identity(const Settings& settings, const Hello& hello, const std::vector<Reply>& replies, Opened& opened) {
   for (std::size_t i = 0; i < hello.info_at; ++i) {
-    if (hello.commands[i].front() == "AUTH" && replies[i]->type == REDIS_REPLY_ERROR) {
-      // WRONGPASS, or a password given to a server that has none: our credentials are wrong.
-      throw AccessDenied("redis at " + settings.description + " refused " + user_of(settings) + ": " +
-                         redacted(settings, reply_view(replies[i].get())));
+    if (hello.commands[i].front() == "AUTH") {
+      if (auto error = credentials_refused(settings, replies[i].get())) std::rethrow_exception(error);
     }
     check_allowed(settings, hello, replies, i, "select database " + std::to_string(settings.db));
   }
@@ -178,10 +176,7 @@ SteadyClock::time_point share_of(SteadyClock::time_point until, std::size_t coun
 std::optional<HostPort> read_master_address(const Settings& settings, const Settings& probe, const redisReply* reply,
                                             std::string& why) {
   if (reply->type == REDIS_REPLY_ERROR) {
-    if (is_error(reply, "NOAUTH") || is_error(reply, "NOPERM") || is_error(reply, "WRONGPASS")) {
-      throw AccessDenied("redis " + probe.description + " refused SENTINEL get-master-addr-by-name: " +
-                         redacted(probe, reply_view(reply)) + " (sentinel_password=)");
-    }
+    if (auto error = sentinel_refused(probe, "SENTINEL get-master-addr-by-name", reply)) std::rethrow_exception(error);
     why = redacted(probe, reply_view(reply));
     return std::nullopt;
   }
@@ -229,9 +224,8 @@ std::optional<HostPort> ask_sentinel(const Settings& settings, const SentinelAdd
     if (why == "cancelled") throw BackendUnavailable("asking the sentinels was cancelled");
     return std::nullopt;
   }
-  if (!settings.sentinel_password.empty() && replies.front()->type == REDIS_REPLY_ERROR) {
-    throw AccessDenied("redis " + probe.description + " refused the sentinel password: " +
-                       redacted(probe, reply_view(replies.front().get())));
+  if (!settings.sentinel_password.empty()) {
+    if (auto error = sentinel_refused(probe, "the sentinel password", replies.front().get())) std::rethrow_exception(error);
   }
   return read_master_address(settings, probe, replies.back().get(), why);
 }

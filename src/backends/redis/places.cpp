@@ -20,14 +20,6 @@ long long first_integer(const redisReply* reply) {
   return first->type == REDIS_REPLY_INTEGER ? first->integer : -1000;
 }
 
-// The deadline of a join: the caller's, but at least kOneShotFloor from now (none stays none). A
-// deadline already passed (a try-once) gets the floor too, not the connection's own caps: a
-// try-once ends within it (and its clean-up goes to the watchdog, see RedisPlace::join).
-Deadline at_least_floor(Deadline deadline) {
-  if (!deadline) return deadline;
-  return std::max(*deadline, SteadyClock::now() + kOneShotFloor);
-}
-
 }  // namespace
 
 // Our entry in a name's queue. The Lua scripts evaluate the queue atomically (admit()), so every
@@ -54,7 +46,7 @@ class RedisPlace final : public QueuePlace {
 
   // Runs the acquire script: admitted or not; none when no entry stays (not admitted on a
   // try-once, or a stop during the call, after which the entry it may have made has left).
-  // At least kOneShotFloor, whatever the deadline: the answer decides (admitted: the hold; not,
+  // At least the one-shot floor, whatever the deadline: the answer decides (admitted: the hold; not,
   // with the deadline passed: the core leaves and reports a timeout).
   std::optional<bool> join(const QueueRequest& request, bool try_once, Deadline deadline) {
     const auto sent_at = SteadyClock::now();
@@ -80,10 +72,10 @@ class RedisPlace final : public QueuePlace {
       // (found by our request id) rather than leave it to hold up the name for a TTL. A one-shot
       // join (deadline within the floor) ends within its floor: the leave gets what is left of
       // it, then the watchdog retires the request.
-      const auto floor_end = sent_at + kOneShotFloor;
+      const auto floor_end = sent_at + kRedisTimes.one_shot.floor;
       const bool one_shot = deadline && *deadline <= floor_end;
       leave_within(one_shot ? std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(floor_end - SteadyClock::now()))
-                            : kLeavePatience);
+                            : kRedisTimes.leave_try);
       if (stop_.stop_requested()) return std::nullopt;
       throw;
     }
@@ -150,8 +142,9 @@ class RedisPlace final : public QueuePlace {
   // sends nothing: its lease is renewed by that round, in one call for all of the client's
   // entries of the name.
   void wait(const Verdict&, Deadline deadline, const std::stop_token& stop) override {
-    if (!listener_ || listener_->subscribe(deadline, stop)) return;
-    listener_->sleep(std::nullopt, deadline, stop);
+    const CallBudget budget(deadline, stop);
+    if (!listener_ || listener_->subscribe(budget)) return;
+    listener_->sleep(std::nullopt, budget);
   }
 
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
@@ -162,7 +155,7 @@ class RedisPlace final : public QueuePlace {
                                        backend_.loss_clock_.watch(backend_.settings_.ttl, admitted_at_), server_);
   }
 
-  void leave() noexcept override { leave_within(kLeavePatience); }
+  void leave() noexcept override { leave_within(kRedisTimes.leave_try); }
   void leave_within(milliseconds patience) noexcept {
     if (std::exchange(left_, true)) return;
     if (listener_) backend_.waiters_.set_queued(listener_->waiter, false);

@@ -16,6 +16,14 @@
 namespace turnstile::detail::redis {
 namespace {
 
+// Retirements are tried for as long as the server remembers the request (after that nothing
+// could tell a late copy of it anyway).
+Backoff retirement_backoff(const Settings& settings) {
+  auto backoff = kRedisTimes.background;
+  backoff.give_up = request_memory(settings);
+  return backoff;
+}
+
 std::string host_name() {
   char buffer[256] = {};
   gethostname(buffer, sizeof buffer - 1);
@@ -33,6 +41,7 @@ RedisBackend::RedisBackend(Settings settings, EvictionRule eviction, ErrorHandle
       connection_(with_eviction_rule(settings, eviction), all_scripts(), [this](const std::string& server) { on_server_changed(server); }),
       renewals_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); },
                 renewal_retry()),
+      removals_(retirement_backoff(settings), {}, GuaranteedRemoval::Driver::caller),
       subscriber_(settings, [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
                   [this] { on_subscriber_reset(); }) {
   check_eviction_policy(connection_, settings_, eviction, warn);
@@ -43,8 +52,36 @@ RedisBackend::~RedisBackend() {
   watchdog_.request_stop();
   renew_soon();  // wakes the watchdog
   if (watchdog_.joinable()) watchdog_.join();
-  retire_orphans_before_exit();
+  // A client ending with requests still to retire (a give-up whose clean-up has not got
+  // through: the server stalled, or the link is cut) tries them once more, each try at most
+  // kExitAttempt, until they are answered or kRedisTimes.drain_at_end has passed. Whatever is still
+  // unanswered then is dropped: a copy of it reaching the server later may still apply (the
+  // README's Redis section: a client that ends during a partition).
+  removal_budget_ = CallBudget(SteadyClock::now() + kRedisTimes.drain_at_end);
+  removal_attempt_cap_ = kExitAttempt;
+  removals_.drain(kRedisTimes.drain_at_end);
   // The subscriber's thread joins next; the eventfd outlives it (declared first).
+}
+
+void RedisBackend::track(RedisHold* hold) {
+  std::lock_guard lock(holds_mutex_);
+  holds_.insert(hold);
+  // A primary change noticed between the admitting script's reply and now.
+  if (settings_.sentinel() && !primary_.empty() && hold->server() != primary_) {
+    hold->state()->lease->lose(primary_changed(hold->server(), primary_));
+  }
+  if (settings_.cluster() && demoted(connection_, *hold->state(), hold->name(), hold->server())) {
+    hold->state()->lease->lose(primary_changed(hold->server(), connection_.owner(keys_of(hold->name()).keys.front())));
+  }
+  // The watchdog notices a node going away through its own idle connection to it: on a node
+  // it has none to yet, it renews now, which opens one (else a node killed and restarted
+  // empty before the first round went unnoticed for up to TTL/3).
+  if (settings_.cluster() && !renewals_.knows_node(hold->server().substr(0, hold->server().find(' ')))) renew_soon();
+}
+
+bool RedisBackend::demoted(Router& router, const HoldLease& state, const std::string& name, const std::string& server) {
+  const auto owner = router.owner(keys_of(name).keys.front());
+  return !state.releasing && !owner.empty() && owner != address_of(server) && !router.serves_slots(address_of(server));
 }
 
 void RedisBackend::on_subscriber_reset() {
@@ -92,31 +129,14 @@ FollowUp RedisBackend::replica_wait(Deadline deadline, bool (*admitted)(const re
   return [deadline, admitted, replicas](const std::vector<Reply>& replies) -> std::optional<Command> {
     if (replies.empty() || !admitted(replies.front().get())) return std::nullopt;
     // The caller's time left, at least kMinReplicaWait (a try-once or a deadline about to pass
-    // still gets a chance), at most kConnectTimeout.
-    auto wait = kConnectTimeout;
-    if (deadline) {
-      const auto left = std::chrono::ceil<milliseconds>(*deadline - SteadyClock::now());
-      wait = std::clamp(left, kMinReplicaWait, kConnectTimeout);
-    }
+    // still gets a chance), at most kConnectTimeout: the core's rule.
+    const auto wait = CallBudget(deadline).call_timeout({.floor = kMinReplicaWait, .cap = kConnectTimeout});
     return Command{"WAIT", std::to_string(replicas), std::to_string(wait.count())};
   };
 }
 
 void RedisBackend::check_replicas(const Reply& reply) const {
-  const auto need = settings_.min_replicas;
-  if (!reply) {
-    throw NotReplicated("redis at " + settings_.description + ": no answer to WAIT " + std::to_string(need) +
-                        " (min_replicas); nothing was taken");
-  }
-  if (reply->type == REDIS_REPLY_INTEGER && reply->integer >= need) return;
-  if (reply->type == REDIS_REPLY_INTEGER) {
-    throw NotReplicated("redis at " + settings_.description + ": the entry reached " + std::to_string(reply->integer) +
-                        " replica(s) in time, min_replicas=" + std::to_string(need) + " asked for " +
-                        std::to_string(need) + "; nothing was taken");
-  }
-  throw NotReplicated("redis at " + settings_.description + " refused WAIT " + std::to_string(need) +
-                      " (min_replicas): " + redacted(settings_, reply->str ? std::string_view(reply->str, reply->len) : "") +
-                      "; nothing was taken");
+  if (auto error = not_replicated(settings_, reply.get())) std::rethrow_exception(error);
 }
 
 void RedisBackend::leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join,
@@ -138,53 +158,40 @@ void RedisBackend::leave(const std::string& name, const std::string& seq, std::u
       }
     } catch (...) {
     }
-    retire_later({&scripts::release, keys.keys, std::move(args), key, std::move(settles), {}});
+    retire_later({&scripts::release, keys.keys, std::move(args), key, std::move(settles)});
   } catch (...) {
   }
 }
 
-void RedisBackend::retire_later(Orphan orphan) {
-  {
-    std::lock_guard lock(holds_mutex_);
-    orphan.give_up = SteadyClock::now() + request_memory(settings_);
-    orphan.serial = ++orphan_serial_;
-    orphans_.push_back(std::move(orphan));
+namespace {
+
+// Settles a retirement's request numbers when the last copy of its attempt goes: answered,
+// given up, or dropped at the client's end.
+struct Settler {
+  RequestIds& ids;
+  std::string key;
+  std::vector<std::uint64_t> numbers;
+  ~Settler() {
+    for (const auto n : numbers) ids.settle(key, n);
   }
-  renew_soon();
+};
+
+}  // namespace
+
+void RedisBackend::retire_later(Retirement retirement) {
+  auto settler = std::make_shared<Settler>(Settler{request_ids_, retirement.key, std::move(retirement.settles)});
+  ScriptCall call{retirement.script, std::move(retirement.keys), std::move(retirement.args)};
+  const auto what = "request " + retirement.key + " (" + retirement.script->name + ")";
+  removals_.add(what, [this, call = std::move(call), settler] { return retire_once(call); });
+  renew_soon();  // the watchdog's wait ends by the first attempt's time (next_due)
 }
 
-// A client ending with requests still to retire (a give-up whose clean-up has not got through:
-// the server stalled, or the link is cut) tries them once more, all in one round trip per node,
-// again until they are answered or kExitRetirePatience has passed. Whatever is still unanswered
-// then is dropped: a copy of it reaching the server later may still apply (the README's Redis
-// section: a client that ends during a partition).
-void RedisBackend::retire_orphans_before_exit() noexcept {
-  try {
-    std::vector<Orphan> orphans;
-    {
-      std::lock_guard lock(holds_mutex_);
-      orphans.swap(orphans_);
-    }
-    const auto until = SteadyClock::now() + kExitRetirePatience;
-    while (!orphans.empty() && SteadyClock::now() < until) {
-      std::vector<ScriptCall> calls;
-      for (const auto& orphan : orphans) calls.emplace_back(orphan.script, orphan.keys, orphan.args);
-      std::vector<Result> results;
-      try {
-        results = renewals_.eval_each(calls, Deadline(std::min(until, SteadyClock::now() + kExitAttempt)));
-      } catch (const std::exception&) {
-        std::this_thread::sleep_for(std::min<SteadyClock::duration>(kExitRetryPause, until - SteadyClock::now()));
-        continue;
-      }
-      std::vector<Orphan> unanswered;
-      for (std::size_t i = 0; i < orphans.size(); ++i) {
-        if (!results[i].ok()) unanswered.push_back(std::move(orphans[i]));
-      }
-      orphans.swap(unanswered);
-      if (!orphans.empty()) std::this_thread::sleep_for(std::min<SteadyClock::duration>(kExitRetryPause, until - SteadyClock::now()));
-    }
-  } catch (...) {
-  }
+Removal RedisBackend::retire_once(const ScriptCall& call) {
+  // Within what the round (or the client's end) has left: past it, the attempt waits for the next.
+  const auto budget = removal_budget_.until(SteadyClock::now() + removal_attempt_cap_);
+  if (budget.passed()) return Removal::again;
+  auto results = renewals_.eval_each({call}, budget);  // an error reply is the Result's, not thrown
+  return results.front().ok() ? Removal::done : Removal::again;
 }
 
 void RedisBackend::renew_soon() {

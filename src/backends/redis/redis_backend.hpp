@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -35,6 +36,7 @@
 #include "backends/redis/waiters.hpp"
 #include "core/call_budget.hpp"
 #include "core/fork_generation.hpp"
+#include "core/guaranteed_removal.hpp"
 #include "core/loss_clock.hpp"
 
 namespace turnstile::detail::redis {
@@ -103,21 +105,8 @@ class RedisBackend final : public Backend {
   std::string release_memory_ms() const {
     return std::to_string(request_memory(settings_).count());
   }
-  void track(RedisHold* hold) {
-    std::lock_guard lock(holds_mutex_);
-    holds_.insert(hold);
-    // A primary change noticed between the admitting script's reply and now.
-    if (settings_.sentinel() && !primary_.empty() && hold->server() != primary_) {
-      hold->state()->lease->lose(primary_changed(hold->server(), primary_));
-    }
-    if (settings_.cluster() && demoted(connection_, *hold->state(), hold->name(), hold->server())) {
-      hold->state()->lease->lose(primary_changed(hold->server(), connection_.owner(keys_of(hold->name()).keys.front())));
-    }
-    // The watchdog notices a node going away through its own idle connection to it: on a node
-    // it has none to yet, it renews now, which opens one (else a node killed and restarted
-    // empty before the first round went unnoticed for up to TTL/3).
-    if (settings_.cluster() && !renewals_.knows_node(hold->server().substr(0, hold->server().find(' ')))) renew_soon();
-  }
+  // Renewed by the watchdog from now on; lost at once when a failover already moved the name.
+  void track(RedisHold* hold);
   // With sentinels: WAIT for min_replicas after the script that admits an entry (a FollowUp
   // for Connection::eval; none without min_replicas). `admitted` reads the script's reply.
   FollowUp replica_wait(Deadline deadline, bool (*admitted)(const redisReply*)) const;
@@ -152,10 +141,7 @@ class RedisBackend final : public Backend {
   // name's slot no more and no slot at all: a failover demoted it, or it is gone. (A node that
   // only gave the slot away to a resharding, or admitted the hold through ASK while the slot
   // moves to it, still serves slots: the renewal's answer decides then, by which node answers.)
-  bool demoted(Router& router, const HoldLease& state, const std::string& name, const std::string& server) {
-    const auto owner = router.owner(keys_of(name).keys.front());
-    return !state.releasing && !owner.empty() && owner != address_of(server) && !router.serves_slots(address_of(server));
-  }
+  bool demoted(Router& router, const HoldLease& state, const std::string& name, const std::string& server);
   void renew_soon();
   void watchdog_loop(std::stop_token stop);
   // What the watchdog renews: a hold's lease, by seq and request id.
@@ -164,10 +150,27 @@ class RedisBackend final : public Backend {
     std::string seq, request;
     std::string server;  // that admitted the hold
   };
-  // One pipelined round of renewals and orphan removals. False when something went unanswered
-  // (the next round comes after renewal_retry()).
-  // `stop`: the watchdog's, which ends a round in flight (a client being destroyed).
+  // What one round renews of a name: its holds, then its waiting entries, in one call.
+  struct Entries {
+    std::vector<Renewal> holds;
+    std::vector<Waiters::Queued> queued;  // after the holds, in the same call
+  };
+  using RoundEntries = std::map<std::string, Entries>;
+  // One round: a pipelined call renewing every hold and waiting entry, then the removals that
+  // are due (removals_). False when a renewal went unanswered (the next round comes after
+  // renewal_retry()). `stop`: the watchdog's, which ends a round in flight (a client's end).
   bool renewal_round(const std::stop_token& stop);
+  // The round's snapshot of the holds and waiting entries, by name (leases are shared: a hold
+  // may be released and destroyed meanwhile).
+  RoundEntries round_entries();
+  // With sentinels: the primary they name now; both routers drop connections to another.
+  void follow_sentinels();
+  // With a cluster: reads the slot map again; holds whose node was demoted are lost, not renewed.
+  void drop_demoted(RoundEntries& by_name);
+  // Applies the round's answers (one Result per name, in order); false when one confirmed nothing.
+  bool apply_round(RoundEntries& by_name, const std::vector<Result>& results, SteadyClock::time_point sent_at);
+  // Wakes the waiters of a name whose entries the server called admitted or gone.
+  void poke_moved_waiters(const Entries& entries, const Result& result);
   // Applies a name's renewal reply to its holds (the first answers; `queued` waiting entries'
   // answers follow). False when it confirmed nothing for one of them.
   bool settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
@@ -178,7 +181,7 @@ class RedisBackend final : public Backend {
   // nothing. `settle_join`: the acquire's outcome was unknown, its number is still in flight.
   // `patience`: how long to wait for the server before the watchdog takes over (0: at once).
   void leave(const std::string& name, const std::string& seq, std::uint64_t join, bool settle_join,
-             milliseconds patience = kLeavePatience) noexcept;
+             milliseconds patience = kRedisTimes.leave_try) noexcept;
   // Runs a counter change once (its request marked with a fresh number); when its outcome is
   // unknown, the request is retired in the background before the error reaches the caller.
   Reply counter_change(const QueueKeys& keys, const Script& script,
@@ -198,27 +201,33 @@ class RedisBackend final : public Backend {
   Router renewals_;  // the watchdog's own: renewals never queue behind other calls
   Waiters waiters_;
 
-  // Requests given up without an answer (Curator's guaranteed delete is the model): an entry
+  // A request given up without an answer (Curator's guaranteed delete is the model): an entry
   // whose removal failed or whose creation's outcome is unknown, a counter change or take whose
-  // outcome is unknown. Each is one idempotent script call that retires the request (so that a
-  // copy delivered late changes nothing), retried in the watchdog's rounds until answered; the
-  // numbers it settles stay in flight (holding their key's watermark) until then.
-  struct Orphan {
+  // outcome is unknown. It is retired by one idempotent script call (so that a copy delivered
+  // late changes nothing), which removals_ retries from the watchdog's rounds until answered;
+  // the numbers it settles stay in flight (holding their key's watermark) until the item ends.
+  struct Retirement {
     const Script* script;
     std::vector<std::string> keys, args;
     std::string key;                     // the key whose request numbers `settles` are
-    std::vector<std::uint64_t> settles;  // settled once it is answered (or given up)
-    SteadyClock::time_point give_up;
-    std::uint64_t serial = 0;
+    std::vector<std::uint64_t> settles;  // settled once it is answered, given up or dropped
   };
-  void retire_later(Orphan orphan);
-  void retire_orphans_before_exit() noexcept;
+  void retire_later(Retirement retirement);
+  // One attempt of a retirement: bounded by removal_budget_ and kRemovalAttempt.
+  Removal retire_once(const ScriptCall& call);
 
   std::mutex holds_mutex_;
   std::set<RedisHold*> holds_;
   std::string primary_;  // with sentinels: the server the latest new connection found
-  std::vector<Orphan> orphans_;
-  std::uint64_t orphan_serial_ = 0;
+
+  // Retirements, tried from the watchdog's rounds (Driver::caller) so that they go over the
+  // renewal connection, paced by its rounds; declared after what the attempts use
+  // (renewals_, request_ids_), so destroyed before it. removal_budget_: what the attempts
+  // running now may take (the round's end, or the client's last second); only the thread
+  // running them (the watchdog, then the destructor after joining it) touches it.
+  GuaranteedRemoval removals_;
+  CallBudget removal_budget_;
+  milliseconds removal_attempt_cap_ = kRenewalPatience;
 
   Subscriber subscriber_;  // after the waiter tables: its thread calls into them
   std::jthread watchdog_;  // last: stopped and joined first

@@ -114,6 +114,42 @@ Reply Result::take() {
   return std::move(reply);
 }
 
+std::exception_ptr credentials_refused(const Settings& settings, const redisReply* reply) {
+  if (!reply || reply->type != REDIS_REPLY_ERROR) return nullptr;
+  // WRONGPASS, or a password given to a server that has none: our credentials are wrong.
+  return std::make_exception_ptr(AccessDenied("redis at " + settings.description + " refused " + user_of(settings) +
+                                              ": " + redacted(settings, reply_view(reply))));
+}
+
+std::exception_ptr sentinel_refused(const Settings& probe, const std::string& what, const redisReply* reply) {
+  if (!reply || reply->type != REDIS_REPLY_ERROR) return nullptr;
+  const auto text = redacted(probe, reply_view(reply));
+  if (what == "the sentinel password") {
+    return std::make_exception_ptr(AccessDenied("redis " + probe.description + " refused the sentinel password: " + text));
+  }
+  if (is_error(reply, "NOAUTH") || is_error(reply, "NOPERM") || is_error(reply, "WRONGPASS")) {
+    return std::make_exception_ptr(
+        AccessDenied("redis " + probe.description + " refused " + what + ": " + text + " (sentinel_password=)"));
+  }
+  return nullptr;
+}
+
+std::exception_ptr not_replicated(const Settings& settings, const redisReply* reply) {
+  const auto need = std::to_string(settings.min_replicas);
+  std::string why;
+  if (!reply) {
+    why = ": no answer to WAIT " + need + " (min_replicas)";
+  } else if (reply->type == REDIS_REPLY_INTEGER && reply->integer >= settings.min_replicas) {
+    return nullptr;
+  } else if (reply->type == REDIS_REPLY_INTEGER) {
+    why = ": the entry reached " + std::to_string(reply->integer) + " replica(s) in time, min_replicas=" + need +
+          " asked for " + need;
+  } else {
+    why = " refused WAIT " + need + " (min_replicas): " + redacted(settings, reply_view(reply));
+  }
+  return std::make_exception_ptr(NotReplicated("redis at " + settings.description + why + "; nothing was taken"));
+}
+
 std::string eviction_risk(const Settings& settings, const std::string& policy) {
   return "redis at " + settings.description + " has maxmemory-policy " + policy +
          ": it may evict lock state while it is held (another contender may then get in before "

@@ -68,6 +68,14 @@ struct Result {
   Reply take();
 };
 
+// The handshake's own refusals, by reason; null when `reply` refuses nothing:
+// AUTH refused (AccessDenied naming the user);
+std::exception_ptr credentials_refused(const Settings& settings, const redisReply* reply);
+// a sentinel refusing `what` ("the sentinel password", or a command refused for want of it);
+std::exception_ptr sentinel_refused(const Settings& probe, const std::string& what, const redisReply* reply);
+// ?min_replicas=N: WAIT's answer (null: no answer) counting fewer than N replicas (NotReplicated).
+std::exception_ptr not_replicated(const Settings& settings, const redisReply* reply);
+
 // The text of a reply ("" when it has none).
 std::string_view reply_view(const redisReply* reply);
 // Whether `reply` is an error reply with this code ("NOSCRIPT", "READONLY", ...).

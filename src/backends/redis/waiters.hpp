@@ -15,6 +15,7 @@
 
 #include "backends/redis/subscriber.hpp"
 #include "backends/redis/timeouts.hpp"
+#include "core/call_budget.hpp"
 
 namespace turnstile::detail::redis {
 
@@ -163,11 +164,10 @@ class Listener {
   // Subscribes the first time. True when the waiter should look now rather than sleep: the
   // subscription is new, so a message published before it took was missed (when the channel
   // was listened to before our first script ran, every message since reached us).
-  bool subscribe(Deadline deadline, const std::stop_token& stop) {
+  bool subscribe(const CallBudget& budget) {
     if (subscribed_) return false;
-    auto confirm_until = SteadyClock::now() + kSubscribeConfirm;
-    if (deadline) confirm_until = std::min(confirm_until, *deadline);
-    subscriber_.subscribe(channel_, confirm_until, stop);
+    const auto confirm = budget.until(SteadyClock::now() + kSubscribeConfirm);
+    subscriber_.subscribe(channel_, *confirm.deadline(), confirm.stop());
     subscribed_ = true;
     return !was_listening_;
   }
@@ -177,10 +177,9 @@ class Listener {
   }
   // Until a message names us (or the watchdog pokes us), the re-check interval passes (none:
   // never), the deadline, or a stop.
-  void sleep(std::optional<milliseconds> recheck, Deadline deadline, const std::stop_token& stop) {
-    auto until = SteadyClock::now() + recheck.value_or(std::chrono::hours(24));
-    if (deadline) until = std::min(until, *deadline);
-    waiters_.sleep(waiter, until, stop);
+  void sleep(std::optional<milliseconds> recheck, const CallBudget& budget) {
+    const auto until = budget.until(SteadyClock::now() + recheck.value_or(std::chrono::hours(24)));
+    waiters_.sleep(waiter, *until.deadline(), until.stop());
   }
 
   Waiters::Waiter waiter;

@@ -5,7 +5,6 @@
 
 namespace turnstile::detail::redis {
 
-
 // Renews every hold every TTL/3 on its own connection, in one pipelined round trip. What the
 // server answers for each entry decides: present, ours and admitted → confirmed (the loss
 // clock counts from the renewal's send time); gone, or not ours, or no longer admitted → lost,
@@ -15,146 +14,144 @@ namespace turnstile::detail::redis {
 // renewal was confirmed for TTL − margin, whatever this thread is doing. The next round starts
 // at once when the server shows a change: the idle renewal connection gets an EOF or reset (a
 // restart or shutdown: this thread sleeps in poll() on it), the subscriber reconnects, or a
-// connection finds another run_id. Entries whose removal failed (orphans) are removed in the
-// same round trips until done. The client's waiting entries are renewed in the same calls (one
-// per name: renew.lua reads only the entries it names, unless one of the name's has expired),
+// connection finds another run_id. Requests given up without an answer are retired from the
+// rounds too (removals_), after the renewals. The client's waiting entries are renewed in the
+// same calls (one per name: renew.lua reads only the entries it names, unless one of the name's has expired),
 // and a waiter whose entry the server calls admitted or gone is woken to look; while there are
 // waiters, rounds come every min(TTL/3, kMaxRecheck).
 void RedisBackend::watchdog_loop(std::stop_token stop) {
   auto wait = renewal_period();
+  bool settled = true;
   while (!stop.stop_requested()) {
-    const auto until = SteadyClock::now() + wait;
+    auto until = SteadyClock::now() + wait;
+    // A retirement due sooner brings the round forward (its first try comes at once, not a
+    // renewal period later); after a round that did not reach the server, the retry pause
+    // comes first.
+    if (const auto due = removals_.next_due(); due && settled) until = std::min(until, *due);
     while (!stop.stop_requested() && SteadyClock::now() < until) {
       if (renewals_.watch_idle(until, wake_fd_.fd)) break;  // the server went away: look now
       std::uint64_t count;
       if (read(wake_fd_.fd, &count, sizeof count) > 0) break;  // renew_soon(), or stop
     }
     if (stop.stop_requested()) break;
-    wait = !renewal_round(stop)     ? renewal_retry()
+    settled = renewal_round(stop);
+    wait = !settled                 ? renewal_retry()
            : waiters_.any_queued() ? std::min(renewal_period(), recheck_interval())
                                    : renewal_period();
   }
 }
 
-bool RedisBackend::renewal_round(const std::stop_token& stop) {
-  // A snapshot (leases are shared: a hold may be released and destroyed meanwhile).
-  struct Entries {
-    std::vector<Renewal> holds;
-    std::vector<Waiters::Queued> queued;  // after the holds, in the same call
-  };
-  std::map<std::string, Entries> by_name;
+RedisBackend::RoundEntries RedisBackend::round_entries() {
+  RoundEntries by_name;
   for (auto& queued : waiters_.queued()) by_name[queued.name].queued.push_back(std::move(queued));
-  std::vector<Orphan> orphans;
-  {
-    std::lock_guard lock(holds_mutex_);
-    for (auto* hold : holds_) {
-      // A hold being released is still renewed (a release that failed is retried later and
-      // its entry must not expire under it meanwhile), but its answers are ignored.
-      if (!hold->state()->lease->lost()) {
-        by_name[hold->name()].holds.push_back({hold->state(), std::to_string(hold->seq()), hold->request(), hold->server()});
-      }
+  std::lock_guard lock(holds_mutex_);
+  for (auto* hold : holds_) {
+    // A hold being released is still renewed (a release that failed is retried later and
+    // its entry must not expire under it meanwhile), but its answers are ignored.
+    if (!hold->state()->lease->lost()) {
+      by_name[hold->name()].holds.push_back({hold->state(), std::to_string(hold->seq()), hold->request(), hold->server()});
     }
-    const auto now = SteadyClock::now();
-    std::erase_if(orphans_, [&](const Orphan& orphan) {
-      if (orphan.give_up > now) return false;
-      for (const auto n : orphan.settles) request_ids_.settle(orphan.key, n);
+  }
+  return by_name;
+}
+
+void RedisBackend::follow_sentinels() {
+  // A demoted primary may accept our calls for seconds after the failover (until the
+  // sentinels reconfigure it, ~10 s): ask them, every round, holds or not. When they name
+  // another, both connections drop theirs: waiters look and acquires go to the new primary,
+  // and the renewals reach it, whose new server loses the holds (on_server_changed).
+  try {
+    const auto primary = ask_sentinels(settings_, SteadyClock::now() + std::min(renewal_period(), kRenewalPatience));
+    const auto host = primary.host.starts_with('[') ? primary.host.substr(1, primary.host.size() - 2) : primary.host;
+    const auto address = host + ":" + std::to_string(primary.port);
+    connection_.primary_moved(address);
+    renewals_.primary_moved(address);
+  } catch (const std::exception&) {
+    // No sentinel answered: the renewal itself says what the primary we know thinks.
+  }
+}
+
+void RedisBackend::drop_demoted(RoundEntries& by_name) {
+  // As with sentinels: the slot map, read again every round, holds or not. A hold whose node
+  // a failover demoted is lost, and not renewed on the new primary: its entry there, if
+  // replication carried it, runs out by its TTL. Any other hold is renewed, and lost when
+  // another node than its own answers (settle_renewals).
+  renewals_.refresh(SteadyClock::now() + std::min(renewal_period(), kRenewalPatience));
+  for (auto it = by_name.begin(); it != by_name.end();) {
+    std::erase_if(it->second.holds, [&](const Renewal& renewal) {
+      if (!demoted(renewals_, *renewal.state, it->first, renewal.server)) return false;
+      renewal.state->lease->lose(primary_changed(renewal.server, renewals_.owner(keys_of(it->first).keys.front())));
       return true;
     });
-    orphans = orphans_;
+    it = it->second.holds.empty() && it->second.queued.empty() ? by_name.erase(it) : std::next(it);
   }
-  if (settings_.sentinel()) {
-    // A demoted primary may accept our calls for seconds after the failover (until the
-    // sentinels reconfigure it, ~10 s): ask them, every round, holds or not. When they name
-    // another, both connections drop theirs: waiters look and acquires go to the new primary,
-    // and the renewals below reach it, whose new server loses the holds (on_server_changed).
-    try {
-      const auto primary = ask_sentinels(settings_, SteadyClock::now() + std::min(renewal_period(), kRenewalPatience));
-      const auto host = primary.host.starts_with('[') ? primary.host.substr(1, primary.host.size() - 2) : primary.host;
-      const auto address = host + ":" + std::to_string(primary.port);
-      connection_.primary_moved(address);
-      renewals_.primary_moved(address);
-    } catch (const std::exception&) {
-      // No sentinel answered: the renewal itself says what the primary we know thinks.
-    }
-  }
-  if (settings_.cluster()) {
-    // As with sentinels: the slot map, read again every round, holds or not. A hold whose node
-    // a failover demoted is lost, and not renewed on the new primary: its entry there, if
-    // replication carried it, runs out by its TTL. Any other hold is renewed, and lost when
-    // another node than its own answers (settle_renewals).
-    renewals_.refresh(SteadyClock::now() + std::min(renewal_period(), kRenewalPatience));
-    for (auto it = by_name.begin(); it != by_name.end();) {
-      std::erase_if(it->second.holds, [&](const Renewal& renewal) {
-        if (!demoted(renewals_, *renewal.state, it->first, renewal.server)) return false;
-        renewal.state->lease->lose(primary_changed(renewal.server, renewals_.owner(keys_of(it->first).keys.front())));
-        return true;
-      });
-      it = it->second.holds.empty() && it->second.queued.empty() ? by_name.erase(it) : std::next(it);
-    }
-  }
-  if (by_name.empty() && orphans.empty()) return true;
-  std::vector<ScriptCall> calls;
-  for (auto& [name, entries] : by_name) {
-    const auto keys = keys_of(name);
-    std::vector<std::string> args{keys.channel, std::to_string(settings_.ttl.count())};
-    for (auto& renewal : entries.holds) {
-      args.push_back(renewal.seq);
-      args.push_back(renewal.request);
-    }
-    for (auto& queued : entries.queued) {
-      args.push_back(queued.seq);
-      args.push_back(queued.request);
-    }
-    calls.emplace_back(&scripts::renew, keys.keys, std::move(args));
-  }
-  // Orphans ride in the same round trip, after the renewals.
-  for (const auto& orphan : orphans) calls.emplace_back(orphan.script, orphan.keys, orphan.args);
+}
+
+bool RedisBackend::renewal_round(const std::stop_token& stop) {
+  auto by_name = round_entries();
+  if (settings_.sentinel()) follow_sentinels();
+  if (settings_.cluster()) drop_demoted(by_name);
   const auto sent_at = SteadyClock::now();
-  std::vector<Result> results;
-  try {
-    results = renewals_.eval_each(calls, {sent_at + std::min(renewal_period(), kRenewalPatience), stop});
-  } catch (const std::exception&) {
+  const CallBudget round{sent_at + std::min(renewal_period(), kRenewalPatience), stop};
+  bool settled = true;
+  if (!by_name.empty()) {
+    std::vector<ScriptCall> calls;
     for (auto& [name, entries] : by_name) {
-      for (auto& renewal : entries.holds) {
-        if (!renewal.state->releasing) renewal.state->lease->unconfirmed("the renewal did not reach redis; its entry may still be alive");
-      }
+      const auto keys = keys_of(name);
+      std::vector<std::string> args{keys.channel, std::to_string(settings_.ttl.count())};
+      for (auto& renewal : entries.holds) args.insert(args.end(), {renewal.seq, renewal.request});
+      for (auto& queued : entries.queued) args.insert(args.end(), {queued.seq, queued.request});
+      calls.emplace_back(&scripts::renew, keys.keys, std::move(args));
     }
-    return false;  // orphans too are tried again then
+    try {
+      settled = apply_round(by_name, renewals_.eval_each(calls, round), sent_at);
+    } catch (const std::exception&) {
+      for (auto& [name, entries] : by_name) {
+        for (auto& renewal : entries.holds) {
+          if (!renewal.state->releasing) renewal.state->lease->unconfirmed("the renewal did not reach redis; its entry may still be alive");
+        }
+      }
+      return false;  // the retirements wait for a round that reaches the server
+    }
   }
+  // The retirements that are due, within what is left of the round.
+  removal_budget_ = round;
+  removal_attempt_cap_ = kRenewalPatience;
+  removals_.run_due();
+  return settled;
+}
+
+bool RedisBackend::apply_round(RoundEntries& by_name, const std::vector<Result>& results, SteadyClock::time_point sent_at) {
   bool settled = true;
   std::size_t at = 0;
   for (auto& [name, entries] : by_name) {
     const auto& result = results[at++];
     settled = settle_renewals(entries.holds, result, sent_at, result.server, entries.queued.size()) && settled;
-    // A waiter whose entry is admitted (a message lost) or gone looks; one still waiting sleeps on.
     const auto* reply = result.ok() ? result.reply.get() : nullptr;
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != entries.holds.size() + entries.queued.size()) {
       settled = settled && entries.queued.empty();  // their leases too: the next round comes soon
-      // A server answered, but not with their places (an error reply such as WRONGTYPE): each
-      // waiter looks itself, and its look reports what the server says, as a new acquire's
-      // would. A call no server answered pokes nobody: the waiters wait through an outage.
-      if (result.ok() || !result.server.empty()) {
-        for (const auto& queued : entries.queued) waiters_.poke_entry(queued.channel, queued.seq);
-      }
-      continue;
     }
-    for (std::size_t i = 0; i < entries.queued.size(); ++i) {
-      const auto* where = reply->element[entries.holds.size() + i];
-      if (where->type == REDIS_REPLY_INTEGER && where->integer != 1) waiters_.poke_entry(entries.queued[i].channel, entries.queued[i].seq);
-    }
-  }
-  if (!orphans.empty()) {
-    std::set<std::uint64_t> answered;
-    for (const auto& orphan : orphans) {
-      if (!results[at++].ok()) continue;
-      answered.insert(orphan.serial);
-      for (const auto n : orphan.settles) request_ids_.settle(orphan.key, n);
-    }
-    std::lock_guard lock(holds_mutex_);
-    std::erase_if(orphans_, [&](const Orphan& orphan) { return answered.count(orphan.serial) > 0; });
-    settled = settled && orphans_.empty();
+    poke_moved_waiters(entries, result);
   }
   return settled;
+}
+
+void RedisBackend::poke_moved_waiters(const Entries& entries, const Result& result) {
+  // A waiter whose entry is admitted (a message lost) or gone looks; one still waiting sleeps on.
+  const auto* reply = result.ok() ? result.reply.get() : nullptr;
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != entries.holds.size() + entries.queued.size()) {
+    // A server answered, but not with their places (an error reply such as WRONGTYPE): each
+    // waiter looks itself, and its look reports what the server says, as a new acquire's
+    // would. A call no server answered pokes nobody: the waiters wait through an outage.
+    if (result.ok() || !result.server.empty()) {
+      for (const auto& queued : entries.queued) waiters_.poke_entry(queued.channel, queued.seq);
+    }
+    return;
+  }
+  for (std::size_t i = 0; i < entries.queued.size(); ++i) {
+    const auto* where = reply->element[entries.holds.size() + i];
+    if (where->type == REDIS_REPLY_INTEGER && where->integer != 1) waiters_.poke_entry(entries.queued[i].channel, entries.queued[i].seq);
+  }
 }
 
 bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
