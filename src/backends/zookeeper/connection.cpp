@@ -17,7 +17,7 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
     adopt_locked(first);
     const auto wait = settings_.connect_timeout.count() > 0
                           ? settings_.connect_timeout
-                          : std::max(kMinCallWait, std::min(settings_.session_timeout, kMaxConnectWait));
+                          : std::max(kZookeeperTimes.call.cap, std::min(settings_.session_timeout, kMaxConnectWait));
     cv_.wait_for(lock, wait, [&] { return first->connected() || first->expired(); });
     if (!first->connected()) {
       session_.reset();
@@ -25,16 +25,13 @@ Connection::Connection(Settings settings) : settings_(std::move(settings)) {
       throw BackendUnavailable("no ZooKeeper server answered at " + settings_.description);
     }
   }
-  janitor_ = std::jthread([this](std::stop_token stop) { janitor_loop(stop); });
   keeper_ = std::jthread([this](std::stop_token stop) { keeper_loop(stop); });
 }
 
 Connection::~Connection() {
   keeper_.request_stop();
-  janitor_.request_stop();
   cv_.notify_all();
   if (keeper_.joinable()) keeper_.join();
-  if (janitor_.joinable()) janitor_.join();
   std::shared_ptr<Session> last;
   {
     std::lock_guard lock(mutex_);
@@ -193,13 +190,15 @@ void Connection::take_held_work_locked(const Session& session, bool connected, s
   }
 }
 
-std::shared_ptr<Session> Connection::session(Deadline deadline, const std::stop_token& stop) {
+std::shared_ptr<Session> Connection::session(const CallBudget& caller) {
+  // Waiting for a reconnect is bounded even without a deadline (the caller reports trouble), by
+  // a session timeout when that is longer than the cap; a passed deadline still gets one try.
+  auto limits = kZookeeperTimes.one_shot;
+  limits.cap = std::max(limits.cap, settings_.session_timeout);
   std::unique_lock lock(mutex_);
-  // Waiting for a reconnect is bounded even without a deadline: the caller reports trouble.
-  auto until = SteadyClock::now() + std::max(settings_.session_timeout, kMinCallWait);
-  if (deadline) until = std::min(until, std::max(*deadline, SteadyClock::now() + kMinSessionWait));
-  cv_.wait_until(lock, stop, until, [&] { return session_ && session_->connected() && !session_->expired(); });
-  if (stop.stop_requested()) throw CallStopped{};
+  cv_.wait_until(lock, caller.stop(), caller.call_end(limits),
+                 [&] { return session_ && session_->connected() && !session_->expired(); });
+  if (caller.stopped()) throw CallStopped{};
   if (!session_ || session_->expired()) throw BackendUnavailable("the ZooKeeper session at " + settings_.description + " is being replaced");
   // Still connecting: hand it out, its calls wait for the connection or fail with trouble.
   return session_;
@@ -220,7 +219,9 @@ void Connection::unwatch(const std::string& path, Waiter* waiter) {
   all_waiters_.erase(waiter);
 }
 
-bool Connection::sleep(Waiter& waiter, Deadline deadline, const std::stop_token& stop) {
+bool Connection::sleep(Waiter& waiter, const CallBudget& caller) {
+  const auto& deadline = caller.deadline();
+  const auto& stop = caller.stop();
   // Registered before our mutex is taken: it runs at once if the stop was already requested.
   std::stop_callback on_stop(stop, [&] {
     std::lock_guard lock(mutex_);
@@ -246,65 +247,13 @@ PathWatch::PathWatch(Connection& connection, std::string path) : connection_(con
 
 PathWatch::~PathWatch() { connection_.unwatch(path_, &waiter_); }
 
-bool PathWatch::sleep(Deadline deadline, const std::stop_token& stop) { return connection_.sleep(waiter_, deadline, stop); }
+bool PathWatch::sleep(const CallBudget& caller) { return connection_.sleep(waiter_, caller); }
 
-bool Connection::wait_connected(const Session& session, const CallBound& bound) {
+bool Connection::wait_connected(const Session& session, const CallBudget& bound) {
   std::unique_lock lock(mutex_);
   const auto ready = [&] { return session.connected() || session.expired(); };
-  if (!bound.deadline) return cv_.wait(lock, bound.stop, ready);
-  return cv_.wait_until(lock, bound.stop, *bound.deadline, ready);
-}
-
-void Connection::remove_later(Orphan orphan) {
-  {
-    std::lock_guard lock(mutex_);
-    orphans_.push_back(std::move(orphan));
-  }
-  cv_.notify_all();
-}
-
-std::size_t Connection::orphans() const {
-  std::lock_guard lock(mutex_);
-  return orphans_.size();
-}
-
-bool Connection::clean(const Orphan& orphan) {
-  const auto session = orphan.session.lock();
-  if (!session || session->expired()) return true;  // its ephemeral nodes went with it
-  if (!session->connected()) return false;
-  // Bounded: on a silent link the C client completes a call only when it declares the
-  // connection lost; the next attempt, after the link heals, may find it out sooner (a reply
-  // out of order makes the C client reconnect at once).
-  const Deadline bound = SteadyClock::now() + session->short_wait();
-  const auto done = [](int rc) { return !connection_trouble(rc); };  // removed, gone, or not ours to remove
-  if (!orphan.path.empty()) return done(session->remove(orphan.path, bound));
-  std::vector<std::string> mine;
-  const int rc = own_children(*session, orphan.parent, orphan.uuid, bound, &mine);
-  if (rc != ZOK) return done(rc);
-  for (const auto& child : mine) {
-    if (!done(session->remove(orphan.parent + "/" + child, bound))) return false;
-  }
-  return true;
-}
-
-// The janitor: removes orphans whenever the session is connected, retrying every 200 ms.
-// Its calls block this thread only: the keeper's pings and the loss clock never wait for it.
-void Connection::janitor_loop(std::stop_token stop) {
-  std::unique_lock lock(mutex_);
-  while (!stop.stop_requested()) {
-    cv_.wait(lock, stop, [&] { return !orphans_.empty() && session_ && (session_->connected() || session_->expired()); });
-    if (stop.stop_requested()) break;
-    auto work = orphans_;
-    lock.unlock();
-    std::vector<bool> finished(work.size());
-    for (std::size_t i = 0; i < work.size(); ++i) finished[i] = clean(work[i]);
-    lock.lock();
-    // Orphans added meanwhile sit after the ones we worked on.
-    for (std::size_t i = work.size(); i-- > 0;) {
-      if (finished[i]) orphans_.erase(orphans_.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-    if (!orphans_.empty()) cv_.wait_for(lock, stop, kJanitorRetry, [] { return false; });
-  }
+  if (!bound.deadline()) return cv_.wait(lock, bound.stop(), ready);
+  return cv_.wait_until(lock, bound.stop(), *bound.deadline(), ready);
 }
 
 // The keeper: replaces an expired session, pings the live one every third of its granted

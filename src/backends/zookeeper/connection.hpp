@@ -46,7 +46,7 @@ class PathWatch {
   PathWatch(const PathWatch&) = delete;
   PathWatch& operator=(const PathWatch&) = delete;
   // Until an event on the path or the session, the deadline or a stop; false on the last two.
-  bool sleep(Deadline deadline, const std::stop_token& stop);
+  bool sleep(const CallBudget& caller);
 
  private:
   Connection& connection_;
@@ -54,14 +54,6 @@ class PathWatch {
   Waiter waiter_;
 };
 
-// Nodes of ours whose removal (or whose creation) could not be confirmed: the janitor thread
-// removes them once the connection is back, so no entry of ours stays in a queue (where
-// everyone, Curator peers included, would wait behind it) until the session ends.
-struct Orphan {
-  std::weak_ptr<Session> session;  // the nodes die with it
-  std::string path;                // a node to delete, or
-  std::string parent, uuid;        // every child of `parent` carrying `uuid` that this session owns
-};
 
 class Connection {
  public:
@@ -75,19 +67,19 @@ class Connection {
   const ACL_vector* acl() const { return settings_.user.empty() ? &ZOO_OPEN_ACL_UNSAFE : &ZOO_CREATOR_ALL_ACL; }
   // The live session, waiting (until the deadline) while a new one is being opened.
   // Throws BackendUnavailable, CallStopped when `stop` ends the wait.
-  std::shared_ptr<Session> session(Deadline deadline, const std::stop_token& stop = {});
+  std::shared_ptr<Session> session(const CallBudget& caller);
 
   // Registers `waiter` for events on `path` (and on every session event) until unwatch().
   void watch(const std::string& path, Waiter* waiter);
   void unwatch(const std::string& path, Waiter* waiter);
   // Sleeps until the waiter is woken, the deadline passes or `stop` is requested. Returns
   // false on the deadline or the stop.
-  bool sleep(Waiter& waiter, Deadline deadline, const std::stop_token& stop = {});
+  bool sleep(Waiter& waiter, const CallBudget& caller);
 
   // Waits (until the deadline) while `session`'s connection is down: calls made meanwhile
   // would wait in the C client, past any deadline, for the next connection. False when the
   // bound passed (or its stop came) first.
-  bool wait_connected(const Session& session, const CallBound& bound);
+  bool wait_connected(const Session& session, const CallBudget& bound);
 
   // A hold's own nodes (its entry, or its lease nodes), watched while it lives: a node deleted
   // by anyone but this hold (by hand, by a peer) loses that hold, and only it, at once, although
@@ -97,10 +89,6 @@ class Connection {
   // Before the hold deletes its nodes itself (release), and when it ends: no loss.
   void unwatch_held(const std::vector<std::string>& paths);
 
-  // Hands nodes of ours to the janitor (see Orphan). Never blocks.
-  void remove_later(Orphan orphan);
-  // Orphans not yet removed (for tests and inspect of the client itself).
-  std::size_t orphans() const;
 
  private:
   friend class Session;
@@ -112,9 +100,6 @@ class Connection {
   void adopt_locked(std::shared_ptr<Session> session);
   static void apply_state(Session& session, int state);
   void keeper_loop(std::stop_token stop);
-  void janitor_loop(std::stop_token stop);
-  // One attempt at removing an orphan; true when done (removed, or died with its session).
-  bool clean(const Orphan& orphan);
   void wake_all_locked();
   // For Session::watch_held_node's completion: the watch is set (ZOK), the node is gone
   // (ZNONODE), or it must be set again.
@@ -135,7 +120,6 @@ class Connection {
   std::map<std::string, std::set<Waiter*>> waiters_;
   std::set<Waiter*> all_waiters_;
   bool session_event_ = false;  // wakes the keeper
-  std::vector<Orphan> orphans_;
   struct HeldNode {
     zhandle_t* handle;  // of the session that made it: events of another handle are not about it
     std::shared_ptr<LossSignal> loss;
@@ -143,9 +127,7 @@ class Connection {
     bool gone = false;  // the server said it is gone
   };
   std::map<std::string, HeldNode> held_;  // by path (sequential nodes: one hold each)
-  std::condition_variable_any janitor_cv_;
 
-  std::jthread janitor_;
   std::jthread keeper_;  // last: stopped and joined first
 };
 

@@ -26,7 +26,7 @@ void check_session(const Session& session, int rc) {
   throw BackendUnavailable("ZooKeeper " + what + " failed: " + zerror(rc) + consequence);
 }
 
-[[noreturn]] void give_up(const CallBound& bound, const std::string& what, int rc) {
+[[noreturn]] void give_up(const CallBudget& bound, const std::string& what, int rc) {
   if (bound.stopped()) throw CallStopped{};
   if (connection_trouble(rc)) throw ConnectionGaveUp("ZooKeeper " + what + " failed: " + zerror(rc));
   throw_error(what, rc);

@@ -42,7 +42,7 @@ struct ConnectionGaveUp : BackendUnavailable {
 
 // A call that failed with `rc` and will not be tried again: the stop of its bound ends the step
 // (CallStopped), else it is the server's or the link's error.
-[[noreturn]] void give_up(const CallBound& bound, const std::string& what, int rc);
+[[noreturn]] void give_up(const CallBudget& bound, const std::string& what, int rc);
 
 // A change whose reply was lost and whose effect could not be read back in time.
 [[noreturn]] void unconfirmed(const std::string& what, const std::string& consequence);

@@ -21,7 +21,7 @@ void ZookeeperHold::downgrade() {
   // The entry keeps its place and token: its data now says "shared", which turnstile readers
   // behind it read (their watch on it fires). Curator's readers still wait for it: safe.
   const int rc = session_->set(paths_.front(), node_data("downgraded", backend_.holder_label()), -1,
-                               SteadyClock::now() + session_->short_wait());
+                               session_->short_budget());
   if (rc == ZOK) return;
   if (rc == ZNONODE || session_gone(rc)) {
     loss_->lose("its ZooKeeper session expired");
@@ -37,7 +37,7 @@ void ZookeeperHold::release() {
   if (released_) return;
   // Bounded, so unlock never waits for a silent link: an unanswered release is retried by the
   // core. Nothing is sent while the connection is known to be down.
-  const Deadline bound = SteadyClock::now() + session_->short_wait();
+  const auto bound = session_->short_budget();
   int rc = ZCONNECTIONLOSS;
   if (session_->expired()) {
     rc = ZSESSIONEXPIRED;

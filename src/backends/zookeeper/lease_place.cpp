@@ -42,7 +42,7 @@ class LeasePlace final : public EntryPlace {
     if (verdict.wait != WaitFor::any_holder_leave) return EntryPlace::wait(verdict, deadline, stop);
     std::vector<std::string>().swap(nodes_);  // not kept while we sleep (see EntryPlace::wait)
     queue_step([&] {
-      if (leases_watch_) leases_watch_->sleep(deadline, stop);
+      if (leases_watch_) leases_watch_->sleep({deadline, stop});
       leases_watch_.reset();
       check_session(*session_, ZOK);
     });
@@ -67,7 +67,7 @@ class LeasePlace final : public EntryPlace {
   }
 
  private:
-  Standing look_in_line(std::size_t entries, const CallBound& bound) {
+  Standing look_in_line(std::size_t entries, const CallBudget& bound) {
     Standing standing;
     standing.entries.assign(entries, {EntryKind::exclusive, 1});
     if (!limit_checked_) {
@@ -82,7 +82,7 @@ class LeasePlace final : public EntryPlace {
     }
     return standing;
   }
-  Standing look_at_head(const CallBound& bound) {
+  Standing look_at_head(const CallBudget& bound) {
     Stat stat{};
     const auto data = backend_.read(*session_, path_, false, bound, &stat);
     if (!data) throw QueueEntryGone{};  // the parent of our line cannot be gone while we live
@@ -129,11 +129,11 @@ class LeasePlace final : public EntryPlace {
   }
   // The admission's reply was lost: it was applied iff our place in line is gone (and our
   // leases exist). "Gone" only on the server's word (after a sync), never on a failed look.
-  std::unique_ptr<BackendHold> hold_after_lost_reply(const CallBound& bound, std::shared_ptr<LossSignal>& loss) {
+  std::unique_ptr<BackendHold> hold_after_lost_reply(const CallBudget& bound, std::shared_ptr<LossSignal>& loss) {
     auto& session = *session_;
     // Whatever it made of ours is removed once the connection is back (the line node by
     // leave()), never left to hold for nobody.
-    const auto orphan_leases = [&] { backend_.connection().remove_later({session.weak_from_this(), "", leases_, uuid_}); };
+    const auto orphan_leases = [&] { backend_.remove_later({session.weak_from_this(), "", leases_, uuid_}); };
     const auto applied = backend_.gone(session, parent_ + "/" + node_, bound);
     if (!applied) {
       orphan_leases();
@@ -154,7 +154,7 @@ class LeasePlace final : public EntryPlace {
   }
   // Our lease nodes become the hold, with the token of the transaction that made them all (one
   // more call: a multi's answer carries no Stat).
-  std::unique_ptr<BackendHold> make_hold(std::vector<std::string> paths, const CallBound& bound,
+  std::unique_ptr<BackendHold> make_hold(std::vector<std::string> paths, const CallBudget& bound,
                                          std::shared_ptr<LossSignal>& loss) {
     left_ = true;  // the transaction left the line
     const Orphan leases{session_->weak_from_this(), "", leases_, uuid_};
@@ -162,7 +162,7 @@ class LeasePlace final : public EntryPlace {
     try {
       token = backend_.read_token(*session_, paths.front(), bound, leases);
     } catch (const QueueEntryGone&) {
-      backend_.connection().remove_later(leases);  // one was removed under us: the others go too
+      backend_.remove_later(leases);  // one was removed under us: the others go too
       throw;
     }
     return std::make_unique<ZookeeperHold>(backend_, session_, std::move(paths), token, std::move(loss));

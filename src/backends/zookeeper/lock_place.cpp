@@ -46,7 +46,7 @@ class LockPlace final : public EntryPlace {
   // so): the writers ahead are read, nearest first, until one still writes. Downgraded ones are
   // presented as shared, ones gone meanwhile not at all; those further ahead as their names say
   // (the predicate looks no further than the first writer).
-  void present_downgrades(std::vector<EntryNode>& entries, const CallBound& bound) {
+  void present_downgrades(std::vector<EntryNode>& entries, const CallBudget& bound) {
     for (std::size_t i = entries.size() - 1; i-- > 0;) {
       if (entries[i].kind != EntryKind::exclusive) continue;
       const auto data = backend_.read(*session_, path_ + "/" + entries[i].node, false, bound);
@@ -59,7 +59,7 @@ class LockPlace final : public EntryPlace {
       }
     }
   }
-  bool semaphore_in_use(const std::vector<std::string>& children, const CallBound& bound) {
+  bool semaphore_in_use(const std::vector<std::string>& children, const CallBudget& bound) {
     for (const auto& child : children) {
       if (child != "locks" && child != "leases") continue;
       Stat stat{};

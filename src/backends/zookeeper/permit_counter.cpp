@@ -8,8 +8,6 @@ namespace turnstile::detail::zookeeper {
 
 namespace {
 
-bool past(Deadline deadline) { return deadline && SteadyClock::now() >= *deadline; }
-
 // ---- PermitCounter ----
 //
 // The count is the text of ROOT/NAME/permits, changed only by a transaction that names the
@@ -35,7 +33,7 @@ class PermitLine final : public CounterLine {
   CounterStanding look(bool last_try, Deadline deadline) override {
     return queue_step([&] {
       auto& session = this->session(deadline);
-      const auto bound = backend_.call_bound(session, deadline, stop_);
+      const auto bound = backend_.call_bound(session, {deadline, stop_});
       CounterStanding standing;
       standing.in_line = !node_.empty();
       const auto line = sorted_entries(backend_.list(session, line_, false, bound));
@@ -54,7 +52,7 @@ class PermitLine final : public CounterLine {
     return queue_step([&] {
       if (stop_.stop_requested()) throw CallStopped{};  // nothing sent: nothing to find out
       auto& session = this->session(deadline);
-      const auto bound = backend_.call_bound(session, deadline, stop_);
+      const auto bound = backend_.call_bound(session, {deadline, stop_});
       require_exact(count_, name_);
       const auto what = "PermitCounter::acquire(" + std::to_string(permits_) + ") of '" + name_ + "'";
       const auto left = Session::Op::set(count_path_, count_text(count_.value - permits_), version_);
@@ -94,15 +92,15 @@ class PermitLine final : public CounterLine {
       const auto uuid = random_uuid();
       node_ = backend_.create_entry(session, line_, "_c_" + uuid + "-" + kWaitLabel, uuid,
                                     node_data("permits", backend_.holder_label(), permits_),
-                                    backend_.call_bound(session, deadline, stop_));
+                                    backend_.call_bound(session, {deadline, stop_}));
     });
   }
   void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) override {
     queue_step([&] {
       if (wait == CounterWait::predecessor) {
-        backend_.wait_for_change(*session_, line_ + "/" + predecessor_, deadline, stop);
+        backend_.wait_for_change(*session_, line_ + "/" + predecessor_, {deadline, stop});
       } else if (count_watch_) {
-        count_watch_->sleep(deadline, stop);
+        count_watch_->sleep({deadline, stop});
         check_session(*session_, ZOK);
       }
       count_watch_.reset();
@@ -123,14 +121,14 @@ class PermitLine final : public CounterLine {
   // our node in line (the take removed it) or the take's marker (the take made it); the take
   // was sent on the old connection, so it cannot be applied after that read. False when still
   // unknown (the session expired, taking the evidence with it, or no answer in time): the
-  // marker goes to the janitor.
+  // marker goes to the background removal.
   bool resolve_take() noexcept {
     const auto take = std::exchange(unconfirmed_take_, std::nullopt);
     auto& session = *session_;
     std::optional<bool> absent;
     try {
-      if (backend_.connection().wait_connected(session, SteadyClock::now() + session.short_wait())) {
-        absent = backend_.gone(session, take->path, SteadyClock::now() + session.short_wait());
+      if (backend_.connection().wait_connected(session, session.short_budget())) {
+        absent = backend_.gone(session, take->path, session.short_budget());
       }
     } catch (...) {  // the session expired
     }
@@ -138,19 +136,19 @@ class PermitLine final : public CounterLine {
     if (take->applied_if_gone) {
       if (applied) node_.clear();  // the take removed it
     } else if (!absent) {
-      backend_.connection().remove_later({session.weak_from_this(), take->path, "", ""});
+      backend_.remove_later({session.weak_from_this(), take->path, "", ""});
     } else if (applied) {
       backend_.remove_eventually(session, take->path);
     }
     return applied;
   }
   Session& session(Deadline deadline) {
-    if (!session_) session_ = backend_.session_for(deadline, stop_);
+    if (!session_) session_ = backend_.session_for({deadline, stop_});
     return *session_;
   }
   // Reads the count (and its version) for the head of the line; `watch`: and watches it, or its
   // creation, for the wait.
-  void read_count(bool watch, const CallBound& bound) {
+  void read_count(bool watch, const CallBudget& bound) {
     count_watch_.reset();
     if (watch) count_watch_.emplace(backend_.connection(), count_path_);
     for (;;) {
@@ -194,7 +192,7 @@ std::unique_ptr<CounterLine> ZookeeperBackend::counter_line(const std::string& n
 }
 
 int ZookeeperBackend::change_count(Session& session, const std::string& count_path, std::vector<Session::Op> ops,
-                                   const std::string& what, const CallBound& bound, std::string* unresolved) {
+                                   const std::string& what, const CallBudget& bound, std::string* unresolved) {
   // The marker: an ephemeral child of the count's node, made by the same transaction, so that
   // after a lost reply its presence (read after a sync) says whether the change was applied.
   // Nobody else makes it (its name is random) and no name reaches it (a `permits` segment is
@@ -215,11 +213,11 @@ int ZookeeperBackend::change_count(Session& session, const std::string& count_pa
   // new one is served).
   const auto absent = gone(session, marker, bound);
   if (!absent && unresolved) {
-    *unresolved = marker;  // not for the janitor yet: its removal would read as "not applied"
+    *unresolved = marker;  // not for the background yet: its removal would read as "not applied"
     return kOutcomeUnknown;
   }
   if (!absent) {
-    connection_.remove_later({session.weak_from_this(), marker, "", ""});
+    remove_later({session.weak_from_this(), marker, "", ""});
     unconfirmed(what, "it may or may not have been applied");
   }
   if (*absent) return kNotApplied;
@@ -283,7 +281,7 @@ std::optional<std::int64_t> ZookeeperBackend::counter_get(const std::string& nam
         if (!text) return std::nullopt;
         return saturated(count_of(*text, name).value);
       } catch (const SessionGone&) {
-        if (past(deadline)) throw;  // a read changes nothing: asked again on the new session until then
+        if (passed(deadline)) throw;  // a read changes nothing: asked again on the new session until then
       }
     }
   });

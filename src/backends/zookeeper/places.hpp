@@ -31,7 +31,7 @@ class EntryPlace : public QueuePlace {
         // A stop is presented as our entry gone, as queue_step does: the core gives up and leaves.
         if (request_.stop.stop_requested()) throw QueueEntryGone{};
         if (deadline && SteadyClock::now() >= *deadline) throw;
-        if (!backend_.connection().wait_connected(*session_, CallBound(deadline, request_.stop))) {
+        if (!backend_.connection().wait_connected(*session_, CallBudget(deadline, request_.stop))) {
           if (request_.stop.stop_requested()) throw QueueEntryGone{};
           throw;
         }
@@ -46,7 +46,7 @@ class EntryPlace : public QueuePlace {
     // next look lists again).
     std::vector<std::string>().swap(nodes_);
     queue_step([&] {
-      backend_.wait_for_change(*session_, target, deadline, stop,
+      backend_.wait_for_change(*session_, target, {deadline, stop},
                                verdict.wait == WaitFor::exclusive_end ? still_writing : nullptr);
     });
   }

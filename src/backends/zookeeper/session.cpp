@@ -34,7 +34,11 @@ std::shared_ptr<ServerLease> Session::lease() const {
   return lease_;
 }
 
-milliseconds Session::short_wait() const { return std::clamp(timeout() / 3, kShortWaitMin, kShortWaitMax); }
+milliseconds Session::short_wait() const {
+  return std::clamp(timeout() / 3, kShortWaitMin, kZookeeperTimes.release_try);
+}
+
+CallBudget Session::short_budget() const { return Deadline(SteadyClock::now() + short_wait()); }
 
 // One call's completion state, owned jointly by the caller and the call's entry in the registry
 // of calls in flight (below), which its completion claims. The C client runs the completion of
@@ -160,7 +164,7 @@ Session::~Session() {
 }
 
 template <class Start>
-int Session::run(const CallBound& bound, const std::shared_ptr<CallState>& call, Start start) {
+int Session::run(const CallBudget& bound, const std::shared_ptr<CallState>& call, Start start) {
   call->session = this;
   const auto sent_at = SteadyClock::now();
   void* context = in_flight().add(call);
@@ -174,7 +178,7 @@ int Session::run(const CallBound& bound, const std::shared_ptr<CallState>& call,
   }
   // A stop ends the wait as its bound passing would (registered before the lock is taken: it
   // runs at once when the stop was requested already).
-  std::stop_callback on_stop(bound.stop, [&call] {
+  std::stop_callback on_stop(bound.stop(), [&call] {
     std::lock_guard guard(call->mutex);
     call->cv.notify_all();
   });
@@ -187,7 +191,7 @@ int Session::run(const CallBound& bound, const std::shared_ptr<CallState>& call,
       return ZOPERATIONTIMEOUT;  // the completion still comes, to a state that is still alive
     }
     auto until = SteadyClock::now() + kExpiryPoll;  // to see the session gone
-    if (bound.deadline) until = std::min(until, *bound.deadline);
+    if (bound.deadline()) until = std::min(until, *bound.deadline());
     call->cv.wait_until(lock, until);
   }
   const int rc = call->rc;
@@ -198,7 +202,7 @@ int Session::run(const CallBound& bound, const std::shared_ptr<CallState>& call,
   return rc;
 }
 
-int Session::create(const std::string& path, const std::string& data, int flags, const CallBound& bound, std::string* created,
+int Session::create(const std::string& path, const std::string& data, int flags, const CallBudget& bound, std::string* created,
                     Stat* stat) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) {
@@ -214,12 +218,12 @@ int Session::create(const std::string& path, const std::string& data, int flags,
   return rc;
 }
 
-int Session::remove(const std::string& path, const CallBound& bound, int version) {
+int Session::remove(const std::string& path, const CallBudget& bound, int version) {
   return run(bound, std::make_shared<CallState>(),
              [&](void* context) { return zoo_adelete(handle_, path.c_str(), version, void_done, context); });
 }
 
-int Session::get(const std::string& path, bool watch, const CallBound& bound, std::string* data, Stat* stat) {
+int Session::get(const std::string& path, bool watch, const CallBudget& bound, std::string* data, Stat* stat) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) { return zoo_aget(handle_, path.c_str(), watch ? 1 : 0, data_done, context); });
   if (rc == ZOK) {
@@ -229,14 +233,14 @@ int Session::get(const std::string& path, bool watch, const CallBound& bound, st
   return rc;
 }
 
-int Session::exists(const std::string& path, bool watch, const CallBound& bound, Stat* stat) {
+int Session::exists(const std::string& path, bool watch, const CallBudget& bound, Stat* stat) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) { return zoo_aexists(handle_, path.c_str(), watch ? 1 : 0, stat_done, context); });
   if (rc == ZOK && stat) *stat = call->stat;
   return rc;
 }
 
-int Session::set(const std::string& path, const std::string& data, int version, const CallBound& bound, Stat* stat) {
+int Session::set(const std::string& path, const std::string& data, int version, const CallBudget& bound, Stat* stat) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) {
     return zoo_aset(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), version, stat_done, context);
@@ -245,7 +249,7 @@ int Session::set(const std::string& path, const std::string& data, int version, 
   return rc;
 }
 
-int Session::children(const std::string& path, bool watch, const CallBound& bound, std::vector<std::string>* names) {
+int Session::children(const std::string& path, bool watch, const CallBudget& bound, std::vector<std::string>* names) {
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) {
     return zoo_aget_children(handle_, path.c_str(), watch ? 1 : 0, strings_done, context);
@@ -254,7 +258,7 @@ int Session::children(const std::string& path, bool watch, const CallBound& boun
   return rc;
 }
 
-int Session::multi(const std::vector<Op>& ops, const CallBound& bound, std::vector<std::string>* created) {
+int Session::multi(const std::vector<Op>& ops, const CallBudget& bound, std::vector<std::string>* created) {
   auto call = std::make_shared<CallState>();
   // The C client serializes the operations' paths and data at once (they may be the caller's),
   // but writes the results and the created paths only on completion: those live in the state.
@@ -291,12 +295,12 @@ int Session::multi(const std::vector<Op>& ops, const CallBound& bound, std::vect
   return rc;
 }
 
-int Session::sync(const std::string& path, const CallBound& bound) {
+int Session::sync(const std::string& path, const CallBudget& bound) {
   return run(bound, std::make_shared<CallState>(),
              [&](void* context) { return zoo_async(handle_, path.c_str(), string_done, context); });
 }
 
-int own_children(Session& session, const std::string& parent, const std::string& uuid, const CallBound& bound,
+int own_children(Session& session, const std::string& parent, const std::string& uuid, const CallBudget& bound,
                  std::vector<std::string>* names) {
   names->clear();
   // sync first: after a reconnect to a lagging ensemble member, a plain read could miss a node

@@ -15,7 +15,7 @@
 
 #include <atomic>
 #include <chrono>
-#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/call_budget.hpp"
 #include "core/loss_clock.hpp"
 
 namespace turnstile::detail::zookeeper {
@@ -33,19 +34,6 @@ using std::chrono::milliseconds;
 // The most node data we read: turnstile's entries carry a short line; larger data (a hostile
 // server or peer) reads as empty, i.e. a foreign node.
 inline constexpr std::size_t kMaxNodeData = 64 * 1024;
-
-// How long a call waits for its answer: until `deadline` (none: until the C client completes it)
-// or until `stop` is requested, whichever comes first.
-struct CallBound {
-  Deadline deadline;
-  std::stop_token stop;
-  template <class T>
-    requires std::constructible_from<Deadline, T>
-  CallBound(T&& deadline) : deadline(std::forward<T>(deadline)) {}  // NOLINT: a deadline alone is a bound
-  CallBound(Deadline deadline, std::stop_token stop) : deadline(deadline), stop(std::move(stop)) {}
-  bool stopped() const { return stop.stop_requested(); }
-  bool passed() const { return stopped() || (deadline && SteadyClock::now() >= *deadline); }
-};
 
 class Connection;
 // One call's completion state (session.cpp).
@@ -81,11 +69,13 @@ class Session : public std::enable_shared_from_this<Session> {
   bool start_ping();
   void ping_answered(int rc, SteadyClock::time_point sent_at);
 
-  // How long housekeeping calls (release, downgrade, removals, the janitor) and the calls of a
+  // How long housekeeping calls (release, downgrade, removals, background ones) and the calls of a
   // try-once acquire wait for their reply: a third of the granted timeout, within 0.5-2 s.
   milliseconds short_wait() const;
+  // A budget of one short wait from now.
+  CallBudget short_budget() const;
   // True while a call of ours was given up unanswered and nothing was answered since: the
-  // link is probably silent, so clean-up is left to the janitor rather than waited for.
+  // link is probably silent, so clean-up is left to the background removal rather than waited for.
   bool silent() const { return silent_.load(); }
 
   // The calls; each returns the C client's code and notes the server's answer. Each waits for
@@ -93,13 +83,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // then: the call may still be applied.
   // With `stat`, the created node's Stat too (create2, ZooKeeper 3.5+; an older server answers
   // ZUNIMPLEMENTED).
-  int create(const std::string& path, const std::string& data, int flags, const CallBound& bound,
+  int create(const std::string& path, const std::string& data, int flags, const CallBudget& bound,
              std::string* created = nullptr, Stat* stat = nullptr);
-  int remove(const std::string& path, const CallBound& bound, int version = -1);
-  int get(const std::string& path, bool watch, const CallBound& bound, std::string* data, Stat* stat = nullptr);
-  int exists(const std::string& path, bool watch, const CallBound& bound, Stat* stat = nullptr);
-  int set(const std::string& path, const std::string& data, int version, const CallBound& bound, Stat* stat = nullptr);
-  int children(const std::string& path, bool watch, const CallBound& bound, std::vector<std::string>* names);
+  int remove(const std::string& path, const CallBudget& bound, int version = -1);
+  int get(const std::string& path, bool watch, const CallBudget& bound, std::string* data, Stat* stat = nullptr);
+  int exists(const std::string& path, bool watch, const CallBudget& bound, Stat* stat = nullptr);
+  int set(const std::string& path, const std::string& data, int version, const CallBudget& bound, Stat* stat = nullptr);
+  int children(const std::string& path, bool watch, const CallBudget& bound, std::vector<std::string>* names);
   // One operation of a transaction.
   struct Op {
     enum class Kind { create, remove, set } kind;
@@ -112,11 +102,11 @@ class Session : public std::enable_shared_from_this<Session> {
     static Op set(std::string path, std::string data, int version) { return {Kind::set, std::move(path), std::move(data), 0, version}; }
   };
   // A transaction; `created` receives the paths the creates made, in order.
-  int multi(const std::vector<Op>& ops, const CallBound& bound, std::vector<std::string>* created = nullptr);
+  int multi(const std::vector<Op>& ops, const CallBudget& bound, std::vector<std::string>* created = nullptr);
   // Brings the server we talk to up to date with the leader for `path` (zoo_async), so the
   // read after it sees every write applied before: the read that decides "did my write
   // happen?" after a lost reply must not come from a lagging ensemble member.
-  int sync(const std::string& path, const CallBound& bound);
+  int sync(const std::string& path, const CallBudget& bound);
 
   // For the completions (the C client's completion thread): the server answered something.
   void heard_from_server() { silent_ = false; }
@@ -140,13 +130,13 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<bool> silent_{false};
   // Runs one asynchronous call (see session.cpp).
   template <class Start>
-  int run(const CallBound& bound, const std::shared_ptr<CallState>& call, Start start);
+  int run(const CallBudget& bound, const std::shared_ptr<CallState>& call, Start start);
 };
 
 // The children of `parent` whose name carries `uuid` (a Curator protection id) and that
 // `session` owns, read after a sync, each call waiting until `bound`. ZOK (none when `parent`
 // is gone) or the failing code.
-int own_children(Session& session, const std::string& parent, const std::string& uuid, const CallBound& bound,
+int own_children(Session& session, const std::string& parent, const std::string& uuid, const CallBudget& bound,
                  std::vector<std::string>* names);
 
 }  // namespace turnstile::detail::zookeeper

@@ -19,7 +19,7 @@ struct Settings {
   milliseconds session_timeout{30'000};  // asked for; the server may grant another
   std::string description;    // for messages
   std::string holder_label;   // ClientOptions::holder_label, kept in our nodes' data
-  milliseconds connect_timeout{0};  // ClientOptions::connect_timeout; 0: see kMaxConnectWait
+  milliseconds connect_timeout{0};  // ClientOptions::connect_timeout; 0: see Connection::Connection
 };
 
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);

@@ -8,7 +8,7 @@
 
 namespace turnstile::detail::zookeeper {
 
-void ZookeeperBackend::ensure_path(Session& session, const std::string& path, const CallBound& bound) {
+void ZookeeperBackend::ensure_path(Session& session, const std::string& path, const CallBudget& bound) {
   // Top down: each level exists or is created; a container left empty is reaped by the server.
   for (std::size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
     const auto prefix = slash == std::string::npos ? path : path.substr(0, slash);
@@ -27,7 +27,7 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path, co
 }
 
 std::string ZookeeperBackend::create_entry(Session& session, const std::string& parent, const std::string& prefix,
-                                           const std::string& uuid, const std::string& data, const CallBound& bound,
+                                           const std::string& uuid, const std::string& data, const CallBudget& bound,
                                            std::uint64_t* token) {
   const auto path = parent + "/" + prefix;
   for (;;) {
@@ -62,7 +62,7 @@ std::string ZookeeperBackend::create_entry(Session& session, const std::string& 
   }
 }
 
-std::uint64_t ZookeeperBackend::read_token(Session& session, const std::string& path, const CallBound& bound,
+std::uint64_t ZookeeperBackend::read_token(Session& session, const std::string& path, const CallBudget& bound,
                                            const Orphan& orphan) {
   for (;;) {
     Stat stat{};
@@ -70,7 +70,7 @@ std::uint64_t ZookeeperBackend::read_token(Session& session, const std::string& 
     if (rc == ZOK) return token_of(stat);
     if (rc == ZNONODE) throw QueueEntryGone{};
     if (!retry_after(session, rc, bound)) {
-      connection_.remove_later(orphan);  // a node of ours without its token holds for nobody
+      remove_later(orphan);  // a node of ours without its token holds for nobody
       if (bound.stopped()) throw CallStopped{};
       unconfirmed("the fencing token of '" + path + "' (" + zerror(rc) + ")",
                   "its nodes are removed once the connection is back");
@@ -80,20 +80,21 @@ std::uint64_t ZookeeperBackend::read_token(Session& session, const std::string& 
 
 // After a create whose reply was lost: our node, if the server made it, found by the protection
 // id; nullopt when it was not made. When that stays unknown past the bound (or its stop), hands
-// the look-up to the janitor (which removes the node) and throws BackendUnavailable (CallStopped).
+// the look-up to the background removal (which removes the node) and throws BackendUnavailable
+// (CallStopped).
 std::optional<std::string> ZookeeperBackend::find_own(Session& session, const std::string& parent, const std::string& uuid,
-                                                      const CallBound& bound) {
+                                                      const CallBudget& bound) {
   for (;;) {
     std::vector<std::string> mine;
-    // Past the bound (the create itself waited that long): the janitor's job, not the caller's.
+    // Past the bound (the create itself waited that long): the background's job, not the caller's.
     const int rc = bound.passed()        ? ZOPERATIONTIMEOUT
                    : session.connected() ? own_children(session, parent, uuid, bound, &mine)
                                          : ZCONNECTIONLOSS;
     if (rc == ZOK) return mine.empty() ? std::nullopt : std::optional(mine.front());
     if (!retry_after(session, rc, bound)) {
-      // Still unknown: the janitor finds and removes it once the connection is back, so it
-      // never waits in line (or holds) for nobody.
-      connection_.remove_later({session.weak_from_this(), "", parent, uuid});
+      // Still unknown: the background removal finds and removes it once the connection is back,
+      // so it never waits in line (or holds) for nobody.
+      remove_later({session.weak_from_this(), "", parent, uuid});
       if (bound.stopped()) throw CallStopped{};
       unconfirmed("a create under '" + parent + "' (" + zerror(rc) + ")",
                   "its node, if it was made, is removed once the connection is back");
@@ -102,7 +103,7 @@ std::optional<std::string> ZookeeperBackend::find_own(Session& session, const st
 }
 
 std::vector<std::string> ZookeeperBackend::list(Session& session, const std::string& path, bool watch,
-                                                const CallBound& bound) {
+                                                const CallBudget& bound) {
   for (;;) {
     std::vector<std::string> children;
     const int rc = session.children(path, watch, bound, &children);
@@ -113,7 +114,7 @@ std::vector<std::string> ZookeeperBackend::list(Session& session, const std::str
 }
 
 std::optional<std::string> ZookeeperBackend::read(Session& session, const std::string& path, bool watch,
-                                                  const CallBound& bound, Stat* stat) {
+                                                  const CallBudget& bound, Stat* stat) {
   for (;;) {
     std::string data;
     const int rc = session.get(path, watch, bound, &data, stat);
@@ -126,19 +127,19 @@ std::optional<std::string> ZookeeperBackend::read(Session& session, const std::s
 void ZookeeperBackend::remove_eventually(Session& session, const std::string& path) noexcept {
   // On a link that just left a call unanswered, the delete is sent but not waited for: the
   // janitor confirms it (its own delete finds the node gone, or removes it).
-  const auto bound = SteadyClock::now() + (session.silent() ? milliseconds(0) : session.short_wait());
+  const auto bound = session.silent() ? CallBudget(SteadyClock::now()) : session.short_budget();
   const int rc = session.remove(path, bound);
   if (!connection_trouble(rc)) return;  // removed, or gone with its session
   try {
-    connection_.remove_later({session.weak_from_this(), path, "", ""});
+    remove_later({session.weak_from_this(), path, "", ""});
   } catch (...) {
     // Out of memory: the node goes with the session.
   }
 }
 
-std::optional<bool> ZookeeperBackend::gone(Session& session, const std::string& path, const CallBound& bound) {
+std::optional<bool> ZookeeperBackend::gone(Session& session, const std::string& path, const CallBudget& bound) {
   for (;;) {
-    if (bound.passed()) return std::nullopt;  // the janitor's job now
+    if (bound.passed()) return std::nullopt;  // the background removal's job now
     int rc = session.sync(path.substr(0, path.rfind('/')), bound);
     if (rc == ZOK) rc = session.exists(path, false, bound);
     if (rc == ZOK) return false;
@@ -147,14 +148,14 @@ std::optional<bool> ZookeeperBackend::gone(Session& session, const std::string& 
   }
 }
 
-void ZookeeperBackend::wait_for_change(Session& session, const std::string& path, Deadline deadline,
-                                       const std::stop_token& stop, bool (*still_blocks)(const std::string&)) {
+void ZookeeperBackend::wait_for_change(Session& session, const std::string& path, const CallBudget& caller,
+                                       bool (*still_blocks)(const std::string&)) {
   PathWatch watch(connection_, path);
   // getData, not exists: a node already gone leaves no watch behind. The read that sets the
   // watch is the one that decides: a change between the look and the watch is not missed.
-  const auto data = read(session, path, true, call_bound(session, deadline, stop));
+  const auto data = read(session, path, true, call_bound(session, caller));
   if (!data || (still_blocks && !still_blocks(*data))) return;
-  watch.sleep(deadline, stop);
+  watch.sleep(caller);
   check_session(session, ZOK);
 }
 
