@@ -17,7 +17,7 @@ class LeasePlace final : public EntryPlace {
   LeasePlace(ZookeeperBackend& backend, std::shared_ptr<Session> session, const QueueRequest& request, bool try_once)
       : EntryPlace(backend, session, request, backend.path_of(request.name) + "/locks", kMutexLabel,
                    node_data("lease", backend.holder_label(), request.permits)),
-        leases_(path_ + "/leases"), lease_prefix_(leases_ + "/_c_" + uuid_ + "-" + kLeaseLabel), try_once_(try_once) {
+        leases_(path_ + "/leases"), lease_prefix_(leases_ + "/" + protected_name(uuid_, kLeaseLabel)), try_once_(try_once) {
     backend.check_lease_request(request, lease_prefix_, data_);
   }
 

@@ -30,6 +30,8 @@ std::string random_uuid() {
   return text;
 }
 
+std::string protected_name(const std::string& uuid, const std::string& label) { return "_c_" + uuid + "-" + label; }
+
 namespace {
 
 std::string host_name() {

@@ -44,6 +44,8 @@ inline constexpr std::size_t kUuidLength = 36;
 
 // A version-4 uuid: a Curator protection id (a forked child never repeats its parent's).
 std::string random_uuid();
+// "_c_<uuid>-<label>": the name of a protected node before its sequence suffix.
+std::string protected_name(const std::string& uuid, const std::string& label);
 
 // One child of a queue's parent, parsed from its name.
 struct EntryNode {

@@ -89,10 +89,11 @@ class PermitLine final : public CounterLine {
   void join(Deadline deadline) override {
     queue_step([&] {
       auto& session = this->session(deadline);
-      const auto uuid = random_uuid();
-      node_ = backend_.create_entry(session, line_, "_c_" + uuid + "-" + kWaitLabel, uuid,
-                                    node_data("permits", backend_.holder_label(), permits_),
-                                    backend_.call_bound(session, {deadline, stop_}));
+      const ZookeeperBackend::NewEntry entry{.parent = line_,
+                                             .label = kWaitLabel,
+                                             .uuid = random_uuid(),
+                                             .data = node_data("permits", backend_.holder_label(), permits_)};
+      node_ = backend_.create_entry(session, entry, backend_.call_bound(session, {deadline, stop_})).node;
     });
   }
   void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) override {
@@ -198,7 +199,7 @@ int ZookeeperBackend::change_count(Session& session, const std::string& count_pa
   // Nobody else makes it (its name is random) and no name reaches it (a `permits` segment is
   // encoded). A value and version read back would not do: a peer that read the same version
   // may have written the same text.
-  const auto marker = count_path + "/_c_" + random_uuid() + "-change";
+  const auto marker = count_path + "/" + protected_name(random_uuid(), "change");
   ops.push_back(Session::Op::create(marker, "", ZOO_EPHEMERAL));
   const int rc = session.multi(ops, bound);
   if (rc == ZOK) {

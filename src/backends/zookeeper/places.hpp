@@ -15,8 +15,11 @@ class EntryPlace : public QueuePlace {
  public:
   // Makes our node (ephemeral sequential, named PARENT/_c_<uuid>-<label><seq>).
   void enter(Deadline deadline) {
-    node_ = backend_.create_entry(*session_, parent_, "_c_" + uuid_ + "-" + label_, uuid_, data_,
-                                  backend_.call_bound(*session_, deadline), &token_);
+    const auto made = backend_.create_entry(
+        *session_, {.parent = parent_, .label = label_, .uuid = uuid_, .data = data_, .want_token = true},
+        backend_.call_bound(*session_, deadline));
+    node_ = made.node;
+    token_ = made.token;
   }
   // A look's calls give up a session timeout after the connection went down; the waiter waits
   // on through the outage (a leader election, a restart) until its own deadline or stop, as

@@ -202,19 +202,23 @@ int Session::run(const CallBudget& bound, const std::shared_ptr<CallState>& call
   return rc;
 }
 
-int Session::create(const std::string& path, const std::string& data, int flags, const CallBudget& bound, std::string* created,
-                    Stat* stat) {
+int Session::create(Creation& creation, const CallBudget& bound) {
+  const auto& path = creation.path;
+  const auto& data = creation.data;
+  const int flags = creation.flags;
   auto call = std::make_shared<CallState>();
   const int rc = run(bound, call, [&](void* context) {
-    if (stat) {
+    if (creation.want_stat) {
       return zoo_acreate2(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), connection_.acl(), flags,
                           string_stat_done, context);
     }
     return zoo_acreate(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), connection_.acl(), flags,
                        string_done, context);
   });
-  if (rc == ZOK && created) *created = call->value;
-  if (rc == ZOK && stat) *stat = call->stat;
+  if (rc == ZOK) {
+    creation.created = call->value;
+    creation.stat = call->stat;
+  }
   return rc;
 }
 

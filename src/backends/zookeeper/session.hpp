@@ -81,10 +81,16 @@ class Session : public std::enable_shared_from_this<Session> {
   // The calls; each returns the C client's code and notes the server's answer. Each waits for
   // its reply until `bound` passes (or its stop is requested) and returns ZOPERATIONTIMEOUT
   // then: the call may still be applied.
-  // With `stat`, the created node's Stat too (create2, ZooKeeper 3.5+; an older server answers
-  // ZUNIMPLEMENTED).
-  int create(const std::string& path, const std::string& data, int flags, const CallBudget& bound,
-             std::string* created = nullptr, Stat* stat = nullptr);
+  // A node to create, and on ZOK what was made.
+  struct Creation {
+    std::string path{};  // the node's, or a sequential node's prefix
+    std::string data{};
+    int flags = 0;           // ZOO_EPHEMERAL_SEQUENTIAL, ZOO_CONTAINER, ...
+    bool want_stat = false;  // create2 (ZooKeeper 3.5+; an older server answers ZUNIMPLEMENTED)
+    std::string created{};   // the made node's path
+    Stat stat{};             // its Stat, with want_stat
+  };
+  int create(Creation& creation, const CallBudget& bound);
   int remove(const std::string& path, const CallBudget& bound, int version = -1);
   int get(const std::string& path, bool watch, const CallBudget& bound, std::string* data, Stat* stat = nullptr);
   int exists(const std::string& path, bool watch, const CallBudget& bound, Stat* stat = nullptr);

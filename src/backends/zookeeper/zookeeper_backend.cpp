@@ -14,7 +14,8 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path, co
     const auto prefix = slash == std::string::npos ? path : path.substr(0, slash);
     for (;;) {
       const int flags = containers_supported_ ? ZOO_CONTAINER : ZOO_PERSISTENT;
-      const int rc = session.create(prefix, "", flags, bound);
+      Session::Creation creation{.path = prefix, .flags = flags};
+      const int rc = session.create(creation, bound);
       if (rc == ZOK || rc == ZNODEEXISTS) break;
       if (rc == ZUNIMPLEMENTED && containers_supported_) {
         containers_supported_ = false;  // a server before 3.5: persistent parents, as Curator does
@@ -26,26 +27,26 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path, co
   }
 }
 
-std::string ZookeeperBackend::create_entry(Session& session, const std::string& parent, const std::string& prefix,
-                                           const std::string& uuid, const std::string& data, const CallBudget& bound,
-                                           std::uint64_t* token) {
-  const auto path = parent + "/" + prefix;
+ZookeeperBackend::MadeEntry ZookeeperBackend::create_entry(Session& session, const NewEntry& entry,
+                                                            const CallBudget& bound) {
+  const auto& [parent, label, uuid, data, want_token] = entry;
+  const auto own_token = [&](const std::string& path) {
+    return want_token ? read_token(session, path, bound, {session.weak_from_this(), path, "", ""}) : 0;
+  };
   for (;;) {
-    std::string created;
-    Stat stat{};
     // The token comes with the create's answer (create2), or is read after it.
-    const bool with_stat = token && create2_supported_;
-    const int rc = session.create(path, data, ZOO_EPHEMERAL_SEQUENTIAL, bound, &created, with_stat ? &stat : nullptr);
-    if (rc == ZUNIMPLEMENTED && with_stat) {
+    Session::Creation creation{.path = parent + "/" + protected_name(uuid, label),
+                               .data = data,
+                               .flags = ZOO_EPHEMERAL_SEQUENTIAL,
+                               .want_stat = want_token && create2_supported_};
+    const int rc = session.create(creation, bound);
+    if (rc == ZUNIMPLEMENTED && creation.want_stat) {
       create2_supported_ = false;  // a server before 3.5
       continue;
     }
     if (rc == ZOK) {
-      auto node = created.substr(parent.size() + 1);
-      if (token) {
-        *token = with_stat ? token_of(stat) : read_token(session, created, bound, {session.weak_from_this(), created, "", ""});
-      }
-      return node;
+      const auto token = creation.want_stat ? token_of(creation.stat) : own_token(creation.created);
+      return {creation.created.substr(parent.size() + 1), token};
     }
     if (rc == ZNONODE) {
       ensure_path(session, parent, bound);  // first use, or the server reaped the empty container
@@ -53,11 +54,7 @@ std::string ZookeeperBackend::create_entry(Session& session, const std::string& 
     }
     check_session(session, rc);
     if (!connection_trouble(rc)) throw_error("create under '" + parent + "'", rc);
-    if (auto mine = find_own(session, parent, uuid, bound)) {
-      const auto own = parent + "/" + *mine;
-      if (token) *token = read_token(session, own, bound, {session.weak_from_this(), own, "", ""});
-      return *mine;
-    }
+    if (auto mine = find_own(session, parent, uuid, bound)) return {*mine, own_token(parent + "/" + *mine)};
     // Not made: create it again (same protection id, so a second loss is resolved alike).
   }
 }

@@ -104,12 +104,22 @@ class ZookeeperBackend final : public Backend {
 
   // Creates every missing node of `path` (and `path` itself) as a container.
   void ensure_path(Session& session, const std::string& path, const CallBudget& bound);
-  // Creates an ephemeral sequential child PARENT/PREFIX<seq> and returns its name (not path);
-  // with `token`, also its fencing token (token_of). After a connection loss it looks for its
-  // own node by the protection prefix.
-  std::string create_entry(Session& session, const std::string& parent, const std::string& prefix,
-                           const std::string& uuid, const std::string& data, const CallBudget& bound,
-                           std::uint64_t* token = nullptr);
+  // A queue entry to make: PARENT/_c_<uuid>-<label><seq>, with `data`.
+  struct NewEntry {
+    std::string parent{};
+    std::string label{};
+    std::string uuid{};  // its protection id
+    std::string data{};
+    bool want_token = false;
+  };
+  // The entry made: its name (not path) and, with want_token, its fencing token (token_of).
+  struct MadeEntry {
+    std::string node{};
+    std::uint64_t token = 0;
+  };
+  // Creates an ephemeral sequential entry. After a connection loss it looks for its own node by
+  // the protection id.
+  MadeEntry create_entry(Session& session, const NewEntry& entry, const CallBudget& bound);
   // The fencing token of our node `path`, read from the server. When the server cannot tell
   // within the bound, `orphan` (the node, or what else a hold without a token leaves) goes to
   // the background removal and it throws; QueueEntryGone when the node is gone.
