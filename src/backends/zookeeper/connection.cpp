@@ -234,7 +234,7 @@ bool Connection::sleep(Waiter& waiter, const CallBudget& caller) {
   if (deadline) {
     const bool woken = waiter.cv.wait_until(lock, *deadline, [&] { return waiter.woken; });
     waiter.woken = false;
-    return (woken || SteadyClock::now() < *deadline) && !stop.stop_requested();
+    return (woken || !passed(deadline)) && !stop.stop_requested();
   }
   waiter.cv.wait(lock, [&] { return waiter.woken; });
   waiter.woken = false;

@@ -27,15 +27,16 @@ class EntryPlace : public QueuePlace {
   // and our entry with it (QueueEntryGone: the core joins again).
   template <class Look>
   Standing through_outages(Deadline deadline, Look&& look) {
+    const CallBudget caller(deadline, request_.stop);
     for (;;) {
       try {
         return look();
       } catch (const ConnectionGaveUp&) {
         // A stop is presented as our entry gone, as queue_step does: the core gives up and leaves.
-        if (request_.stop.stop_requested()) throw QueueEntryGone{};
-        if (deadline && SteadyClock::now() >= *deadline) throw;
-        if (!backend_.connection().wait_connected(*session_, CallBudget(deadline, request_.stop))) {
-          if (request_.stop.stop_requested()) throw QueueEntryGone{};
+        if (caller.stopped()) throw QueueEntryGone{};
+        if (caller.passed()) throw;
+        if (!backend_.connection().wait_connected(*session_, caller)) {
+          if (caller.stopped()) throw QueueEntryGone{};
           throw;
         }
       }
