@@ -25,7 +25,7 @@ inline constexpr TimePolicy kZookeeperTimes{
     // A leave is the same single delete as a release: the same wait (Session::short_wait).
     .leave_try = milliseconds(2000),
     // Removals whose outcome was unknown (GuaranteedRemoval), until done or their session ends
-    // (it takes the nodes with it): within half a second of the link healing, as the janitor did
+    // (it takes the nodes with it): within half a second of the link healing, as the old janitor did
     // (an entry left behind holds up everyone behind it). An attempt while the link is down sends
     // nothing (Session::connected), so the short pause costs no traffic.
     .background = {.first_pause = milliseconds(200), .last_pause = milliseconds(500), .give_up = std::nullopt},

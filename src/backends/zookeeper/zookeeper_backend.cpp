@@ -123,7 +123,7 @@ std::optional<std::string> ZookeeperBackend::read(Session& session, const std::s
 
 void ZookeeperBackend::remove_eventually(Session& session, const std::string& path) noexcept {
   // On a link that just left a call unanswered, the delete is sent but not waited for: the
-  // janitor confirms it (its own delete finds the node gone, or removes it).
+  // background removal confirms it (its own delete finds the node gone, or removes it).
   const auto bound = session.silent() ? CallBudget(SteadyClock::now()) : session.short_budget();
   const int rc = session.remove(path, bound);
   if (!connection_trouble(rc)) return;  // removed, or gone with its session
