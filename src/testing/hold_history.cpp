@@ -16,6 +16,8 @@
 #include <tuple>
 #include <utility>
 
+#include "core/text_escape.hpp"
+
 namespace turnstile::testing {
 
 std::int64_t monotonic_ns() {
@@ -78,46 +80,17 @@ namespace {
 
 constexpr std::string_view kLineTag = "h1";
 
-std::string encode_name(const std::string& name) {
-  std::string out;
-  out.reserve(name.size());
-  for (unsigned char c : name) {
-    if (c <= 0x20 || c == 0x7F || c == '%') {
-      char buffer[4];
-      std::snprintf(buffer, sizeof buffer, "%%%02X", c);
-      out += buffer;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
+// '%', whitespace and control bytes are escaped, so any name fits in one field of one line.
+bool kept_in_a_field(unsigned char c) { return c > 0x20 && c != 0x7F && c != '%'; }
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
+std::string encode_name(const std::string& name) {
+  return turnstile::detail::percent_encode(name, kept_in_a_field);
 }
 
 std::string decode_name(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (text[i] != '%') {
-      out += text[i];
-      continue;
-    }
-    if (i + 2 >= text.size()) {
-      throw std::invalid_argument("truncated %-escape in name");
-    }
-    const int high = hex_value(text[i + 1]);
-    const int low = hex_value(text[i + 2]);
-    if (high < 0 || low < 0) throw std::invalid_argument("bad %-escape in name");
-    out += static_cast<char>(high * 16 + low);
-    i += 2;
-  }
-  return out;
+  auto name = turnstile::detail::percent_decode(text);
+  if (!name) throw std::invalid_argument("bad %-escape in name");
+  return std::move(*name);
 }
 
 template <class Int>

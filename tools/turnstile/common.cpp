@@ -6,6 +6,8 @@
 #include <ctime>
 #include <string_view>
 
+#include "core/text_escape.hpp"
+
 namespace turnstile::cli {
 
 std::string iso8601(std::chrono::system_clock::time_point when) {
@@ -105,18 +107,16 @@ static bool invisible(char32_t c) {
 // so no peer can move the cursor, recolour or hide a row, and the escapes are unambiguous.
 std::string printable(std::string_view text) {
   std::string out;
-  char escape[16];
   for (std::size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
     char32_t code_point = c;
     const std::size_t length = c < 0x80 ? 1 : utf8_length(text, i, code_point);
     if (length == 0) {
-      std::snprintf(escape, sizeof escape, "\\x%02x", c);
-      out += escape;
+      out += "\\x";
+      detail::append_hex_byte(out, c, detail::HexCase::lower);
       ++i;
     } else if (invisible(code_point)) {
-      std::snprintf(escape, sizeof escape, "\\u{%x}", static_cast<unsigned>(code_point));
-      out += escape;
+      out += "\\u{" + detail::hex_number(code_point) + "}";
       i += length;
     } else {
       if (c == '\\') out += '\\';
