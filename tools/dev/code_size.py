@@ -128,16 +128,23 @@ def last_top_level_parens(header):
     return None
 
 
-def initializer_list_start(header):
-    """Index of a constructor's ':' that starts member initializers after its parameter list,
-    or None."""
+def top_level(header):
+    """(index, character) of `header` outside parentheses and brackets."""
     depth = 0
     for k, ch in enumerate(header):
         if ch in "([":
             depth += 1
         elif ch in ")]":
             depth -= 1
-        elif ch == ":" and depth == 0 and header[k + 1 : k + 2] != ":" and header[k - 1 : k] != ":":
+        elif depth == 0:
+            yield k, ch
+
+
+def initializer_list_start(header):
+    """Index of a constructor's ':' that starts member initializers after its parameter list,
+    or None."""
+    for k, ch in top_level(header):
+        if ch == ":" and header[k + 1 : k + 2] != ":" and header[k - 1 : k] != ":":
             before = re.sub(r"\s*(noexcept\s*(\([^)]*\))?)?\s*$", "", header[:k])
             return k if before.endswith(")") else None
     return None
@@ -158,19 +165,10 @@ def parameter_list(header):
 def top_level_assignment(header):
     """Whether `header` has an '=' outside parentheses and brackets: an initializer, not a
     function (operator= and friends aside)."""
-    depth = 0
-    for k, ch in enumerate(header):
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        elif ch == "=" and depth == 0:
-            before = header[:k].rstrip()
-            if re.search(r"operator\s*[=!<>+\-*/%^&|]*$", before):
-                continue
-            if k + 1 < len(header) and header[k + 1] == "=":
-                continue
-            return True
+    for k, ch in top_level(header):
+        if ch != "=" or header[k + 1 : k + 2] == "=" or re.search(r"operator\s*[=!<>+\-*/%^&|]*$", header[:k].rstrip()):
+            continue
+        return True
     return False
 
 
