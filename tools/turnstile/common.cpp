@@ -1,8 +1,10 @@
 #include "common.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <string_view>
 
@@ -126,6 +128,8 @@ std::string printable(std::string_view text) {
   }
   return out;
 }
+
+std::string describe_errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 Client connect_backend(const std::optional<std::string>& url, ClientOptions options) {
   return url ? Client::connect(*url, std::move(options)) : Client::connect(std::move(options));
