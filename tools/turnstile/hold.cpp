@@ -8,8 +8,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <optional>
 #include <stdexcept>
+#include <string>
 #include <stop_token>
 #include <string_view>
 
@@ -43,78 +43,84 @@ bool write_all(int fd, std::string_view text) {
   return true;
 }
 
-// `turnstile hold`: prints the token and keeps the hold until stdin (a pipe) reaches its end,
-// the reader of stdout (a pipe) goes away, or a terminating signal comes; then releases it.
-// Returns 0 when it was kept until then; _exits 70 when it was lost meanwhile.
-int keep(Hold& hold, const std::string& what, const RunOptions& options, int signal_fd,
-         StateChanges& changes) {
-  const int lost_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (lost_fd < 0) throw std::runtime_error(describe_errno("eventfd"));
-  const auto wake = [lost_fd] {
-    const std::uint64_t one = 1;
-    (void)!write(lost_fd, &one, sizeof one);
-  };
-  std::optional<std::stop_callback<decltype(wake)>> on_loss(std::in_place, hold.lost, wake);
-
-  std::string ended_by;
-  if (!write_all(STDOUT_FILENO, std::to_string(hold.token) + "\n")) {
-    complain(describe_errno("cannot write the fencing token to stdout") + "; releasing");
-    ended_by = "error";
+// Says when the hold is suspended and when it is confirmed again.
+void report_state_change(StateChanges& changes, const std::string& name, bool& suspended) {
+  const auto [state, reason] = changes.take();
+  if (state == HoldState::suspended && !suspended) {
+    suspended = true;
+    complain("the hold on '" + name + "' is suspended (" + reason + ")");
+  } else if (state == HoldState::held && suspended) {
+    suspended = false;
+    complain("the hold on '" + name + "' is confirmed again");
   }
+}
+
+// The name of a terminating signal read from `signal_fd`, "" for any other (a Ctrl-Z stops
+// turnstile meanwhile).
+std::string terminating_signal(int signal_fd) {
+  signalfd_siginfo info{};
+  if (read(signal_fd, &info, sizeof info) != sizeof info) return {};
+  const int sig = static_cast<int>(info.ssi_signo);
+  if (sig == SIGTSTP) {
+    stop_self();
+  } else if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT) {
+    return strsignal(sig);
+  }
+  return {};
+}
+
+// "stdin closed" once stdin reached its end. Whatever is written to it means nothing.
+std::string stdin_end() {
+  char bytes[4096];
+  const ssize_t n = read(STDIN_FILENO, bytes, sizeof bytes);
+  return n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN) ? "stdin closed" : "";
+}
+
+// Why the hold was let go (a signal's name, "stdin closed", ...), or that it was lost first.
+struct LetGo {
+  std::string ended_by;
+  bool lost = false;
+};
+
+// Keeps the hold until `ended_by` says why it ends: stdin (a pipe) reaches its end, the reader
+// of stdout (a pipe) goes away, or a terminating signal comes; or until it is lost.
+LetGo keep_until_let_go(int signal_fd, const LossAlarm& alarm, StateChanges& changes, const std::string& name,
+                        std::string ended_by) {
   const bool watch_stdin = is_channel(STDIN_FILENO);
   const bool watch_stdout = is_channel(STDOUT_FILENO);
-  bool lost = false, suspended = false;
+  bool suspended = false;
   while (ended_by.empty()) {
     // A pollfd of -1 is skipped; stdout is polled for nothing but its errors (reader gone).
-    pollfd fds[5] = {{signal_fd, POLLIN, 0}, {lost_fd, POLLIN, 0}, {changes.fd(), POLLIN, 0},
+    pollfd fds[5] = {{signal_fd, POLLIN, 0}, {alarm.fd(), POLLIN, 0}, {changes.fd(), POLLIN, 0},
                      {watch_stdin ? STDIN_FILENO : -1, POLLIN, 0}, {watch_stdout ? STDOUT_FILENO : -1, 0, 0}};
     if (poll(fds, 5, -1) < 0) {
       if (errno == EINTR) continue;
       throw std::runtime_error(describe_errno("poll"));
     }
-    if (fds[1].revents & POLLIN) {
-      lost = true;
-      break;
-    }
-    if (fds[2].revents & POLLIN) {
-      const auto [state, reason] = changes.take();
-      if (state == HoldState::suspended && !suspended) {
-        suspended = true;
-        complain("the hold on '" + hold_name(options) + "' is suspended (" + reason + ")");
-      } else if (state == HoldState::held && suspended) {
-        suspended = false;
-        complain("the hold on '" + hold_name(options) + "' is confirmed again");
-      }
-    }
+    if (fds[1].revents & POLLIN) return {ended_by, true};
+    if (fds[2].revents & POLLIN) report_state_change(changes, name, suspended);
     if (fds[0].revents & POLLIN) {
-      signalfd_siginfo info{};
-      if (read(signal_fd, &info, sizeof info) == sizeof info) {
-        const int sig = static_cast<int>(info.ssi_signo);
-        if (sig == SIGTSTP) {
-          stop_self();
-        } else if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT) {
-          ended_by = strsignal(sig);
-        }
-      }
+      if (auto by_signal = terminating_signal(signal_fd); !by_signal.empty()) ended_by = std::move(by_signal);
     }
     if (fds[3].revents) {
-      // Whatever is written to stdin means nothing; its end is the signal to let go.
-      char bytes[4096];
-      const ssize_t n = read(STDIN_FILENO, bytes, sizeof bytes);
-      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) ended_by = "stdin closed";
+      if (auto end = stdin_end(); !end.empty()) ended_by = std::move(end);
     }
     if (fds[4].revents & (POLLERR | POLLHUP | POLLNVAL)) ended_by = "the reader of stdout went away";
   }
-  if (!lost && hold.lost.stop_requested()) lost = true;  // lost as we were told to let go
-  if (lost) {
-    complain("the hold on '" + hold_name(options) + "' (fencing token " + std::to_string(hold.token) +
-             ") may have been lost");
-    release_within(hold, LossBounds::kCleanUp);
-    // The client's clean-up could wait on a connection that is gone; the server's expiry
-    // removes whatever is left.
-    std::fflush(nullptr);
-    _exit(kExitHoldLost);
-  }
+  return {ended_by, false};
+}
+
+// The hold may have been lost: gives the release a bounded try and exits 70. The client's
+// clean-up could wait on a connection that is gone; the server's expiry removes whatever is left.
+[[noreturn]] void exit_lost(Hold& hold, const std::string& name) {
+  complain("the hold on '" + name + "' (fencing token " + std::to_string(hold.token) + ") may have been lost");
+  release_within(hold, LossBounds::kCleanUp);
+  std::fflush(nullptr);
+  _exit(kExitHoldLost);
+}
+
+// Releases the hold kept until `ended_by`; the exit status.
+int release_kept(Hold& hold, const std::string& what, const RunOptions& options, const std::string& ended_by) {
   int status = ended_by == "error" ? kExitOsError : 0;
   try {
     hold.release();
@@ -126,9 +132,23 @@ int keep(Hold& hold, const std::string& what, const RunOptions& options, int sig
     complain(std::string("releasing the hold failed: ") + error.what());
     status = exit_status_for(error);
   }
-  on_loss.reset();  // waits for a callback running right now
-  close(lost_fd);
   return status;
+}
+
+// `turnstile hold`: prints the token and keeps the hold until told to let go (see
+// keep_until_let_go); then releases it. Returns 0 when it was kept until then; _exits 70 when
+// it was lost meanwhile.
+int keep(Hold& hold, const std::string& what, const RunOptions& options, int signal_fd, StateChanges& changes) {
+  const LossAlarm alarm(hold.lost);
+  std::string ended_by;
+  if (!write_all(STDOUT_FILENO, std::to_string(hold.token) + "\n")) {
+    complain(describe_errno("cannot write the fencing token to stdout") + "; releasing");
+    ended_by = "error";
+  }
+  const auto let_go = keep_until_let_go(signal_fd, alarm, changes, hold_name(options), ended_by);
+  // Lost while kept, or as we were told to let go.
+  if (let_go.lost || hold.lost.stop_requested()) exit_lost(hold, hold_name(options));
+  return release_kept(hold, what, options, let_go.ended_by);
 }
 
 }  // namespace

@@ -51,73 +51,90 @@ namespace {
 // the loss first, so that a command whose hold expired meanwhile is stopped, not continued.
 constexpr auto kSettleAfterContinue = std::chrono::milliseconds(100);
 
-// Runs the command under the hold; returns turnstile's exit status, or _exits with it when the
-// hold was lost (no clean-up may wait on the network then). Releases the hold.
-int supervise(Hold& hold, const std::string& name, const std::string& what, const RunOptions& options, int signal_fd,
-              const sigset_t& original_mask, const LossBounds& loss, StateChanges& changes) {
-  int lost_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (lost_fd < 0) throw std::runtime_error(describe_errno("eventfd"));
-  // Runs on the library's watcher thread (or right here if already lost): just wake the loop.
-  // Optional so it can be unregistered before lost_fd is closed.
-  const auto wake = [lost_fd] {
-    const std::uint64_t one = 1;
-    (void)!write(lost_fd, &one, sizeof one);
-  };
-  std::optional<std::stop_callback<decltype(wake)>> on_loss(std::in_place, hold.lost, wake);
+using Clock = std::chrono::steady_clock;
 
+// The command as started: its pid (= its group), whether turnstile is interactive, and the
+// errno of its failed exec (0 when it runs).
+struct StartedCommand {
+  pid_t child = -1;
+  bool interactive = false;
+  int exec_errno = 0;
+};
+
+// Starts the command under the hold's token, in a process group of its own that the watcher
+// learns before anything of the command runs.
+StartedCommand start_command(const Hold& hold, const std::string& name, const RunOptions& options,
+                             const sigset_t& original_mask, GroupWatcher& watcher) {
   auto argv_strings = options.command;
   auto env_strings = child_environment(hold.token, name);
   auto argv = pointers(argv_strings);
   auto envp = pointers(env_strings);
-
-  // Our descendants that lose their parent come to us, so leftovers of the command's group are
-  // reaped here and the group empties.
-  prctl(PR_SET_CHILD_SUBREAPER, 1);
-  GroupWatcher watcher;
-  const bool interactive = isatty(STDIN_FILENO) && tcgetsid(STDIN_FILENO) == getsid(0);
-  const bool take_terminal = interactive && tcgetpgrp(STDIN_FILENO) == getpgrp();
+  StartedCommand started;
+  started.interactive = isatty(STDIN_FILENO) && tcgetsid(STDIN_FILENO) == getsid(0);
+  const bool take_terminal = started.interactive && tcgetpgrp(STDIN_FILENO) == getpgrp();
 
   int error_pipe[2];
   if (pipe2(error_pipe, O_CLOEXEC) != 0) throw std::runtime_error(describe_errno("pipe"));
   std::fflush(nullptr);
-  const pid_t child = spawn(original_mask, argv.data(), envp.data(), error_pipe[1], watcher.fd(), take_terminal);
-  if (child < 0) throw std::runtime_error(describe_errno("vfork"));
+  started.child = spawn(original_mask, argv.data(), envp.data(), error_pipe[1], watcher.fd(), take_terminal);
+  if (started.child < 0) throw std::runtime_error(describe_errno("vfork"));
   close(error_pipe[1]);
-  CommandGroup group(child, interactive);
-
   // EOF means exec succeeded (the pipe closed on exec); an int is the child's exec errno.
-  int exec_errno = 0;
   ssize_t got;
   do {
-    got = read(error_pipe[0], &exec_errno, sizeof exec_errno);
+    got = read(error_pipe[0], &started.exec_errno, sizeof started.exec_errno);
   } while (got < 0 && errno == EINTR);
   close(error_pipe[0]);
+  return started;
+}
 
-  using Clock = std::chrono::steady_clock;
-  const auto grace = std::chrono::ceil<Clock::duration>(std::chrono::duration<double>(options.grace_sec));
+// The loop that supervises the running command until its process group is gone: it reaps the
+// group's processes, forwards signals, passes job-control stops on, pauses the group while the
+// hold is suspended (--pause-when-suspended), and stops it when the hold may have been lost.
+struct Supervision {
+  Hold& hold;
+  const std::string& name;
+  const RunOptions& options;
+  int signal_fd;
+  const LossBounds& loss;
+  StateChanges& changes;
+  const LossAlarm& alarm;
+  GroupWatcher& watcher;
+  CommandGroup& group;
+
   bool lost = false;
   bool suspended = false;
   bool leader_exited = false;
   int wait_status = 0;
-  std::optional<Clock::time_point> kill_at;       // SIGKILL the group then
-  std::optional<Clock::time_point> killed_at;     // when it got SIGKILL
-  std::optional<Clock::time_point> give_up_at;    // stop waiting for the group to empty then
-  std::optional<Clock::time_point> continue_at;   // continue the group then (see kSettleAfterContinue)
-  // SIGTERM to the whole group now (continued, so it can act on it), SIGKILL after `after`.
-  const auto terminate_group = [&](Clock::duration after) {
-    group.signal(SIGTERM);
-    group.unpause();
-    continue_at.reset();
-    const auto at = Clock::now() + after;
-    if (!killed_at && (!kill_at || at < *kill_at)) kill_at = at;
-  };
-  for (;;) {
-    // The leader's exit or job-control stop; orphans of the group (we are their subreaper).
+  std::optional<Clock::time_point> kill_at{};      // SIGKILL the group then
+  bool killed = false;                           // the group got SIGKILL, at killed_at
+  Clock::time_point killed_at{};
+  std::optional<Clock::time_point> give_up_at{};   // stop waiting for the group to empty then
+  std::optional<Clock::time_point> continue_at{};  // continue the group then (see kSettleAfterContinue)
+
+  void run() {
+    for (;;) {
+      reap_children();
+      const auto now = Clock::now();
+      act_on_deadlines(now);
+      if (leader_exited && group_done(now)) return;
+      wait_and_dispatch(poll_timeout_ms(now));
+    }
+  }
+
+  // What is left of the clean-up bound, counted from the SIGKILL or from now (the group is gone).
+  Clock::time_point clean_up_until() const {
+    return (killed ? killed_at : Clock::now()) + LossBounds::kCleanUp;
+  }
+
+ private:
+  // The leader's exit or job-control stop; orphans of the group (we are their subreaper).
+  void reap_children() {
     for (;;) {
       int status = 0;
       const pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED);
-      if (pid <= 0) break;
-      if (pid != child) {
+      if (pid <= 0) return;
+      if (pid != group.leader()) {
         watcher.reaped(pid);
       } else if (!WIFSTOPPED(status)) {
         leader_exited = true;
@@ -126,10 +143,13 @@ int supervise(Hold& hold, const std::string& name, const std::string& what, cons
         group.stopped();
       }
     }
-    const auto now = Clock::now();
+  }
+
+  void act_on_deadlines(Clock::time_point now) {
     if (kill_at && now >= *kill_at) {
       group.signal(SIGKILL);
       kill_at.reset();
+      killed = true;
       killed_at = now;
       give_up_at = now + LossBounds::kCleanUp;  // for members that die as zombies others must reap
     }
@@ -137,15 +157,34 @@ int supervise(Hold& hold, const std::string& name, const std::string& what, cons
       continue_at.reset();
       if (!lost) group.continue_group();
     }
-    if (leader_exited) {
-      if (!group.alive() || (give_up_at && now >= *give_up_at)) break;
-      if (!kill_at && !killed_at) {
-        if (!lost) complain("the command exited but left processes in its process group; stopping them");
-        terminate_group(grace);
-      }
-    }
+  }
 
-    // Leftovers may exit without telling us (their parent reaps them): look again soon.
+  // After the leader exited: whether the group is gone (or given up on); else stops what is left.
+  bool group_done(Clock::time_point now) {
+    if (!group.alive() || (give_up_at && now >= *give_up_at)) return true;
+    if (!kill_at && !killed) {
+      if (!lost) complain("the command exited but left processes in its process group; stopping them");
+      terminate_group(grace());
+    }
+    return false;
+  }
+
+  Clock::duration grace() const {
+    return std::chrono::ceil<Clock::duration>(std::chrono::duration<double>(options.grace_sec));
+  }
+
+  // SIGTERM to the whole group now (continued, so it can act on it), SIGKILL after `after`.
+  void terminate_group(Clock::duration after) {
+    group.signal(SIGTERM);
+    group.unpause();
+    continue_at.reset();
+    const auto at = Clock::now() + after;
+    if (!killed && (!kill_at || at < *kill_at)) kill_at = at;
+  }
+
+  // Until the next deadline; leftovers may exit without telling us (their parent reaps them),
+  // so after the leader's exit look again soon.
+  int poll_timeout_ms(Clock::time_point now) const {
     int timeout_ms = leader_exited ? 20 : -1;
     for (const auto& at : {kill_at, give_up_at, continue_at}) {
       if (!at) continue;
@@ -153,92 +192,121 @@ int supervise(Hold& hold, const std::string& name, const std::string& what, cons
       const int ms = static_cast<int>(std::clamp<std::int64_t>(left, 0, 60'000));
       timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
     }
-    pollfd fds[4] = {{signal_fd, POLLIN, 0}, {lost_fd, POLLIN, 0}, {changes.fd(), POLLIN, 0},
+    return timeout_ms;
+  }
+
+  void wait_and_dispatch(int timeout_ms) {
+    pollfd fds[4] = {{signal_fd, POLLIN, 0}, {alarm.fd(), POLLIN, 0}, {changes.fd(), POLLIN, 0},
                      {watcher.stopped_fd(), POLLIN, 0}};
     if (poll(fds, 4, timeout_ms) < 0 && errno != EINTR) throw std::runtime_error(describe_errno("poll"));
-    if (fds[2].revents & POLLIN) {
-      // Always taken (else poll would spin); a lost hold is past suspending.
-      const auto [state, reason] = changes.take();
-      if (!lost && state == HoldState::suspended && !suspended) {
-        suspended = true;
-        complain("the hold on '" + name + "' is suspended (" + reason + "); " +
-                 (options.pause_when_suspended ? "pausing the command until it is confirmed"
-                                               : "the command keeps running meanwhile"));
-        if (options.pause_when_suspended) group.pause();
-      } else if (!lost && state == HoldState::held && suspended) {
-        suspended = false;
-        complain("the hold on '" + name + "' is confirmed again" +
-                 (options.pause_when_suspended ? "; resuming the command" : ""));
-        if (options.pause_when_suspended) group.unpause();
-      }
-    }
+    if (fds[2].revents & POLLIN) take_state_change();
     // The watcher stopped the group while turnstile was stopped; we run again, so continue it
     // (after the settling time) unless the hold was lost meanwhile.
     if ((fds[3].revents & POLLIN) && watcher.take_stopped() && !lost) {
       continue_at = Clock::now() + kSettleAfterContinue;
     }
-    if (fds[0].revents & POLLIN) {
-      signalfd_siginfo info{};
-      if (read(signal_fd, &info, sizeof info) == sizeof info) {
-        const int sig = static_cast<int>(info.ssi_signo);
-        if (sig == SIGCONT) {
-          if (!lost) continue_at = Clock::now() + kSettleAfterContinue;
-        } else if (sig != SIGCHLD && sig != SIGTTIN && sig != SIGTTOU) {
-          // The group gets nothing sent to turnstile's group or to turnstile directly, so this
-          // delivers each signal exactly once. A forwarded SIGTSTP stops the command, whose stop
-          // then stops turnstile.
-          group.signal(sig);
-        }
-      }
-    }
-    if ((fds[1].revents & POLLIN) && !lost) {
-      lost = true;
-      complain("the hold on '" + name + "' (fencing token " + std::to_string(hold.token) +
-               ") may have been lost; stopping the command");
-      // SIGKILL at the latest half the library's margin after SIGTERM (the other half is left
-      // for the kill itself); without one (none came, or the loss had none to give: the server
-      // said the hold is gone, the embedded backend's state was removed), the bound from the TTL
-      // turnstile knows.
-      const auto margin = changes.loss_margin(std::chrono::milliseconds(20));
-      const bool has_margin = margin && margin->count() > 0;
-      terminate_group(std::min(grace, has_margin ? std::chrono::duration_cast<Clock::duration>(*margin / 2) : loss.kill_after));
+    if (fds[0].revents & POLLIN) take_signal();
+    if ((fds[1].revents & POLLIN) && !lost) take_loss();
+  }
+
+  void take_state_change() {
+    // Always taken (else poll would spin); a lost hold is past suspending.
+    const auto [state, reason] = changes.take();
+    if (!lost && state == HoldState::suspended && !suspended) {
+      suspended = true;
+      complain("the hold on '" + name + "' is suspended (" + reason + "); " +
+               (options.pause_when_suspended ? "pausing the command until it is confirmed"
+                                             : "the command keeps running meanwhile"));
+      if (options.pause_when_suspended) group.pause();
+    } else if (!lost && state == HoldState::held && suspended) {
+      suspended = false;
+      complain("the hold on '" + name + "' is confirmed again" +
+               (options.pause_when_suspended ? "; resuming the command" : ""));
+      if (options.pause_when_suspended) group.unpause();
     }
   }
-  // What is left of the clean-up bound, counted from the SIGKILL or from now (the group is gone).
-  const auto clean_up_until = (killed_at ? *killed_at : Clock::now()) + LossBounds::kCleanUp;
+
+  void take_signal() {
+    signalfd_siginfo info{};
+    if (read(signal_fd, &info, sizeof info) != sizeof info) return;
+    const int sig = static_cast<int>(info.ssi_signo);
+    if (sig == SIGCONT) {
+      if (!lost) continue_at = Clock::now() + kSettleAfterContinue;
+    } else if (sig != SIGCHLD && sig != SIGTTIN && sig != SIGTTOU) {
+      // The group gets nothing sent to turnstile's group or to turnstile directly, so this
+      // delivers each signal exactly once. A forwarded SIGTSTP stops the command, whose stop
+      // then stops turnstile.
+      group.signal(sig);
+    }
+  }
+
+  void take_loss() {
+    lost = true;
+    complain("the hold on '" + name + "' (fencing token " + std::to_string(hold.token) +
+             ") may have been lost; stopping the command");
+    // SIGKILL at the latest half the library's margin after SIGTERM (the other half is left
+    // for the kill itself); without one (none came, or the loss had none to give: the server
+    // said the hold is gone, the embedded backend's state was removed), the bound from the TTL
+    // turnstile knows.
+    const auto margin = changes.loss_margin(std::chrono::milliseconds(20));
+    const bool has_margin = margin && margin->count() > 0;
+    const auto kill_after = has_margin ? std::chrono::duration_cast<Clock::duration>(*margin / 2) : loss.kill_after;
+    terminate_group(std::min(grace(), kill_after));
+  }
+};
+
+// turnstile's status for the command that ran (or could not be executed, said so).
+int command_status(const StartedCommand& started, int wait_status, const RunOptions& options) {
+  if (started.exec_errno == 0) return status_of(wait_status);
+  const bool not_found = started.exec_errno == ENOENT || started.exec_errno == ENOTDIR;
+  complain("cannot run '" + options.command.front() + "': " +
+           (not_found ? std::string("command not found") : std::strerror(started.exec_errno)));
+  return not_found ? kExitNotFound : kExitCannotExecute;
+}
+
+// Releases the hold after the command; false when it turned out lost before the release
+// (perhaps while the command ran: it may have run unprotected).
+bool released_as_held(Hold& hold, const std::string& what, const RunOptions& options) {
+  try {
+    hold.release();
+  } catch (const HoldLost& error) {
+    complain(error.what());
+    return false;
+  } catch (const Error& error) {
+    complain(std::string("releasing the hold failed: ") + error.what());
+  }
+  if (options.verbose) complain("released " + what);
+  return true;
+}
+
+// Runs the command under the hold; returns turnstile's exit status, or _exits with it when the
+// hold was lost (no clean-up may wait on the network then). Releases the hold.
+int supervise(Hold& hold, const std::string& name, const std::string& what, const RunOptions& options, int signal_fd,
+              const sigset_t& original_mask, const LossBounds& loss, StateChanges& changes) {
+  const LossAlarm alarm(hold.lost);
+  // Our descendants that lose their parent come to us, so leftovers of the command's group are
+  // reaped here and the group empties.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  GroupWatcher watcher;
+  const auto started = start_command(hold, name, options, original_mask, watcher);
+  CommandGroup group(started.child, started.interactive);
+  Supervision supervision{.hold = hold, .name = name, .options = options, .signal_fd = signal_fd, .loss = loss,
+                          .changes = changes, .alarm = alarm, .watcher = watcher, .group = group};
+  supervision.run();
+  const auto clean_up_until = supervision.clean_up_until();
   group.restore_terminal();
   watcher.dismiss();
 
-  int status = status_of(wait_status);
-  if (exec_errno != 0) {
-    const bool not_found = exec_errno == ENOENT || exec_errno == ENOTDIR;
-    complain("cannot run '" + options.command.front() + "': " +
-             (not_found ? std::string("command not found") : std::strerror(exec_errno)));
-    status = not_found ? kExitNotFound : kExitCannotExecute;
-  }
-  if (!lost) {
-    try {
-      hold.release();
-    } catch (const HoldLost& error) {
-      // Lost before the release, perhaps while the command ran: it may have run unprotected.
-      complain(error.what());
-      lost = true;
-    } catch (const Error& error) {
-      complain(std::string("releasing the hold failed: ") + error.what());
-    }
-    if (!lost) {
-      if (options.verbose) complain("released " + what);
-      on_loss.reset();  // waits for a callback running right now
-      close(lost_fd);
-      return status;
-    }
+  const int status = command_status(started, supervision.wait_status, options);
+  if (!supervision.lost) {
+    if (released_as_held(hold, what, options)) return status;
   } else {
     release_within(hold, std::max(Clock::duration::zero(), clean_up_until - Clock::now()));
   }
   // Lost: exit now. The client's clean-up could wait on a connection that is gone; the server's
   // expiry removes whatever is left.
   std::fflush(nullptr);
-  _exit(exec_errno != 0 ? status : kExitHoldLost);
+  _exit(started.exec_errno != 0 ? status : kExitHoldLost);
 }
 
 }  // namespace

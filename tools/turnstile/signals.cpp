@@ -13,6 +13,16 @@
 
 namespace turnstile::cli {
 
+int handled_signals_to_fd(sigset_t& original_mask) {
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGTSTP, SIGCONT, SIGTTIN, SIGTTOU}) {
+    sigaddset(&handled, sig);
+  }
+  pthread_sigmask(SIG_BLOCK, &handled, &original_mask);
+  return signalfd(-1, &handled, SFD_CLOEXEC);
+}
+
 void stop_self() {
   sigset_t tstp;
   sigemptyset(&tstp);

@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <cstdint>
 #include <mutex>
 #include <stdexcept>
@@ -16,6 +18,12 @@
 #include "common.hpp"
 
 namespace turnstile::cli {
+
+// Blocks the signals turnstile handles (terminating, SIGCHLD and job control) and returns a
+// signalfd they wait in, or -1 (errno set). Called before any thread exists, so that every
+// thread inherits the mask and no library thread ever takes them; `original_mask` is what the
+// command gets back before exec.
+int handled_signals_to_fd(sigset_t& original_mask);
 
 // Stops turnstile as a job-control stop would (the shell sees it stopped), unless its process
 // group is orphaned, where the kernel ignores such stops. SIGTSTP is blocked for the signalfd;

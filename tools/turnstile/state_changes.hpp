@@ -1,5 +1,5 @@
-// A hold's suspensions and recoveries, from the library's thread to the loop that supervises
-// the command (run) or keeps the hold (hold).
+// A hold's suspensions, recoveries and loss, from the library's thread to the loop that
+// supervises the command (run) or keeps the hold (hold).
 #pragma once
 
 #include <sys/eventfd.h>
@@ -8,9 +8,11 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <stop_token>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -70,6 +72,36 @@ class StateChanges {
   std::string reason_;
   std::condition_variable loss_cv_;
   std::optional<std::chrono::milliseconds> loss_margin_;
+};
+
+// An eventfd that becomes readable once the hold's stop token reports its loss, so the loop
+// can poll for it beside its other descriptors.
+class LossAlarm {
+ public:
+  explicit LossAlarm(std::stop_token lost) : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (fd_ < 0) throw std::runtime_error("eventfd: " + std::string(std::strerror(errno)));
+    on_loss_.emplace(std::move(lost), Wake{fd_});
+  }
+  ~LossAlarm() {
+    on_loss_.reset();  // waits for a callback running right now, before its descriptor goes
+    close(fd_);
+  }
+  LossAlarm(const LossAlarm&) = delete;
+  LossAlarm& operator=(const LossAlarm&) = delete;
+
+  int fd() const { return fd_; }
+
+ private:
+  // Runs on the library's watcher thread (or at once if already lost): just wakes the loop.
+  struct Wake {
+    int fd;
+    void operator()() const noexcept {
+      const std::uint64_t one = 1;
+      (void)!write(fd, &one, sizeof one);
+    }
+  };
+  int fd_;
+  std::optional<std::stop_callback<Wake>> on_loss_;
 };
 
 }  // namespace turnstile::cli
