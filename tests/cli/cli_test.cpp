@@ -565,7 +565,7 @@ TEST_P(CliSignalTest, HoldInterruptedWhileWaitingPrintsNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, CliSignalTest, ::testing::Values(SIGINT, SIGTERM, SIGHUP),
-                         [](const auto& info) { return std::string(sigabbrev_np(info.param)); });
+                         [](const auto& param_info) { return std::string(sigabbrev_np(param_info.param)); });
 
 // --- loss and death ---------------------------------------------------------------------------
 
