@@ -13,8 +13,13 @@
 // signals and --pause-when-suspended act on the whole group. In the foreground of a terminal
 // the command's group gets the terminal, and its job-control stops are passed on to the shell
 // by stopping turnstile too. A watcher process kills the group if turnstile dies, SIGKILL
-// included, and stops it while turnstile is stopped (nobody renews the hold then). The main thread forks and stays alive until the command is reaped, because
-// PR_SET_PDEATHSIG fires when the forking *thread* exits.
+// included, and stops it while turnstile is stopped (nobody renews the hold then). The main
+// thread forks and stays alive until the command is reaped, because PR_SET_PDEATHSIG fires when
+// the forking *thread* exits.
+//
+// Where each part lives: take_hold.cpp (connecting and taking the hold, shared with `turnstile
+// hold`), acquire.cpp, signals.cpp (the signalfd and the AcquisitionGuard), command_group.cpp
+// (starting the command, its process group), group_watcher.cpp, and here the supervising loop.
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
