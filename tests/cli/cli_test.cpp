@@ -609,6 +609,34 @@ TEST_F(CliTest, LossCutsTheGraceOfACommandIgnoringSigterm) {
   EXPECT_LT(exited_ns - beats.term, std::uint64_t{2'000'000'000}) << "turnstile lingered after the loss";
 }
 
+// CPU time a process has used itself (its threads, not its children), in clock ticks.
+std::uint64_t own_cpu_ticks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));  // "PID (COMM) STATE ...": COMM may hold ") "
+  std::vector<std::string> after_comm{std::istream_iterator<std::string>(fields), {}};
+  if (after_comm.size() < 13) return 0;
+  return std::stoull(after_comm[11]) + std::stoull(after_comm[12]);  // utime, stime: fields 14 and 15
+}
+
+// After a loss turnstile waits for the command's group to go (here until SIGKILL, 0.5 s after
+// SIGTERM) without spinning. It did spin: the loss's eventfd stays readable, and polling it
+// again returned at once, some 9,000 times a second. Its own CPU time over 300 ms of that wait
+// must stay near nothing (a spin costs a whole core, or its share of one).
+TEST_F(CliTest, LostHoldWaitsForTheGroupWithoutSpinning) {
+  const auto log = path("beats");
+  auto process = start({"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH, "beat", log});
+  ASSERT_TRUE(wait_until([&] { return !read_beats(log).beats.empty(); })) << process.err();
+  fs::remove_all(backend_dir_);
+  ASSERT_TRUE(wait_until([&] { return read_beats(log).term != 0; })) << process.err();
+  const auto before = own_cpu_ticks(process.pid);
+  std::this_thread::sleep_for(300ms);
+  const auto used = own_cpu_ticks(process.pid) - before;
+  EXPECT_LE(used * 1000 / static_cast<std::uint64_t>(sysconf(_SC_CLK_TCK)), 40u)
+      << "ms of CPU in 300 ms of waiting for the group after the loss";
+  EXPECT_EQ(wait_exit(process), 70) << process.err();
+}
+
 // A stopped turnstile (SIGSTOP) is a stopped protector: its watcher stops the command's group
 // too, and turnstile continues it when it is continued.
 TEST_F(CliTest, StoppingTurnstileStopsTheCommand) {

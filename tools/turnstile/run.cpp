@@ -201,7 +201,8 @@ struct Supervision {
   }
 
   void wait_and_dispatch(int timeout_ms) {
-    pollfd fds[4] = {{signal_fd, POLLIN, 0}, {alarm.fd(), POLLIN, 0}, {changes.fd(), POLLIN, 0},
+    // The alarm stays readable once rung: after the loss it is left out, or poll would return at once.
+    pollfd fds[4] = {{signal_fd, POLLIN, 0}, {lost ? -1 : alarm.fd(), POLLIN, 0}, {changes.fd(), POLLIN, 0},
                      {watcher.stopped_fd(), POLLIN, 0}};
     if (poll(fds, 4, timeout_ms) < 0 && errno != EINTR) throw std::runtime_error(describe_errno("poll"));
     if (fds[2].revents & POLLIN) take_state_change();
