@@ -2,33 +2,18 @@
 #include <charconv>
 #include <cstdio>
 
+#include "core/text_escape.hpp"
 #include "core/url.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail {
 namespace {
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-std::string percent_decode(std::string_view text, std::string_view whole) {
-  std::string out;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (text[i] != '%') {
-      out += text[i];
-      continue;
-    }
-    if (i + 2 >= text.size() || hex_value(text[i + 1]) < 0 || hex_value(text[i + 2]) < 0) {
-      throw InvalidUrl("bad percent-escape in '" + std::string(whole) + "'");
-    }
-    out += static_cast<char>(hex_value(text[i + 1]) * 16 + hex_value(text[i + 2]));
-    i += 2;
-  }
-  return out;
+// A URL part with its %XX escapes decoded; a malformed escape is an InvalidUrl naming the URL.
+std::string url_part(std::string_view text, std::string_view whole) {
+  auto decoded = percent_decode(text);
+  if (!decoded) throw InvalidUrl("bad percent-escape in '" + std::string(whole) + "'");
+  return std::move(*decoded);
 }
 
 bool secret_parameter(std::string_view key) {
@@ -125,8 +110,8 @@ BackendUrl parse_url(std::string_view raw) {
     const auto userinfo = rest.substr(0, at);
     rest = rest.substr(at + 1);
     const auto colon = userinfo.find(':');
-    url.user = percent_decode(userinfo.substr(0, colon), shown);
-    if (colon != std::string_view::npos) url.password = percent_decode(userinfo.substr(colon + 1), shown);
+    url.user = url_part(userinfo.substr(0, colon), shown);
+    if (colon != std::string_view::npos) url.password = url_part(userinfo.substr(colon + 1), shown);
   }
   if (const auto hash = rest.find('#'); hash != std::string_view::npos) fail("fragments are not allowed");
   if (const auto q = rest.find('?'); q != std::string_view::npos) {
@@ -138,8 +123,8 @@ BackendUrl parse_url(std::string_view raw) {
       const auto eq = pair.find('=');
       if (eq == std::string_view::npos || eq == 0) fail("query parameters must be key=value");
       // An option given twice is refused: silently keeping one of them would ignore the other.
-      const auto key = percent_decode(pair.substr(0, eq), shown);
-      if (!url.query.emplace(key, percent_decode(pair.substr(eq + 1), shown)).second) {
+      const auto key = url_part(pair.substr(0, eq), shown);
+      if (!url.query.emplace(key, url_part(pair.substr(eq + 1), shown)).second) {
         fail("the query parameter '" + key + "' is given more than once");
       }
       if (amp == std::string_view::npos) break;
@@ -148,7 +133,7 @@ BackendUrl parse_url(std::string_view raw) {
   }
   const auto slash = rest.find('/');
   auto authority = rest.substr(0, slash);
-  if (slash != std::string_view::npos) url.path = percent_decode(rest.substr(slash), shown);
+  if (slash != std::string_view::npos) url.path = url_part(rest.substr(slash), shown);
   while (!authority.empty()) {
     const auto comma = authority.find(',');
     const auto host = authority.substr(0, comma);

@@ -16,6 +16,8 @@
 #include <tuple>
 #include <utility>
 
+#include "core/text_escape.hpp"
+
 namespace turnstile::testing {
 
 std::int64_t monotonic_ns() {
@@ -78,46 +80,17 @@ namespace {
 
 constexpr std::string_view kLineTag = "h1";
 
-std::string encode_name(const std::string& name) {
-  std::string out;
-  out.reserve(name.size());
-  for (unsigned char c : name) {
-    if (c <= 0x20 || c == 0x7F || c == '%') {
-      char buffer[4];
-      std::snprintf(buffer, sizeof buffer, "%%%02X", c);
-      out += buffer;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
+// '%', whitespace and control bytes are escaped, so any name fits in one field of one line.
+bool kept_in_a_field(unsigned char c) { return c > 0x20 && c != 0x7F && c != '%'; }
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
+std::string encode_name(const std::string& name) {
+  return turnstile::detail::percent_encode(name, kept_in_a_field);
 }
 
 std::string decode_name(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (text[i] != '%') {
-      out += text[i];
-      continue;
-    }
-    if (i + 2 >= text.size()) {
-      throw std::invalid_argument("truncated %-escape in name");
-    }
-    const int high = hex_value(text[i + 1]);
-    const int low = hex_value(text[i + 2]);
-    if (high < 0 || low < 0) throw std::invalid_argument("bad %-escape in name");
-    out += static_cast<char>(high * 16 + low);
-    i += 2;
-  }
-  return out;
+  auto name = turnstile::detail::percent_decode(text);
+  if (!name) throw std::invalid_argument("bad %-escape in name");
+  return std::move(*name);
 }
 
 template <class Int>
@@ -263,9 +236,8 @@ class Rule {
   std::size_t count_ = 0;
 };
 
-void check_name(const std::string& name, std::vector<HoldRecord> all, std::int64_t limit,
-                std::vector<std::string>& out) {
-  // 1. Malformed records are reported and left out of the other rules.
+// 1. Malformed records are reported and left out of the other rules; the rest, sorted by start.
+std::vector<HoldRecord> well_formed(const std::string& name, std::vector<HoldRecord> all, std::vector<std::string>& out) {
   std::vector<HoldRecord> records;
   {
     Rule rule(out, name, "malformed-record");
@@ -288,142 +260,163 @@ void check_name(const std::string& name, std::vector<HoldRecord> all, std::int64
   std::sort(records.begin(), records.end(), [](const HoldRecord& a, const HoldRecord& b) {
     return std::tie(a.start_ns, a.end_ns, a.token) < std::tie(b.start_ns, b.end_ns, b.token);
   });
+  return records;
+}
 
-  // 2. Exclusion: sweep in start order, comparing each hold with those still active.
-  {
-    Rule both(out, name, "exclusive-overlap");
-    Rule writer(out, name, "writer-overlap");
-    std::vector<const HoldRecord*> active;
-    for (const auto& r : records) {
-      std::erase_if(active, [&](const HoldRecord* a) { return a->end_ns <= r.start_ns; });
-      for (const HoldRecord* a : active) {
-        if (!overlap(*a, r)) continue;
-        if (a->kind != "exclusive" && r.kind != "exclusive") continue;
-        if (is_downgrade(*a, r)) continue;
-        const auto by = std::min(a->end_ns, r.end_ns) - std::max(a->start_ns, r.start_ns);
-        const std::string text = show(*a) + " overlaps " + show(r) + " by " + std::to_string(by) + " ns";
-        if (a->kind == "exclusive" && r.kind == "exclusive") {
-          both.report("two exclusive holds overlap: " + text);
-        } else {
-          writer.report("a writer overlaps another holder: " + text);
-        }
-      }
-      active.push_back(&r);
-    }
-  }
-
-  // 3. The Semaphore's limit over lease permits.
-  if (limit > 0) {
-    Rule rule(out, name, "limit");
-    struct Event {
-      std::int64_t at;
-      int order;  // see event_order()
-      const HoldRecord* record;
-    };
-    std::vector<Event> events;
-    for (const auto& r : records) {
-      if (r.kind != "lease") continue;
-      events.push_back({r.start_ns, event_order(r, true), &r});
-      events.push_back({r.end_ns, event_order(r, false), &r});
-    }
-    std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-      return std::tie(a.at, a.order) < std::tie(b.at, b.order);
-    });
-    std::int64_t held = 0;
-    bool over = false;
-    std::vector<const HoldRecord*> active;
-    for (const auto& e : events) {
-      if (e.order == 0 || e.order == 2) {
-        held -= e.record->permits;
-        std::erase(active, e.record);
-        if (held <= limit) over = false;
-        continue;
-      }
-      held += e.record->permits;
-      active.push_back(e.record);
-      if (held > limit && !over) {
-        over = true;
-        std::string holders;
-        for (const HoldRecord* a : active) {
-          holders += holders.empty() ? "" : ", ";
-          holders += "token " + std::to_string(a->token) + " x" + std::to_string(a->permits);
-        }
-        rule.report(std::to_string(held) + " lease permits held at once at " + std::to_string(e.at) +
-                    " ns, the limit is " + std::to_string(limit) + " (" + holders + ")");
-      }
-    }
-  }
-
-  // 4a. Fencing among exclusive holds: unique, increasing with start time.
-  {
-    Rule rule(out, name, "exclusive-token");
-    const HoldRecord* previous = nullptr;
-    std::map<std::uint64_t, const HoldRecord*> seen;
-    for (const auto& r : records) {
-      if (r.kind != "exclusive") continue;
-      if (auto [it, fresh] = seen.emplace(r.token, &r); !fresh) {
-        rule.report("fencing token " + std::to_string(r.token) + " given to two exclusive holds: " + show(*it->second) +
-                    " and " + show(r));
-      } else if (previous && r.token <= previous->token) {
-        rule.report("fencing token does not increase: " + show(r) + " started after " + show(*previous));
-      }
-      previous = &r;
-    }
-  }
-
-  // 4b. Fencing across holds: a hold that provably joined the queue after another one left
-  // carries a greater token. With an exclusive hold on either side, starting after the other's
-  // end proves it; between shared/lease holds only the request time does (see the header).
-  {
-    Rule rule(out, name, "token-order");
-    // Records sorted by end, with the running maximum of their tokens: "the greatest token of
-    // the holds that ended before t" is then one binary search.
-    struct Ended {
-      std::vector<const HoldRecord*> by_end;
-      std::vector<const HoldRecord*> max_so_far;
-      void build() {
-        std::sort(by_end.begin(), by_end.end(),
-                  [](const HoldRecord* a, const HoldRecord* b) { return a->end_ns < b->end_ns; });
-        max_so_far.resize(by_end.size());
-        for (std::size_t i = 0; i < by_end.size(); ++i) {
-          max_so_far[i] = (i == 0 || by_end[i]->token > max_so_far[i - 1]->token) ? by_end[i] : max_so_far[i - 1];
-        }
-      }
-      const HoldRecord* greatest_before(std::int64_t t) const {
-        const auto ended = std::lower_bound(by_end.begin(), by_end.end(), t,
-                                            [](const HoldRecord* a, std::int64_t at) { return a->end_ns < at; }) -
-                           by_end.begin();
-        return ended == 0 ? nullptr : max_so_far[static_cast<std::size_t>(ended) - 1];
-      }
-    };
-    Ended all;
-    Ended exclusive;
-    for (const auto& r : records) {
-      all.by_end.push_back(&r);
-      if (r.kind == "exclusive") exclusive.by_end.push_back(&r);
-    }
-    all.build();
-    exclusive.build();
-    for (const auto& r : records) {
-      const HoldRecord* before = nullptr;
-      const char* how = " started after ";
-      if (r.kind == "exclusive") {
-        before = all.greatest_before(r.start_ns);
+// 2. Exclusion: sweep in start order, comparing each hold with those still active.
+void check_exclusion(const std::string& name, const std::vector<HoldRecord>& records, std::vector<std::string>& out) {
+  Rule both(out, name, "exclusive-overlap");
+  Rule writer(out, name, "writer-overlap");
+  std::vector<const HoldRecord*> active;
+  for (const auto& r : records) {
+    std::erase_if(active, [&](const HoldRecord* a) { return a->end_ns <= r.start_ns; });
+    for (const HoldRecord* a : active) {
+      if (!overlap(*a, r)) continue;
+      if (a->kind != "exclusive" && r.kind != "exclusive") continue;
+      if (is_downgrade(*a, r)) continue;
+      const auto by = std::min(a->end_ns, r.end_ns) - std::max(a->start_ns, r.start_ns);
+      const std::string text = show(*a) + " overlaps " + show(r) + " by " + std::to_string(by) + " ns";
+      if (a->kind == "exclusive" && r.kind == "exclusive") {
+        both.report("two exclusive holds overlap: " + text);
       } else {
-        before = exclusive.greatest_before(r.start_ns);
-        if (r.request_ns != 0) {
-          const HoldRecord* asked = all.greatest_before(r.request_ns);
-          if (asked && (!before || asked->token > before->token)) {
-            before = asked;
-            how = " was requested after ";
-          }
-        }
-      }
-      if (before && before->token >= r.token) {
-        rule.report("fencing token does not increase: " + show(r) + how + show(*before) + " ended");
+        writer.report("a writer overlaps another holder: " + text);
       }
     }
+    active.push_back(&r);
   }
+}
+
+// A lease hold's start or end, for the limit sweep.
+struct LeaseEvent {
+  std::int64_t at;
+  int order;  // see event_order()
+  const HoldRecord* record;
+};
+
+// The starts and ends of the lease holds, in the order the limit sweep takes them.
+std::vector<LeaseEvent> lease_events(const std::vector<HoldRecord>& records) {
+  std::vector<LeaseEvent> events;
+  for (const auto& r : records) {
+    if (r.kind != "lease") continue;
+    events.push_back({r.start_ns, event_order(r, true), &r});
+    events.push_back({r.end_ns, event_order(r, false), &r});
+  }
+  std::sort(events.begin(), events.end(), [](const LeaseEvent& a, const LeaseEvent& b) {
+    return std::tie(a.at, a.order) < std::tie(b.at, b.order);
+  });
+  return events;
+}
+
+// 3. The Semaphore's limit over lease permits.
+void check_limit(const std::string& name, const std::vector<HoldRecord>& records, std::int64_t limit,
+                 std::vector<std::string>& out) {
+  Rule rule(out, name, "limit");
+  const auto events = lease_events(records);
+  std::int64_t held = 0;
+  bool over = false;
+  std::vector<const HoldRecord*> active;
+  for (const auto& e : events) {
+    if (e.order == 0 || e.order == 2) {
+      held -= e.record->permits;
+      std::erase(active, e.record);
+      if (held <= limit) over = false;
+      continue;
+    }
+    held += e.record->permits;
+    active.push_back(e.record);
+    if (held > limit && !over) {
+      over = true;
+      std::string holders;
+      for (const HoldRecord* a : active) {
+        holders += holders.empty() ? "" : ", ";
+        holders += "token " + std::to_string(a->token) + " x" + std::to_string(a->permits);
+      }
+      rule.report(std::to_string(held) + " lease permits held at once at " + std::to_string(e.at) +
+                  " ns, the limit is " + std::to_string(limit) + " (" + holders + ")");
+    }
+  }
+}
+
+// 4a. Fencing among exclusive holds: unique, increasing with start time.
+void check_exclusive_tokens(const std::string& name, const std::vector<HoldRecord>& records,
+                            std::vector<std::string>& out) {
+  Rule rule(out, name, "exclusive-token");
+  const HoldRecord* previous = nullptr;
+  std::map<std::uint64_t, const HoldRecord*> seen;
+  for (const auto& r : records) {
+    if (r.kind != "exclusive") continue;
+    if (auto [it, fresh] = seen.emplace(r.token, &r); !fresh) {
+      rule.report("fencing token " + std::to_string(r.token) + " given to two exclusive holds: " + show(*it->second) +
+                  " and " + show(r));
+    } else if (previous && r.token <= previous->token) {
+      rule.report("fencing token does not increase: " + show(r) + " started after " + show(*previous));
+    }
+    previous = &r;
+  }
+}
+
+// Records sorted by end, with the running maximum of their tokens: "the greatest token of
+// the holds that ended before t" is then one binary search.
+struct Ended {
+  std::vector<const HoldRecord*> by_end;
+  std::vector<const HoldRecord*> max_so_far;
+  void build() {
+    std::sort(by_end.begin(), by_end.end(),
+              [](const HoldRecord* a, const HoldRecord* b) { return a->end_ns < b->end_ns; });
+    max_so_far.resize(by_end.size());
+    for (std::size_t i = 0; i < by_end.size(); ++i) {
+      max_so_far[i] = (i == 0 || by_end[i]->token > max_so_far[i - 1]->token) ? by_end[i] : max_so_far[i - 1];
+    }
+  }
+  const HoldRecord* greatest_before(std::int64_t t) const {
+    const auto ended = std::lower_bound(by_end.begin(), by_end.end(), t,
+                                        [](const HoldRecord* a, std::int64_t at) { return a->end_ns < at; }) -
+                       by_end.begin();
+    return ended == 0 ? nullptr : max_so_far[static_cast<std::size_t>(ended) - 1];
+  }
+};
+
+// 4b. Fencing across holds: a hold that provably joined the queue after another one left
+// carries a greater token. With an exclusive hold on either side, starting after the other's
+// end proves it; between shared/lease holds only the request time does (see the header).
+void check_token_order(const std::string& name, const std::vector<HoldRecord>& records, std::vector<std::string>& out) {
+  Rule rule(out, name, "token-order");
+  Ended all;
+  Ended exclusive;
+  for (const auto& r : records) {
+    all.by_end.push_back(&r);
+    if (r.kind == "exclusive") exclusive.by_end.push_back(&r);
+  }
+  all.build();
+  exclusive.build();
+  for (const auto& r : records) {
+    const HoldRecord* before = nullptr;
+    const char* how = " started after ";
+    if (r.kind == "exclusive") {
+      before = all.greatest_before(r.start_ns);
+    } else {
+      before = exclusive.greatest_before(r.start_ns);
+      if (r.request_ns != 0) {
+        const HoldRecord* asked = all.greatest_before(r.request_ns);
+        if (asked && (!before || asked->token > before->token)) {
+          before = asked;
+          how = " was requested after ";
+        }
+      }
+    }
+    if (before && before->token >= r.token) {
+      rule.report("fencing token does not increase: " + show(r) + how + show(*before) + " ended");
+    }
+  }
+}
+
+void check_name(const std::string& name, std::vector<HoldRecord> all, std::int64_t limit,
+                std::vector<std::string>& out) {
+  const auto records = well_formed(name, std::move(all), out);
+  check_exclusion(name, records, out);
+  if (limit > 0) check_limit(name, records, limit, out);
+  check_exclusive_tokens(name, records, out);
+  check_token_order(name, records, out);
 }
 
 }  // namespace

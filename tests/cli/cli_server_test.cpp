@@ -502,6 +502,6 @@ TEST_P(CliServerTest, InspectShowsAForeignHolderAsSuch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Servers, CliServerTest, ::testing::ValuesIn(families()),
-                         [](const auto& info) { return info.param; });
+                         [](const auto& param_info) { return param_info.param; });
 
 }  // namespace

@@ -247,11 +247,13 @@ TEST_F(CliTest, HoldLocksARegionOfAShellScript) {
              "set -u\n"
              "T=" + cli + "; B=" + backend_ + "\n"
              "coproc HOLD { \"$T\" hold --backend \"$B\" jobs/x; }\n"
+             // Kept at once: bash unsets HOLD_PID when it reaps the ended coprocess.
+             "hold_pid=$HOLD_PID\n"
              "read -r token <&\"${HOLD[0]}\" || { echo 'not held'; exit 1; }\n"
              "echo \"token $token\"\n"
              "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/x -- true 2>/dev/null; echo \"inside $?\"\n"
              "exec {HOLD[1]}>&-\n"
-             "wait \"$HOLD_PID\"; echo \"kept $?\"\n"
+             "wait \"$hold_pid\"; echo \"kept $?\"\n"
              "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/x -- true; echo \"after $?\"\n"
              "exec 3< <(\"$T\" hold --backend \"$B\" jobs/y </dev/null)\n"
              "held=$!\n"
@@ -563,7 +565,7 @@ TEST_P(CliSignalTest, HoldInterruptedWhileWaitingPrintsNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, CliSignalTest, ::testing::Values(SIGINT, SIGTERM, SIGHUP),
-                         [](const auto& info) { return std::string(sigabbrev_np(info.param)); });
+                         [](const auto& param_info) { return std::string(sigabbrev_np(param_info.param)); });
 
 // --- loss and death ---------------------------------------------------------------------------
 
@@ -605,6 +607,34 @@ TEST_F(CliTest, LossCutsTheGraceOfACommandIgnoringSigterm) {
   // 0.5 s and 1.5 s, plus room for scheduling.
   EXPECT_LT(beats.last() - beats.term, std::uint64_t{800'000'000}) << "SIGKILL came only after the full --grace";
   EXPECT_LT(exited_ns - beats.term, std::uint64_t{2'000'000'000}) << "turnstile lingered after the loss";
+}
+
+// CPU time a process has used itself (its threads, not its children), in clock ticks.
+std::uint64_t own_cpu_ticks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));  // "PID (COMM) STATE ...": COMM may hold ") "
+  std::vector<std::string> after_comm{std::istream_iterator<std::string>(fields), {}};
+  if (after_comm.size() < 13) return 0;
+  return std::stoull(after_comm[11]) + std::stoull(after_comm[12]);  // utime, stime: fields 14 and 15
+}
+
+// After a loss turnstile waits for the command's group to go (here until SIGKILL, 0.5 s after
+// SIGTERM) without spinning. It did spin: the loss's eventfd stays readable, and polling it
+// again returned at once, some 9,000 times a second. Its own CPU time over 300 ms of that wait
+// must stay near nothing (a spin costs a whole core, or its share of one).
+TEST_F(CliTest, LostHoldWaitsForTheGroupWithoutSpinning) {
+  const auto log = path("beats");
+  auto process = start({"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH, "beat", log});
+  ASSERT_TRUE(wait_until([&] { return !read_beats(log).beats.empty(); })) << process.err();
+  fs::remove_all(backend_dir_);
+  ASSERT_TRUE(wait_until([&] { return read_beats(log).term != 0; })) << process.err();
+  const auto before = own_cpu_ticks(process.pid);
+  std::this_thread::sleep_for(300ms);
+  const auto used = own_cpu_ticks(process.pid) - before;
+  EXPECT_LE(used * 1000 / static_cast<std::uint64_t>(sysconf(_SC_CLK_TCK)), 40u)
+      << "ms of CPU in 300 ms of waiting for the group after the loss";
+  EXPECT_EQ(wait_exit(process), 70) << process.err();
 }
 
 // A stopped turnstile (SIGSTOP) is a stopped protector: its watcher stops the command's group

@@ -1,10 +1,14 @@
 #include "common.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <string_view>
+
+#include "core/text_escape.hpp"
 
 namespace turnstile::cli {
 
@@ -105,18 +109,16 @@ static bool invisible(char32_t c) {
 // so no peer can move the cursor, recolour or hide a row, and the escapes are unambiguous.
 std::string printable(std::string_view text) {
   std::string out;
-  char escape[16];
   for (std::size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
     char32_t code_point = c;
     const std::size_t length = c < 0x80 ? 1 : utf8_length(text, i, code_point);
     if (length == 0) {
-      std::snprintf(escape, sizeof escape, "\\x%02x", c);
-      out += escape;
+      out += "\\x";
+      detail::append_hex_byte(out, c, detail::HexCase::lower);
       ++i;
     } else if (invisible(code_point)) {
-      std::snprintf(escape, sizeof escape, "\\u{%x}", static_cast<unsigned>(code_point));
-      out += escape;
+      out += "\\u{" + detail::hex_number(code_point) + "}";
       i += length;
     } else {
       if (c == '\\') out += '\\';
@@ -126,6 +128,8 @@ std::string printable(std::string_view text) {
   }
   return out;
 }
+
+std::string describe_errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 Client connect_backend(const std::optional<std::string>& url, ClientOptions options) {
   return url ? Client::connect(*url, std::move(options)) : Client::connect(std::move(options));

@@ -34,6 +34,9 @@ std::string iso8601(std::chrono::system_clock::time_point when);
 // must not connect (connecting creates it).
 std::string name_problem(std::string_view name);
 
+// "<what>: <strerror(errno)>", for an operating-system call that failed.
+std::string describe_errno(const std::string& what);
+
 // Prints "turnstile: <message>" on stderr.
 void complain(const std::string& message);
 

@@ -117,12 +117,13 @@ int wait_status(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-int run_demo(const ParkingOptions& options, const std::string& url, const std::string& history) {
-  // Bad URL or unusable backend: report it once, with the usual status, instead of per car.
-  // The probe also hands back the URL as the library shows it (credentials redacted).
+// A bad URL or an unusable backend is reported once, with the usual status, instead of per car.
+// The probe, a car-like child, also hands back the URL as the library shows it (credentials
+// redacted) in `shown_url`. Returns 0 when the backend answered.
+int probe_backend(const std::string& url, std::string& shown_url) {
   int url_pipe[2];
   if (pipe2(url_pipe, O_CLOEXEC) != 0) {
-    complain(std::string("pipe: ") + std::strerror(errno));
+    complain(describe_errno("pipe"));
     return kExitOsError;
   }
   const pid_t probe = spawn([&] {
@@ -137,7 +138,6 @@ int run_demo(const ParkingOptions& options, const std::string& url, const std::s
     }
   });
   close(url_pipe[1]);
-  std::string shown_url;
   char buffer[512];
   for (ssize_t n; (n = read(url_pipe[0], buffer, sizeof buffer)) != 0;) {
     if (n > 0) shown_url.append(buffer, static_cast<std::size_t>(n));
@@ -145,35 +145,32 @@ int run_demo(const ParkingOptions& options, const std::string& url, const std::s
   }
   close(url_pipe[0]);
   if (probe < 0) {
-    complain(std::string("fork: ") + std::strerror(errno));
+    complain(describe_errno("fork"));
     return kExitOsError;
   }
-  if (const int status = wait_status(probe); status != 0) return status;
+  return wait_status(probe);
+}
 
-  void* memory = mmap(nullptr, sizeof(Lot), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (memory == MAP_FAILED) {
-    complain(std::string("mmap: ") + std::strerror(errno));
-    return kExitOsError;
-  }
-  auto* lot = new (memory) Lot;
-  const Timeline timeline{testing::monotonic_ns()};
-  std::printf("%lld cars, %lld spaces (Semaphore '%s' on %s)\n", static_cast<long long>(options.cars),
-              static_cast<long long>(options.spaces), kLotName, shown_url.c_str());
-
+// Starts every car and waits for them; how many failed (or could not start).
+int drive_cars(const ParkingOptions& options, const std::string& url, const std::string& history, Lot& lot,
+               const Timeline& timeline) {
   std::vector<pid_t> cars;
   int failed = 0;
   for (int car = 1; car <= options.cars; ++car) {
-    const pid_t pid = spawn([&] { return drive(car, url, options.spaces, history, *lot, timeline); });
+    const pid_t pid = spawn([&] { return drive(car, url, options.spaces, history, lot, timeline); });
     if (pid < 0) {
-      complain(std::string("fork: ") + std::strerror(errno));
+      complain(describe_errno("fork"));
       ++failed;
       break;
     }
     cars.push_back(pid);
   }
   for (pid_t pid : cars) failed += wait_status(pid) != 0;
-  munmap(memory, sizeof(Lot));
+  return failed;
+}
 
+// Checks the cars' recorded stays and says whether the lot was shared soundly; the exit status.
+int verdict(const ParkingOptions& options, const std::string& history, int failed) {
   const auto records = testing::load_history(history);
   const auto violations = testing::check(records, options.spaces);
   const auto peak = testing::max_concurrency(records, kLotName);
@@ -193,6 +190,24 @@ int run_demo(const ParkingOptions& options, const std::string& url, const std::s
   std::printf("peak %lld of %lld spaces used; history sound\n", static_cast<long long>(peak),
               static_cast<long long>(options.spaces));
   return 0;
+}
+
+int run_demo(const ParkingOptions& options, const std::string& url, const std::string& history) {
+  std::string shown_url;
+  if (const int status = probe_backend(url, shown_url); status != 0) return status;
+
+  void* memory = mmap(nullptr, sizeof(Lot), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) {
+    complain(describe_errno("mmap"));
+    return kExitOsError;
+  }
+  auto* lot = new (memory) Lot;
+  const Timeline timeline{testing::monotonic_ns()};
+  std::printf("%lld cars, %lld spaces (Semaphore '%s' on %s)\n", static_cast<long long>(options.cars),
+              static_cast<long long>(options.spaces), kLotName, shown_url.c_str());
+  const int failed = drive_cars(options, url, history, *lot, timeline);
+  munmap(memory, sizeof(Lot));
+  return verdict(options, history, failed);
 }
 
 }  // namespace

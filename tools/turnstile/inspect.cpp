@@ -21,6 +21,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "core/text_escape.hpp"
 
 namespace turnstile::cli {
 namespace {
@@ -119,19 +120,9 @@ std::optional<std::string> plain_file_directory(std::string_view url) {
   url.remove_prefix(kScheme.size());
   if (url.starts_with("localhost/")) url.remove_prefix(std::string_view("localhost").size());
   if (!url.starts_with('/') || url.find_first_of("?#") != std::string_view::npos) return std::nullopt;
-  std::string path;
-  for (std::size_t i = 0; i < url.size(); ++i) {
-    if (url[i] != '%') {
-      path += url[i];
-      continue;
-    }
-    if (i + 2 >= url.size() || !std::isxdigit(static_cast<unsigned char>(url[i + 1])) ||
-        !std::isxdigit(static_cast<unsigned char>(url[i + 2]))) {
-      return std::nullopt;
-    }
-    path += static_cast<char>(std::stoi(std::string(url.substr(i + 1, 2)), nullptr, 16));
-    i += 2;
-  }
+  auto decoded = detail::percent_decode(url);
+  if (!decoded) return std::nullopt;
+  const std::string path = std::move(*decoded);
   if (path.find('\0') != std::string::npos) return std::nullopt;
   for (std::size_t start = 1; start < path.size();) {
     const auto end = std::min(path.find('/', start), path.size());

@@ -72,12 +72,9 @@ constexpr const char* kExitStatuses =
     "  75  busy: --timeout ran out, or 0 and held (or --conflict-exit-code)\n"
     "  77  permission denied (ACL, credentials, the state directory)\n";
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  // `run ... -- COMMAND ARGS`: everything after the first "--" belongs to the command, so we
-  // cut it off before CLI11 sees it (it would otherwise parse the command's own options).
+// Everything after the first "--" of `run ... -- COMMAND ARGS` belongs to the command: cut off
+// before CLI11 sees it (it would otherwise parse the command's own options).
+std::vector<std::string> split_off_command(std::vector<std::string>& args) {
   std::vector<std::string> command;
   if (!args.empty() && args.front() == "run") {
     if (auto dashes = std::find(args.begin() + 1, args.end(), "--"); dashes != args.end()) {
@@ -85,104 +82,132 @@ int main(int argc, char** argv) {
       args.erase(dashes, args.end());
     }
   }
+  return command;
+}
 
-  CLI::App app{"Run commands under distributed locks and semaphores, keep a hold for a shell script, and inspect "
-               "their queues.",
-               "turnstile"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("turnstile ") + turnstile::version());
-
+// The subcommands: the values CLI11 fills for each, and the options whose presence counts. It
+// keeps the addresses CLI11 writes to, so it stays where it was made.
+struct Subcommands {
   RunOptions run;
   AcquireFlags run_flags;
-  auto* run_cmd = app.add_subcommand("run", "Hold a lock or semaphore while COMMAND runs (put COMMAND after --).");
-  run_flags.add_to(run_cmd, run);
-  run_cmd->add_option("--grace", run.grace_sec, "Seconds between SIGTERM and SIGKILL when the hold is lost (then at most TTL/20, or 0.5 s without a known TTL) or the command leaves processes behind")->capture_default_str();
-  run_cmd->add_flag("--pause-when-suspended", run.pause_when_suspended,
-                    "Stop the command's process group (SIGSTOP) while the backend cannot confirm the hold; continue it (SIGCONT) once confirmed");
   std::string shell_value;
-  auto* run_shell = run_cmd->add_option("-c,--shell", shell_value, "Run COMMAND-LINE with /bin/sh -c instead of a COMMAND after -- (flock -c)");
-  // This CLI11 has no usage(): the description carries the full synopsis.
-  run_cmd->description(
-      "Hold a lock or semaphore while COMMAND runs.\n"
-      "  turnstile run [OPTIONS] (--lock|--read|--write|--semaphore) NAME -- COMMAND [ARGS...]\n"
-      "  turnstile run [OPTIONS] (--lock|--read|--write|--semaphore) NAME -c 'COMMAND LINE'");
-  run_cmd->footer(
-      "COMMAND runs with TURNSTILE_NAME (the name held) and TURNSTILE_FENCING_TOKEN (this hold's token,\n"
-      "strictly greater than any earlier holder's) in its environment, in a process group of its own.\n\n"
-      "Exit status: COMMAND's own status (128+N when killed by signal N), else\n" +
-      std::string(kExitStatuses) +
-      "  126 COMMAND cannot be executed            127 COMMAND not found\n"
-      "  128+N  a signal N arrived before COMMAND started (it was not run)\n\n"
-      "Example: turnstile run --lock jobs/nightly --timeout 10 -- ./nightly.sh");
+  CLI::App* run_cmd{};
+  CLI::Option* run_shell{};
 
   RunOptions hold;
   AcquireFlags hold_flags;
   std::string hold_name;
-  auto* hold_cmd = app.add_subcommand("hold", "Take a hold and keep it, printing its fencing token, until stdin closes or a signal comes.");
-  hold_flags.add_to(hold_cmd, hold);
-  auto* hold_name_opt = hold_cmd->add_option("NAME", hold_name, "The Mutex to hold (the same as --lock NAME)");
-  hold_cmd->description(
-      "Take a hold and keep it without running a command (as etcdctl lock NAME): its fencing token\n"
-      "is printed on stdout once it is held, and it is kept until stdin (a pipe) closes, the reader of\n"
-      "stdout (a pipe) goes away, or SIGTERM, SIGINT or SIGHUP arrives; then it is released.\n"
-      "  turnstile hold [OPTIONS] NAME\n"
-      "  turnstile hold [OPTIONS] (--lock|--read|--write|--semaphore) NAME");
-  hold_cmd->footer(
-      "A terminal, /dev/null or a file on stdin is not read: then only a signal or the reader of stdout\n"
-      "ends the hold. In a shell script:\n"
-      "  coproc HOLD { turnstile hold jobs/nightly; }\n"
-      "  read -r token <&\"${HOLD[0]}\" || exit 75     # nothing printed: not held\n"
-      "  ...                                          # the region; $token fences its writes\n"
-      "  exec {HOLD[1]}>&-; wait \"$HOLD_PID\"          # released; 0 if it was kept throughout\n\n"
-      "Exit status: 0 released as asked (stdin closed, reader gone or a signal), else\n" +
-      std::string(kExitStatuses) +
-      "  128+N  a signal N arrived before it was held (nothing was printed)");
+  CLI::App* hold_cmd{};
+  CLI::Option* hold_name_opt{};
 
-  turnstile::cli::InspectOptions inspect;
+  InspectOptions inspect;
   std::string inspect_backend;
-  auto* inspect_cmd = app.add_subcommand("inspect", "Show the holders and waiters of NAME, in queue order.");
-  auto* inspect_backend_opt = inspect_cmd->add_option("--backend", inspect_backend, "Backend URL (default: $TURNSTILE_BACKEND, else the embedded default)");
-  inspect_cmd->add_flag("--json", inspect.json, "Print one JSON object (schema: docs/inspect-json.md)");
-  inspect_cmd->add_flag("--watch", inspect.watch, "Show it again each time the holders or waiters change, until interrupted (with --json: one object per line)");
-  inspect_cmd->add_option("--interval", inspect.interval_sec, "Seconds between looks with --watch")->capture_default_str();
-  inspect_cmd->add_option("--connect-timeout", inspect.connect_timeout_sec, "Seconds connecting to the backend may take")->capture_default_str();
-  inspect_cmd->add_option("NAME", inspect.name, "The lock or semaphore name")->required();
-  inspect_cmd->footer(
-      "The first line names the backend read (URL with credentials redacted). A file:// directory that\n"
-      "does not exist is not created: nobody is queued there.");
+  CLI::App* inspect_cmd{};
+  CLI::Option* inspect_backend_opt{};
 
-  auto* demo_cmd = app.add_subcommand("demo", "Demonstrations.");
-  demo_cmd->require_subcommand(1);
   ParkingOptions parking;
   std::string parking_backend;
-  auto* parking_cmd = demo_cmd->add_subcommand("parking", "Cars (processes) share a parking lot (a Semaphore).");
-  parking_cmd->add_option("--cars", parking.cars, "Number of cars, 1 to 1000")->capture_default_str();
-  parking_cmd->add_option("--spaces", parking.spaces, "Number of spaces, 1 to 1000")->capture_default_str();
-  auto* parking_backend_opt = parking_cmd->add_option("--backend", parking_backend, "Backend URL (default: a fresh private directory)");
+  CLI::App* parking_cmd{};
+  CLI::Option* parking_backend_opt{};
 
-  std::vector<char*> parse_argv{argv[0]};
-  for (auto& arg : args) parse_argv.push_back(arg.data());
-  try {
-    app.parse(static_cast<int>(parse_argv.size()), parse_argv.data());
-  } catch (const CLI::ParseError& error) {
-    if (error.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(error);  // --help
-    const std::vector<std::string> subcommands{"run", "hold", "inspect", "demo"};
-    const bool unknown_subcommand = !args.empty() && !args.front().starts_with('-') &&
-                                    std::find(subcommands.begin(), subcommands.end(), args.front()) == subcommands.end();
-    complain(unknown_subcommand ? "unknown subcommand '" + printable(args.front()) + "' (expected run, hold, inspect or demo)"
-                                : std::string(error.what()));
-    if (run_cmd->parsed() && command.empty() && run_shell->count() == 0) complain("put the command to run after '--'");
-    std::fprintf(stderr, "Run with --help for more information.\n");
-    return kExitUsage;
+  Subcommands(const Subcommands&) = delete;
+  Subcommands& operator=(const Subcommands&) = delete;
+  Subcommands() = default;
+
+  void add_to(CLI::App& app) {
+    add_run(app);
+    add_hold(app);
+    add_inspect(app);
+    add_demo(app);
   }
 
-  if (run_cmd->parsed()) {
-    run_flags.apply(run);
-    take_if_given(run_shell, shell_value, run.shell);
-    run.command = std::move(command);
-    return run_command(run);
+  void add_run(CLI::App& app) {
+    run_cmd = app.add_subcommand("run", "Hold a lock or semaphore while COMMAND runs (put COMMAND after --).");
+    run_flags.add_to(run_cmd, run);
+    run_cmd->add_option("--grace", run.grace_sec, "Seconds between SIGTERM and SIGKILL when the hold is lost (then at most TTL/20, or 0.5 s without a known TTL) or the command leaves processes behind")->capture_default_str();
+    run_cmd->add_flag("--pause-when-suspended", run.pause_when_suspended,
+                      "Stop the command's process group (SIGSTOP) while the backend cannot confirm the hold; continue it (SIGCONT) once confirmed");
+    run_shell = run_cmd->add_option("-c,--shell", shell_value, "Run COMMAND-LINE with /bin/sh -c instead of a COMMAND after -- (flock -c)");
+    // This CLI11 has no usage(): the description carries the full synopsis.
+    run_cmd->description(
+        "Hold a lock or semaphore while COMMAND runs.\n"
+        "  turnstile run [OPTIONS] (--lock|--read|--write|--semaphore) NAME -- COMMAND [ARGS...]\n"
+        "  turnstile run [OPTIONS] (--lock|--read|--write|--semaphore) NAME -c 'COMMAND LINE'");
+    run_cmd->footer(
+        "COMMAND runs with TURNSTILE_NAME (the name held) and TURNSTILE_FENCING_TOKEN (this hold's token,\n"
+        "strictly greater than any earlier holder's) in its environment, in a process group of its own.\n\n"
+        "Exit status: COMMAND's own status (128+N when killed by signal N), else\n" +
+        std::string(kExitStatuses) +
+        "  126 COMMAND cannot be executed            127 COMMAND not found\n"
+        "  128+N  a signal N arrived before COMMAND started (it was not run)\n\n"
+        "Example: turnstile run --lock jobs/nightly --timeout 10 -- ./nightly.sh");
   }
-  if (hold_cmd->parsed()) {
+
+  void add_hold(CLI::App& app) {
+    hold_cmd = app.add_subcommand("hold", "Take a hold and keep it, printing its fencing token, until stdin closes or a signal comes.");
+    hold_flags.add_to(hold_cmd, hold);
+    hold_name_opt = hold_cmd->add_option("NAME", hold_name, "The Mutex to hold (the same as --lock NAME)");
+    hold_cmd->description(
+        "Take a hold and keep it without running a command (as etcdctl lock NAME): its fencing token\n"
+        "is printed on stdout once it is held, and it is kept until stdin (a pipe) closes, the reader of\n"
+        "stdout (a pipe) goes away, or SIGTERM, SIGINT or SIGHUP arrives; then it is released.\n"
+        "  turnstile hold [OPTIONS] NAME\n"
+        "  turnstile hold [OPTIONS] (--lock|--read|--write|--semaphore) NAME");
+    hold_cmd->footer(
+        "A terminal, /dev/null or a file on stdin is not read: then only a signal or the reader of stdout\n"
+        "ends the hold. In a shell script:\n"
+        "  coproc HOLD { turnstile hold jobs/nightly; }\n"
+        "  read -r token <&\"${HOLD[0]}\" || exit 75     # nothing printed: not held\n"
+        "  ...                                          # the region; $token fences its writes\n"
+        "  exec {HOLD[1]}>&-; wait \"$HOLD_PID\"          # released; 0 if it was kept throughout\n\n"
+        "Exit status: 0 released as asked (stdin closed, reader gone or a signal), else\n" +
+        std::string(kExitStatuses) +
+        "  128+N  a signal N arrived before it was held (nothing was printed)");
+  }
+
+  void add_inspect(CLI::App& app) {
+    inspect_cmd = app.add_subcommand("inspect", "Show the holders and waiters of NAME, in queue order.");
+    inspect_backend_opt = inspect_cmd->add_option("--backend", inspect_backend, "Backend URL (default: $TURNSTILE_BACKEND, else the embedded default)");
+    inspect_cmd->add_flag("--json", inspect.json, "Print one JSON object (schema: docs/inspect-json.md)");
+    inspect_cmd->add_flag("--watch", inspect.watch, "Show it again each time the holders or waiters change, until interrupted (with --json: one object per line)");
+    inspect_cmd->add_option("--interval", inspect.interval_sec, "Seconds between looks with --watch")->capture_default_str();
+    inspect_cmd->add_option("--connect-timeout", inspect.connect_timeout_sec, "Seconds connecting to the backend may take")->capture_default_str();
+    inspect_cmd->add_option("NAME", inspect.name, "The lock or semaphore name")->required();
+    inspect_cmd->footer(
+        "The first line names the backend read (URL with credentials redacted). A file:// directory that\n"
+        "does not exist is not created: nobody is queued there.");
+  }
+
+  void add_demo(CLI::App& app) {
+    auto* demo_cmd = app.add_subcommand("demo", "Demonstrations.");
+    demo_cmd->require_subcommand(1);
+    parking_cmd = demo_cmd->add_subcommand("parking", "Cars (processes) share a parking lot (a Semaphore).");
+    parking_cmd->add_option("--cars", parking.cars, "Number of cars, 1 to 1000")->capture_default_str();
+    parking_cmd->add_option("--spaces", parking.spaces, "Number of spaces, 1 to 1000")->capture_default_str();
+    parking_backend_opt = parking_cmd->add_option("--backend", parking_backend, "Backend URL (default: a fresh private directory)");
+  }
+
+  // Runs the subcommand parsed; `command` is what followed "--".
+  int dispatch(std::vector<std::string> command) {
+    if (run_cmd->parsed()) {
+      run_flags.apply(run);
+      take_if_given(run_shell, shell_value, run.shell);
+      run.command = std::move(command);
+      return run_command(run);
+    }
+    if (hold_cmd->parsed()) return dispatch_hold();
+    if (inspect_cmd->parsed()) {
+      take_if_given(inspect_backend_opt, inspect_backend, inspect.backend);
+      return inspect_command(inspect);
+    }
+    if (parking_cmd->parsed()) {
+      take_if_given(parking_backend_opt, parking_backend, parking.backend);
+      return parking_demo(parking);
+    }
+    return kExitUsage;  // unreachable: a subcommand is required
+  }
+
+  int dispatch_hold() {
     hold_flags.apply(hold);
     if (hold_name_opt->count() > 0) {
       if (hold.lock || hold.read || hold.write || hold.semaphore) {
@@ -193,13 +218,44 @@ int main(int argc, char** argv) {
     }
     return hold_command(hold);
   }
-  if (inspect_cmd->parsed()) {
-    take_if_given(inspect_backend_opt, inspect_backend, inspect.backend);
-    return inspect_command(inspect);
+};
+
+// Says what is wrong with the command line (or prints --help); the exit status.
+int parse_failure(const CLI::App& app, const CLI::ParseError& error, const std::vector<std::string>& args,
+                  bool command_missing) {
+  if (error.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(error);  // --help
+  const std::vector<std::string> subcommands{"run", "hold", "inspect", "demo"};
+  const bool unknown_subcommand = !args.empty() && !args.front().starts_with('-') &&
+                                  std::find(subcommands.begin(), subcommands.end(), args.front()) == subcommands.end();
+  complain(unknown_subcommand ? "unknown subcommand '" + printable(args.front()) + "' (expected run, hold, inspect or demo)"
+                              : std::string(error.what()));
+  if (command_missing) complain("put the command to run after '--'");
+  std::fprintf(stderr, "Run with --help for more information.\n");
+  return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::vector<std::string> command = split_off_command(args);
+
+  CLI::App app{"Run commands under distributed locks and semaphores, keep a hold for a shell script, and inspect "
+               "their queues.",
+               "turnstile"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("turnstile ") + turnstile::version());
+  Subcommands subcommands;
+  subcommands.add_to(app);
+
+  std::vector<char*> parse_argv{argv[0]};
+  for (auto& arg : args) parse_argv.push_back(arg.data());
+  try {
+    app.parse(static_cast<int>(parse_argv.size()), parse_argv.data());
+  } catch (const CLI::ParseError& error) {
+    const bool command_missing =
+        subcommands.run_cmd->parsed() && command.empty() && subcommands.run_shell->count() == 0;
+    return parse_failure(app, error, args, command_missing);
   }
-  if (parking_cmd->parsed()) {
-    take_if_given(parking_backend_opt, parking_backend, parking.backend);
-    return parking_demo(parking);
-  }
-  return kExitUsage;  // unreachable: a subcommand is required
+  return subcommands.dispatch(std::move(command));
 }

@@ -1,0 +1,73 @@
+#include "command_group.hpp"
+
+#include <sys/prctl.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <string_view>
+
+#include "common.hpp"
+
+extern char** environ;
+
+namespace turnstile::cli {
+
+std::vector<std::string> child_environment(std::uint64_t token, const std::string& name) {
+  std::vector<std::string> env;
+  for (char** entry = environ; *entry; ++entry) {
+    const std::string_view text(*entry);
+    if (text.starts_with("TURNSTILE_FENCING_TOKEN=") || text.starts_with("TURNSTILE_NAME=")) continue;
+    env.emplace_back(text);
+  }
+  env.push_back("TURNSTILE_FENCING_TOKEN=" + std::to_string(token));
+  env.push_back("TURNSTILE_NAME=" + name);
+  return env;
+}
+
+std::vector<char*> pointers(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+namespace {
+
+// In the vforked child: only async-signal-safe calls (the parent has library threads), and
+// nothing that writes to memory the parent uses beyond errno (it shares our address space).
+[[noreturn]] void exec_child(pid_t parent, const sigset_t& original_mask, char** argv, char** envp, int error_fd,
+                             int watcher_fd, bool take_terminal) {
+  // A process group of its own, known to the watcher before anything of the command runs.
+  setpgid(0, 0);
+  const pid_t self = getpid();
+  (void)!write(watcher_fd, &self, sizeof self);
+  // In the terminal's foreground: the command gets the terminal (SIGTTOU is blocked here).
+  if (take_terminal) tcsetpgrp(STDIN_FILENO, self);
+  // Die with turnstile, even if it is SIGKILLed: the command must never run unprotected.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(kExitOsError);  // turnstile died before prctl took effect
+  sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+  // glibc's execvpe searches PATH without allocating, and runs scripts without #! via sh.
+  execvpe(argv[0], argv, envp);
+  const int error = errno;
+  (void)!write(error_fd, &error, sizeof error);
+  _exit(error == ENOENT || error == ENOTDIR ? kExitNotFound : kExitCannotExecute);
+}
+
+}  // namespace
+
+__attribute__((noinline)) pid_t spawn(const sigset_t& original_mask, char** argv, char** envp, int error_fd,
+                                      int watcher_fd, bool take_terminal) {
+  const pid_t parent = getpid();
+  const pid_t child = vfork();
+  if (child == 0) exec_child(parent, original_mask, argv, envp, error_fd, watcher_fd, take_terminal);
+  return child;
+}
+
+int status_of(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return kExitOsError;
+}
+
+}  // namespace turnstile::cli
