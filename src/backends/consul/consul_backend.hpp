@@ -60,10 +60,13 @@ constexpr milliseconds kDeadlineGrace{50};
 // What a leave or a given-up join could not remove at once is retried this often, for this long.
 constexpr milliseconds kCleanupRetry{500};
 constexpr milliseconds kCleanupGiveUp{60000};
-// A call that found no server is resent after this, doubling up to kResendBackoffMax: an
-// outage (a restart) is waited through within the caller's deadline.
+// A call that found no server, or a CAS that lost a race, is tried again after this, doubling up
+// to kResendBackoffMax: an outage (a restart) is waited through within the caller's deadline.
 constexpr milliseconds kResendBackoff{50};
 constexpr milliseconds kResendBackoffMax{1000};
+// How many times a CAS that lost a race (a release's `.lock`, a counter's value) is tried before
+// its caller hears of it: each try after a pause as above, so a busy peer never meets a hot loop.
+constexpr int kCasRaces = 32;
 
 struct Settings {
   Endpoint endpoint;

@@ -23,6 +23,26 @@ nlohmann::json void_ops(const ChangeMarker& marker) {
       {kv_op("check-not-exists", marker.key), kv_lock(marker.key, kVoidMarker, 0, marker.session->id)});
 }
 
+// A CAS that lost to someone else's change is tried again after a pause that doubles, at most
+// kCasRaces times: a busy peer is never answered with a hot loop, nor waited for without end.
+class RaceRetry {
+ public:
+  RaceRetry(ConsulBackend& backend, std::string context) : backend_(backend), context_(std::move(context)) {}
+  void lost() {
+    if (++races_ == kCasRaces) {
+      throw BackendUnavailable(context_ + ": the value changed under every one of " + std::to_string(races_) +
+                               " tries");
+    }
+    backend_.pause_before_resend(std::nullopt, {}, backoff_);
+  }
+
+ private:
+  ConsulBackend& backend_;
+  std::string context_;
+  int races_ = 0;
+  milliseconds backoff_ = kResendBackoff;
+};
+
 }  // namespace
 
 ConsulBackend::CounterSeen ConsulBackend::read_counter(const std::string& key, milliseconds timeout) {
@@ -149,7 +169,7 @@ bool ConsulBackend::counter_try_set(const std::string& name, std::int64_t permit
 std::int64_t ConsulBackend::counter_add(const std::string& name, std::int64_t delta) {
   const auto key = counter_key(name);
   // Each try has its own marker and is settled (applied, or never to apply) before the next.
-  for (;;) {
+  for (RaceRetry retry(*this, "changing PermitCounter '" + name + "'");; retry.lost()) {
     const auto seen = read_counter(key, kCallCap);
     const auto current = seen.value ? seen.value->n : 0;
     std::int64_t updated = 0;
@@ -173,7 +193,7 @@ std::optional<std::int64_t> ConsulBackend::counter_get(const std::string& name) 
 
 std::int64_t ConsulBackend::counter_drain(const std::string& name) {
   const auto key = counter_key(name);
-  for (;;) {
+  for (RaceRetry retry(*this, "draining PermitCounter '" + name + "'");; retry.lost()) {
     const auto seen = read_counter(key, kCallCap);
     // Every earlier try was settled as never to apply: nothing left is nothing drained.
     if (!seen.value || seen.value->n == 0) return 0;

@@ -12,9 +12,6 @@ namespace {
 
 bool is_lease(const QueueRequest& request) { return request.kind == EntryKind::lease; }
 
-// How many times a release reads `.lock` again after its CAS lost to a peer's change.
-constexpr int kCasRaces = 32;
-
 // What one read of a name saw: our queue and the peers' keys.
 struct Snapshot {
   std::vector<KvEntry> queue;                 // turnstile's entries, by CreateIndex
@@ -119,10 +116,13 @@ class ConsulHold final : public BackendHold {
 
   // api.Semaphore's Release: our holders out of `.lock` by CAS (deleted when none is left),
   // the contender keys and our entry, in one transaction; read again when a CAS loses (a peer
-  // changed `.lock`, or someone joined), a bounded number of times.
+  // changed `.lock`, or someone joined), after a pause that doubles, a bounded number of times
+  // and within the release's time: a busy peer is never answered with a hot loop.
   void release_permits(milliseconds timeout) {
     const auto key = encode_name(name_);
     const auto context = "releasing Semaphore '" + name_ + "'";
+    const Deadline until = SteadyClock::now() + timeout;
+    auto backoff = kResendBackoff;
     for (int race = 0;; ++race) {
       if (race == kCasRaces) {
         throw BackendUnavailable(context + ": its `.lock` changed under every one of " + std::to_string(kCasRaces) +
@@ -157,6 +157,10 @@ class ConsulHold final : public BackendHold {
       if (last_in_ && refused.at(ops.size() - 1, Refusal::stale)) last_in_ = 0;
       if (!refused.all(Refusal::stale)) {
         throw BackendUnavailable(context + ": Consul refused it: " + refused.describe());
+      }
+      if (!backend_.pause_before_resend(until, {}, backoff)) {
+        throw BackendUnavailable(context + ": its `.lock` changed under every try for " +
+                                 std::to_string(timeout.count()) + " ms");
       }
     }
   }
