@@ -25,13 +25,18 @@ class ConsulHold final : public BackendHold {
   std::uint64_t fencing_token() const override { return token_; }
 
   // The entry's value is rewritten in place (same key, same place, same token); the api.Lock
-  // key stays ours until the release, so Consul's own clients stay out while we read.
+  // key stays ours until the release, so Consul's own clients stay out while we read. Only
+  // while the entry is still ours: a late copy, delivered after the release removed the entry,
+  // must not bring it back held (a plain acquire would create it).
   void downgrade() override {
     value_.kind = EntryKind::shared;
     value_.held = true;  // a reader's entry says it holds (an exclusive one's head and key do)
-    if (!backend_.write("PUT", "/v1/kv/" + url_escape(entry_key_) + "?acquire=" + session_->id, to_json(value_),
-                        kConsulTimes.release_try, "downgrading '" + name_ + "'")) {
-      throw HoldLost("the write lock of '" + name_ + "' was lost before its downgrade (its Consul session ended)");
+    const auto ops = nlohmann::json::array(
+        {kv_check_session(entry_key_, session_->id), kv_lock(entry_key_, to_json(value_), 0, session_->id)});
+    Refused refused;  // the entry is gone or not the session's: with its session, or released
+    if (!backend_.txn(ops, kConsulTimes.release_try, "downgrading '" + name_ + "'", &refused)) {
+      throw HoldLost("the write lock of '" + name_ + "' was lost before its downgrade (its Consul session ended): " +
+                     refused.describe());
     }
   }
 
