@@ -546,6 +546,38 @@ TEST(ConsulOwnServer, ACounterChangeThatLosesEveryCasRacePausesBeforeEachRetry) 
   EXPECT_EQ(counter.available_permits(), 3);
 }
 
+// Issue 23: a lease's hold whose `.lock` CAS lost to a peer's change looked and tried again at
+// once, without end and past its deadline (a try-once too): a hot loop for as long as the peer
+// kept winning. Each lost race must be followed by a pause, and a try-once ends not admitted.
+TEST(ConsulOwnServer, AHoldThatLosesEveryCasRacePausesAndATryOnceEnds) {
+  OwnStandIn own;
+  const auto name = unique("race-hold");
+  auto holder = turnstile::Client::connect(own.server.url());
+  auto held = holder.semaphore(name, 3).try_acquire();
+  ASSERT_TRUE(held.has_value());  // `.lock` exists, with room left
+  auto client = turnstile::Client::connect(own.server.url());
+  auto semaphore = client.semaphore(name, 3);
+  const auto holders_key = name + "/.lock";
+  ASSERT_TRUE(own.race(holders_key, true));
+  const auto before = own.transactions();
+  auto timed = std::async(std::launch::async, [&] { return semaphore.try_acquire_for(1500ms).has_value(); });
+  std::this_thread::sleep_for(1s);
+  const auto in_a_second = own.transactions() - before;
+  const bool still_trying = timed.wait_for(0s) != std::future_status::ready;
+  ASSERT_TRUE(own.race(holders_key, false));
+  ASSERT_EQ(timed.wait_for(20s), std::future_status::ready);
+  timed.get();
+  EXPECT_TRUE(still_trying) << "the hold was not refused: the test proves nothing";
+  EXPECT_GE(in_a_second, 2) << "the hold did not try (and lose) a CAS at all";
+  EXPECT_LE(in_a_second, 20) << in_a_second << " hold transactions in one second of lost CAS races";
+  ASSERT_TRUE(own.race(holders_key, true));
+  auto once = std::async(std::launch::async, [&] { return semaphore.try_acquire().has_value(); });
+  const bool ended = once.wait_for(5s) == std::future_status::ready;
+  ASSERT_TRUE(own.race(holders_key, false));  // lets a looping try end, so the test can report
+  EXPECT_TRUE(ended) << "a try-once kept retrying a lost race";
+  EXPECT_FALSE(once.get()) << "a try-once that lost its race to a peer is not admitted";
+}
+
 #ifdef TURNSTILE_CLI_PATH
 // Issue 13: `--timeout` bounds the whole wait, connecting included (the default connect timeout
 // is 10 s): against a server that answers nothing, `--timeout 1` gives up as unavailable (69)

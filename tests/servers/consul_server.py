@@ -76,10 +76,12 @@ Implemented (one datacenter, one server that is always the leader):
     request whose path starts with P is answered S seconds late (each in its own thread, so
     concurrent ones overlap, as a slow server's would); seconds=0 removes it. For the tests of
     slow renewals.
-  * PUT /v1/test-stand-in/race?key=K (NOT a Consul API; TEST-ONLY): after every later plain GET
-    of K (no ?index) is read, before it is answered, K's value is rewritten with one trailing space added or taken
-    away (the same JSON, other bytes: its ModifyIndex moves), as a peer that changes K between
-    every reader's read and its CAS would; ?off removes it. For the tests of CAS races.
+  * PUT /v1/test-stand-in/race?key=K (NOT a Consul API; TEST-ONLY): after every later read that
+    returns K (a GET of K or of a prefix of it without ?index, a transaction's get, get-or-empty
+    or get-tree that applied), before it is answered, K's value is rewritten with one trailing
+    space added or taken away (the same JSON, other bytes: its ModifyIndex moves), as a peer
+    that changes K between every reader's read and its CAS would; ?off removes it. For the tests
+    of CAS races.
 
 Not implemented: catalog, health, agent services and checks (session checks are never
 evaluated), events, prepared queries, namespaces/partitions, ?consistent/?stale differences
@@ -556,6 +558,13 @@ class State:
             self._set(self._next_index(), changed, False)
             self._commit()
 
+    def race_under(self, key, prefix=False):
+        """TEST-ONLY: race() every raced key that a read of `key` (a prefix: `prefix`) returned."""
+        with self.cond:
+            raced = [k for k in self.raced if k == key or (prefix and k.startswith(key))]
+        for k in raced:
+            self.race(k)
+
     def count(self, what):
         """Test-only counters (GET /v1/test-stand-in/stats; not a Consul API)."""
         with self.stats_lock:
@@ -972,6 +981,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return idx, [state.entry_json(e) for e in self.readable(entries)]
             index, entries = state.blocking(min_index, wait, run,
                                             lambda kind, n: kind == "kv" and n.startswith(key))
+            if min_index == 0:
+                state.race_under(key, prefix=True)  # TEST-ONLY: /v1/test-stand-in/race
             headers = self.meta(index)
             if self.filtered:
                 headers["X-Consul-Results-Filtered-By-ACLs"] = "true"
@@ -997,7 +1008,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.send(200, e["Value"] or b"", content_type="text/plain", headers=headers)
         answer = [state.entry_json(e)]
         if min_index == 0:
-            state.race(key)  # TEST-ONLY: a no-op unless /v1/test-stand-in/race named the key
+            state.race_under(key)  # TEST-ONLY: a no-op unless /v1/test-stand-in/race named the key
         return self.send_json(200, answer, self.meta(index))
 
     def readable(self, entries):
@@ -1207,6 +1218,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             else None
         if errors:
             return self.send_json(409, {"Results": None, "Errors": errors}, headers)
+        for op in ops:  # TEST-ONLY: /v1/test-stand-in/race
+            if op["Verb"] in ("get", "get-or-empty", "get-tree"):
+                self.state.race_under(op["Key"], prefix=op["Verb"] == "get-tree")
         return self.send_json(200, {"Results": results, "Errors": None}, headers)
 
 
