@@ -560,6 +560,8 @@ class State:
 
     def race_under(self, key, prefix=False):
         """TEST-ONLY: race() every raced key that a read of `key` (a prefix: `prefix`) returned."""
+        if not self.raced:
+            return  # the usual case: no lock taken (a set's truth is read atomically)
         with self.cond:
             raced = [k for k in self.raced if k == key or (prefix and k.startswith(key))]
         for k in raced:
