@@ -187,6 +187,32 @@ TEST(ConsulLate, ACounterTakeDeliveredAfterItWasGivenUpTakesNothing) {
   EXPECT_EQ(direct.permit_counter(name).available_permits(), taken ? 4 : 5) << (taken ? "taken" : "not taken");
 }
 
+// Issue 23 (the write rule): a downgrade held back until its hold was released whole (the
+// downgrade failed), then delivered: it must not bring the entry back, held by a session that
+// lives on (a reader nobody owns, ahead of every writer until the client ends).
+TEST(ConsulLate, ADowngradeDeliveredAfterItsReleaseHoldsNothing) {
+  turnstile_test::TcpProxy proxy(url());
+  auto client = turnstile::Client::connect(proxy.url_through(url()));
+  client.set_error_handler([](const turnstile::Error&) {});
+  const auto name = unique("late-downgrade");
+  const auto queue = "turnstile/q/" + name + "/";
+  auto rw = client.shared_mutex(name);
+  rw.lock();
+  rw.lock_shared();
+  auto downgrade = proxy.hold_request(queue);  // the next request naming the entry: the downgrade
+  rw.unlock();                                 // fails after its patience: the hold is released whole
+  ASSERT_TRUE(downgrade->held());
+  ASSERT_EQ(rw.hold_state(), turnstile::HoldState::lost);
+  ASSERT_TRUE(server_tests::eventually([&] { return keys_under(queue) == 0; }, 10s)) << "the release never came";
+  deliver_and_wait(*downgrade);
+  EXPECT_EQ(keys_under(queue), 0u) << "the late downgrade brought the entry back";
+  auto other = turnstile::Client::connect(url());
+  auto writer = other.shared_mutex(name);
+  EXPECT_TRUE(writer.try_lock_for(1s)) << "a reader nobody owns keeps writers out";
+  if (writer.owns_lock()) writer.unlock();
+  rw.unlock_shared();
+}
+
 // Item 14: `PUT ?acquire` with a session the server no longer has answers HTTP 500 'invalid
 // session "ID"' (kvsLockTxn). A downgrade then is a hold lost, not a server unreachable. Without
 // a lock-delay: with one, the acquire is refused before the session is looked at (kvsPreApply).

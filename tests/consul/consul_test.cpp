@@ -472,6 +472,112 @@ TEST(ConsulOwnServer, AWaiterSitsOutALockDelayOnADeletedKeyWithoutSpinning) {
   waiter.unlock();
 }
 
+// A stand-in of the test's own (nobody else's requests counted), and requests to it by hand.
+struct OwnStandIn {
+  server_tests::OwnServer server{TURNSTILE_CONSUL_SCRIPT};
+  std::string base = "http://" + server.url().substr(std::string("consul://").size());
+  std::string call(const std::string& method, const std::string& path) const {
+    return shell("curl -s -X " + method + " " + quoted(base + path));
+  }
+  bool exists(const std::string& key) const { return call("GET", "/v1/kv/" + key).find("\"Key\"") != std::string::npos; }
+  // From now on (until `false`) a peer changes `key` between every read of it and the next write.
+  bool race(const std::string& key, bool on) const {
+    return call("PUT", "/v1/test-stand-in/race?" + std::string(on ? "" : "off&") + "key=" + key) == "true";
+  }
+  long transactions() const {
+    return nlohmann::json::parse(call("GET", "/v1/test-stand-in/stats")).value("PUT /v1/txn", 0L);
+  }
+};
+
+// Issue 23: a release whose `.lock` CAS loses to a peer's change reads it again and retries;
+// it did so at once, 32 times in a row, and the background's next try did the same: over a
+// hundred transactions a second while a busy api.Semaphore peer kept winning. Every retry of a
+// refused release must come after a pause, and the release still ends once the peer lets it.
+TEST(ConsulOwnServer, AReleaseRefusedByACasRacePausesBeforeEachRetry) {
+  OwnStandIn own;
+  const auto name = unique("race-release");
+  auto client = turnstile::Client::connect(own.server.url());
+  auto semaphore = client.semaphore(name, 2);
+  auto lease = semaphore.try_acquire();
+  ASSERT_TRUE(lease.has_value());
+  const auto holders_key = name + "/.lock";
+  ASSERT_TRUE(own.exists(holders_key));
+  ASSERT_TRUE(own.race(holders_key, true));
+  const auto before = own.transactions();
+  auto released = std::async(std::launch::async, [&] {
+    try {
+      lease->release();
+    } catch (const turnstile::BackendUnavailable&) {
+      // retried in the background
+    }
+  });
+  std::this_thread::sleep_for(1s);
+  const auto in_a_second = own.transactions() - before;
+  EXPECT_TRUE(own.exists(holders_key)) << "the release was not refused: the test proves nothing";
+  EXPECT_GE(in_a_second, 2) << "the release did not try (and lose) a CAS at all";
+  // A pause doubling from 50 ms: some six tries in the first second; without, over a hundred.
+  EXPECT_LE(in_a_second, 20) << in_a_second << " release transactions in one second of lost CAS races";
+  ASSERT_TRUE(own.race(holders_key, false));
+  ASSERT_EQ(released.wait_for(20s), std::future_status::ready);
+  EXPECT_TRUE(server_tests::eventually([&] { return !own.exists(holders_key); }, 15s)) << "never released";
+}
+
+// Issue 23: a PermitCounter change whose CAS loses to someone else's change reads the counter
+// again and retries; it did so at once and without end while a peer kept winning.
+TEST(ConsulOwnServer, ACounterChangeThatLosesEveryCasRacePausesBeforeEachRetry) {
+  OwnStandIn own;
+  const auto name = unique("race-counter");
+  auto client = turnstile::Client::connect(own.server.url());
+  auto counter = client.permit_counter(name);
+  ASSERT_EQ(counter.add_permits(1), 1);
+  const auto counter_key = "turnstile/c/" + name;
+  ASSERT_TRUE(own.exists(counter_key));
+  ASSERT_TRUE(own.race(counter_key, true));
+  const auto before = own.transactions();
+  auto added = std::async(std::launch::async, [&] { return counter.add_permits(2); });
+  std::this_thread::sleep_for(1s);
+  const auto in_a_second = own.transactions() - before;
+  EXPECT_NE(added.wait_for(0s), std::future_status::ready) << "the change was not refused: the test proves nothing";
+  EXPECT_GE(in_a_second, 2) << "the change did not try (and lose) a CAS at all";
+  EXPECT_LE(in_a_second, 20) << in_a_second << " counter transactions in one second of lost CAS races";
+  ASSERT_TRUE(own.race(counter_key, false));
+  ASSERT_EQ(added.wait_for(20s), std::future_status::ready);
+  EXPECT_EQ(added.get(), 3);
+  EXPECT_EQ(counter.available_permits(), 3);
+}
+
+// Issue 23: a lease's hold whose `.lock` CAS lost to a peer's change looked and tried again at
+// once, without end and past its deadline (a try-once too): a hot loop for as long as the peer
+// kept winning. Each lost race must be followed by a pause, and a try-once ends not admitted.
+TEST(ConsulOwnServer, AHoldThatLosesEveryCasRacePausesAndATryOnceEnds) {
+  OwnStandIn own;
+  const auto name = unique("race-hold");
+  auto holder = turnstile::Client::connect(own.server.url());
+  auto held = holder.semaphore(name, 3).try_acquire();
+  ASSERT_TRUE(held.has_value());  // `.lock` exists, with room left
+  auto client = turnstile::Client::connect(own.server.url());
+  auto semaphore = client.semaphore(name, 3);
+  const auto holders_key = name + "/.lock";
+  ASSERT_TRUE(own.race(holders_key, true));
+  const auto before = own.transactions();
+  auto timed = std::async(std::launch::async, [&] { return semaphore.try_acquire_for(1500ms).has_value(); });
+  std::this_thread::sleep_for(1s);
+  const auto in_a_second = own.transactions() - before;
+  const bool still_trying = timed.wait_for(0s) != std::future_status::ready;
+  ASSERT_TRUE(own.race(holders_key, false));
+  ASSERT_EQ(timed.wait_for(20s), std::future_status::ready);
+  timed.get();
+  EXPECT_TRUE(still_trying) << "the hold was not refused: the test proves nothing";
+  EXPECT_GE(in_a_second, 2) << "the hold did not try (and lose) a CAS at all";
+  EXPECT_LE(in_a_second, 20) << in_a_second << " hold transactions in one second of lost CAS races";
+  ASSERT_TRUE(own.race(holders_key, true));
+  auto once = std::async(std::launch::async, [&] { return semaphore.try_acquire().has_value(); });
+  const bool ended = once.wait_for(5s) == std::future_status::ready;
+  ASSERT_TRUE(own.race(holders_key, false));  // lets a looping try end, so the test can report
+  EXPECT_TRUE(ended) << "a try-once kept retrying a lost race";
+  EXPECT_FALSE(once.get()) << "a try-once that lost its race to a peer is not admitted";
+}
+
 #ifdef TURNSTILE_CLI_PATH
 // Issue 13: `--timeout` bounds the whole wait, connecting included (the default connect timeout
 // is 10 s): against a server that answers nothing, `--timeout 1` gives up as unavailable (69)

@@ -76,6 +76,12 @@ Implemented (one datacenter, one server that is always the leader):
     request whose path starts with P is answered S seconds late (each in its own thread, so
     concurrent ones overlap, as a slow server's would); seconds=0 removes it. For the tests of
     slow renewals.
+  * PUT /v1/test-stand-in/race?key=K (NOT a Consul API; TEST-ONLY): after every later read that
+    returns K (a GET of K or of a prefix of it without ?index, a transaction's get, get-or-empty
+    or get-tree that applied), before it is answered, K's value is rewritten with one trailing
+    space added or taken away (the same JSON, other bytes: its ModifyIndex moves), as a peer
+    that changes K between every reader's read and its CAS would; ?off removes it. For the tests
+    of CAS races.
 
 Not implemented: catalog, health, agent services and checks (session checks are never
 evaluated), events, prepared queries, namespaces/partitions, ?consistent/?stale differences
@@ -220,6 +226,7 @@ class State:
         self.undo = None         # inside a transaction: key -> (entry, tombstone) before it
         self.stats = {}
         self.delays = {}         # TEST-ONLY: path prefix -> seconds (/v1/test-stand-in/delay)
+        self.raced = set()       # TEST-ONLY: keys changed after every read (/v1/test-stand-in/race)
         self.raft_index = args.initial_index
         self.kvs = {}            # key -> entry dict (Value: bytes or None)
         self.tombstones = {}     # key -> index of its deletion (the graveyard)
@@ -540,6 +547,26 @@ class State:
 
     # ---- blocking queries (as agent/consul/rpc.go blockingQuery) ----------------------------
 
+    def race(self, key):
+        """TEST-ONLY (/v1/test-stand-in/race): a peer's change of `key` right after a read."""
+        with self.cond:
+            e = self.kvs.get(key)
+            if e is None or key not in self.raced:
+                return
+            value = e["Value"] or b""
+            changed = dict(e, Value=value[:-1] if value.endswith(b" ") else value + b" ")
+            self._set(self._next_index(), changed, False)
+            self._commit()
+
+    def race_under(self, key, prefix=False):
+        """TEST-ONLY: race() every raced key that a read of `key` (a prefix: `prefix`) returned."""
+        if not self.raced:
+            return  # the usual case: no lock taken (a set's truth is read atomically)
+        with self.cond:
+            raced = [k for k in self.raced if k == key or (prefix and k.startswith(key))]
+        for k in raced:
+            self.race(k)
+
     def count(self, what):
         """Test-only counters (GET /v1/test-stand-in/stats; not a Consul API)."""
         with self.stats_lock:
@@ -850,6 +877,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 else:
                     self.state.delays.pop(prefix, None)
             return self.send_json(200, True)
+        if path == "/v1/test-stand-in/race" and method == "PUT":
+            # Not a Consul API, TEST-ONLY: a peer that wins every CAS race on ?key=. No ACL.
+            with self.state.cond:
+                if self.has("off"):
+                    self.state.raced.discard(self.param("key", ""))
+                else:
+                    self.state.raced.add(self.param("key", ""))
+            return self.send_json(200, True)
         if path.startswith("/v1/status/"):
             if path == "/v1/status/leader":
                 return self.send_json(200, "127.0.0.1:8300")
@@ -948,6 +983,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return idx, [state.entry_json(e) for e in self.readable(entries)]
             index, entries = state.blocking(min_index, wait, run,
                                             lambda kind, n: kind == "kv" and n.startswith(key))
+            if min_index == 0:
+                state.race_under(key, prefix=True)  # TEST-ONLY: /v1/test-stand-in/race
             headers = self.meta(index)
             if self.filtered:
                 headers["X-Consul-Results-Filtered-By-ACLs"] = "true"
@@ -971,7 +1008,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             headers["X-Content-Type-Options"] = "nosniff"
             headers["Content-Security-Policy"] = "sandbox"
             return self.send(200, e["Value"] or b"", content_type="text/plain", headers=headers)
-        return self.send_json(200, [state.entry_json(e)], self.meta(index))
+        answer = [state.entry_json(e)]
+        if min_index == 0:
+            state.race_under(key)  # TEST-ONLY: a no-op unless /v1/test-stand-in/race named the key
+        return self.send_json(200, answer, self.meta(index))
 
     def readable(self, entries):
         """FilterDirEnt: the entries the token may read (self.filtered: some were not)."""
@@ -1180,6 +1220,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             else None
         if errors:
             return self.send_json(409, {"Results": None, "Errors": errors}, headers)
+        for op in ops:  # TEST-ONLY: /v1/test-stand-in/race
+            if op["Verb"] in ("get", "get-or-empty", "get-tree"):
+                self.state.race_under(op["Key"], prefix=op["Verb"] == "get-tree")
         return self.send_json(200, {"Results": results, "Errors": None}, headers)
 
 

@@ -14,6 +14,8 @@ namespace {
 
 // How often an unknown outcome is looked at again when neither the marker nor its void lands.
 constexpr int kSettleRounds = 16;
+// A PermitCounter's own calls (try_set, add, get, drain) take no deadline: each gets the cap.
+constexpr milliseconds kCounterCall = kConsulTimes.call.cap;
 // The transaction's operations: [check-not-exists M, cas, lock M, extra...].
 constexpr std::size_t kMarkerCheckOp = 0;
 
@@ -22,6 +24,26 @@ nlohmann::json void_ops(const ChangeMarker& marker) {
   return nlohmann::json::array(
       {kv_op("check-not-exists", marker.key), kv_lock(marker.key, kVoidMarker, 0, marker.session->id)});
 }
+
+// A CAS that lost to someone else's change is tried again after a pause that doubles, at most
+// kCasRaces times: a busy peer is never answered with a hot loop, nor waited for without end.
+class RaceRetry {
+ public:
+  RaceRetry(ConsulBackend& backend, std::string context) : backend_(backend), context_(std::move(context)) {}
+  void lost() {
+    if (++races_ == kCasRaces) {
+      throw BackendUnavailable(context_ + ": the value changed under every one of " + std::to_string(races_) +
+                               " tries");
+    }
+    backend_.pause_before_retry(CallBudget(), backoff_);
+  }
+
+ private:
+  ConsulBackend& backend_;
+  std::string context_;
+  int races_ = 0;
+  milliseconds backoff_ = kResendBackoff;
+};
 
 }  // namespace
 
@@ -58,7 +80,7 @@ bool ConsulBackend::change_counter(const std::string& key, const CounterSeen& se
   } catch (const BackendUnavailable&) {
     // The reply was lost, or the stop cut the call: applied or not, the marker tells. After a
     // stop the caller is waiting: the settling gets the least a call that must reach Consul gets.
-    const auto settle_by = SteadyClock::now() + kCallFloor;
+    const auto settle_by = SteadyClock::now() + kConsulTimes.one_shot.floor;
     return counter_change_applied(key, seen, marker, stop.stop_requested() ? settle_by : std::max(until, settle_by));
   }
   // A resend of ours (libcurl resends a request whose kept-alive connection died before any
@@ -75,7 +97,7 @@ bool ConsulBackend::change_counter(const std::string& key, const CounterSeen& se
 }
 
 std::optional<bool> ConsulBackend::marker_says_applied(const ChangeMarker& marker) {
-  const auto entries = read(marker.key, false, kCallFloor);
+  const auto entries = read(marker.key, false, kConsulTimes.one_shot.floor);
   if (entries.empty()) return std::nullopt;
   return entries.front().value != kVoidMarker;
 }
@@ -93,64 +115,69 @@ bool ConsulBackend::counter_change_applied(const std::string& key, const Counter
 }
 
 void ConsulBackend::void_in_background(const std::string& key, const CounterSeen& seen, const ChangeMarker& marker) {
-  cleanup_.add([this, key, index = seen.index, marker] {
-    if (marker.session->lease->lost()) return true;  // the marker's lock fails in every copy now
+  removals_.add("the marker of a change of " + key, [this, key, index = seen.index, marker] {
+    if (marker.session->lease->lost()) return Removal::done;  // the marker's lock fails in every copy now
     Refused refused;
-    if (txn(void_ops(marker), kCallFloor, "voiding a change of " + key, &refused)) {
+    if (txn(void_ops(marker), kConsulTimes.one_shot.floor, "voiding a change of " + key, &refused)) {
       markers_.add(*this, {marker, key, index, true});
-      return true;
+      return Removal::done;
     }
     // There already (applied, or voided): settled either way. Or its session is gone: no copy applies.
-    return refused.at(kMarkerCheckOp, Refusal::exists) || lose_refused_session(refused, *marker.session);
+    const bool settled = refused.at(kMarkerCheckOp, Refusal::exists) || lose_refused_session(refused, *marker.session);
+    return settled ? Removal::done : Removal::again;
   });
+}
+
+std::optional<bool> ConsulBackend::settle_once(const std::string& key, const CounterSeen& seen,
+                                               const ChangeMarker& marker) {
+  Refused refused;
+  if (txn(void_ops(marker), kConsulTimes.one_shot.floor, "settling a change of " + key, &refused)) {
+    markers_.add(*this, {marker, key, seen.index, true});
+    return false;
+  }
+  if (refused.at(kMarkerCheckOp, Refusal::exists)) {
+    const auto applied = marker_says_applied(marker);
+    if (applied) markers_.add(*this, {marker, key, seen.index, !*applied});
+    return applied;  // nullopt: removed meanwhile (its session ended): look again
+  }
+  if (lose_refused_session(refused, *marker.session)) {
+    // The marker went with the session, and with it what it told. No copy can apply any
+    // more (its lock would fail): if the counter is still as the change saw it, none did.
+    if (read_counter(key, kConsulTimes.one_shot.floor).index == seen.index) return false;
+    throw BackendUnavailable("whether a change of " + key + " applied cannot be told: the session " +
+                             marker.session->id + " its marker was on is gone");
+  }
+  throw BackendUnavailable("settling a change of " + key + ": Consul refused it: " + refused.describe());
 }
 
 bool ConsulBackend::settle_change(const std::string& key, const CounterSeen& seen, const ChangeMarker& marker,
                                   SteadyClock::time_point until) {
-  const nlohmann::json void_it = void_ops(marker);
   auto backoff = kResendBackoff;
   for (int round = 0; round < kSettleRounds; ++round) {
     try {
-      Refused refused;
-      if (txn(void_it, kCallFloor, "settling a change of " + key, &refused)) {
-        markers_.add(*this, {marker, key, seen.index, true});
-        return false;
-      }
-      if (refused.at(kMarkerCheckOp, Refusal::exists)) {
-        if (const auto applied = marker_says_applied(marker)) {
-          markers_.add(*this, {marker, key, seen.index, !*applied});
-          return *applied;
-        }
-        continue;  // removed meanwhile (its session ended): look again
-      }
-      if (lose_refused_session(refused, *marker.session)) {
-        // The marker went with the session, and with it what it told. No copy can apply any
-        // more (its lock would fail): if the counter is still as the change saw it, none did.
-        if (read_counter(key, kCallFloor).index == seen.index) return false;
-        throw BackendUnavailable("whether a change of " + key + " applied cannot be told: the session " +
-                                 marker.session->id + " its marker was on is gone");
-      }
-      throw BackendUnavailable("settling a change of " + key + ": Consul refused it: " + refused.describe());
+      if (const auto told = settle_once(key, seen, marker)) return *told;
     } catch (const BackendUnavailable&) {
       if (SteadyClock::now() + backoff >= until) throw;
-      std::this_thread::sleep_for(backoff);
-      backoff = std::min(backoff * 2, kResendBackoffMax);
     }
+    // No answer, or nothing to tell yet: the next look comes after a pause, never at once.
+    if (SteadyClock::now() + backoff >= until) break;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, kResendBackoffMax);
   }
-  throw BackendUnavailable("whether a change of " + key + " applied could not be told in " +
-                           std::to_string(kSettleRounds) + " looks");
+  throw BackendUnavailable("whether a change of " + key + " applied could not be told in time (" +
+                           std::to_string(kSettleRounds) + " looks at most)");
 }
 
 bool ConsulBackend::counter_try_set(const std::string& name, std::int64_t permits) {
-  return change_counter(counter_key(name), {}, permits, nlohmann::json::array(), new_marker(kCallCap), kCallCap,
+  return change_counter(counter_key(name), {}, permits, nlohmann::json::array(), new_marker(kCounterCall), kCounterCall,
                         "setting PermitCounter '" + name + "'");
 }
 
 std::int64_t ConsulBackend::counter_add(const std::string& name, std::int64_t delta) {
   const auto key = counter_key(name);
   // Each try has its own marker and is settled (applied, or never to apply) before the next.
-  for (;;) {
-    const auto seen = read_counter(key, kCallCap);
+  for (RaceRetry retry(*this, "changing PermitCounter '" + name + "'");; retry.lost()) {
+    const auto seen = read_counter(key, kCounterCall);
     const auto current = seen.value ? seen.value->n : 0;
     std::int64_t updated = 0;
     if (__builtin_add_overflow(current, delta, &updated) || updated > max_permits || updated < -max_permits) {
@@ -158,7 +185,7 @@ std::int64_t ConsulBackend::counter_add(const std::string& name, std::int64_t de
                             std::to_string(current) + " would leave [-" + std::to_string(max_permits) + ", " +
                             std::to_string(max_permits) + "]; nothing changed");
     }
-    if (change_counter(key, seen, updated, nlohmann::json::array(), new_marker(kCallCap), kCallCap,
+    if (change_counter(key, seen, updated, nlohmann::json::array(), new_marker(kCounterCall), kCounterCall,
                        "changing PermitCounter '" + name + "'")) {
       return updated;
     }
@@ -166,18 +193,18 @@ std::int64_t ConsulBackend::counter_add(const std::string& name, std::int64_t de
 }
 
 std::optional<std::int64_t> ConsulBackend::counter_get(const std::string& name) {
-  const auto seen = read_counter(counter_key(name), kCallCap);
+  const auto seen = read_counter(counter_key(name), kCounterCall);
   if (!seen.value) return std::nullopt;
   return seen.value->n;
 }
 
 std::int64_t ConsulBackend::counter_drain(const std::string& name) {
   const auto key = counter_key(name);
-  for (;;) {
-    const auto seen = read_counter(key, kCallCap);
+  for (RaceRetry retry(*this, "draining PermitCounter '" + name + "'");; retry.lost()) {
+    const auto seen = read_counter(key, kCounterCall);
     // Every earlier try was settled as never to apply: nothing left is nothing drained.
     if (!seen.value || seen.value->n == 0) return 0;
-    if (change_counter(key, seen, 0, nlohmann::json::array(), new_marker(kCallCap), kCallCap,
+    if (change_counter(key, seen, 0, nlohmann::json::array(), new_marker(kCounterCall), kCounterCall,
                        "draining PermitCounter '" + name + "'")) {
       return seen.value->n;
     }

@@ -23,11 +23,12 @@ class ConsulCounterLine final : public CounterLine {
   CounterStanding look(bool, Deadline deadline) override {
     CounterStanding not_taken;
     not_taken.in_line = true;
-    return backend_.look_resending(deadline, stop_, [&] { return look_once(deadline); }, not_taken);
+    const CallBudget budget(deadline, stop_);
+    return backend_.look_resending(budget, [&] { return look_once(budget); }, not_taken);
   }
 
-  CounterStanding look_once(Deadline deadline) {
-    const auto timeout = call_timeout(deadline, milliseconds(250));
+  CounterStanding look_once(const CallBudget& budget) {
+    const auto timeout = budget.call_timeout(kConsulTimes.one_shot);
     std::uint64_t index = 0;
     const auto counter = backend_.read(counter_, false, timeout, &index, stop_);
     const auto line = children(backend_.read(prefix_, true, timeout, nullptr, stop_), prefix_);
@@ -55,11 +56,12 @@ class ConsulCounterLine final : public CounterLine {
     if (stop_.stop_requested()) return false;  // nothing sent: the core ends the acquire
     nlohmann::json extra = nlohmann::json::array();
     if (!entry_key_.empty()) extra.push_back(kv_op("delete", entry_key_));
-    take_marker_ = backend_.new_marker(call_timeout(deadline));
+    const auto timeout = CallBudget(deadline).call_timeout(kConsulTimes.one_shot);
+    take_marker_ = backend_.new_marker(timeout);
     bool taken = false;
     try {
       taken = backend_.change_counter(counter_, seen_, seen_.value.value_or(CounterValue{}).n - permits_, extra,
-                                      *take_marker_, call_timeout(deadline), "taking permits of '" + name_ + "'", stop_);
+                                      *take_marker_, timeout, "taking permits of '" + name_ + "'", stop_);
     } catch (const BackendUnavailable&) {
       // Settling after a stop found no server: a stopped caller is not kept for a second try.
       if (stop_.stop_requested()) take_marker_.reset();
@@ -73,7 +75,8 @@ class ConsulCounterLine final : public CounterLine {
   // A transaction that adds our waiter only while its id was not retired (leave() retires the
   // id of a join whose answer never came): a copy delivered late creates nothing.
   void join(Deadline deadline) override {
-    auto session = backend_.sessions().main(call_timeout(deadline));
+    const auto timeout = CallBudget(deadline).call_timeout(kConsulTimes.one_shot);
+    auto session = backend_.sessions().main(timeout);
     const auto id = backend_.next_id(session->id);
     QueueRequest request;
     request.permits = permits_;
@@ -87,7 +90,7 @@ class ConsulCounterLine final : public CounterLine {
     Refused refused;
     std::optional<std::vector<KvEntry>> results;
     try {
-      results = backend_.txn(ops, call_timeout(deadline), context, &refused, stop_);
+      results = backend_.txn(ops, timeout, context, &refused, stop_);
     } catch (const BackendUnavailable&) {
       join_unknown_ = true;
       // Cut by the stop: the acquire ends not taken; leave() retires the join (it may still land).
@@ -101,14 +104,15 @@ class ConsulCounterLine final : public CounterLine {
   }
 
   void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) override {
-    backend_.block(wait == CounterWait::predecessor ? predecessor_ : counter_target_, deadline, stop);
+    backend_.block(wait == CounterWait::predecessor ? predecessor_ : counter_target_, CallBudget(deadline, stop));
   }
 
   bool leave() noexcept override {
     // A take whose outcome is still unknown took the permits (and our entry) if its marker says so.
     if (auto marker = std::exchange(take_marker_, std::nullopt)) {
       try {
-        if (backend_.counter_change_applied(counter_, seen_, *marker, SteadyClock::now() + kCallFloor)) {
+        if (backend_.counter_change_applied(counter_, seen_, *marker,
+                                            SteadyClock::now() + kConsulTimes.one_shot.floor)) {
           entry_key_.clear();
           return true;
         }
@@ -131,12 +135,15 @@ class ConsulCounterLine final : public CounterLine {
     }
     const auto path = "/v1/kv/" + url_escape(key);
     auto& backend = backend_;
-    const auto remove = [&backend, path] { return backend.write("DELETE", path, "", kCallFloor, "leaving a line"); };
+    const auto remove = [&backend, path] {
+      return backend.write("DELETE", path, "", kConsulTimes.one_shot.floor, "leaving a line");
+    };
     try {
       if (remove()) return false;
     } catch (...) {
     }
-    backend_.cleanup().add(remove);
+    backend_.removals().add("the entry " + key + " of a line left",
+                            [remove] { return remove() ? Removal::done : Removal::again; });
     return false;
   }
 

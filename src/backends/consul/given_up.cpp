@@ -23,12 +23,12 @@ void retire_join(ConsulBackend& backend, std::shared_ptr<Session> session, const
     // The marker first: from then on a late delivery of the join cannot apply.
     if (!marked) {
       Refused refused;
-      marked = backend.txn(mark, kCallFloor, "removing a given-up entry", &refused).has_value();
+      marked = backend.txn(mark, kConsulTimes.one_shot.floor, "removing a given-up entry", &refused).has_value();
       if (lose_refused_session(refused, *session)) return true;  // the entry went with it
     }
     if (!marked) return false;
     // Refused: the entry never came (or is gone already): nothing else to undo.
-    backend.txn(undo, kCallFloor, "removing a given-up entry");
+    backend.txn(undo, kConsulTimes.one_shot.floor, "removing a given-up entry");
     return true;
   };
   if (now) {
@@ -38,7 +38,9 @@ void retire_join(ConsulBackend& backend, std::shared_ptr<Session> session, const
       // Not reached: the background tries again (from the undo, once the marker is there).
     }
   }
-  backend.cleanup().add(std::move(retire));
+  backend.removals().add("the given-up join " + id, [retire = std::move(retire)]() mutable {
+    return retire() ? Removal::done : Removal::again;
+  });
 }
 
 }  // namespace turnstile::detail::consul

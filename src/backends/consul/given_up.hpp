@@ -19,10 +19,10 @@ class ConsulBackend;
 // session "ID"'): the session is lost now, before its renewal finds out. True when so.
 bool lose_refused_session(const Refused& refused, Session& session);
 
-// In the background (Cleanup): the marker of join `id` on `session`, then `undo` (a transaction
+// In the background (GuaranteedRemoval): the marker of join `id` on `session`, then `undo` (a transaction
 // that removes what the join may have written, refused when it never came). Nothing is left to
 // do once the session is lost: its keys went with it. `now`: tried once in the caller's thread
-// first (kCallFloor a call), so that the marker is there before the caller returns.
+// first (the one-shot floor a call), so that the marker is there before the caller returns.
 void retire_join(ConsulBackend& backend, std::shared_ptr<Session> session, const std::string& id, nlohmann::json undo,
                  bool now = false);
 

@@ -284,6 +284,12 @@ std::vector<Outcome> Http::call_each(const std::vector<Request>& requests, std::
     }
     return outcomes;
   }
+  if (timeout <= std::chrono::milliseconds(0)) {
+    // No time left (a passed deadline under CallLimits with floor 0): nothing is sent.
+    std::vector<Outcome> outcomes(requests.size());
+    for (auto& outcome : outcomes) outcome.error = "no time left before the caller's deadline";
+    return outcomes;
+  }
   auto handle = take();
   std::vector<Outcome> outcomes;
   bool reusable = false;
@@ -310,15 +316,6 @@ Reply Http::call(const char* method, const std::string& path, const std::string&
     throw BackendUnavailable("a request to " + endpoint_.shown + " was stopped");
   }
   throw BackendUnavailable("no answer from Consul at " + endpoint_.shown + ": " + outcome.error);
-}
-
-void throw_error(const std::string& context, const Reply& reply, const Endpoint& endpoint) {
-  std::string text = reply.body.substr(0, 200);
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-  const auto what = context + " at " + endpoint.shown + ": HTTP " + std::to_string(reply.status) + " " + text;
-  if (reply.status == 403) throw AccessDenied(what);
-  if (reply.status == 400 || reply.status == 413) throw InvalidArgument(what);
-  throw BackendUnavailable(what);
 }
 
 }  // namespace turnstile::detail::consul

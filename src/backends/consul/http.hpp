@@ -52,8 +52,8 @@ class Http {
   Http& operator=(const Http&) = delete;
 
   // One request; `path` starts with /v1/ and may carry a query. Answers any HTTP status;
-  // throws BackendUnavailable when no answer came within `timeout` (or `stop` was requested:
-  // then `stopped` is set instead of throwing, when given).
+  // throws BackendUnavailable when no answer came within `timeout` (none when it is zero: not
+  // sent), or `stop` was requested (then `stopped` is set instead of throwing, when given).
   Reply call(const char* method, const std::string& path, const std::string& body, std::chrono::milliseconds timeout,
              const std::stop_token& stop = {}, bool* stopped = nullptr);
 
@@ -76,9 +76,5 @@ class Http {
   std::mutex mutex_;
   std::vector<std::unique_ptr<Handle>> spare_;  // idle handles with their open connections
 };
-
-// The one place where Consul's answers become turnstile errors: 403 AccessDenied, 400/413
-// InvalidArgument, anything else not 2xx BackendUnavailable. `context` says what was tried.
-[[noreturn]] void throw_error(const std::string& context, const Reply& reply, const Endpoint& endpoint);
 
 }  // namespace turnstile::detail::consul

@@ -1,9 +1,10 @@
-// Queue entries, holds and the PermitCounter's line in Consul's KV store.
+// Queue entries in Consul's KV store: joining, looking, waiting, taking the hold, leaving.
 #include <algorithm>
 #include <set>
 
 #include "backends/consul/consul_backend.hpp"
 #include "backends/consul/given_up.hpp"
+#include "backends/consul/holds.hpp"
 #include "backends/consul/occupancy.hpp"
 #include "turnstile/error.hpp"
 
@@ -12,9 +13,6 @@ namespace {
 
 bool is_lease(const QueueRequest& request) { return request.kind == EntryKind::lease; }
 
-// How many times a release reads `.lock` again after its CAS lost to a peer's change.
-constexpr int kCasRaces = 32;
-
 // What one read of a name saw: our queue and the peers' keys.
 struct Snapshot {
   std::vector<KvEntry> queue;                 // turnstile's entries, by CreateIndex
@@ -22,156 +20,6 @@ struct Snapshot {
   std::vector<KvEntry> under_name;            // Semaphore: NAME/... (.lock and contender keys)
   std::uint64_t under_name_index = 0;         // its X-Consul-Index (0: not read by a GET)
   std::uint64_t queue_index = 0;              // the queue's X-Consul-Index (0: not read by a GET)
-};
-
-class ConsulHold final : public BackendHold {
- public:
-  // `last_in`: the occupancy key's ModifyIndex when our entry was the queue's only one (0: not
-  // known to be): our release deletes that key if nobody joined since.
-  ConsulHold(ConsulBackend& backend, std::string name, std::shared_ptr<Session> session, std::string entry_key,
-             EntryValue value, std::vector<std::shared_ptr<Session>> permits, std::uint64_t token,
-             std::shared_ptr<LossSignal> loss, std::uint64_t last_in)
-      : backend_(backend), name_(std::move(name)), session_(std::move(session)), entry_key_(std::move(entry_key)),
-        value_(std::move(value)), permits_(std::move(permits)), token_(token), loss_(std::move(loss)),
-        holds_key_(value_.kind == EntryKind::exclusive), last_in_(last_in) {
-    session_->lease->attach(loss_);
-    for (const auto& permit : permits_) permit->lease->attach(loss_);
-  }
-  ~ConsulHold() override {
-    if (!released_) detach();
-  }
-
-  std::uint64_t fencing_token() const override { return token_; }
-
-  // The entry's value is rewritten in place (same key, same place, same token); the api.Lock
-  // key stays ours until the release, so Consul's own clients stay out while we read.
-  void downgrade() override {
-    value_.kind = EntryKind::shared;
-    value_.held = true;  // a reader's entry says it holds (an exclusive one's head and key do)
-    if (!backend_.write("PUT", "/v1/kv/" + url_escape(entry_key_) + "?acquire=" + session_->id, to_json(value_),
-                        kReleaseTry, "downgrading '" + name_ + "'")) {
-      throw HoldLost("the write lock of '" + name_ + "' was lost before its downgrade (its Consul session ended)");
-    }
-  }
-
-  void release() override {
-    if (released_) return;
-    const auto timeout = loss_->lost_by_now() ? kLostReleaseTry : kReleaseTry;
-    if (value_.kind == EntryKind::lease) release_permits(timeout);
-    else release_lock(timeout);
-    released_ = true;
-    detach();
-    for (auto& permit : permits_) backend_.sessions().give_back(std::move(permit));
-    permits_.clear();
-  }
-
- private:
-  void detach() {
-    session_->lease->detach(loss_.get());
-    for (const auto& permit : permits_) permit->lease->detach(loss_.get());
-  }
-
-  // api.Lock's Unlock and our entry's removal in one transaction that first checks the entry is
-  // still ours: a resend of a release already applied (or a release after the session ended)
-  // changes nothing, so it can never unlock the key for another hold of this client's session.
-  void release_lock(milliseconds timeout) {
-    nlohmann::json ops = nlohmann::json::array();
-    ops.push_back(kv_check_session(entry_key_, session_->id));
-    if (holds_key_) ops.push_back(kv_unlock(encode_name(name_), kLockFlags, session_->id));
-    ops.push_back(kv_op("delete", entry_key_));
-    const auto results = finish(std::move(ops), timeout);
-    if (holds_key_) {
-      // The key as we left it: the next uncontended join of ours may take it in one step.
-      std::optional<std::uint64_t> released;
-      for (const auto& entry : results.value_or(std::vector<KvEntry>{})) {
-        if (entry.key == encode_name(name_)) released = entry.modify_index;
-      }
-      backend_.note_released_lock(name_, released);
-    }
-    holds_key_ = false;
-  }
-
-  // Runs a release's transaction, with the occupancy key's removal when we were the last one in
-  // (left out when someone joined since: then the rest of it is applied without it). Refused
-  // otherwise: our entry is no longer ours (released already, or its session ended), and its
-  // removal alone is made sure of.
-  std::optional<std::vector<KvEntry>> finish(nlohmann::json ops, milliseconds timeout) {
-    const auto context = "releasing '" + name_ + "'";
-    if (last_in_ != 0) {
-      auto op = kv_op("delete-cas", occupancy_key(name_));
-      op["KV"]["Index"] = last_in_;
-      ops.push_back(op);
-      Refused refused;
-      if (auto results = backend_.txn(ops, timeout, context, &refused)) return results;
-      ops.erase(ops.size() - 1);
-      // Only the occupancy's CAS lost (someone joined since): the rest goes without it.
-      if (!refused.only(ops.size(), Refusal::stale)) {
-        backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", timeout, context);
-        return std::nullopt;
-      }
-    }
-    auto results = backend_.txn(ops, timeout, context);
-    if (!results) backend_.write("DELETE", "/v1/kv/" + url_escape(entry_key_), "", timeout, context);
-    // Those who joined since may all have left already (a waiter that timed out).
-    end_occupancy_if_last(backend_, name_, timeout);
-    return results;
-  }
-
-  // api.Semaphore's Release: our holders out of `.lock` by CAS (deleted when none is left),
-  // the contender keys and our entry, in one transaction; read again when a CAS loses (a peer
-  // changed `.lock`, or someone joined), a bounded number of times.
-  void release_permits(milliseconds timeout) {
-    const auto key = encode_name(name_);
-    const auto context = "releasing Semaphore '" + name_ + "'";
-    for (int race = 0;; ++race) {
-      if (race == kCasRaces) {
-        throw BackendUnavailable(context + ": its `.lock` changed under every one of " + std::to_string(kCasRaces) +
-                                 " tries");
-      }
-      nlohmann::json ops = nlohmann::json::array();
-      const auto locks = backend_.read(key + "/.lock", false, timeout);
-      if (!locks.empty() && locks.front().flags == kSemaphoreFlags) {
-        auto lock = semaphore_lock(locks.front(), name_);
-        for (const auto& permit : permits_) lock.holders.erase(permit->id);
-        auto op = kv_op(lock.holders.empty() ? "delete-cas" : "cas", key + "/.lock");
-        op["KV"]["Index"] = lock.modify_index;
-        if (!lock.holders.empty()) {
-          op["KV"]["Value"] = base64_encode(to_json(lock));
-          op["KV"]["Flags"] = kSemaphoreFlags;
-        }
-        ops.push_back(op);
-      }
-      for (const auto& permit : permits_) ops.push_back(kv_op("delete", key + "/" + permit->id));
-      ops.push_back(kv_op("delete", entry_key_));
-      if (last_in_) {
-        auto op = kv_op("delete-cas", occupancy_key(name_));
-        op["KV"]["Index"] = last_in_;
-        ops.push_back(op);
-      }
-      Refused refused;
-      if (backend_.txn(ops, timeout, context, &refused)) {
-        if (!last_in_) end_occupancy_if_last(backend_, name_, timeout);  // those since may have left
-        return;
-      }
-      // Someone joined since: the occupancy key stays theirs.
-      if (last_in_ && refused.at(ops.size() - 1, Refusal::stale)) last_in_ = 0;
-      if (!refused.all(Refusal::stale)) {
-        throw BackendUnavailable(context + ": Consul refused it: " + refused.describe());
-      }
-    }
-  }
-
-  ConsulBackend& backend_;
-  std::string name_;
-  std::shared_ptr<Session> session_;
-  std::string entry_key_;
-  EntryValue value_;
-  std::vector<std::shared_ptr<Session>> permits_;
-  std::uint64_t token_;
-  std::shared_ptr<LossSignal> loss_;
-  bool holds_key_;  // the api.Lock key: taken by a writer, kept through a downgrade
-  std::uint64_t last_in_;
-  bool released_ = false;
 };
 
 class ConsulPlace final : public QueuePlace {
@@ -189,9 +37,9 @@ class ConsulPlace final : public QueuePlace {
   // queue or a reader. Otherwise one transaction adds our entry (unless this join was given up:
   // its marker), marks the name occupied, and reads the queue and the peers' keys.
   Standing join(Deadline deadline) {
-    deadline_ = deadline;
+    budget_ = CallBudget(deadline);
     if (request_.kind == EntryKind::exclusive) {
-      if (auto taken = take_at_once(deadline)) return *taken;
+      if (auto taken = take_at_once()) return *taken;
     }
     nlohmann::json ops = nlohmann::json::array();
     ops.push_back(kv_op("check-not-exists", marker_key(id_)));
@@ -203,7 +51,7 @@ class ConsulPlace final : public QueuePlace {
     Refused refused;
     const auto context = "joining the queue of '" + request_.name + "'";
     try {
-      results = backend_.txn(ops, call_timeout(deadline), context, &refused);
+      results = backend_.txn(ops, one_shot(), context, &refused);
     } catch (const BackendUnavailable&) {
       give_up_join();
       throw;
@@ -233,12 +81,12 @@ class ConsulPlace final : public QueuePlace {
   Standing look(Deadline deadline) override {
     Standing not_admitted;
     not_admitted.decided = Verdict{WaitFor::admission, 0};
-    return backend_.look_resending(deadline, request_.stop, [&] { return look_once(deadline); }, not_admitted);
+    budget_ = CallBudget(deadline);
+    return backend_.look_resending(CallBudget(deadline, request_.stop), [&] { return look_once(); }, not_admitted);
   }
 
-  Standing look_once(Deadline deadline) {
-    deadline_ = deadline;
-    const auto timeout = call_timeout(deadline, milliseconds(250));
+  Standing look_once() {
+    const auto timeout = one_shot();
     Snapshot snapshot;
     // NAME/ before the queue: a waiter for any holder's leave blocks on NAME/ from this read's
     // index, which must be no later than the queue it decides on (else a holder that left in
@@ -254,8 +102,9 @@ class ConsulPlace final : public QueuePlace {
   }
 
   void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override {
-    if (verdict.wait == WaitFor::any_holder_leave) return backend_.block({holders_target_, queue_target_}, deadline, stop);
-    if (verdict.index < targets_.size()) backend_.block(targets_[verdict.index], deadline, stop);
+    const CallBudget budget(deadline, stop);
+    if (verdict.wait == WaitFor::any_holder_leave) return backend_.block({holders_target_, queue_target_}, budget);
+    if (verdict.index < targets_.size()) backend_.block(targets_[verdict.index], budget);
   }
 
   // An exclusive hold takes the api.Lock key and only checks that our entry is still ours: its
@@ -267,15 +116,15 @@ class ConsulPlace final : public QueuePlace {
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
     if (taken_at_once_) {
       left_ = true;  // the hold owns the entry now
-      return std::make_unique<ConsulHold>(backend_, request_.name, session_, entry_key_, value_,
-                                          std::vector<std::shared_ptr<Session>>{}, token_, std::move(loss), last_in_);
+      return make_hold(backend_, {.name = request_.name, .session = session_, .entry_key = entry_key_, .value = value_,
+                                  .permits = {}, .token = token_, .loss = std::move(loss), .last_in = last_in_});
     }
     const bool exclusive = request_.kind == EntryKind::exclusive;
     value_.held = !exclusive;
     std::vector<std::shared_ptr<Session>> permits;
     nlohmann::json ops = nlohmann::json::array();
     if (is_lease(request_)) {
-      permits.push_back(backend_.sessions().spare(call_timeout(deadline_)));
+      permits.push_back(backend_.sessions().spare(one_shot()));
       add_permit_ops(*permits.front(), ops);
     }
     std::optional<std::size_t> lock_op;  // the take of the api.Lock key
@@ -296,7 +145,7 @@ class ConsulPlace final : public QueuePlace {
     std::optional<std::vector<KvEntry>> results;
     Refused refused;
     try {
-      results = backend_.txn(ops, call_timeout(deadline_), "taking '" + request_.name + "'", &refused);
+      results = backend_.txn(ops, one_shot(), "taking '" + request_.name + "'", &refused);
     } catch (const BackendUnavailable&) {
       release_unknown_hold(std::move(permits));
       throw;
@@ -314,8 +163,9 @@ class ConsulPlace final : public QueuePlace {
       if (!children({entry}, prefix_).empty()) in_queue.insert(entry.key);  // not a nested name's
     }
     left_ = true;  // the hold owns the entry now
-    return std::make_unique<ConsulHold>(backend_, request_.name, session_, entry_key_, value_, std::move(permits),
-                                        token, std::move(loss), in_queue.size() == 1 ? occupancy : 0);
+    return make_hold(backend_, {.name = request_.name, .session = session_, .entry_key = entry_key_, .value = value_,
+                                .permits = std::move(permits), .token = token, .loss = std::move(loss),
+                                .last_in = in_queue.size() == 1 ? occupancy : 0});
   }
 
   void leave() noexcept override {
@@ -324,19 +174,24 @@ class ConsulPlace final : public QueuePlace {
     if (!joined_) return;
     const auto path = "/v1/kv/" + url_escape(entry_key_);
     // The last one out of the queue (a waiter that gave up, a hold refused) ends its occupancy.
-    const auto remove = [&backend = backend_, name = request_.name](const std::string& path, milliseconds timeout) {
-      if (!backend.write("DELETE", path, "", timeout, "leaving a queue")) return false;
+    const auto remove = [&backend = backend_, name = request_.name](const std::string& entry, milliseconds timeout) {
+      if (!backend.write("DELETE", entry, "", timeout, "leaving a queue")) return false;
       end_occupancy_if_last(backend, name, timeout);
       return true;
     };
     try {
-      if (remove(path, kLeaveTry)) return;
-    } catch (...) {  // the clean-up tries again
+      if (remove(path, kConsulTimes.leave_try)) return;
+    } catch (...) {  // the background tries again
     }
-    backend_.cleanup().add([remove, path] { return remove(path, kCallFloor); });
+    backend_.removals().add("the entry " + entry_key_ + " of a queue left", [remove, path] {
+      return remove(path, kConsulTimes.one_shot.floor) ? Removal::done : Removal::again;
+    });
   }
 
  private:
+  // A call that must reach Consul once, under the acquire's deadline.
+  milliseconds one_shot() const { return budget_.call_timeout(kConsulTimes.one_shot); }
+
   // One session holds the lease's permits, its count in `.lock` (layout.hpp). Its contender key
   // comes first: already there, it tells a resend of this very transaction (libcurl resends a
   // request whose kept-alive connection died unanswered) from a lost race.
@@ -368,7 +223,22 @@ class ConsulPlace final : public QueuePlace {
       if (!lose_refused_session(refused, *permit)) backend_.sessions().give_back(std::move(permit));
     }
     retry_soon_ = lock_op && (refused.at(*lock_op, Refusal::lock_held) || refused.at(*lock_op, Refusal::lock_delay));
+    if (refused.any(Refusal::stale)) pause_after_lost_race();
     throw QueueChanged();
+  }
+
+  // The hold's CAS on `.lock` lost to someone else's change since our look: the core looks and
+  // tries again at once, so the pause is here (doubling, at most kCasRaces times). One whose
+  // deadline has passed (a try-once) or that was stopped ends not admitted: the race went to
+  // someone else (QueueEntryGone: the core then gives up, and our entry is left).
+  void pause_after_lost_race() {
+    if (++races_lost_ >= kCasRaces) {
+      throw BackendUnavailable("taking '" + request_.name + "': its `.lock` changed under every one of " +
+                               std::to_string(races_lost_) + " tries");
+    }
+    if (!backend_.pause_before_retry(CallBudget(budget_.deadline(), request_.stop), race_backoff_)) {
+      throw QueueEntryGone();
+    }
   }
 
   // A hold whose answer never came may have been applied (the peers' key, `.lock`, the permits'
@@ -376,16 +246,14 @@ class ConsulPlace final : public QueuePlace {
   void release_unknown_hold(std::vector<std::shared_ptr<Session>> permits) noexcept {
     left_ = true;  // the release below removes the entry too
     try {
-      auto orphan = std::make_shared<ConsulHold>(backend_, request_.name, session_, entry_key_, value_,
-                                                 std::move(permits), 0,
-                                                 std::make_shared<LossSignal>(request_.name, nullptr), 0);
-      backend_.cleanup().add([orphan] {
-        try {
-          orphan->release();
-        } catch (const BackendUnavailable&) {
-          return false;
-        }
-        return true;
+      std::shared_ptr<BackendHold> orphan =
+          make_hold(backend_, {.name = request_.name, .session = session_, .entry_key = entry_key_, .value = value_,
+                               .permits = std::move(permits),
+                               .loss = std::make_shared<LossSignal>(request_.name, nullptr)});
+      // A release that finds no server throws BackendUnavailable: the service tries again.
+      backend_.removals().add("a hold on '" + request_.name + "' whose take was not answered", [orphan] {
+        orphan->release();
+        return Removal::done;
       });
     } catch (...) {
       // No memory for the job: the entry and keys go with their sessions.
@@ -402,7 +270,7 @@ class ConsulPlace final : public QueuePlace {
 
   // The one-step exclusive take (see join): nullopt when the name is not free as this client
   // last saw it (someone is in the queue, or the key moved on): then the ordinary join follows.
-  std::optional<Standing> take_at_once(Deadline deadline) {
+  std::optional<Standing> take_at_once() {
     const auto released = backend_.released_lock_index(request_.name);
     value_.held = true;
     nlohmann::json ops = nlohmann::json::array();
@@ -423,7 +291,7 @@ class ConsulPlace final : public QueuePlace {
     std::optional<std::vector<KvEntry>> results;
     Refused refused;
     try {
-      results = backend_.txn(ops, call_timeout(deadline), "taking '" + request_.name + "'", &refused);
+      results = backend_.txn(ops, one_shot(), "taking '" + request_.name + "'", &refused);
     } catch (const BackendUnavailable&) {
       joined_ = true;
       give_up_join(true);
@@ -457,7 +325,7 @@ class ConsulPlace final : public QueuePlace {
   // delivery of the same transaction applied. Its results as a read of our entry finds them
   // (the occupancy left unknown: the release then keeps it, and a later last one out ends it).
   std::optional<std::vector<KvEntry>> applied_before() {
-    auto entries = backend_.read(entry_key_, false, call_timeout(deadline_));
+    auto entries = backend_.read(entry_key_, false, one_shot());
     if (entries.empty() || entries.front().session != session_->id) {
       left_ = true;
       throw QueueEntryGone();  // applied, then gone with its session
@@ -579,20 +447,23 @@ class ConsulPlace final : public QueuePlace {
   WaitTarget holders_target_;  // any holder's leave: NAME/ (api.Semaphore's and ours) ...
   WaitTarget queue_target_;    // ... and our queue (a lease ahead leaving before it held)
   SemaphoreLock semaphore_;  // `.lock` as the last look saw it, pruned
-  Deadline deadline_;  // the acquire's, for hold()
+  CallBudget budget_;  // the acquire's deadline, for hold()
   bool taken_at_once_ = false;  // take_at_once took the name: hold() has nothing left to write
   std::uint64_t token_ = 0;     // then: its fencing token
   std::uint64_t last_in_ = 0;   // then: the occupancy key's index (we are the only one in)
   bool joined_ = false;
   bool left_ = false;
   bool retry_soon_ = false;
+  int races_lost_ = 0;                    // hold() CAS races lost to others' changes so far
+  milliseconds race_backoff_ = kResendBackoff;  // the pause after the next one
 };
 
 }  // namespace
 
 std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueRequest& request, Deadline deadline,
                                        Standing& first) {
-  auto place = std::make_unique<ConsulPlace>(backend, request, backend.sessions().main(call_timeout(deadline)));
+  const auto session = backend.sessions().main(CallBudget(deadline).call_timeout(kConsulTimes.one_shot));
+  auto place = std::make_unique<ConsulPlace>(backend, request, session);
   first = place->join(deadline);
   return place;
 }

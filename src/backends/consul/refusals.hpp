@@ -1,5 +1,6 @@
-// Why Consul refused a transaction (refusals.cpp): the one place where a 409's
-// {"Errors":[{"OpIndex":i,"What":"..."}]} is read, by each failed operation's reason as Consul
+// Consul's answers as turnstile errors (refusals.cpp), the backend's one translation point: an
+// HTTP status, and why Consul refused a transaction: a 409's
+// {"Errors":[{"OpIndex":i,"What":"..."}]} is read by each failed operation's reason as Consul
 // words it (agent/consul/state/txn.go, state/kvs.go, kvs_endpoint.go kvsPreApply), never by
 // its position alone. A refusal no caller expects is a typed error, not a retry.
 #pragma once
@@ -8,6 +9,10 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/consul/http.hpp"
 
 namespace turnstile::detail::consul {
 
@@ -52,5 +57,23 @@ class Refused {
  private:
   std::vector<RefusedOp> ops_;
 };
+
+// An answer that is not 2xx: 403 AccessDenied, 400/413 InvalidArgument, anything else
+// BackendUnavailable. `context` says what was tried; the token never appears.
+[[noreturn]] void throw_error(const std::string& context, const Reply& reply, const Endpoint& endpoint);
+
+// A 409 of /v1/txn on `ops`: its failed operations, by reason. A refusal of the ACL throws
+// AccessDenied (naming the verb and key); one with a reason nobody expects, or none, throws
+// BackendUnavailable: nothing was applied, and the same transaction would be refused again.
+Refused read_refusal(const Reply& reply, const nlohmann::json& ops, const std::string& context,
+                     const Endpoint& endpoint);
+
+// A KV write answered 500 'invalid session "ID"' (kvsLockTxn): the session is gone on the
+// server; its caller reads it as refused, like a lock held by another.
+bool refused_for_invalid_session(const Reply& reply);
+
+// A session create answered 500 "Invalid Session TTL": a TTL outside the server's
+// session_ttl_min..24h (the caller's setting, not an outage).
+bool refused_session_ttl(const Reply& reply);
 
 }  // namespace turnstile::detail::consul

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/consul/refusals.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail::consul {
@@ -54,9 +55,8 @@ std::shared_ptr<Session> Sessions::create(milliseconds timeout) {
   // U+FFFD rather than refused.
   const auto body = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   const auto reply = calls_.call("PUT", "/v1/session/create", body, timeout);
-  // Consul answers a TTL outside its session_ttl_min..24h with HTTP 500 "Invalid Session TTL":
-  // the caller's setting, not an outage.
-  if (reply.status == 500 && reply.body.find("Invalid Session TTL") != std::string::npos) {
+  // The caller's setting, not an outage.
+  if (refused_session_ttl(reply)) {
     throw InvalidArgument("Consul at " + calls_.endpoint().shown + " refused the session TTL of " +
                           std::to_string(settings_.ttl.count()) + " ms (" + reply.body.substr(0, 200) +
                           "); set ttl= within the server's session_ttl_min (10 s by default) and 24 h");
