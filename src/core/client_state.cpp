@@ -27,7 +27,7 @@ ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, Clie
       error_handler_(options_.error_handler),
       hold_callbacks_(options_.on_hold_lost || options_.on_hold_state
                           ? std::make_shared<const LossSignal::Callbacks>(
-                                LossSignal::Callbacks{options_.on_hold_lost, options_.on_hold_state})
+                                LossSignal::Callbacks{.on_lost = options_.on_hold_lost, .on_state = options_.on_hold_state})
                           : nullptr),
       releases_(kReleaseRetry, [this](const std::string&, std::exception_ptr error) {
         try {

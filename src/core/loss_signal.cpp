@@ -63,7 +63,10 @@ void LossSignal::tell(HoldState state, const std::string& reason, std::chrono::m
   } catch (...) {
   }
   try {
-    if (callbacks_->on_state) callbacks_->on_state(HoldStateChange{name_, token, state, reason, margin});
+    if (callbacks_->on_state) {
+      callbacks_->on_state(
+          HoldStateChange{.name = name_, .fencing_token = token, .state = state, .reason = reason, .margin = margin});
+    }
   } catch (...) {
   }
 }

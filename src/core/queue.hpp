@@ -35,7 +35,7 @@ struct QueueRequest {
   Primitive primitive = Primitive::mutex;
   // Requested by the caller (a signal in the CLI, a shutting-down service): the waiter leaves
   // the queue and acquire returns nullptr, as on a deadline. Backends wake on it while waiting.
-  std::stop_token stop;
+  std::stop_token stop{};
 };
 
 // Where a contender stands in a queue, backend-neutral (the Curator insight: one queue

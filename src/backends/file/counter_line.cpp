@@ -67,7 +67,7 @@ void FileCounterLine::join(Deadline) {
   const std::uint64_t seq = next_token(h);
   set_lock(fd_.get(), F_WRLCK, byte_offset(seq, Byte::life), 1, false);
   seq_ = seq;
-  file_->append(Slot{seq, permits_, realtime_ns(), my_pid(), kCounterWaiter, 0, 0}, label_);
+  file_->append(new_slot(seq, permits_, kCounterWaiter), label_);
   file_->check_intact();
 }
 

@@ -28,6 +28,11 @@ QueueMode queue_mode(Mode mode) {
   throw QueueFull("'" + name + "' already has " + std::to_string(kCapacity) + " contenders");
 }
 
+Slot new_slot(std::uint64_t seq, std::int64_t permits, std::uint8_t kind) {
+  return Slot{.seq = seq, .permits = permits, .since_ns = realtime_ns(), .pid = my_pid(), .kind = kind,
+              .reserved = 0, .label = 0};
+}
+
 QueueScan& scan_queue(const Header& h, std::uint64_t seq) {
   thread_local QueueScan scan;
   scan.views.clear();

@@ -19,6 +19,10 @@ QueueMode queue_mode(Mode mode);
 
 [[noreturn]] void throw_full(const std::string& name);
 
+// The slot of a new entry of `kind` (EntryKind or kCounterWaiter), made now by this process
+// (its label is set when it is appended).
+Slot new_slot(std::uint64_t seq, std::int64_t permits, std::uint8_t kind);
+
 // The queue's entries up to and including the one with `seq` (all of them when no slot has it),
 // PermitCounter waiters left out. Thread-local and reused: no allocation once warm.
 struct QueueScan {

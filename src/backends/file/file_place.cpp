@@ -40,8 +40,7 @@ void FilePlace::add_slot(Header& h, std::uint64_t seq, bool admitted) {
   set_lock(fd_.get(), F_WRLCK, byte_offset(seq, Byte::life), kind_ == EntryKind::exclusive ? 2 : 1, false);
   if (kind_ == EntryKind::lease && !admitted) set_lock(fd_.get(), F_WRLCK, byte_offset(seq, Byte::waiting), 1, false);
   seq_ = seq;
-  file_->append(Slot{seq, permits_, realtime_ns(), my_pid(), static_cast<std::uint8_t>(kind_), 0, 0},
-                backend_.holder_label());
+  file_->append(new_slot(seq, permits_, static_cast<std::uint8_t>(kind_)), backend_.holder_label());
   if (h.mode == Mode::none) {
     h.mode = kind_ == EntryKind::lease ? Mode::semaphore : Mode::lock;
     h.limit = kind_ == EntryKind::lease ? limit_ : 0;
