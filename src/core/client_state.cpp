@@ -101,7 +101,7 @@ std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, De
 void ClientState::retry_release_later(std::string name, std::unique_ptr<BackendHold> hold) {
   // std::function needs a copyable callable: the hold is shared with the attempt.
   std::shared_ptr<BackendHold> shared = std::move(hold);
-  releases_.add("the release of '" + name + "'", [shared] {
+  releases_.add("the hold on '" + name + "'", [shared] {
     shared->release();  // BackendUnavailable: again later; HoldLost and others: reported once
     return Removal::done;
   });
