@@ -19,44 +19,18 @@
 namespace turnstile {
 
 namespace detail {
-class LockCore;
-enum class LockFlavor { plain, recursive, read_write };
+class ThreadHolds;
+// Which lock type (or Semaphore) asks: defined in the library (src/core/queue.hpp).
+enum class Primitive : std::uint8_t;
 
-// What the three lock types share: the calling thread's view of its hold.
+// What the three lock types share: the exclusive side of the C++ lock requirements, and the
+// calling thread's view of its hold.
 class LockHandle {
  public:
-  const std::string& name() const;
-  // Whether the calling thread holds the lock exclusively.
-  bool owns_lock() const;
-  // The fencing token of the calling thread's hold (exclusive, else shared): strictly greater
-  // than every earlier holder's of this name. Throws NotHeld.
-  std::uint64_t fencing_token() const;
-  // Signalled when the calling thread's hold may have been lost. Throws NotHeld.
-  std::stop_token lost_token() const;
-  // Whether the calling thread's hold is confirmed, suspended or lost. Throws NotHeld.
-  // owns_lock() stays true while suspended: the hold is still this thread's to release.
-  HoldState hold_state() const;
-
- protected:
-  LockHandle(std::shared_ptr<LockCore> core, LockFlavor flavor);
-  bool acquire_exclusive(Deadline deadline, std::stop_token stop = {});
-  void release_exclusive();
-  void unlock_exclusive() noexcept;
-  bool acquire_shared(Deadline deadline, std::stop_token stop = {});
-  void release_shared();
-  void unlock_shared_noexcept() noexcept;
-  bool owns_shared_lock() const;
-
-  std::shared_ptr<LockCore> core_;
-  LockFlavor flavor_;
-};
-}  // namespace detail
-
-// Not reentrant (Curator InterProcessSemaphoreMutex, Consul lock).
-class Mutex : public detail::LockHandle {
- public:
-  // Blocks until held. Throws WouldDeadlock if the calling thread already holds the name,
-  // BackendUnavailable, HoldLost.
+  // Blocks until held. Throws WouldDeadlock when the calling thread already holds the name and
+  // the type is not reentrant (Mutex), or holds only the read lock of it (SharedMutex: upgrades
+  // are not supported); BackendUnavailable; HoldLost (a reentrant acquire on a hold that may
+  // have been lost).
   void lock() { acquire_exclusive(std::nullopt); }
   // One attempt, no waiting. Same errors as lock().
   bool try_lock() { return acquire_exclusive(SteadyClock::now()); }
@@ -77,41 +51,52 @@ class Mutex : public detail::LockHandle {
     return acquire_exclusive(detail::deadline_after(timeout), std::move(stop));
   }
   // Never throws (guards call it from destructors): misuse and release failures go to the
-  // client's error handler, and a failed release is retried in the background.
+  // client's error handler, and a failed release is retried in the background. A reentrant
+  // hold is released on the server when its count drops to zero.
   void unlock() noexcept { unlock_exclusive(); }
   // unlock() that reports: NotHeld, BackendUnavailable (retried in the background), HoldLost
   // (the hold may have been lost while held; also when its release failed after that).
   void release() { release_exclusive(); }
 
+  const std::string& name() const;
+  // Whether the calling thread holds the lock exclusively.
+  bool owns_lock() const;
+  // The fencing token of the calling thread's hold (exclusive, else shared): strictly greater
+  // than every earlier holder's of this name. Throws NotHeld.
+  std::uint64_t fencing_token() const;
+  // Signalled when the calling thread's hold may have been lost. Throws NotHeld.
+  std::stop_token lost_token() const;
+  // Whether the calling thread's hold is confirmed, suspended or lost. Throws NotHeld.
+  // owns_lock() stays true while suspended: the hold is still this thread's to release.
+  HoldState hold_state() const;
+
+ protected:
+  LockHandle(std::shared_ptr<ThreadHolds> holds, Primitive primitive);
+  bool acquire_exclusive(Deadline deadline, std::stop_token stop = {});
+  void release_exclusive();
+  void unlock_exclusive() noexcept;
+  bool acquire_shared(Deadline deadline, std::stop_token stop = {});
+  void release_shared_hold();
+  void unlock_shared_noexcept() noexcept;
+  bool owns_shared_lock() const;
+
+ private:
+  std::shared_ptr<ThreadHolds> holds_;
+  Primitive primitive_;
+};
+}  // namespace detail
+
+// Not reentrant (Curator InterProcessSemaphoreMutex, Consul lock): lock(), try_lock(),
+// try_lock_for(), try_lock_until(), unlock() and release() as in detail::LockHandle.
+class Mutex : public detail::LockHandle {
  private:
   friend class Client;
   using LockHandle::LockHandle;
 };
 
-// Reentrant per thread with a hold count (Curator InterProcessMutex, Redisson RLock).
+// Reentrant per thread with a hold count (Curator InterProcessMutex, Redisson RLock): the
+// members of detail::LockHandle; unlock() releases the backend hold when the count drops to zero.
 class RecursiveMutex : public detail::LockHandle {
- public:
-  void lock() { acquire_exclusive(std::nullopt); }
-  bool try_lock() { return acquire_exclusive(SteadyClock::now()); }
-  template <class Rep, class Period>
-  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
-    return acquire_exclusive(detail::deadline_after(timeout));
-  }
-  template <class Clock, class Duration>
-  bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
-    return acquire_exclusive(detail::deadline_at(when));
-  }
-  // Waits until held (true), or until `stop` is requested (false, after the waiter has left
-  // the queue: a signal handler or a shutting-down service can give up a wait cleanly).
-  bool lock(std::stop_token stop) { return acquire_exclusive(std::nullopt, std::move(stop)); }
-  template <class Rep, class Period>
-  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout, std::stop_token stop) {
-    return acquire_exclusive(detail::deadline_after(timeout), std::move(stop));
-  }
-  // Releases the backend hold when the count drops to zero.
-  void unlock() noexcept { unlock_exclusive(); }
-  void release() { release_exclusive(); }
-
  private:
   friend class Client;
   using LockHandle::LockHandle;
@@ -122,25 +107,8 @@ class RecursiveMutex : public detail::LockHandle {
 // read lock that asks for the write lock gets WouldDeadlock (upgrades deadlock by nature).
 class SharedMutex : public detail::LockHandle {
  public:
-  void lock() { acquire_exclusive(std::nullopt); }
-  bool try_lock() { return acquire_exclusive(SteadyClock::now()); }
-  template <class Rep, class Period>
-  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
-    return acquire_exclusive(detail::deadline_after(timeout));
-  }
-  template <class Clock, class Duration>
-  bool try_lock_until(const std::chrono::time_point<Clock, Duration>& when) {
-    return acquire_exclusive(detail::deadline_at(when));
-  }
-  // Waits until held (true), or until `stop` is requested (false, after the waiter has left
-  // the queue: a signal handler or a shutting-down service can give up a wait cleanly).
-  bool lock(std::stop_token stop) { return acquire_exclusive(std::nullopt, std::move(stop)); }
-  template <class Rep, class Period>
-  bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout, std::stop_token stop) {
-    return acquire_exclusive(detail::deadline_after(timeout), std::move(stop));
-  }
-  void unlock() noexcept { unlock_exclusive(); }
-  void release() { release_exclusive(); }
+  // lock(), try_lock(), try_lock_for(), try_lock_until(), unlock() and release(): the write
+  // lock, as in detail::LockHandle.
 
   void lock_shared() { acquire_shared(std::nullopt); }
   bool try_lock_shared() { return acquire_shared(SteadyClock::now()); }
@@ -159,7 +127,7 @@ class SharedMutex : public detail::LockHandle {
     return acquire_shared(detail::deadline_after(timeout), std::move(stop));
   }
   void unlock_shared() noexcept { unlock_shared_noexcept(); }
-  void release_shared() { LockHandle::release_shared(); }
+  void release_shared() { release_shared_hold(); }
   bool owns_shared() const { return owns_shared_lock(); }
 
   // A Lockable view whose lock() is lock_shared(): for MultiLock and std::lock_guard.

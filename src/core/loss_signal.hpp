@@ -1,4 +1,4 @@
-// A hold's state machine (held, suspended, lost) and how its holder is told (client.cpp).
+// A hold's state machine (held, suspended, lost) and how its holder is told (loss_signal.cpp).
 #pragma once
 
 #include <atomic>

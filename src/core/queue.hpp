@@ -14,10 +14,11 @@ enum class EntryKind : std::uint8_t { exclusive = 1, shared = 2, lease = 3 };
 
 const char* to_string(EntryKind kind);
 
-// Which public primitive a request comes from. The queue is the same for all; a backend that
-// shares its layout with a peer may name entries after it (Curator names a read/write lock's
-// nodes differently from a mutex's).
-enum class Primitive : std::uint8_t { mutex, shared_mutex, semaphore };
+// Which public primitive a request comes from (declared in turnstile/lock.hpp, whose lock types
+// carry it). The queue is the same for all; the core's reentrancy rules tell a Mutex from a
+// RecursiveMutex, and a backend that shares its layout with a peer may name entries after it
+// (Curator names a read/write lock's nodes differently from a mutex's, a reentrant one's alike).
+enum class Primitive : std::uint8_t { mutex, recursive_mutex, shared_mutex, semaphore };
 
 // What a queue is used as while it has entries: one name is never a lock and a Semaphore at
 // once, nor a Semaphore with two limits.
@@ -34,7 +35,7 @@ struct QueueRequest {
   Primitive primitive = Primitive::mutex;
   // Requested by the caller (a signal in the CLI, a shutting-down service): the waiter leaves
   // the queue and acquire returns nullptr, as on a deadline. Backends wake on it while waiting.
-  std::stop_token stop;
+  std::stop_token stop{};
 };
 
 // Where a contender stands in a queue, backend-neutral (the Curator insight: one queue

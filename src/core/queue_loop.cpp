@@ -1,12 +1,11 @@
 // The one queue algorithm's loops, over any backend's storage (queue_store.hpp).
 #include "core/backend.hpp"
+#include "core/call_budget.hpp"
 #include "core/queue_store.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail {
 namespace {
-
-bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
 
 // Leaves the queue (or the counter's line) unless the acquire ended with our entry kept.
 template <typename Place>

@@ -43,7 +43,13 @@ std::optional<Lease> Semaphore::acquire_until(Deadline deadline, std::int64_t n,
     throw InvalidArgument("Semaphore '" + name_ + "': cannot acquire " + std::to_string(n) +
                           " leases, the count must be between 1 and the limit " + std::to_string(limit_));
   }
-  auto record = client_->acquire({name_, detail::EntryKind::lease, n, limit_, detail::Primitive::semaphore, std::move(stop)}, deadline);
+  auto record = client_->acquire({.name = name_,
+                                  .kind = detail::EntryKind::lease,
+                                  .permits = n,
+                                  .limit = limit_,
+                                  .primitive = detail::Primitive::semaphore,
+                                  .stop = std::move(stop)},
+                                 deadline);
   if (!record) return std::nullopt;
   return Lease(std::shared_ptr<detail::HoldRecord>(std::move(record)));
 }

@@ -224,12 +224,7 @@ std::unique_ptr<CounterLine> MemoryQueue::counter_line(const std::string&, std::
   return std::make_unique<MemoryLine>(*this, permits);
 }
 
-QueueRequest lock_request(EntryKind kind = EntryKind::exclusive) {
-  QueueRequest request;
-  request.name = "n";
-  request.kind = kind;
-  return request;
-}
+QueueRequest lock_request(EntryKind kind = EntryKind::exclusive) { return {.name = "n", .kind = kind}; }
 
 std::shared_ptr<LossSignal> no_signal() { return nullptr; }
 

@@ -120,11 +120,7 @@ TEST(QueuePredicate, EveryPrimitivesRuleInOneTable) {
 
 TEST(QueueMode, LocksSemaphoresAndLimitsDoNotMix) {
   const auto request = [](EntryKind kind, std::int64_t limit) {
-    QueueRequest made;
-    made.name = "n";
-    made.kind = kind;
-    made.limit = limit;
-    return made;
+    return QueueRequest{.name = "n", .kind = kind, .limit = limit};
   };
   const auto lock = request(EntryKind::exclusive, 0);
   const auto reader = request(EntryKind::shared, 0);

@@ -1,0 +1,82 @@
+// The scheme table and the loading of backend libraries (backend_loader.hpp).
+#include "core/backend_loader.hpp"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail {
+namespace {
+
+struct BackendKind {
+  std::string_view scheme;
+  std::string_view family;     // libturnstile-<family>.so
+  BackendFactory built_in;     // nullptr: loaded from the family's library
+  bool usable_after_fork;
+};
+
+constexpr std::array<BackendKind, 12> kBackends{{
+    {"file", "file", &make_file_backend, true},
+    {"redis", "redis", nullptr, false},
+    {"rediss", "redis", nullptr, false},
+    {"redis+sentinel", "redis", nullptr, false},
+    {"rediss+sentinel", "redis", nullptr, false},
+    {"redis+cluster", "redis", nullptr, false},
+    {"rediss+cluster", "redis", nullptr, false},
+    {"zk", "zookeeper", nullptr, false},
+    {"etcd", "etcd", nullptr, false},
+    {"etcds", "etcd", nullptr, false},
+    {"consul", "consul", nullptr, false},
+    {"consuls", "consul", nullptr, false},
+}};
+
+// Network backends live in their own shared libraries so the embedded path never pays for
+// their dependencies: libturnstile-<family>.so in the private directory turnstile/ beside this
+// library (installed), next to it (the build tree), or on the loader path.
+BackendFactory load_backend(std::string_view family) {
+  const std::string file = "libturnstile-" + std::string(family) + ".so";
+  std::vector<std::string> candidates;
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&load_backend), &self) && self.dli_fname) {
+    const auto here = std::filesystem::path(self.dli_fname).parent_path();
+    candidates.push_back((here / "turnstile" / file).string());
+    candidates.push_back((here / file).string());
+  }
+  candidates.push_back(file);
+  for (const auto& path : candidates) {
+    if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      if (void* symbol = dlsym(handle, "turnstile_backend_factory_v1")) {
+        return reinterpret_cast<BackendFactory>(symbol);
+      }
+      dlclose(handle);
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+ConnectedBackend connect_backend(const BackendUrl& url, const ClientOptions& options) {
+  const auto kind = std::find_if(kBackends.begin(), kBackends.end(),
+                                 [&](const BackendKind& entry) { return entry.scheme == url.scheme; });
+  if (kind == kBackends.end()) {
+    throw InvalidUrl("unknown backend scheme '" + url.scheme + "' in '" + url.text +
+                     "' (expected file, redis, zk, etcd or consul)");
+  }
+  auto factory = kind->built_in ? kind->built_in : load_backend(kind->family);
+  if (!factory) {
+    const std::string family(kind->family);
+    throw BackendNotBuilt("the " + family + " backend for '" + url.scheme + "://' is not installed (libturnstile-" +
+                          family + ".so not found)");
+  }
+  return {factory(url, options), kind->usable_after_fork};
+}
+
+}  // namespace turnstile::detail

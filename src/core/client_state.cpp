@@ -1,0 +1,110 @@
+// A Client's shared state (client_state.hpp).
+#include "core/client_state.hpp"
+
+#include <cstdio>
+
+#include "core/fork_generation.hpp"
+#include "turnstile/error.hpp"
+
+namespace turnstile::detail {
+namespace {
+
+// A failed release is retried without a give-up bound: until it is removed, the entry keeps
+// excluding everyone else while this client's session (which it keeps renewing) lives, so
+// giving up would leave the name held by nobody who knows it. Each attempt is bounded by the
+// backend's own release limits, and the pauses grow to 5 s: a long outage costs one call per
+// 5 s per hold. The client's end tries once more and then closes the session, which frees it.
+constexpr Backoff kReleaseRetry{.first_pause = milliseconds(100), .last_pause = milliseconds(5000), .give_up = {}};
+// A client's end tries the pending releases for at most this long (the process may be exiting).
+constexpr milliseconds kReleaseDrain{1000};
+
+}  // namespace
+
+ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options,
+                         bool usable_after_fork)
+    : url_(std::move(url)), backend_(std::move(backend)), usable_after_fork_(usable_after_fork),
+      fork_generation_(fork_generation()), options_(std::move(options)),
+      error_handler_(options_.error_handler),
+      hold_callbacks_(options_.on_hold_lost || options_.on_hold_state
+                          ? std::make_shared<const LossSignal::Callbacks>(
+                                LossSignal::Callbacks{.on_lost = options_.on_hold_lost, .on_state = options_.on_hold_state})
+                          : nullptr),
+      releases_(kReleaseRetry, [this](const std::string&, std::exception_ptr error) {
+        try {
+          std::rethrow_exception(error);
+        } catch (const Error& failure) {
+          report(failure);  // lost or refused: nothing left to release
+        } catch (const std::exception& failure) {
+          report(BackendUnavailable(failure.what()));
+        }
+      }) {}
+
+ClientState::~ClientState() {
+  // One last try for releases still pending: the process may be about to exit. In a forked
+  // child, the parent's are dropped (they are the parent's), as are its connections.
+  releases_.drain(kReleaseDrain);
+  if (!usable_after_fork_ && fork_generation_ != fork_generation()) static_cast<void>(backend_.release());
+}
+
+Backend& ClientState::backend() {
+  if (!usable_after_fork_ && fork_generation_ != fork_generation()) {
+    throw BackendUnavailable("this client of '" + url_ +
+                             "' was connected before fork(): its connections belong to the parent; connect a new "
+                             "Client in the child");
+  }
+  return *backend_;
+}
+
+void ClientState::report(const Error& error) noexcept {
+  ErrorHandler handler;
+  {
+    std::lock_guard lock(handler_mutex_);
+    handler = error_handler_;
+  }
+  try {
+    if (handler) {
+      handler(error);
+      return;
+    }
+  } catch (...) {
+  }
+  std::fprintf(stderr, "turnstile: %s\n", error.what());
+}
+
+void ClientState::set_error_handler(ErrorHandler handler) {
+  std::lock_guard lock(handler_mutex_);
+  error_handler_ = std::move(handler);
+}
+
+std::shared_ptr<LossSignal> ClientState::new_loss_signal(const std::string& name) {
+  return std::make_shared<LossSignal>(name, hold_callbacks_);
+}
+
+std::shared_ptr<ThreadHolds> ClientState::thread_holds(const std::string& name) {
+  std::lock_guard lock(holds_mutex_);
+  auto& slot = thread_holds_[name];
+  if (auto holds = slot.lock()) return holds;
+  auto holds = std::make_shared<ThreadHolds>(shared_from_this(), name);
+  slot = holds;
+  return holds;
+}
+
+std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, Deadline deadline) {
+  if (request.stop.stop_requested()) return nullptr;  // never joins a queue it would leave at once
+  auto loss = new_loss_signal(request.name);
+  auto hold = acquire_in_queue(backend(), request, deadline, loss);
+  if (!hold) return nullptr;
+  return std::make_unique<HoldRecord>(shared_from_this(), request.name, request.permits,
+                                      std::move(hold), std::move(loss));
+}
+
+void ClientState::retry_release_later(std::string name, std::unique_ptr<BackendHold> hold) {
+  // std::function needs a copyable callable: the hold is shared with the attempt.
+  std::shared_ptr<BackendHold> shared = std::move(hold);
+  releases_.add("the hold on '" + name + "'", [shared] {
+    shared->release();  // BackendUnavailable: again later; HoldLost and others: reported once
+    return Removal::done;
+  });
+}
+
+}  // namespace turnstile::detail
