@@ -2,6 +2,7 @@
 #include "core/backend.hpp"
 #include "core/call_budget.hpp"
 #include "core/queue_store.hpp"
+#include "core/race_pacer.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail {
@@ -31,6 +32,7 @@ std::unique_ptr<BackendHold> acquire_in_queue(QueueStore& store, const QueueRequ
                                               std::shared_ptr<LossSignal> loss) {
   const bool try_once = passed(deadline);
   const auto may_wait = [&] { return !try_once && !passed(deadline) && !request.stop.stop_requested(); };
+  RacePacer races({deadline, request.stop}, try_once);
   // Each round joins at the back; a round ends when our entry vanished without our leaving
   // (nothing was held: join again, as Curator does) or the admission excluded nobody.
   for (;;) {
@@ -47,7 +49,8 @@ std::unique_ptr<BackendHold> acquire_in_queue(QueueStore& store, const QueueRequ
           try {
             hold = place->hold(loss);
           } catch (const QueueChanged&) {
-            standing = place->look(deadline);  // still in line: decide again
+            if (!races.next()) return nullptr;  // leaves
+            standing = place->look(deadline);   // still in line: decide again
             continue;
           }
           if (hold) {
@@ -66,7 +69,7 @@ std::unique_ptr<BackendHold> acquire_in_queue(QueueStore& store, const QueueRequ
         standing = place->look(deadline);
       }
     } catch (const QueueEntryGone&) {
-      if (try_once || passed(deadline)) return nullptr;
+      if (try_once || passed(deadline) || !races.next()) return nullptr;
     }
   }
 }
@@ -75,6 +78,7 @@ bool acquire_from_counter(CounterStore& store, const std::string& name, std::int
                           const std::stop_token& stop) {
   const bool try_once = passed(deadline);
   const auto last_try = [&] { return try_once || passed(deadline) || stop.stop_requested(); };
+  RacePacer races({deadline, stop}, try_once);
   for (;;) {
     auto line = store.counter_line(name, permits, stop);
     LeaveUnlessKept<CounterLine> leave_unless_kept{line.get()};
@@ -92,7 +96,8 @@ bool acquire_from_counter(CounterStore& store, const std::string& name, std::int
             leave_unless_kept.place = nullptr;
             return true;
           }
-          continue;  // changed meanwhile: look again
+          if (!races.next()) return false;  // leaves the line
+          continue;                          // changed meanwhile: look again
         }
         if (last) return false;
         if (!standing.in_line) {
@@ -105,7 +110,7 @@ bool acquire_from_counter(CounterStore& store, const std::string& name, std::int
         if (passed(deadline) || stop.stop_requested()) return false;
       }
     } catch (const QueueEntryGone&) {
-      if (last_try()) return false;
+      if (last_try() || !races.next()) return false;
     } catch (const BackendUnavailable&) {
       // A lost reply may have taken the permits: the storage says so when we leave.
       leave_unless_kept.place = nullptr;

@@ -14,6 +14,7 @@
 
 #include "core/backend.hpp"
 #include "core/queue_store.hpp"
+#include "core/race_pacer.hpp"
 #include "turnstile/error.hpp"
 
 namespace {
@@ -82,6 +83,8 @@ class MemoryQueue : public QueueStore, public CounterStore {
   // PermitCounter state.
   std::optional<std::int64_t> value;
   std::atomic<int> lose_take_reply{0};  // the next take applies but "loses its reply"
+  std::atomic<int> take_finds_change{0};  // the next takes find the value changed (nothing taken)
+  std::atomic<int> takes{0};
 
  private:
   friend class MemoryPlace;
@@ -185,6 +188,8 @@ class MemoryLine : public CounterLine {
     return standing;
   }
   bool take(const CounterStanding& seen, turnstile::Deadline) override {
+    ++queue_.takes;
+    if (queue_.take_finds_change.fetch_sub(1) > 0) return false;
     {
       std::lock_guard lock(queue_.mutex_);
       if (queue_.value != seen.value) return false;
@@ -250,6 +255,29 @@ TEST(QueueLoop, AHoldThatFindsTheQueueChangedLooksAgainKeepingItsEntry) {
   EXPECT_EQ(queue.looks, 2);
   EXPECT_EQ(queue.leaves, 0);
   EXPECT_EQ(queue.size(), 1u);
+}
+
+// A race lost again and again (a busy or flapping server) is retried with pauses, never in a hot
+// loop, and not past the caller's deadline; a try-once gets a few quick retries. The old loop
+// retried at once without end: 1,000 races meant 1,001 holds, then an admission past the deadline.
+TEST(QueueLoop, ATryOnceThatKeepsLosingItsRaceEndsNotAdmittedAndLeaves) {
+  MemoryQueue queue;
+  queue.hold_finds_change = 1000;
+  EXPECT_EQ(acquire_in_queue(queue, lock_request(), SteadyClock::now(), no_signal()), nullptr);
+  EXPECT_LE(queue.holds, RacePacer::kTryOnceRetries + 1);
+  EXPECT_EQ(queue.leaves, 1);
+  EXPECT_EQ(queue.size(), 0u);
+}
+
+TEST(QueueLoop, ATimedAcquireThatKeepsLosingItsRacePausesAndEndsByItsDeadline) {
+  MemoryQueue queue;
+  queue.hold_finds_change = 1'000'000;
+  const auto started = SteadyClock::now();
+  EXPECT_EQ(acquire_in_queue(queue, lock_request(), started + 400ms, no_signal()), nullptr);
+  EXPECT_LT(SteadyClock::now() - started, 3s);
+  // Pauses 0, 10, 20, 40, 80, 160 ms... fill 400 ms in about 7 retries (+ the quick ones at the end).
+  EXPECT_LE(queue.holds, 7 + RacePacer::kTryOnceRetries + 1) << "retried without pausing";
+  EXPECT_EQ(queue.size(), 0u);
 }
 
 TEST(QueueLoop, ATryOnceThatIsNotAdmittedLeavesWithoutWaiting) {
@@ -395,6 +423,18 @@ TEST(CounterLoop, ATryOnceDoesNotJoinTheLine) {
   EXPECT_EQ(queue.waits, 0);
   EXPECT_TRUE(acquire_from_counter(queue, "n", 1, SteadyClock::now(), {}));
   EXPECT_EQ(queue.value, 0);
+}
+
+TEST(CounterLoop, ATakeThatKeepsLosingItsRacePausesAndEndsByItsDeadline) {
+  MemoryQueue queue;
+  queue.value = 1;
+  queue.take_finds_change = 1'000'000;
+  EXPECT_FALSE(acquire_from_counter(queue, "n", 1, SteadyClock::now() + 400ms, {}));
+  EXPECT_LE(queue.takes, 7 + RacePacer::kTryOnceRetries + 1) << "retried without pausing";
+  EXPECT_EQ(queue.value, 1);
+  queue.take_finds_change = 1'000'000;
+  EXPECT_FALSE(acquire_from_counter(queue, "n", 1, SteadyClock::now(), {}));
+  EXPECT_EQ(queue.value, 1);
 }
 
 TEST(CounterLoop, AStopWhileWaitingLeavesTheLine) {
