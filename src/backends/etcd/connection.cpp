@@ -164,7 +164,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
 
 Connection::Connection(Settings settings)
     : settings_(std::move(settings)),
-      connect_by_(SteadyClock::now() + (settings_.connect_timeout.count() > 0 ? settings_.connect_timeout : kCallCap)) {
+      connect_by_(SteadyClock::now() + (settings_.connect_timeout.count() > 0 ? settings_.connect_timeout : kEtcdTimes.call.cap)) {
   enable_fork_support();
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (settings_.tls) {

@@ -56,7 +56,7 @@ struct Settings {
   std::string password;
   std::chrono::milliseconds ttl{10'000};  // etcdctl lock's default
   std::string holder_label;               // ClientOptions::holder_label, kept in our entries
-  // Client::connect's bound, from ClientOptions::connect_timeout (0: kCallCap).
+  // Client::connect's bound, from ClientOptions::connect_timeout (0: kEtcdTimes.call.cap).
   std::chrono::milliseconds connect_timeout{0};
 };
 
