@@ -40,7 +40,7 @@ std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<Cl
   if (!options.first_try.passed()) {
     cleanup.attempt = [this, shared_txn, answer, stop = options.first_try.stop(),
                        cap = options.attempt_cap](SteadyClock::time_point deadline) {
-      *answer = connection_.txn(*shared_txn, deadline, true, stop, cap);
+      *answer = connection_.txn(*shared_txn, CallBudget(deadline, stop), Resend::allowed, cap);
     };
     try {
       attempt_cleanup(cleanup, options.first_try.call_end(kEtcdTimes.call));
@@ -54,7 +54,7 @@ std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<Cl
     options.turn->held = false;
   }
   cleanup.attempt = options.later ? std::move(options.later) : [this, shared_txn](SteadyClock::time_point deadline) {
-    connection_.txn(*shared_txn, deadline, true);
+    connection_.txn(*shared_txn, CallBudget(deadline), Resend::allowed);
   };
   schedule("an etcd clean-up on lease " + lease->hex, std::move(cleanup));  // its later answers are nobody's
   return std::nullopt;

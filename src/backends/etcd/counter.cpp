@@ -15,7 +15,7 @@ Inspection EtcdBackend::inspect(const std::string& name, Deadline deadline) {
   add_range(read.mutable_success(), queue_range(prefix));
   add_range(read.mutable_success(), key_range(kCounterPrefix + name));
   add_range(read.mutable_success(), queue_range(kCounterWaiterPrefix + name + "/"));
-  const auto answer = connection_.txn(read, CallBudget(deadline).call_end(kEtcdTimes.call), true);
+  const auto answer = connection_.txn(read, CallBudget(deadline).for_call(kEtcdTimes.call), Resend::allowed);
   Inspection result;
   result.name = name;
   const auto entries = entries_of(answer.responses(0).response_range(), prefix);
@@ -95,7 +95,7 @@ std::int64_t EtcdBackend::counter_add(const std::string& name, std::int64_t delt
 }
 
 std::optional<std::int64_t> EtcdBackend::counter_get(const std::string& name) {
-  return counter_value(connection_.range(key_range(kCounterPrefix + name), CallBudget().call_end(kEtcdTimes.call))).value;
+  return counter_value(connection_.range(key_range(kCounterPrefix + name))).value;
 }
 
 std::int64_t EtcdBackend::counter_drain(const std::string& name) {
@@ -114,7 +114,7 @@ std::int64_t EtcdBackend::change_counter(const std::string& key, const CounterCh
                                          const std::function<std::int64_t(const CounterValue&)>& answer) {
   int unknown_outcomes = 0;
   for (;;) {
-    const auto current = counter_value(connection_.range(key_range(key), CallBudget().call_end(kEtcdTimes.call)));
+    const auto current = counter_value(connection_.range(key_range(key)));
     auto txn = change(current);
     if (!txn) return unchanged;
     if (counter_change_applied(std::move(*txn), CallBudget().call_end(kEtcdTimes.call), unknown_outcomes)) return answer(current);
@@ -130,7 +130,7 @@ bool EtcdBackend::counter_change_applied(pb::TxnRequest txn, SteadyClock::time_p
   markers.retire(txn.mutable_success(), request, kApplied);
   const auto floor = markers.add_sweep(txn.mutable_success());
   try {
-    const auto answer = connection_.txn(txn, deadline, false);
+    const auto answer = connection_.txn(txn, CallBudget(deadline), Resend::never);
     markers.resolved(request);
     if (answer.succeeded()) markers.swept(floor);
     return answer.succeeded();

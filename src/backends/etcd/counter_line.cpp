@@ -72,7 +72,7 @@ CounterStanding EtcdCounterLine::look(bool, Deadline deadline) {
   add_range(read.mutable_success(), queue_range(line_prefix_, place_revision_));
   pb::TxnResponse state;
   try {
-    state = backend_.connection().txn(read, CallBudget(deadline).call_end(kEtcdTimes.one_shot), true, stop_);
+    state = backend_.connection().txn(read, CallBudget(deadline, stop_).for_call(kEtcdTimes.one_shot), Resend::allowed);
   } catch (const CallStopped&) {
     // Nothing read: no permits seen, so the core ends the acquire on the stop (and leaves).
     CounterStanding stopped;
@@ -128,7 +128,7 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
   backend_.count_unresolved_take(*lease, +1);
   pb::TxnResponse answer;
   try {
-    answer = backend_.connection().txn(take, CallBudget(deadline).call_end(kEtcdTimes.one_shot), false, stop_);
+    answer = backend_.connection().txn(take, CallBudget(deadline, stop_).for_call(kEtcdTimes.one_shot), Resend::never);
   } catch (const CallStopped&) {
     resolved();  // not sent: the core ends the acquire on the stop
     return false;
@@ -244,7 +244,7 @@ std::function<void(SteadyClock::time_point)> EtcdCounterLine::undo_take(const st
                                                                         pb::TxnRequest settle) const {
   return [&connection = backend_.connection(), lease, request, settle = std::move(settle), counter_key = counter_key_,
           permits = permits_](SteadyClock::time_point deadline) {
-    const auto settled = connection.txn(settle, deadline, true);
+    const auto settled = connection.txn(settle, CallBudget(deadline), Resend::allowed);
     if (!settled.succeeded()) return;  // not applied, and now it never will be
     const auto counter = counter_value(settled.responses(0).response_range());
     pb::TxnRequest give_back;
@@ -252,7 +252,7 @@ std::function<void(SteadyClock::time_point)> EtcdCounterLine::undo_take(const st
     add_compare(give_back, counter_key, pb::Compare::MOD, counter.mod_revision);
     add_put(give_back.mutable_success(), counter_key, std::to_string(counter.value.value_or(0) + permits), 0);
     lease->markers->retire(give_back.mutable_success(), request, kReturned);
-    if (!connection.txn(give_back, deadline, true).succeeded()) {
+    if (!connection.txn(give_back, CallBudget(deadline), Resend::allowed).succeeded()) {
       throw BackendUnavailable("the PermitCounter changed while a take was given back: tried again");
     }
   };

@@ -117,7 +117,7 @@ void EtcdBackend::shut_down() noexcept {
   }
   if (!last || getpid() != pid_) return;
   try {
-    connection_.lease_revoke(last->id, SteadyClock::now() + kRevokeAtEnd);
+    connection_.lease_revoke(last->id, CallBudget(SteadyClock::now() + kRevokeAtEnd));
   } catch (const LeaseGone&) {
   } catch (...) {
     return;

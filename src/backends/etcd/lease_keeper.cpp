@@ -39,7 +39,7 @@ std::shared_ptr<ClientLease> EtcdBackend::client_lease(const CallBudget& call) {
 std::shared_ptr<ClientLease> EtcdBackend::grant_lease(const CallBudget& call) {
   const auto ttl_seconds = std::max<std::int64_t>(1, (connection_.settings().ttl.count() + 999) / 1000);
   const auto sent_at = SteadyClock::now();
-  const auto granted = connection_.lease_grant(ttl_seconds, *call.deadline(), call.stop());
+  const auto granted = connection_.lease_grant(ttl_seconds, call);
   auto fresh = std::make_shared<ClientLease>();
   fresh->id = granted.id();
   fresh->hex = lease_hex(granted.id());
@@ -87,7 +87,7 @@ void EtcdBackend::give_up(const std::shared_ptr<ClientLease>& lease) {
         std::lock_guard lock(mutex_);
         if (pending->unresolved_takes > 0) throw BackendUnavailable("a take's receipt on the lease is still to be read");
       }
-      connection_.lease_revoke(id, deadline);
+      connection_.lease_revoke(id, CallBudget(deadline));
     };
     schedule("the revoke of etcd lease " + lease->hex, std::move(cleanup));
   }
@@ -150,7 +150,7 @@ std::optional<milliseconds> EtcdBackend::keep_alive_round(const std::shared_ptr<
   if (!readable_key.empty()) {
     std::optional<std::uint64_t> term;
     try {
-      term = connection_.linearizable_term(readable_key, sent_at + patience);
+      term = connection_.linearizable_term(readable_key, CallBudget(sent_at + patience));
     } catch (const Error&) {
     }
     if (!term || *term != answer->raft_term) {

@@ -80,7 +80,7 @@ EtcdBackend::Joined EtcdBackend::put_entry(const std::shared_ptr<ClientLease>& l
   markers.retire(txn.mutable_failure(), request);
   pb::TxnResponse answer;
   try {
-    answer = connection_.txn(txn, budget.call_end(kEtcdTimes.one_shot), true, budget.stop());
+    answer = connection_.txn(txn, budget.for_call(kEtcdTimes.one_shot), Resend::allowed);
   } catch (const LeaseGone&) {
     markers.resolved(request);
     throw;  // not applied

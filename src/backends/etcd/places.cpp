@@ -117,7 +117,7 @@ Standing EtcdPlace::look(Deadline deadline) {
     check_lease();
     std::optional<pb::RangeResponse> read;
     try {
-      read = backend_.connection().range(queue_range(prefix_, revision_), CallBudget(deadline).call_end(kLastLook));
+      read = backend_.connection().range(queue_range(prefix_, revision_), CallBudget(deadline).for_call(kLastLook));
     } catch (const BackendUnavailable&) {
     }
     check_lease();
@@ -151,7 +151,7 @@ void EtcdPlace::wait(const Verdict& verdict, Deadline deadline, const std::stop_
 }
 
 bool EtcdPlace::changed_meanwhile(Deadline deadline) const {
-  const auto read = backend_.connection().range(queue_range(prefix_, revision_ - 1), CallBudget(deadline).call_end(kLastLook));
+  const auto read = backend_.connection().range(queue_range(prefix_, revision_ - 1), CallBudget(deadline).for_call(kLastLook));
   const auto now = entries_of(read, prefix_);
   if (now.size() + 1 != entries_.size()) return true;
   for (std::size_t i = 0; i < now.size(); ++i) {
@@ -198,7 +198,7 @@ void EtcdHold::downgrade() {
   add_put(txn.mutable_success(), key_, value, lease_->id);
   bool present = false;
   try {
-    present = backend_.connection().txn(txn, CallBudget().call_end(kEtcdTimes.call), true).succeeded();
+    present = backend_.connection().txn(txn, CallBudget(), Resend::allowed).succeeded();
   } catch (const LeaseGone&) {
   }
   if (!present) loss_->lose("its etcd key was gone (the lease expired or the key was deleted)");
@@ -222,7 +222,8 @@ void EtcdHold::release() {
     add_range(txn.mutable_failure(), key_range(receipt));
     try {
       const auto answer = backend_.connection().txn(
-          txn, SteadyClock::now() + (loss_->lost_by_now() ? kLostReleaseTry : kEtcdTimes.release_try), true);
+          txn, CallBudget(SteadyClock::now() + (loss_->lost_by_now() ? kLostReleaseTry : kEtcdTimes.release_try)),
+          Resend::allowed);
       existed = answer.succeeded() || answer.responses(0).response_range().kvs_size() > 0;
       if (answer.succeeded()) backend_.receipts_deleted(garbage);
       if (existed) backend_.receipt_done(receipt);
