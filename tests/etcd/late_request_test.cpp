@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <future>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -52,6 +53,19 @@ class EtcdLate : public ::testing::Test {
     return shell(std::string("ETCDCTL_API=3 ") + TURNSTILE_ETCDCTL + " --endpoints=" + endpoint + " " + arguments);
   }
 
+  // Two proxies as the client's endpoints: its takes go through the first, and when that stalls,
+  // its leaves fail over to the second.
+  static std::string takes_then_leaves(const TcpProxy& takes, const TcpProxy& leaves) {
+    const auto hosts = [](const TcpProxy& proxy) { return "127.0.0.1:" + std::to_string(proxy.port()); };
+    return "etcd://" + hosts(takes) + "," + hosts(leaves);
+  }
+
+  // An acquire of 2 permits on each of `names` whose take is held up on `takes` and whose leave
+  // finds `leaves` black-holed for longer than leave() waits (5 s), so each acquire ends without
+  // knowing; then the takes reach etcd, then the leaves. The acquires' outcomes.
+  static std::vector<std::string> acquires_whose_leaves_go_unanswered(Client& client, const std::vector<std::string>& names,
+                                                                      TcpProxy& takes, TcpProxy& leaves);
+
   std::string url_;
   ErrorReports reports_;
 };
@@ -97,6 +111,23 @@ std::vector<std::string> outcomes_of(std::size_t n, const std::function<bool(std
   return outcomes;
 }
 
+std::vector<std::string> EtcdLate::acquires_whose_leaves_go_unanswered(Client& client,
+                                                                      const std::vector<std::string>& names,
+                                                                      TcpProxy& takes, TcpProxy& leaves) {
+  auto held = takes.hold_request("taken");
+  std::vector<std::string> outcomes;
+  auto acquires = std::async(std::launch::async, [&] {
+    outcomes = outcomes_of(names.size(), [&](std::size_t i) { return client.permit_counter(names[i]).try_acquire_for(20s, 2); });
+  });
+  EXPECT_TRUE(held->wait_held(5s)) << "no take was held up";
+  leaves.blackhole();
+  acquires.get();
+  held->deliver();  // the takes, then what followed them on that connection
+  std::this_thread::sleep_for(500ms);
+  leaves.forward();
+  return outcomes;
+}
+
 // 22.2: PermitCounter takes held up on a stalled connection time out (their outcome unknown);
 // each acquire's leave() settles it through the server itself; then the takes reach etcd.
 // Before, leave() only read the take's receipt, found none and reported "not taken", and the
@@ -132,21 +163,10 @@ TEST_F(EtcdLate, LateTakeNeverTakesPermitsTheAcquireDidNotReport) {
 // failed. Now the background gives them back, in one Txn with the take's marker.
 TEST_F(EtcdLate, TakeAppliedAfterAnUnansweredLeaveIsUndone) {
   TcpProxy takes(url_), leaves(url_);
-  const auto hosts = [](const TcpProxy& proxy) { return "127.0.0.1:" + std::to_string(proxy.port()); };
-  auto client = Client::connect("etcd://" + hosts(takes) + "," + hosts(leaves), reports_.options(10s));
+  auto client = Client::connect(takes_then_leaves(takes, leaves), reports_.options(10s));
   auto observer = Client::connect(url_);
   const auto names = counters(observer, "undone-take", 5);
-  auto held = takes.hold_request("taken");
-  std::vector<std::string> outcomes;
-  auto acquires = std::async(std::launch::async, [&] {
-    outcomes = outcomes_of(names.size(), [&](std::size_t i) { return client.permit_counter(names[i]).try_acquire_for(20s, 2); });
-  });
-  ASSERT_TRUE(held->wait_held(5s)) << "no take was held up";
-  leaves.blackhole();
-  acquires.get();
-  held->deliver();  // the takes, then what followed them on that connection
-  std::this_thread::sleep_for(500ms);
-  leaves.forward();
+  const auto outcomes = acquires_whose_leaves_go_unanswered(client, names, takes, leaves);
   std::size_t failed = 0;
   for (std::size_t i = 0; i < names.size(); ++i) {
     if (outcomes[i] != "true") ++failed;
@@ -154,6 +174,27 @@ TEST_F(EtcdLate, TakeAppliedAfterAnUnansweredLeaveIsUndone) {
     auto counter = observer.permit_counter(names[i]);
     EXPECT_TRUE(eventually([&] { return counter.available_permits() == expected; }, 10s))
         << names[i] << ": " << counter.available_permits() << " left; the acquire said " << outcomes[i];
+  }
+  EXPECT_GT(failed, 0u) << "no acquire was left without an answer";
+}
+
+// The same takes, but the client ends as soon as etcd answers again: what the background has
+// not done yet (settling each take, giving back the permits of one found applied) is tried once
+// more at the client's end, before its lease is revoked. Before, the end stopped the background
+// thread and dropped it: the permits stayed taken by an acquire that had failed, for good.
+TEST_F(EtcdLate, PendingGiveBackIsTriedAtTheClientsEnd) {
+  TcpProxy takes(url_), leaves(url_);
+  std::optional<Client> client(Client::connect(takes_then_leaves(takes, leaves), reports_.options(10s)));
+  auto observer = Client::connect(url_);
+  const auto names = counters(observer, "end-give-back", 5);
+  const auto outcomes = acquires_whose_leaves_go_unanswered(*client, names, takes, leaves);
+  client.reset();  // the background's next try would come only after its pause
+  std::size_t failed = 0;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (outcomes[i] == "true") continue;  // taken, as the acquire said
+    ++failed;
+    EXPECT_EQ(observer.permit_counter(names[i]).available_permits(), 5)
+        << names[i] << ": permits taken by an acquire that said " << outcomes[i];
   }
   EXPECT_GT(failed, 0u) << "no acquire was left without an answer";
 }

@@ -164,7 +164,7 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
 
 Connection::Connection(Settings settings)
     : settings_(std::move(settings)),
-      connect_by_(SteadyClock::now() + (settings_.connect_timeout.count() > 0 ? settings_.connect_timeout : kCallCap)) {
+      connect_by_(SteadyClock::now() + (settings_.connect_timeout.count() > 0 ? settings_.connect_timeout : kEtcdTimes.call.cap)) {
   enable_fork_support();
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (settings_.tls) {
@@ -304,8 +304,10 @@ void Connection::next_endpoint(std::size_t from) {
 }
 
 template <class Call>
-void Connection::unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what,
-                       const std::stop_token& stop, milliseconds attempt_cap) {
+void Connection::unary(Call call, const CallBudget& budget, Resend resend, const char* what, milliseconds attempt_cap) {
+  const auto deadline = budget.deadline().value_or(budget.call_end(kEtcdTimes.call));
+  const auto& stop = budget.stop();
+  const bool idempotent = resend == Resend::allowed;
   auto pause = kRetryFirstPause;
   std::string tried_endpoints;  // for the message: only those the call went to
   for (;;) {
@@ -365,48 +367,46 @@ void Connection::authenticate(SteadyClock::time_point deadline) {
   }
 }
 
-pb::RangeResponse Connection::range(const pb::RangeRequest& request, SteadyClock::time_point deadline,
-                                    const std::stop_token& stop) {
+pb::RangeResponse Connection::range(const pb::RangeRequest& request, const CallBudget& call) {
   pb::RangeResponse response;
-  unary([&](grpc::ClientContext& context) { return current().kv->Range(&context, request, &response); }, deadline, true,
-        "a read", stop);
+  unary([&](grpc::ClientContext& context) { return current().kv->Range(&context, request, &response); }, call,
+        Resend::allowed, "a read");
   return response;
 }
 
-pb::TxnResponse Connection::txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent,
-                                const std::stop_token& stop, milliseconds attempt_cap) {
+pb::TxnResponse Connection::txn(const pb::TxnRequest& request, const CallBudget& call, Resend resend,
+                                milliseconds attempt_cap) {
   pb::TxnResponse response;
-  unary([&](grpc::ClientContext& context) { return current().kv->Txn(&context, request, &response); }, deadline, idempotent,
-        "a transaction", stop, attempt_cap);
+  unary([&](grpc::ClientContext& context) { return current().kv->Txn(&context, request, &response); }, call, resend,
+        "a transaction", attempt_cap);
   return response;
 }
 
-pb::LeaseGrantResponse Connection::lease_grant(std::int64_t ttl_seconds, SteadyClock::time_point deadline,
-                                               const std::stop_token& stop) {
+pb::LeaseGrantResponse Connection::lease_grant(std::int64_t ttl_seconds, const CallBudget& call) {
   pb::LeaseGrantRequest request;
   request.set_ttl(ttl_seconds);
   pb::LeaseGrantResponse response;
   // Not idempotent, but a lease granted twice only costs an unused lease that expires.
-  unary([&](grpc::ClientContext& context) { return current().lease->LeaseGrant(&context, request, &response); }, deadline,
-        true, "a lease grant", stop);
+  unary([&](grpc::ClientContext& context) { return current().lease->LeaseGrant(&context, request, &response); }, call,
+        Resend::allowed, "a lease grant");
   if (!response.error().empty()) throw BackendUnavailable("etcd refused a lease: " + response.error());
   return response;
 }
 
-void Connection::lease_revoke(std::int64_t lease, SteadyClock::time_point deadline) {
+void Connection::lease_revoke(std::int64_t lease, const CallBudget& call) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease);
   pb::LeaseRevokeResponse response;
   // Resent safely: a second revoke finds the lease gone (LeaseGone), which is the goal.
   unary([&](grpc::ClientContext& context) { return current().lease->LeaseRevoke(&context, request, &response); },
-        deadline, true, "a lease revoke", {});
+        call, Resend::allowed, "a lease revoke");
 }
 
-std::uint64_t Connection::linearizable_term(const std::string& key, SteadyClock::time_point deadline) {
+std::uint64_t Connection::linearizable_term(const std::string& key, const CallBudget& call) {
   pb::RangeRequest request;
   request.set_key(key);  // only the read's header matters
   request.set_count_only(true);
-  return range(request, deadline).header().raft_term();
+  return range(request, call).header().raft_term();
 }
 
 Connection::KeepAliveAnswer Connection::keep_alive(std::int64_t lease, SteadyClock::time_point deadline) {

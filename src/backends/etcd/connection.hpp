@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/etcd/timeouts.hpp"
+#include "core/call_budget.hpp"
 #include "core/backend.hpp"
 #include "rpc.grpc.pb.h"
 
@@ -47,6 +48,12 @@ enum class Failure {
   failed,           // anything else etcd said
 };
 
+// Whether a call may be sent again after a failure that leaves its outcome unknown.
+enum class Resend {
+  allowed,  // idempotent: resent (to the next endpoint) until the call's end
+  never,    // BackendUnavailable (outcome unknown) at once
+};
+
 struct Settings {
   std::string description;             // the endpoints as written, for messages
   std::vector<std::string> endpoints;  // host:port
@@ -56,7 +63,7 @@ struct Settings {
   std::string password;
   std::chrono::milliseconds ttl{10'000};  // etcdctl lock's default
   std::string holder_label;               // ClientOptions::holder_label, kept in our entries
-  // Client::connect's bound, from ClientOptions::connect_timeout (0: kCallCap).
+  // Client::connect's bound, from ClientOptions::connect_timeout (0: kEtcdTimes.call.cap).
   std::chrono::milliseconds connect_timeout{0};
 };
 
@@ -119,18 +126,16 @@ class Connection {
   // From now on every call fails at once with BackendUnavailable (the client ended at exit).
   void close() { closed_ = true; }
 
-  // `idempotent` calls are resent after a failure until the deadline (then BackendUnavailable);
-  // the others throw BackendUnavailable at once when their outcome is unknown. A `stop`
-  // requested cancels the call (CallStopped, unless a write's outcome is unknown).
-  pb::RangeResponse range(const pb::RangeRequest& request, SteadyClock::time_point deadline,
-                          const std::stop_token& stop = {});
+  // A call ends by its budget's deadline (callers clamp theirs with CallBudget::for_call; none:
+  // kEtcdTimes.call.cap from now), then BackendUnavailable. Its stop cancels it (CallStopped,
+  // unless a write's outcome is unknown). Reads and lease calls may always be resent.
+  pb::RangeResponse range(const pb::RangeRequest& request, const CallBudget& call = {});
   // `attempt_cap`: how long one endpoint is tried before the next (kAttemptCap unless given).
-  pb::TxnResponse txn(const pb::TxnRequest& request, SteadyClock::time_point deadline, bool idempotent,
-                      const std::stop_token& stop = {}, milliseconds attempt_cap = kAttemptCap);
-  pb::LeaseGrantResponse lease_grant(std::int64_t ttl_seconds, SteadyClock::time_point deadline,
-                                     const std::stop_token& stop = {});
+  pb::TxnResponse txn(const pb::TxnRequest& request, const CallBudget& call, Resend resend,
+                      milliseconds attempt_cap = kAttemptCap);
+  pb::LeaseGrantResponse lease_grant(std::int64_t ttl_seconds, const CallBudget& call);
   // Throws LeaseGone when the lease is already gone, BackendUnavailable when etcd did not answer.
-  void lease_revoke(std::int64_t lease, SteadyClock::time_point deadline);
+  void lease_revoke(std::int64_t lease, const CallBudget& call);
   // One keep-alive round on a LeaseKeepAlive stream: the lease's remaining TTL in seconds
   // (<= 0 when etcd no longer knows the lease) and the Raft term of the server that answered.
   // Throws BackendUnavailable.
@@ -142,7 +147,7 @@ class Connection {
   // The Raft term a linearizable read of `key` is served in now: a leader serves it only once a
   // quorum confirmed it still leads. Throws BackendUnavailable (AccessDenied without read
   // permission on `key`).
-  std::uint64_t linearizable_term(const std::string& key, SteadyClock::time_point deadline);
+  std::uint64_t linearizable_term(const std::string& key, const CallBudget& call);
 
   // For WatchStream: a context with the auth token and deadline, and the current endpoint.
   // `may_wait_for_connection`: the call waits for the connection to be up (within its
@@ -176,8 +181,7 @@ class Connection {
   };
 
   template <class Call>
-  void unary(Call call, SteadyClock::time_point deadline, bool idempotent, const char* what,
-             const std::stop_token& stop, milliseconds attempt_cap = kAttemptCap);
+  void unary(Call call, const CallBudget& budget, Resend resend, const char* what, milliseconds attempt_cap = kAttemptCap);
   Endpoint& current();
   std::size_t current_index();
   void authenticate(SteadyClock::time_point deadline);

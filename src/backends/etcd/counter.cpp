@@ -15,7 +15,7 @@ Inspection EtcdBackend::inspect(const std::string& name, Deadline deadline) {
   add_range(read.mutable_success(), queue_range(prefix));
   add_range(read.mutable_success(), key_range(kCounterPrefix + name));
   add_range(read.mutable_success(), queue_range(kCounterWaiterPrefix + name + "/"));
-  const auto answer = connection_.txn(read, deadline ? std::min(*deadline, call_deadline()) : call_deadline(), true);
+  const auto answer = connection_.txn(read, CallBudget(deadline).for_call(kEtcdTimes.call), Resend::allowed);
   Inspection result;
   result.name = name;
   const auto entries = entries_of(answer.responses(0).response_range(), prefix);
@@ -59,7 +59,7 @@ Inspection EtcdBackend::inspect(const std::string& name, Deadline deadline) {
 // request marker on the client's lease (request_markers.hpp) and puts it, reading "applied";
 // when its reply is lost, a Txn reads the marker (applied: the call succeeded) or retires it
 // ("refused": the change never applies, and is tried again). Not settled within
-// kTakeOutcomeTry, it is settled in the background and the caller hears that the outcome is
+// the call cap, it is settled in the background and the caller hears that the outcome is
 // unknown: every change applies at most once.
 bool EtcdBackend::counter_try_set(const std::string& name, std::int64_t permits) {
   const auto key = kCounterPrefix + name;
@@ -95,7 +95,7 @@ std::int64_t EtcdBackend::counter_add(const std::string& name, std::int64_t delt
 }
 
 std::optional<std::int64_t> EtcdBackend::counter_get(const std::string& name) {
-  return counter_value(connection_.range(key_range(kCounterPrefix + name), call_deadline())).value;
+  return counter_value(connection_.range(key_range(kCounterPrefix + name))).value;
 }
 
 std::int64_t EtcdBackend::counter_drain(const std::string& name) {
@@ -114,15 +114,15 @@ std::int64_t EtcdBackend::change_counter(const std::string& key, const CounterCh
                                          const std::function<std::int64_t(const CounterValue&)>& answer) {
   int unknown_outcomes = 0;
   for (;;) {
-    const auto current = counter_value(connection_.range(key_range(key), call_deadline()));
+    const auto current = counter_value(connection_.range(key_range(key)));
     auto txn = change(current);
     if (!txn) return unchanged;
-    if (counter_change_applied(std::move(*txn), call_deadline(), unknown_outcomes)) return answer(current);
+    if (counter_change_applied(std::move(*txn), CallBudget().call_end(kEtcdTimes.call), unknown_outcomes)) return answer(current);
   }
 }
 
 bool EtcdBackend::counter_change_applied(pb::TxnRequest txn, SteadyClock::time_point deadline, int& unknown_outcomes) {
-  const auto lease = client_lease(deadline);
+  const auto lease = client_lease(CallBudget(deadline));
   const auto request = next_request();
   auto& markers = *lease->markers;
   markers.begin(request);
@@ -130,7 +130,7 @@ bool EtcdBackend::counter_change_applied(pb::TxnRequest txn, SteadyClock::time_p
   markers.retire(txn.mutable_success(), request, kApplied);
   const auto floor = markers.add_sweep(txn.mutable_success());
   try {
-    const auto answer = connection_.txn(txn, deadline, false);
+    const auto answer = connection_.txn(txn, CallBudget(deadline), Resend::never);
     markers.resolved(request);
     if (answer.succeeded()) markers.swept(floor);
     return answer.succeeded();
@@ -143,8 +143,9 @@ bool EtcdBackend::counter_change_applied(pb::TxnRequest txn, SteadyClock::time_p
     pb::TxnRequest settle;
     add_value_compare(settle, markers.marker(request), kApplied);
     markers.retire(settle.mutable_failure(), request, kRefused);
-    const auto settled =
-        run_cleanup(lease, std::move(settle), nullptr, kTakeOutcomeTry, [lease, request] { lease->markers->resolved(request); });
+    const auto settled = run_cleanup(lease, std::move(settle),
+                                     {.first_try = CallBudget(SteadyClock::now() + kEtcdTimes.call.cap),
+                                      .finished = [lease, request] { lease->markers->resolved(request); }});
     if (!settled) throw;  // settled in the background; the caller hears the outcome is unknown
     if (settled->succeeded()) return true;
     if (++unknown_outcomes >= kCounterChangeTries) {

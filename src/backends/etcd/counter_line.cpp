@@ -15,7 +15,7 @@ namespace {
 // delivered late) and the acquire knows for sure whether it took the permits. Every call ends
 // on the caller's stop and by its deadline: a take whose outcome a stopped or timed caller
 // cannot wait for is settled in the background (a take found applied is given back), and the
-// acquire reports false; only an untimed caller without a stop waits up to kTakeOutcomeTry.
+// acquire reports false; only an untimed caller without a stop waits up to the call cap.
 
 class EtcdCounterLine final : public CounterLine {
  public:
@@ -35,10 +35,9 @@ class EtcdCounterLine final : public CounterLine {
  private:
   enum class TakeOutcome { taken, not_taken, unknown };
   bool take_reply_lost(Deadline deadline);
-  // A take whose reply was lost: tells it by its marker until `until` (or the stop), then
-  // leaves it to the background, which gives back a take it finds applied.
-  TakeOutcome settle_take(SteadyClock::time_point until, const std::stop_token& stop,
-                          milliseconds attempt_cap = kAttemptCap);
+  // A take whose reply was lost: tells it by its marker within `first_try` (its deadline or
+  // stop), then leaves it to the background, which gives back a take it finds applied.
+  TakeOutcome settle_take(const CallBudget& first_try, milliseconds attempt_cap = kAttemptCap);
   // The take's outcome is known (or no longer matters): its marker is nobody's concern now.
   void resolved();
   // What the background tries for a take that leave() could not settle in time.
@@ -73,7 +72,7 @@ CounterStanding EtcdCounterLine::look(bool, Deadline deadline) {
   add_range(read.mutable_success(), queue_range(line_prefix_, place_revision_));
   pb::TxnResponse state;
   try {
-    state = backend_.connection().txn(read, bounded(deadline, kOneShot), true, stop_);
+    state = backend_.connection().txn(read, CallBudget(deadline, stop_).for_call(kEtcdTimes.one_shot), Resend::allowed);
   } catch (const CallStopped&) {
     // Nothing read: no permits seen, so the core ends the acquire on the stop (and leaves).
     CounterStanding stopped;
@@ -98,7 +97,7 @@ CounterStanding EtcdCounterLine::look(bool, Deadline deadline) {
 }
 
 bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
-  const auto lease = seen.in_line ? lease_ : backend_.client_lease(bounded(deadline, kOneShot), stop_);
+  const auto lease = seen.in_line ? lease_ : backend_.client_lease(CallBudget(deadline, stop_).for_call(kEtcdTimes.one_shot));
   const auto request = backend_.next_request();
   auto& markers = *lease->markers;
   markers.begin(request);
@@ -129,7 +128,7 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
   backend_.count_unresolved_take(*lease, +1);
   pb::TxnResponse answer;
   try {
-    answer = backend_.connection().txn(take, bounded(deadline, kOneShot), false, stop_);
+    answer = backend_.connection().txn(take, CallBudget(deadline, stop_).for_call(kEtcdTimes.one_shot), Resend::never);
   } catch (const CallStopped&) {
     resolved();  // not sent: the core ends the acquire on the stop
     return false;
@@ -150,18 +149,18 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
 }
 
 // The take's reply was lost (or the stop cut it); called in take()'s handler. A caller with a
-// deadline waits for the outcome within its budget (at least kOneShot, as any call past its
-// deadline), a stopped one within kOneShot, trying each endpoint briefly; untimed ones as long
+// deadline waits for the outcome within its budget (at least one_shot's floor, as any call past
+// its deadline), a stopped one within that floor, trying each endpoint briefly; untimed ones as long
 // as leave() does (the error is rethrown, and the core leaves).
 bool EtcdCounterLine::take_reply_lost(Deadline deadline) {
   if (!deadline && !stop_.stop_possible()) throw;
   const auto outcome = stop_.stop_requested()
-                           ? settle_take(SteadyClock::now() + kOneShot, {}, kStoppedSettleAttempt)
-                           : settle_take(bounded(deadline, kOneShot), stop_);
+                           ? settle_take(CallBudget(SteadyClock::now() + kEtcdTimes.one_shot.floor), kStoppedSettleAttempt)
+                           : settle_take(CallBudget(deadline, stop_).for_call(kEtcdTimes.one_shot));
   left_ = true;  // taken: our key went with the take; otherwise the settle deletes it
   if (outcome == TakeOutcome::taken) return true;
   // Not taken, or not known yet: the background makes sure nothing stays taken.
-  if (!stop_.stop_requested() && !passed(deadline)) throw;
+  if (!CallBudget(deadline, stop_).passed()) throw;
   ended_ = true;
   return false;
 }
@@ -176,7 +175,7 @@ void EtcdCounterLine::join(Deadline deadline) {
                            std::to_string(permits_) + " " + backend_.identity() + " " + std::to_string(now_ms()) + " " +
                                std::to_string(number) + backend_.label_suffix()};
         },
-        deadline, nullptr, stop_);
+        CallBudget(deadline, stop_), nullptr);
   } catch (const BackendUnavailable&) {
     // Stopped: not in line (a join that may have been applied is left by join_line); the core
     // ends the acquire on the stop.
@@ -198,21 +197,21 @@ void EtcdCounterLine::wait(CounterWait wait, Deadline deadline, const std::stop_
   } else {
     watch.set_key(counter_key_);  // the counter changing
   }
-  backend_.wait_for_change(*lease_, watch, deadline, stop);
+  backend_.wait_for_change(*lease_, watch, CallBudget(deadline, stop));
 }
 
 bool EtcdCounterLine::leave() noexcept {
   if (left_) return false;
   left_ = true;
   if (!take_lease_) {
-    if (!place_.empty()) backend_.run_cleanup(lease_, delete_entry_txn(place_, place_revision_), nullptr);
+    if (!place_.empty()) backend_.run_cleanup(lease_, delete_entry_txn(place_, place_revision_));
     return false;
   }
-  return settle_take(SteadyClock::now() + kTakeOutcomeTry, stop_) == TakeOutcome::taken;
+  // As long as any call may take (the call cap), or the stop.
+  return settle_take(CallBudget(SteadyClock::now() + kEtcdTimes.call.cap, stop_)) == TakeOutcome::taken;
 }
 
-EtcdCounterLine::TakeOutcome EtcdCounterLine::settle_take(SteadyClock::time_point until, const std::stop_token& stop,
-                                                          milliseconds attempt_cap) {
+EtcdCounterLine::TakeOutcome EtcdCounterLine::settle_take(const CallBudget& first_try, milliseconds attempt_cap) {
   // Its marker reads "taken" exactly when the take was applied (then it also deleted our
   // waiter key). Otherwise this Txn retires the marker, so the take can no longer apply when
   // it arrives late, and our key goes. Resent, it answers the same.
@@ -224,14 +223,15 @@ EtcdCounterLine::TakeOutcome EtcdCounterLine::settle_take(SteadyClock::time_poin
   lease->markers->retire(resolve.mutable_failure(), request, kRefused);
   if (!place_.empty()) add_delete(resolve.mutable_failure(), place_);  // keys of one line are never reused
   auto later = undo_take(lease, request, resolve);
-  const auto first_try = std::chrono::duration_cast<milliseconds>(until - SteadyClock::now());
-  const auto answer = backend_.run_cleanup(
-      lease, std::move(resolve), nullptr, first_try,
-      [&backend = backend_, lease, request] {
-        lease->markers->resolved(request);
-        backend.count_unresolved_take(*lease, -1);
-      },
-      std::move(later), stop, attempt_cap);
+  const auto answer = backend_.run_cleanup(lease, std::move(resolve),
+                                           {.first_try = first_try,
+                                            .attempt_cap = attempt_cap,
+                                            .finished =
+                                                [&backend = backend_, lease, request] {
+                                                  lease->markers->resolved(request);
+                                                  backend.count_unresolved_take(*lease, -1);
+                                                },
+                                            .later = std::move(later)});
   if (!answer) return TakeOutcome::unknown;
   return answer->succeeded() ? TakeOutcome::taken : TakeOutcome::not_taken;
 }
@@ -244,7 +244,7 @@ std::function<void(SteadyClock::time_point)> EtcdCounterLine::undo_take(const st
                                                                         pb::TxnRequest settle) const {
   return [&connection = backend_.connection(), lease, request, settle = std::move(settle), counter_key = counter_key_,
           permits = permits_](SteadyClock::time_point deadline) {
-    const auto settled = connection.txn(settle, deadline, true);
+    const auto settled = connection.txn(settle, CallBudget(deadline), Resend::allowed);
     if (!settled.succeeded()) return;  // not applied, and now it never will be
     const auto counter = counter_value(settled.responses(0).response_range());
     pb::TxnRequest give_back;
@@ -252,7 +252,7 @@ std::function<void(SteadyClock::time_point)> EtcdCounterLine::undo_take(const st
     add_compare(give_back, counter_key, pb::Compare::MOD, counter.mod_revision);
     add_put(give_back.mutable_success(), counter_key, std::to_string(counter.value.value_or(0) + permits), 0);
     lease->markers->retire(give_back.mutable_success(), request, kReturned);
-    if (!connection.txn(give_back, deadline, true).succeeded()) {
+    if (!connection.txn(give_back, CallBudget(deadline), Resend::allowed).succeeded()) {
       throw BackendUnavailable("the PermitCounter changed while a take was given back: tried again");
     }
   };

@@ -27,9 +27,8 @@ EtcdBackend::EtcdBackend(Settings settings)
       label_suffix_(connection_.settings().holder_label.empty() ? "" : " " + connection_.settings().holder_label) {
   // The lease now: connecting checks that etcd answers, a client's first entry needs one round
   // trip rather than two, and no acquire depends on a grant's reply.
-  client_lease(connection_.connect_by());
+  client_lease(CallBudget(connection_.connect_by()));
   keeper_ = std::jthread([this](std::stop_token stop) { keep_alive_loop(stop); });
-  janitor_ = std::jthread([this](std::stop_token stop) { janitor_loop(stop); });
   {
     auto& live = live_backends();
     std::lock_guard lock(live.mutex);
@@ -57,7 +56,6 @@ EtcdBackend::~EtcdBackend() {
     std::lock_guard lock(mutex_);
     lease_.reset();
   }
-  cleanups_.clear();
 }
 
 void EtcdBackend::end_at_exit() noexcept {
@@ -77,12 +75,13 @@ LocalTurn::~LocalTurn() {
   if (held) backend->leave_local_turn(name);
 }
 
-bool EtcdBackend::enter_local_turn(const std::string& name, Deadline deadline, const std::stop_token& stop) {
+bool EtcdBackend::enter_local_turn(const std::string& name, const CallBudget& budget) {
   std::unique_lock lock(mutex_);
   const auto ticket = next_ticket_++;
   turns_[name].push_back(ticket);
   const auto mine = [&] { return turns_[name].front() == ticket; };
-  const bool got = deadline ? turns_cv_.wait_until(lock, stop, *deadline, mine) : turns_cv_.wait(lock, stop, mine);
+  const bool got = budget.deadline() ? turns_cv_.wait_until(lock, budget.stop(), *budget.deadline(), mine)
+                                     : turns_cv_.wait(lock, budget.stop(), mine);
   if (got) return true;
   auto& waiting = turns_[name];
   waiting.remove(ticket);
@@ -105,9 +104,10 @@ void EtcdBackend::shut_down() noexcept {
   keeper_.request_stop();
   keeper_cv_.notify_all();
   if (keeper_.joinable()) keeper_.join();
-  janitor_.request_stop();
-  janitor_cv_.notify_all();
-  if (janitor_.joinable()) janitor_.join();
+  // What is still pending gets a last try, and no attempt outlives the client (nor, at exit,
+  // gRPC's statics).
+  removal_.drain(kEtcdTimes.drain_at_end);
+  removal_.close();
   // Every key this client wrote goes with its lease, at once rather than after the TTL.
   std::shared_ptr<ClientLease> last;
   {
@@ -117,7 +117,7 @@ void EtcdBackend::shut_down() noexcept {
   }
   if (!last || getpid() != pid_) return;
   try {
-    connection_.lease_revoke(last->id, SteadyClock::now() + kRevokeAtEnd);
+    connection_.lease_revoke(last->id, CallBudget(SteadyClock::now() + kRevokeAtEnd));
   } catch (const LeaseGone&) {
   } catch (...) {
     return;

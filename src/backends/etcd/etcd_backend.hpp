@@ -47,21 +47,11 @@
 #include "backends/etcd/layout.hpp"
 #include "backends/etcd/request_markers.hpp"
 #include "backends/etcd/timeouts.hpp"
+#include "core/call_budget.hpp"
+#include "core/guaranteed_removal.hpp"
 #include "core/loss_clock.hpp"
 
 namespace turnstile::detail::etcd {
-
-
-inline SteadyClock::time_point call_deadline() { return SteadyClock::now() + kCallCap; }
-
-// A network call's deadline: the caller's, within [now + floor, now + kCallCap].
-inline SteadyClock::time_point bounded(Deadline deadline, milliseconds floor) {
-  const auto now = SteadyClock::now();
-  if (!deadline) return now + kCallCap;
-  return std::min(now + kCallCap, std::max(*deadline, now + floor));
-}
-
-inline bool passed(Deadline deadline) { return deadline && *deadline <= SteadyClock::now(); }
 
 // --- leases and holds ----------------------------------------------------------------------
 
@@ -98,35 +88,68 @@ struct LocalTurn {
   EtcdBackend* backend = nullptr;
   std::string name;
   bool held = false;
-  LocalTurn(EtcdBackend* backend, std::string name, bool held) : backend(backend), name(std::move(name)), held(held) {}
+  LocalTurn(EtcdBackend* owner, std::string turn_name, bool is_held)
+      : backend(owner), name(std::move(turn_name)), held(is_held) {}
   LocalTurn(const LocalTurn&) = delete;
   LocalTurn& operator=(const LocalTurn&) = delete;
   ~LocalTurn();
 };
 
+// How a clean-up is run (EtcdBackend::run_cleanup).
+struct CleanupOptions {
+  // A local turn still held is kept until the clean-up is done (the key may exist).
+  LocalTurn* turn = nullptr;
+  // The try in the caller's thread: until the budget's deadline or stop (none at all when it
+  // has passed already), an endpoint tried `attempt_cap` before the next.
+  CallBudget first_try = CallBudget(SteadyClock::now() + kEtcdTimes.leave_try);
+  milliseconds attempt_cap = kAttemptCap;
+  // Runs once it is done (or moot: the lease is gone).
+  std::function<void()> finished{};
+  // What the background tries instead of the Txn, when given (it throws until done).
+  std::function<void(SteadyClock::time_point)> later{};
+};
+
 class EtcdBackend final : public Backend {
  public:
+  // --- its life (etcd_backend.cpp) ----------------------------------------------------------
   explicit EtcdBackend(Settings settings);
   ~EtcdBackend() override;
-
   // With live_backends()'s mutex held, at exit.
   void end_at_exit() noexcept;
 
+  // --- the Backend interface ----------------------------------------------------------------
+  // places.cpp: a queue entry from join to hold to release.
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
                                    Standing& first) override;
+  // counter_line.cpp: a PermitCounter acquire's waiter key and take.
   std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
                                             const std::stop_token& stop) override;
+  // counter.cpp: inspection and the PermitCounter's plain operations.
   Inspection inspect(const std::string& name, Deadline deadline) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
   std::int64_t counter_drain(const std::string& name) override;
 
+  // --- what places, holds and lines use ----------------------------------------------------
   Connection& connection() { return connection_; }
   KeyWatcher& key_watcher() { return key_watcher_; }
   const std::string& identity() const { return identity_; }
   const std::string& label_suffix() const { return label_suffix_; }
+  // A number no other request of this client has (it makes keys and values unique).
+  std::uint64_t next_request() { return ++unique_; }
+  // Release and take receipts whose call has its answer: deleted by later releases and takes
+  // (places.cpp).
+  std::vector<std::string> receipts_to_delete();
+  void receipts_deleted(const std::vector<std::string>& keys);
+  void receipt_done(std::string key);
+  // This client's turn for a name's exclusive key (etcd_backend.cpp; see LocalTurn).
   void leave_local_turn(const std::string& name);
+
+  // --- the lease (lease_keeper.cpp) --------------------------------------------------------
+  // This client's lease for new keys (a new one when the current one is lost), granted within
+  // `call` (its deadline is set: see CallBudget::for_call).
+  std::shared_ptr<ClientLease> client_lease(const CallBudget& call);
   bool lease_gone(const ClientLease& lease) {
     std::lock_guard lock(mutex_);
     return lease.gone;
@@ -150,16 +173,7 @@ class EtcdBackend final : public Backend {
   // background.
   void lose_lease(const std::shared_ptr<ClientLease>& lease, const std::string& reason, bool gone);
 
-  // This client's lease for new keys (a new one when the current one is lost).
-  std::shared_ptr<ClientLease> client_lease(SteadyClock::time_point deadline, const std::stop_token& stop = {});
-  // A number no other request of this client has (it makes keys and values unique).
-  std::uint64_t next_request() { return ++unique_; }
-
-  // Release and take receipts whose call has its answer: deleted by later releases and takes.
-  std::vector<std::string> receipts_to_delete();
-  void receipts_deleted(const std::vector<std::string>& keys);
-  void receipt_done(std::string key);
-
+  // --- lines: joining and waiting (lines.cpp) ----------------------------------------------
   // An entry put at the back of a line (a queue, or a PermitCounter's waiters).
   struct Joined {
     std::shared_ptr<ClientLease> lease;
@@ -173,62 +187,66 @@ class EtcdBackend final : public Backend {
   using EntryMaker = std::function<std::pair<std::string, std::string>(const ClientLease& lease, std::uint64_t request)>;
   // Puts an entry under `prefix` and reads the line in the same round trip; once more on a new
   // lease when etcd no longer knew the current one. Throws BackendUnavailable with the entry
-  // left in the background, holding on to `turn` until it is gone; CallStopped on a `stop`.
-  Joined join_line(const std::string& prefix, const EntryMaker& entry, Deadline deadline, LocalTurn* turn,
-                   const std::stop_token& stop = {});
-  // Runs a clean-up Txn (a leave): once here, within `first_try`, then in the background until
-  // it succeeds or the lease is gone. A `turn` still held is kept until then (the key may
-  // exist). Returns the first try's answer, or none (not answered in time, or the lease gone).
-  // `finished` runs once it is done (or moot: the lease is gone); `later`, when given, is what
-  // the background tries instead of the Txn (it throws until done). A `stop` ends the first
-  // try (none at all when it came already, or when `first_try` is not positive), in which an
-  // endpoint is tried `attempt_cap` before the next.
+  // left in the background, holding on to `turn` until it is gone; CallStopped on the budget's
+  // stop.
+  Joined join_line(const std::string& prefix, const EntryMaker& entry, const CallBudget& budget, LocalTurn* turn);
+  // Waits for an event of the watch (or its end, the budget's deadline or stop, or the lease's
+  // loss). `changed_already`, when given, is asked once the watch exists: true means what we
+  // wait for happened before the watch began, so no wait.
+  void wait_for_change(ClientLease& lease, const pb::WatchCreateRequest& watch, const CallBudget& budget,
+                       const std::function<bool()>& changed_already = {});
+
+  // --- clean-ups: a leave or a settle that must happen (cleanup.cpp) -------------------------
+  // Runs a clean-up Txn (a leave): once here, then in the background (GuaranteedRemoval) until
+  // it succeeds or the lease is gone. Returns the first try's answer, or none (not answered in
+  // time, or the lease gone).
   std::optional<pb::TxnResponse> run_cleanup(const std::shared_ptr<ClientLease>& lease, pb::TxnRequest txn,
-                                             LocalTurn* turn, milliseconds first_try = kLeaveTry,
-                                             std::function<void()> finished = {},
-                                             std::function<void(SteadyClock::time_point)> later = {},
-                                             const std::stop_token& stop = {}, milliseconds attempt_cap = kAttemptCap);
-  // Waits for an event of the watch (or its end, the deadline, `stop`, or the lease's loss).
-  // `changed_already`, when given, is asked once the watch exists: true means what we wait for
-  // happened before the watch began, so no wait.
-  void wait_for_change(ClientLease& lease, const pb::WatchCreateRequest& watch, Deadline deadline,
-                       const std::stop_token& stop, const std::function<bool()>& changed_already = {});
+                                             CleanupOptions options = {});
 
  private:
+  // One clean-up, in the caller's thread or the background's.
   struct Cleanup {
     std::shared_ptr<ClientLease> lease;
     std::function<void(SteadyClock::time_point)> attempt;  // throws until done
-    std::string turn;                                     // a name's local turn kept until done, or ""
+    std::unique_ptr<LocalTurn> turn;                      // a name's local turn kept until done
     std::function<void()> finished;                       // run once done, or empty
-    milliseconds pause = kCleanupFirstPause;
-    SteadyClock::time_point next_try;
   };
 
+  // etcd_backend.cpp
   // A place in this client's local line for a name (one exclusive key per lease and name).
-  bool enter_local_turn(const std::string& name, Deadline deadline, const std::stop_token& stop);
-  std::shared_ptr<ClientLease> grant_lease(SteadyClock::time_point deadline, const std::stop_token& stop);
+  bool enter_local_turn(const std::string& name, const CallBudget& budget);
+  // Stops the threads, tries the pending clean-ups and revokes the lease (unless it is lost,
+  // or this process is a forked child: the lease is its parent's).
+  void shut_down() noexcept;
+
+  // lease_keeper.cpp
+  // Grants a lease by `call`'s deadline (set).
+  std::shared_ptr<ClientLease> grant_lease(const CallBudget& call);
   void give_up(const std::shared_ptr<ClientLease>& lease);
   void keep_alive_loop(std::stop_token stop);
   // One keep-alive round: the TTL etcd confirmed, or none (no answer, or the lease is gone).
   std::optional<milliseconds> keep_alive_round(const std::shared_ptr<ClientLease>& lease,
                                                SteadyClock::time_point sent_at, milliseconds patience);
-  // Stops the threads and revokes the lease (unless it is lost, or this process is a forked
-  // child: the lease is its parent's).
-  void shut_down() noexcept;
   // A held key went: it may have gone with the lease (revoked), which a keep-alive tells now.
   void check_lease_now();
-  void schedule(Cleanup cleanup);
-  // One try of a clean-up; true when it is done (or moot: the lease is gone).
-  bool try_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline) noexcept;
-  void janitor_loop(std::stop_token stop);
-  // Puts `key` (created at most once, guarded by the request's marker) and reads `prefix`'s
-  // entries in the same Txn.
-  Joined put_entry(const std::shared_ptr<ClientLease>& lease, std::string key, std::uint64_t request, std::string value,
-                   const std::string& prefix, Deadline deadline, LocalTurn* turn, const std::stop_token& stop);
+
+  // cleanup.cpp
+  // Hands a clean-up to the background (`what` names it in a report).
+  void schedule(std::string what, Cleanup cleanup);
+  // One try of a clean-up by `deadline`: done (or moot: the lease is gone) unless it throws.
+  void attempt_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline);
   // Leaves with an entry whose join may or may not have been applied: the join's marker
   // written (so a join still in flight fails) and the key deleted if it holds the join's value.
   void leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key, std::uint64_t request,
                          const std::string& value, LocalTurn* turn);
+
+  // lines.cpp
+  // Puts `key` (created at most once, guarded by the request's marker) and reads `prefix`'s
+  // entries in the same Txn.
+  Joined put_entry(const std::shared_ptr<ClientLease>& lease, std::string key, std::uint64_t request, std::string value,
+                   const std::string& prefix, const CallBudget& budget, LocalTurn* turn);
+
+  // counter.cpp
   // The counter key `key` changed at most once: `change` makes the Txn from the value read
   // (none: nothing to change, return `unchanged`); `answer` what the call returns once it
   // applied. Its Txn is guarded by a request marker (see counter_change_applied).
@@ -258,14 +276,12 @@ class EtcdBackend final : public Backend {
 
   std::condition_variable_any keeper_cv_;
 
-  std::mutex janitor_mutex_;
-  std::condition_variable_any janitor_cv_;
-  std::list<Cleanup> cleanups_;
-
   LossClock clock_;  // after what its thread's callbacks touch, so it stops first
   KeyWatcher key_watcher_{connection_, [this] { check_lease_now(); }};
+  // After what its attempts use (the connection, the leases' clock, the local turns they
+  // leave when dropped), so it is destroyed first; before the keeper, which hands it revokes.
+  GuaranteedRemoval removal_{kEtcdTimes.background};
   std::jthread keeper_;
-  std::jthread janitor_;
 };
 
 }  // namespace turnstile::detail::etcd

@@ -256,7 +256,7 @@ void KeyWatcher::recheck(Lock& lock) {
   try {
     pb::RangeRequest read;
     read.set_key(watched->key);
-    now = connection_.range(read, SteadyClock::now() + kBackgroundTry);
+    now = connection_.range(read, CallBudget(SteadyClock::now() + kBackgroundTry));
   } catch (...) {
     // Not read: watched again from where it was; etcd cancels it again if need be.
   }

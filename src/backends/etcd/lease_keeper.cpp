@@ -14,18 +14,20 @@ milliseconds keep_alive_period(milliseconds ttl) {
 
 }  // namespace
 
-std::shared_ptr<ClientLease> EtcdBackend::client_lease(SteadyClock::time_point deadline, const std::stop_token& stop) {
+std::shared_ptr<ClientLease> EtcdBackend::client_lease(const CallBudget& call) {
   {
     std::lock_guard lock(mutex_);
     if (lease_ && !lease_->lost) return lease_;
   }
+  // The call's own end, as its caller set it (connect_timeout may exceed the usual cap).
+  const auto end = call.deadline().value_or(call.call_end(kEtcdTimes.call));
   std::unique_lock grant(grant_mutex_, std::defer_lock);
-  if (!grant.try_lock_until(deadline)) throw BackendUnavailable("no etcd lease was granted before the deadline");
+  if (!grant.try_lock_until(end)) throw BackendUnavailable("no etcd lease was granted before the deadline");
   {
     std::lock_guard lock(mutex_);
     if (lease_ && !lease_->lost) return lease_;
   }
-  auto fresh = grant_lease(deadline, stop);
+  auto fresh = grant_lease(CallBudget(end, call.stop()));
   {
     std::lock_guard lock(mutex_);
     lease_ = fresh;
@@ -34,10 +36,10 @@ std::shared_ptr<ClientLease> EtcdBackend::client_lease(SteadyClock::time_point d
   return fresh;
 }
 
-std::shared_ptr<ClientLease> EtcdBackend::grant_lease(SteadyClock::time_point deadline, const std::stop_token& stop) {
+std::shared_ptr<ClientLease> EtcdBackend::grant_lease(const CallBudget& call) {
   const auto ttl_seconds = std::max<std::int64_t>(1, (connection_.settings().ttl.count() + 999) / 1000);
   const auto sent_at = SteadyClock::now();
-  const auto granted = connection_.lease_grant(ttl_seconds, deadline, stop);
+  const auto granted = connection_.lease_grant(ttl_seconds, call);
   auto fresh = std::make_shared<ClientLease>();
   fresh->id = granted.id();
   fresh->hex = lease_hex(granted.id());
@@ -79,16 +81,15 @@ void EtcdBackend::give_up(const std::shared_ptr<ClientLease>& lease) {
   // restart) go now, or as soon as etcd answers.
   if (revoke) {
     const auto id = lease->id;
-    Cleanup cleanup;
-    cleanup.lease = lease;
+    Cleanup cleanup{lease, {}, nullptr, {}};
     cleanup.attempt = [this, id, pending = lease.get()](SteadyClock::time_point deadline) {
       {
         std::lock_guard lock(mutex_);
         if (pending->unresolved_takes > 0) throw BackendUnavailable("a take's receipt on the lease is still to be read");
       }
-      connection_.lease_revoke(id, deadline);
+      connection_.lease_revoke(id, CallBudget(deadline));
     };
-    schedule(std::move(cleanup));
+    schedule("the revoke of etcd lease " + lease->hex, std::move(cleanup));
   }
 }
 
@@ -149,7 +150,7 @@ std::optional<milliseconds> EtcdBackend::keep_alive_round(const std::shared_ptr<
   if (!readable_key.empty()) {
     std::optional<std::uint64_t> term;
     try {
-      term = connection_.linearizable_term(readable_key, sent_at + patience);
+      term = connection_.linearizable_term(readable_key, CallBudget(sent_at + patience));
     } catch (const Error&) {
     }
     if (!term || *term != answer->raft_term) {

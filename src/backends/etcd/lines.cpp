@@ -5,14 +5,12 @@ namespace turnstile::detail::etcd {
 
 // --- lines: joining and waiting ----------------------------------------------------------
 
-void EtcdBackend::wait_for_change(ClientLease& lease, const pb::WatchCreateRequest& request, Deadline deadline,
-                                  const std::stop_token& stop, const std::function<bool()>& changed_already) {
+void EtcdBackend::wait_for_change(ClientLease& lease, const pb::WatchCreateRequest& request, const CallBudget& budget,
+                                  const std::function<bool()>& changed_already) {
   const auto started = SteadyClock::now();
   // A bounded watch: a healthy stream is renewed now and then, so no wait depends on one
   // connection forever.
-  auto until = started + kWaitWatchLife;
-  if (deadline) until = std::min(until, *deadline);
-  WatchStream watch(connection_, until);
+  WatchStream watch(connection_, *budget.until(started + kWaitWatchLife).deadline());
   {
     std::lock_guard lock(mutex_);
     if (lease.lost) return;
@@ -27,10 +25,10 @@ void EtcdBackend::wait_for_change(ClientLease& lease, const pb::WatchCreateReque
       lease.waits.erase(&watch);
     }
   } registered{*this, lease, watch};
-  std::stop_callback on_stop(stop, [&watch] { watch.cancel(); });
+  std::stop_callback on_stop(budget.stop(), [&watch] { watch.cancel(); });
   watch.start(request);
   bool already = false;
-  if (changed_already && !stop.stop_requested()) {
+  if (changed_already && !budget.stopped()) {
     try {
       already = changed_already();
     } catch (const BackendUnavailable&) {
@@ -40,20 +38,19 @@ void EtcdBackend::wait_for_change(ClientLease& lease, const pb::WatchCreateReque
   pb::WatchResponse response;
   const bool changed = already || watch.next(response);
   // A stream that ended at once (etcd restarting, a fork): do not spin.
-  if (!changed && SteadyClock::now() - started < kWatchEndedAtOnce && !passed(deadline) && !stop.stop_requested() &&
-      !lease_lost(lease)) {
+  if (!changed && SteadyClock::now() - started < kWatchEndedAtOnce && !budget.passed() && !lease_lost(lease)) {
     std::this_thread::sleep_for(kWatchRetryPause);
   }
 }
 
-EtcdBackend::Joined EtcdBackend::join_line(const std::string& prefix, const EntryMaker& entry, Deadline deadline,
-                                           LocalTurn* turn, const std::stop_token& stop) {
+EtcdBackend::Joined EtcdBackend::join_line(const std::string& prefix, const EntryMaker& entry, const CallBudget& budget,
+                                           LocalTurn* turn) {
   for (int attempt = 0;; ++attempt) {
-    auto lease = client_lease(bounded(deadline, kOneShot), stop);
+    auto lease = client_lease(budget.for_call(kEtcdTimes.one_shot));
     const auto number = next_request();
     auto [key, value] = entry(*lease, number);
     try {
-      return put_entry(lease, std::move(key), number, std::move(value), prefix, deadline, turn, stop);
+      return put_entry(lease, std::move(key), number, std::move(value), prefix, budget, turn);
     } catch (const LeaseGone&) {
       // The lease ended unnoticed; the join was not applied. Once more on a new lease.
       lose_lease(lease, "etcd no longer knows the client's lease", true);
@@ -64,7 +61,7 @@ EtcdBackend::Joined EtcdBackend::join_line(const std::string& prefix, const Entr
 
 EtcdBackend::Joined EtcdBackend::put_entry(const std::shared_ptr<ClientLease>& lease, std::string key,
                                            std::uint64_t request, std::string value, const std::string& prefix,
-                                           Deadline deadline, LocalTurn* turn, const std::stop_token& stop) {
+                                           const CallBudget& budget, LocalTurn* turn) {
   // Guarded by the request's marker, which every copy of this Txn that etcd runs puts, in
   // either branch: once we have an answer (or the clean-up is done), a copy still on its way
   // (resent by gRPC to another endpoint, or held up in a paused member) changes nothing, even
@@ -83,7 +80,7 @@ EtcdBackend::Joined EtcdBackend::put_entry(const std::shared_ptr<ClientLease>& l
   markers.retire(txn.mutable_failure(), request);
   pb::TxnResponse answer;
   try {
-    answer = connection_.txn(txn, bounded(deadline, kOneShot), true, stop);
+    answer = connection_.txn(txn, budget.for_call(kEtcdTimes.one_shot), Resend::allowed);
   } catch (const LeaseGone&) {
     markers.resolved(request);
     throw;  // not applied

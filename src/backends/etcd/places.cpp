@@ -77,7 +77,7 @@ Standing EtcdPlace::join(const QueueRequest& request, Deadline deadline) {
                          entry_value(request.kind, request.permits, request.limit, backend_.identity(), number,
                                      backend_.label_suffix())};
       },
-      deadline, &turn_, request.stop);
+      CallBudget(deadline, request.stop), &turn_);
   lease_ = std::move(joined.lease);
   key_ = std::move(joined.key);
   value_ = std::move(joined.value);
@@ -117,14 +117,14 @@ Standing EtcdPlace::look(Deadline deadline) {
     check_lease();
     std::optional<pb::RangeResponse> read;
     try {
-      read = backend_.connection().range(queue_range(prefix_, revision_), bounded(deadline, kLastLook));
+      read = backend_.connection().range(queue_range(prefix_, revision_), CallBudget(deadline).for_call(kLastLook));
     } catch (const BackendUnavailable&) {
     }
     check_lease();
     if (read) return stand(*read, read->header().revision());
     // Stopped: the last read, which did not admit us (we waited after it), so the core leaves.
     if (stop_.stop_requested()) return standing();
-    if (passed(deadline)) {
+    if (detail::passed(deadline)) {
       throw BackendUnavailable("no etcd answered while '" + name_ +
                                "' waited, until the deadline; its queue entry is removed in the background");
     }
@@ -147,12 +147,12 @@ void EtcdPlace::wait(const Verdict& verdict, Deadline deadline, const std::stop_
   // passed joins its "unsynced" watchers, caught up only every 100 ms (that was the handoff p99
   // under contention). What changed between our read and the watch is found by reading the
   // entries ahead of ours once more after the watch exists.
-  backend_.wait_for_change(*lease_, watch, deadline, stop, [&] { return changed_meanwhile(deadline); });
+  backend_.wait_for_change(*lease_, watch, CallBudget(deadline, stop), [&] { return changed_meanwhile(deadline); });
 }
 
 bool EtcdPlace::changed_meanwhile(Deadline deadline) const {
-  const auto now =
-      entries_of(backend_.connection().range(queue_range(prefix_, revision_ - 1), bounded(deadline, kLastLook)), prefix_);
+  const auto read = backend_.connection().range(queue_range(prefix_, revision_ - 1), CallBudget(deadline).for_call(kLastLook));
+  const auto now = entries_of(read, prefix_);
   if (now.size() + 1 != entries_.size()) return true;
   for (std::size_t i = 0; i < now.size(); ++i) {
     if (now[i].key != entries_[i].key || now[i].create_revision != entries_[i].create_revision ||
@@ -176,7 +176,7 @@ std::unique_ptr<BackendHold> EtcdPlace::hold(std::shared_ptr<LossSignal> loss) {
 void EtcdPlace::leave() noexcept {
   if (done_ || revision_ == 0) return;  // not joined: a join of unknown outcome left by itself
   done_ = true;
-  backend_.run_cleanup(lease_, delete_entry_txn(key_, revision_), &turn_);
+  backend_.run_cleanup(lease_, delete_entry_txn(key_, revision_), {.turn = &turn_});
 }
 
 EtcdHold::~EtcdHold() {
@@ -198,7 +198,7 @@ void EtcdHold::downgrade() {
   add_put(txn.mutable_success(), key_, value, lease_->id);
   bool present = false;
   try {
-    present = backend_.connection().txn(txn, call_deadline(), true).succeeded();
+    present = backend_.connection().txn(txn, CallBudget(), Resend::allowed).succeeded();
   } catch (const LeaseGone&) {
   }
   if (!present) loss_->lose("its etcd key was gone (the lease expired or the key was deleted)");
@@ -222,7 +222,8 @@ void EtcdHold::release() {
     add_range(txn.mutable_failure(), key_range(receipt));
     try {
       const auto answer = backend_.connection().txn(
-          txn, SteadyClock::now() + (loss_->lost_by_now() ? kLostReleaseTry : kReleaseTry), true);
+          txn, CallBudget(SteadyClock::now() + (loss_->lost_by_now() ? kLostReleaseTry : kEtcdTimes.release_try)),
+          Resend::allowed);
       existed = answer.succeeded() || answer.responses(0).response_range().kvs_size() > 0;
       if (answer.succeeded()) backend_.receipts_deleted(garbage);
       if (existed) backend_.receipt_done(receipt);
@@ -240,7 +241,7 @@ void EtcdHold::release() {
 
 std::unique_ptr<QueuePlace> EtcdBackend::join(const QueueRequest& request, bool, Deadline deadline, Standing& first) {
   const bool exclusive = request.kind == EntryKind::exclusive;
-  if (exclusive && !enter_local_turn(request.name, deadline, request.stop)) return nullptr;
+  if (exclusive && !enter_local_turn(request.name, CallBudget(deadline, request.stop))) return nullptr;
   auto place = std::make_unique<EtcdPlace>(*this, request, exclusive);
   try {
     first = place->join(request, deadline);

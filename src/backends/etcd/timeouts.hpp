@@ -1,24 +1,47 @@
-// Every time limit of the etcd backend, in one place, with the reason for its value.
+// Every time limit of the etcd backend, in one place, with the reason for its value: the shared
+// ideas in kEtcdTimes (core/time_policy.hpp), then those only a gRPC client of etcd has.
 #pragma once
 
 #include <chrono>
+#include <optional>
+
+#include "core/time_policy.hpp"
 
 namespace turnstile::detail::etcd {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// --- calls -------------------------------------------------------------------------------
-// Every call ends within kCallCap and by the caller's deadline: long enough for a fail-over to
-// the next endpoint, short enough that an untimed caller hears of an outage.
-constexpr milliseconds kCallCap{5000};
-// A call that must reach etcd once to mean anything (a try-once join, a grant) gets this much
-// even when its caller's deadline has passed.
-constexpr milliseconds kOneShot{1000};
-// The look after a wait, when the deadline has passed meanwhile: one round trip.
-constexpr milliseconds kLastLook{250};
 // One attempt of a call: a stuck endpoint gives way to the next one this soon.
 constexpr milliseconds kAttemptCap{2000};
+
+// --- the shared vocabulary (core/time_policy.hpp) ------------------------------------------
+inline constexpr TimePolicy kEtcdTimes{
+    // Every call ends within 5 s and by its caller's deadline: long enough for a fail-over to
+    // the next endpoint, short enough that an untimed caller hears of an outage.
+    .call = {.floor = milliseconds(0), .cap = milliseconds(5000)},
+    // A call that must reach etcd once to mean anything (a try-once join, a grant, a take) gets
+    // one second even when its caller's deadline has passed: a round trip plus a reconnect.
+    .one_shot = {.floor = milliseconds(1000), .cap = milliseconds(5000)},
+    // Room for one fail-over: a whole attempt at a member that does not answer (a paused or
+    // cut-off follower, kAttemptCap), then one round trip with connecting at the next
+    // (one_shot's floor). With only one attempt, a release never reached a healthy member while
+    // the one in use stalled.
+    .release_try = kAttemptCap + milliseconds(1000),
+    // A leave or a clean-up is tried this long in the caller's thread before the background
+    // takes it over: a caller is not held up by an outage.
+    .leave_try = milliseconds(500),
+    // Background removals (leaves, settles, revokes) pause from 100 ms to 2 s between attempts,
+    // and are tried until done, moot (their lease is gone: its keys went with it) or the end.
+    .background = {.first_pause = milliseconds(100), .last_pause = milliseconds(2000), .give_up = std::nullopt},
+    // The client's end tries what is still pending for up to a second, before it revokes the
+    // lease (which takes every key on it; a take given back is the one removal not on it).
+    .drain_at_end = milliseconds(1000),
+};
+
+// The look after a wait, when the deadline has passed meanwhile: one round trip.
+inline constexpr CallLimits kLastLook{.floor = milliseconds(250), .cap = kEtcdTimes.call.cap};
+// --- gRPC calls (etcd only) ------------------------------------------------------------
 // Resent idempotent calls back off from the first to the last pause, doubling.
 constexpr milliseconds kRetryFirstPause{25};
 constexpr milliseconds kRetryLastPause{500};
@@ -39,28 +62,16 @@ constexpr milliseconds kForkQuiesce{3000};
 constexpr milliseconds kForkTeardown{50};
 
 // --- clean-up ----------------------------------------------------------------------------
-// How long a leave or a clean-up is tried in the caller's thread before the background
-// thread takes it over: a caller is not held up by an outage.
-constexpr milliseconds kLeaveTry{500};
-// An untimed acquire without a stop that must tell whether its take, whose reply was lost, was
-// applied gets as long as any call (kCallCap) before it throws "outcome unknown". Callers with a
-// deadline or a stop get their own budget instead (the background settles the rest).
-constexpr milliseconds kTakeOutcomeTry = kCallCap;
-// A stopped acquire still settles its take within kOneShot (the stop itself cut the take's
-// reply): an endpoint that does not answer gives way to the next after this, so a stuck member
-// does not take all of it. Not settled by then, the background settles it.
+// A stopped acquire still settles its take within one_shot's floor (the stop itself cut the
+// take's reply): an endpoint that does not answer gives way to the next after this, so a stuck
+// member does not take all of it. Not settled by then, the background settles it.
 constexpr milliseconds kStoppedSettleAttempt{400};
-// One background attempt, and the pauses between attempts (doubling from first to last).
-constexpr milliseconds kBackgroundTry{2000};
-constexpr milliseconds kCleanupFirstPause{100};
-constexpr milliseconds kCleanupLastPause{2000};
+// One background attempt (a removal, a watch's re-authentication, a held key's check): one
+// endpoint's whole attempt (kAttemptCap), so a stuck member gives way at the next attempt.
+constexpr milliseconds kBackgroundTry = kAttemptCap;
 // A release of a hold already reported lost: its caller is not kept waiting on a dead link
-// (the core retries it in the background). Other releases get room for one fail-over: a whole
-// attempt at a member that does not answer (a paused or cut-off follower, kAttemptCap), then
-// one round trip with connecting at the next (kOneShot). With only kAttemptCap, a release
-// never reached a healthy member while the one in use stalled.
+// (the core retries it in the background).
 constexpr milliseconds kLostReleaseTry{250};
-constexpr milliseconds kReleaseTry = kAttemptCap + kOneShot;
 // The client's end revokes its lease (its keys go at once rather than after the TTL) within.
 constexpr milliseconds kRevokeAtEnd{1000};
 
