@@ -57,6 +57,8 @@ TEST(TextEscape, HexNumbersAsPrintfWritesThem) {
     EXPECT_EQ(hex_number(value), expected);
     std::snprintf(expected, sizeof expected, "%016" PRIX64, value);
     EXPECT_EQ(hex_number(value, 16, HexCase::upper), expected);
+    std::snprintf(expected, sizeof expected, "%016" PRIx64, value);  // etcd's request marker keys
+    EXPECT_EQ(hex_number(value, 16, HexCase::lower), expected);
   }
   EXPECT_EQ(hex_number(0x7f, 4), "007f");
   EXPECT_EQ(hex_number(0x12345, 2), "12345");  // a width never cuts digits

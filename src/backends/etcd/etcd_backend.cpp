@@ -1,6 +1,8 @@
 // The etcd backend: its life (made, ended, ended at exit) and this client's local turns.
 #include "backends/etcd/etcd_backend.hpp"
 
+#include "core/host_name.hpp"
+
 namespace turnstile::detail::etcd {
 
 // --- process exit ----------------------------------------------------------------------------

@@ -1,26 +1,15 @@
 #include "backends/etcd/layout.hpp"
 
-#include <unistd.h>
-
 #include <chrono>
-#include <cinttypes>
-#include <cstdio>
+
+#include "core/text_escape.hpp"
 
 namespace turnstile::detail::etcd {
 
 using std::chrono::milliseconds;
 
-std::string lease_hex(std::int64_t lease) {
-  char buffer[24];
-  std::snprintf(buffer, sizeof buffer, "%" PRIx64, static_cast<std::uint64_t>(lease));
-  return buffer;
-}
-
-std::string host_name() {
-  char buffer[256] = {};
-  gethostname(buffer, sizeof buffer - 1);
-  return buffer;
-}
+// etcdctl's spelling of a lease id in a key: lower-case hex without leading zeros.
+std::string lease_hex(std::int64_t lease) { return hex_number(static_cast<std::uint64_t>(lease)); }
 
 bool is_entry_suffix(std::string_view suffix) {
   const auto underscore = suffix.find('_');

@@ -29,7 +29,6 @@ inline const std::string kReturned = "returned";  // applied after the acquire r
 inline const std::string kApplied = "applied";
 
 std::string lease_hex(std::int64_t lease);
-std::string host_name();
 std::int64_t now_ms();
 
 // A name's entries are its keys NAME/<lease hex> (etcdctl lock's) and NAME/<lease hex>_<n>:

@@ -1,8 +1,8 @@
 #include "backends/etcd/request_markers.hpp"
 
 #include <algorithm>
-#include <cinttypes>
-#include <cstdio>
+
+#include "core/text_escape.hpp"
 
 namespace turnstile::detail::etcd {
 namespace {
@@ -12,11 +12,7 @@ namespace {
 constexpr std::uint64_t kResolvedPerSweep = 32;
 
 // Fixed width, so that the keys sort as the numbers do and a range of keys is a range of numbers.
-std::string number_key(std::uint64_t number) {
-  char buffer[20];
-  std::snprintf(buffer, sizeof buffer, "%016" PRIx64, number);
-  return buffer;
-}
+std::string number_key(std::uint64_t number) { return hex_number(number, 16, HexCase::lower); }
 
 }  // namespace
 
