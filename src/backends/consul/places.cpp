@@ -223,22 +223,9 @@ class ConsulPlace final : public QueuePlace {
       if (!lose_refused_session(refused, *permit)) backend_.sessions().give_back(std::move(permit));
     }
     retry_soon_ = lock_op && (refused.at(*lock_op, Refusal::lock_held) || refused.at(*lock_op, Refusal::lock_delay));
-    if (refused.any(Refusal::stale)) pause_after_lost_race();
+    // A CAS on `.lock` lost to someone else's change: the core's RacePacer pauses before the
+    // look again, and a try-once ends not admitted after a few quick retries.
     throw QueueChanged();
-  }
-
-  // The hold's CAS on `.lock` lost to someone else's change since our look: the core looks and
-  // tries again at once, so the pause is here (doubling, at most kCasRaces times). One whose
-  // deadline has passed (a try-once) or that was stopped ends not admitted: the race went to
-  // someone else (QueueEntryGone: the core then gives up, and our entry is left).
-  void pause_after_lost_race() {
-    if (++races_lost_ >= kCasRaces) {
-      throw BackendUnavailable("taking '" + request_.name + "': its `.lock` changed under every one of " +
-                               std::to_string(races_lost_) + " tries");
-    }
-    if (!backend_.pause_before_retry(CallBudget(budget_.deadline(), request_.stop), race_backoff_)) {
-      throw QueueEntryGone();
-    }
   }
 
   // A hold whose answer never came may have been applied (the peers' key, `.lock`, the permits'
@@ -454,8 +441,6 @@ class ConsulPlace final : public QueuePlace {
   bool joined_ = false;
   bool left_ = false;
   bool retry_soon_ = false;
-  int races_lost_ = 0;                    // hold() CAS races lost to others' changes so far
-  milliseconds race_backoff_ = kResendBackoff;  // the pause after the next one
 };
 
 }  // namespace
