@@ -44,6 +44,7 @@
 #include "backends/etcd/key_watcher.hpp"
 #include "backends/etcd/request_markers.hpp"
 #include "backends/etcd/timeouts.hpp"
+#include "core/deadline_mutex.hpp"
 #include "core/loss_clock.hpp"
 
 namespace turnstile::detail::etcd {
@@ -507,7 +508,7 @@ class EtcdBackend final : public Backend {
 
   std::mutex mutex_;
   std::shared_ptr<ClientLease> lease_;
-  std::timed_mutex grant_mutex_;  // one lease grant at a time
+  DeadlineMutex grant_mutex_;  // one lease grant at a time
   std::set<std::string> receipt_garbage_;
 
   std::condition_variable_any turns_cv_;
