@@ -16,10 +16,13 @@ PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev
             python3 python3-consul python3-requests libcurl4-openssl-dev libsqlite3-dev \
             dpkg-dev file iproute2 clang-format
 JOBS := $(shell nproc 2>/dev/null || echo 2)
-# Tests mostly wait (on servers, timers, child processes), so CTest runs four per core. Tests
+# Tests mostly wait (on servers, timers, child processes), so CTest runs four per core; three
+# under ASan and two under TSan, whose tests spend 2 and 5-15 times the processor time. Tests
 # that cannot share a server have one of their own (the wake-up counts, the fault runs) or a
 # RESOURCE_LOCK (a cluster's fail-over tests, the two packaging tests).
 TEST_JOBS := $(shell echo $$(( $(JOBS) * 4 )))
+ASAN_TEST_JOBS := $(shell echo $$(( $(JOBS) * 3 )))
+TSAN_TEST_JOBS := $(shell echo $$(( $(JOBS) * 2 )))
 CLI := build/tools/turnstile/turnstile
 
 .PHONY: deps build demo check check-format check-warnings test test-plain test-asan test-asan-long test-tsan \
@@ -79,14 +82,14 @@ pipeline-asan-build: pipeline-plain-build
 	nice -n 19 cmake --build --preset asan -j $(JOBS)
 
 pipeline-asan-tests: pipeline-asan-build pipeline-plain-tests
-	ctest --preset asan -j $(TEST_JOBS)
+	ctest --preset asan -j $(ASAN_TEST_JOBS)
 
 pipeline-tsan-build: pipeline-asan-build
 	cmake --preset tsan
 	nice -n 19 cmake --build --preset tsan -j $(JOBS)
 
 pipeline-tsan-tests: pipeline-tsan-build pipeline-asan-tests
-	ctest --preset tsan -j $(TEST_JOBS)
+	ctest --preset tsan -j $(TSAN_TEST_JOBS)
 
 # One tree at a time (make test runs the same steps, overlapped).
 test-plain: build
@@ -98,19 +101,19 @@ test-plain: build
 test-asan: deps
 	cmake --preset asan
 	cmake --build --preset asan -j $(JOBS)
-	ctest --preset asan -j $(TEST_JOBS)
+	ctest --preset asan -j $(ASAN_TEST_JOBS)
 
 test-asan-long: deps
 	cmake --preset asan-long
 	cmake --build --preset asan-long -j $(JOBS)
-	ctest --preset asan-long -j $(TEST_JOBS)
+	ctest --preset asan-long -j $(ASAN_TEST_JOBS)
 
 # Under ThreadSanitizer: the unit tests, the embedded backend's, and the conformance suite on
 # every backend (the tsan tree builds nothing else).
 test-tsan: deps
 	cmake --preset tsan
 	cmake --build --preset tsan -j $(JOBS)
-	ctest --preset tsan -j $(TEST_JOBS)
+	ctest --preset tsan -j $(TSAN_TEST_JOBS)
 
 bench: build
 	bench/run.sh build
