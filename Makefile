@@ -2,8 +2,8 @@
 #   make demo   installs missing Debian packages, builds, runs the parking-lot demo
 #   make test   the same set-up, then every test through CTest, plain and under the sanitizers
 # Other targets: build, bench, faults (the long fault suite), mutants (safety mutants planted one
-# at a time: does a test catch each?), package (.deb files), test-plain, test-asan,
-# test-asan-long, test-tsan, clean.
+# at a time: does a test catch each?), package (.deb files), check (format and warnings),
+# test-plain, test-asan, test-asan-long, test-tsan, clean.
 
 # What the build, the tests and the benchmarks need, all from Debian 12.
 PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
@@ -14,11 +14,20 @@ PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev
             libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
             etcd-server etcd-client openssl locales \
             python3 python3-consul python3-requests libcurl4-openssl-dev libsqlite3-dev \
-            dpkg-dev file iproute2
+            dpkg-dev file iproute2 clang-format
 JOBS := $(shell nproc 2>/dev/null || echo 2)
+# Tests mostly wait (on servers, timers, child processes), so CTest runs four per core; three
+# under ASan and two under TSan, whose tests spend 2 and 5-15 times the processor time. Tests
+# that cannot share a server have one of their own (the wake-up counts, the fault runs) or a
+# RESOURCE_LOCK (a cluster's fail-over tests, the two packaging tests).
+TEST_JOBS := $(shell echo $$(( $(JOBS) * 4 )))
+ASAN_TEST_JOBS := $(shell echo $$(( $(JOBS) * 3 )))
+TSAN_TEST_JOBS := $(shell echo $$(( $(JOBS) * 2 )))
 CLI := build/tools/turnstile/turnstile
 
-.PHONY: deps build demo test test-plain test-asan test-asan-long test-tsan bench faults mutants package clean
+.PHONY: deps build demo check check-format check-warnings test test-plain test-asan test-asan-long test-tsan \
+        bench faults mutants package clean pipeline-plain-build pipeline-plain-tests pipeline-asan-build \
+        pipeline-asan-tests pipeline-tsan-build pipeline-tsan-tests
 
 # apt-get only when something is missing; as root it installs, otherwise it prints the command.
 deps:
@@ -42,29 +51,69 @@ build: deps
 demo: build
 	$(CLI) demo parking
 
-test: test-plain test-asan test-tsan
+# The checks that fail in seconds, before anything is built: the format of every C++ file
+# (.clang-format) and src/ and tools/ compiled with -Wall -Wextra -Wshadow -Werror (the default
+# tree, which the plain build then completes).
+check: check-format check-warnings
 
+check-format: deps
+	tests/check_format.sh
+
+check-warnings: deps check-format
+	cmake --preset default
+	cmake --build --preset warnings -j $(JOBS)
+
+# make test: the checks, then three trees, plain, ASan+UBSan and TSan, built and tested in a
+# pipeline: while one tree's tests run (they mostly wait), the next tree builds at low priority
+# (nice 19), so the tests keep the processors whenever they need them. At most one build and one
+# test run at a time: plain build, then plain tests beside the ASan build, then ASan tests beside
+# the TSan build, then TSan tests.
+test: deps
+	$(MAKE) --no-print-directory -j 2 --output-sync=line pipeline-tsan-tests
+
+pipeline-plain-build: check-warnings
+	cmake --build --preset default -j $(JOBS)
+
+pipeline-plain-tests: pipeline-plain-build
+	ctest --preset default -j $(TEST_JOBS)
+
+pipeline-asan-build: pipeline-plain-build
+	cmake --preset asan
+	nice -n 19 cmake --build --preset asan -j $(JOBS)
+
+pipeline-asan-tests: pipeline-asan-build pipeline-plain-tests
+	ctest --preset asan -j $(ASAN_TEST_JOBS)
+
+pipeline-tsan-build: pipeline-asan-build
+	cmake --preset tsan
+	nice -n 19 cmake --build --preset tsan -j $(JOBS)
+
+pipeline-tsan-tests: pipeline-tsan-build pipeline-asan-tests
+	ctest --preset tsan -j $(TSAN_TEST_JOBS)
+
+# One tree at a time (make test runs the same steps, overlapped).
 test-plain: build
-	ctest --preset default -j $(JOBS)
+	ctest --preset default -j $(TEST_JOBS)
 
-# Every test under AddressSanitizer and UndefinedBehaviorSanitizer, but the short fault runs and
-# the wake-up counts (they run in test-plain; under ASan they take some 6 minutes more, so they
-# have their own target, test-asan-long, to keep make test within its budget).
+# Every test under AddressSanitizer and UndefinedBehaviorSanitizer, but the examples (they run in
+# test-plain), the short fault runs and the wake-up counts (they run in test-plain; under ASan
+# they take some 6 minutes more, so they have their own target, test-asan-long).
 test-asan: deps
 	cmake --preset asan
 	cmake --build --preset asan -j $(JOBS)
-	ctest --preset asan -j $(JOBS)
+	ctest --preset asan -j $(ASAN_TEST_JOBS)
 
 test-asan-long: deps
-	cmake --preset asan
-	cmake --build --preset asan -j $(JOBS)
-	ctest --preset asan-long -j $(JOBS)
+	cmake --preset asan-long
+	cmake --build --preset asan-long -j $(JOBS)
+	ctest --preset asan-long -j $(ASAN_TEST_JOBS)
 
-# The core (unit, conformance and embedded-backend tests) under ThreadSanitizer.
+# Under ThreadSanitizer: the unit tests, the embedded backend's, and the conformance suite on
+# every backend (the tsan tree builds nothing else).
 test-tsan: deps
 	cmake --preset tsan
 	cmake --build --preset tsan -j $(JOBS)
-	ctest --preset tsan -j $(JOBS)
+	ctest --preset tsan -j $(TSAN_TEST_JOBS)
 
 bench: build
 	bench/run.sh build

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,8 +41,16 @@ constexpr std::array<BackendKind, 12> kBackends{{
 
 // Network backends live in their own shared libraries so the embedded path never pays for
 // their dependencies: libturnstile-<family>.so in the private directory turnstile/ beside this
-// library (installed), next to it (the build tree), or on the loader path.
+// library (installed), next to it (the build tree), or on the loader path. One thread at a
+// time, under a lock every tool sees: glibc runs a library's static initializers under its
+// own loader lock, which ThreadSanitizer does not see, so it reported a second thread's
+// connect reading a script string the first thread's dlopen was constructing. Found
+// factories are kept: one dlopen per family.
 BackendFactory load_backend(std::string_view family) {
+  static std::mutex mutex;
+  static std::map<std::string, BackendFactory, std::less<>> loaded;
+  std::lock_guard lock(mutex);
+  if (const auto found = loaded.find(family); found != loaded.end()) return found->second;
   const std::string file = "libturnstile-" + std::string(family) + ".so";
   std::vector<std::string> candidates;
   Dl_info self{};
@@ -53,7 +63,7 @@ BackendFactory load_backend(std::string_view family) {
   for (const auto& path : candidates) {
     if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
       if (void* symbol = dlsym(handle, "turnstile_backend_factory_v1")) {
-        return reinterpret_cast<BackendFactory>(symbol);
+        return loaded[std::string(family)] = reinterpret_cast<BackendFactory>(symbol);
       }
       dlclose(handle);
     }

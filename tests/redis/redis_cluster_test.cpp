@@ -93,23 +93,27 @@ TEST_F(RedisCluster, SlotsAreTheServersOwn) {
 // the client first uses it, not only the one asked at connect: a lock on an allkeys-lru primary
 // was taken without a word while the seed node was noeviction.
 TEST_F(RedisCluster, AnEvictingNodeIsRefusedWhenFirstUsed) {
+  // A cluster of its own: an allkeys-lru node in the shared fixture refuses the tests running
+  // beside this one.
+  OwnCluster cluster;
+  const auto& nodes = cluster.nodes();
   // The connect's own check asks the node of slot 0 (Router::command with no key): the seed.
-  const auto seed_owner = nodes_->owner("{" + tag_for_slot(0) + "}");
+  const auto seed_owner = nodes.owner("{" + tag_for_slot(0) + "}");
   std::string name, evicting;
   for (int i = 0; i < 200 && name.empty(); ++i) {
     const auto candidate = unique_name("evicting") + std::to_string(i);
-    const auto owner = nodes_->owner(queue_key(candidate));
+    const auto owner = nodes.owner(queue_key(candidate));
     if (owner != seed_owner) name = candidate, evicting = owner;
   }
   ASSERT_FALSE(name.empty()) << "every name on one node";
-  ASSERT_EQ(nodes_->cli(evicting, "CONFIG SET maxmemory-policy allkeys-lru"), "OK");
+  ASSERT_EQ(nodes.cli(evicting, "CONFIG SET maxmemory-policy allkeys-lru"), "OK");
   struct Restore {
     const ClusterNodes& nodes;
     std::string id;
     ~Restore() { nodes.cli(id, "CONFIG SET maxmemory-policy noeviction"); }
-  } restore{*nodes_, evicting};
+  } restore{nodes, evicting};
   // Seeded with a noeviction primary only, so the connect's own check passes.
-  auto client = Client::connect("redis+cluster://127.0.0.1:" + nodes_->port(seed_owner));
+  auto client = Client::connect("redis+cluster://127.0.0.1:" + nodes.port(seed_owner));
   auto mutex = client.mutex(name);
   try {
     const bool got = mutex.try_lock_for(2s);

@@ -1,15 +1,92 @@
-# Sourced by the test-server scripts beside it (POSIX sh).
+# Sourced by the test-server scripts beside it (POSIX sh): the one set of helpers they share.
+#   wait_until TENTHS COMMAND...      COMMAND every 0.1 s until it succeeds, up to TENTHS times
+#   process_gone PID                  PID has exited, or is a zombie (it has let go of its ports;
+#                                     a container's init may take long to reap it, or never)
+#   stop_pid PID                      SIGCONT (a paused process must hear what follows), SIGTERM,
+#                                     up to 5 s to go, then SIGKILL
+#   stop_process PIDFILE              stop_pid of the pid in PIDFILE, if any; removes PIDFILE
+#   stop_node ID                      stop_process of node ID's pid file (node_pidfile ID, which
+#                                     the script of a multi-node set-up defines)
+#   free_port [COUNT [LISTED]]        the first of COUNT consecutive ports free here, none of
+#                                     them a word of file LISTED (ports chosen, not yet bound)
+#   start_tries TRIES TRY...          TRY... until it succeeds, TRIES times at most: TRY starts
+#                                     the server(s), polls until they serve, and stops what it
+#                                     started when they do not (a port taken between its choice
+#                                     and its use, say)
+#   start_on_free_port TRIES COUNT TRY...
+#                                     the same, TRY... PORT with the first of COUNT free ports
 
-# Stops the process whose pid is in PIDFILE, if any: SIGTERM, up to 5 s to exit, then SIGKILL;
-# removes PIDFILE.
-stop_process() {
+wait_until() {  # TENTHS COMMAND...
+  tries=$1
+  shift
+  for _ in $(seq 1 "$tries"); do
+    if "$@"; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+process_gone() {  # PID
+  case "$(ps -o stat= -p "$1" 2>/dev/null)" in ''|Z*) return 0 ;; *) return 1 ;; esac
+}
+
+stop_pid() {  # PID
+  [ "${1:-0}" -gt 0 ] 2>/dev/null || return 0
+  kill -CONT "$1" 2>/dev/null || true
+  kill "$1" 2>/dev/null || true
+  wait_until 50 process_gone "$1" || kill -9 "$1" 2>/dev/null || true
+}
+
+stop_process() {  # PIDFILE
   if [ -f "$1" ]; then
-    pid=$(cat "$1")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
+    stop_pid "$(cat "$1")"
     rm -f "$1"
   fi
+}
+
+stop_node() {  # ID
+  stop_process "$(node_pidfile "$1")"
+}
+
+# Below the kernel's ephemeral range (32768 up), so that no outgoing connection holds one.
+free_port() {  # [COUNT [LISTED]]
+  count=${1:-1}
+  while :; do
+    first=$(shuf -i 20000-$((32767 - count)) -n 1)
+    last=$((first + count - 1))
+    if ss -Htan 2>/dev/null | awk -v lo="$first" -v hi="$last" \
+      '{ n = split($4, a, ":"); p = a[n] + 0; if (p >= lo && p <= hi) found = 1 } END { exit !found }'; then
+      continue
+    fi
+    if [ -n "${2:-}" ] && [ -f "$2" ] &&
+      awk -v lo="$first" -v hi="$last" '{ for (i = 1; i <= NF; i++) if ($i >= lo && $i <= hi) found = 1 } END { exit !found }' "$2"; then
+      continue
+    fi
+    echo "$first"
+    return
+  done
+}
+
+start_tries() {  # TRIES TRY...
+  start_tries_left=$1
+  shift
+  while [ "$start_tries_left" -gt 0 ]; do
+    if "$@"; then return 0; fi
+    start_tries_left=$((start_tries_left - 1))
+  done
+  return 1
+}
+
+with_free_port() {  # COUNT TRY...
+  with_count=$1
+  shift
+  "$@" "$(free_port "$with_count")"
+}
+
+start_on_free_port() {  # TRIES COUNT TRY...
+  start_on_tries=$1
+  shift
+  start_tries "$start_on_tries" with_free_port "$@"
 }
 
 # ---- one server (redis.sh, zookeeper.sh, etcd.sh, consul.sh) -----------------------------------
@@ -106,7 +183,7 @@ node_pid() {  # ID; empty when none
 
 node_alive() {  # ID
   pid=$(node_pid "$1")
-  [ -n "$pid" ] && case "$(ps -o stat= -p "$pid" 2>/dev/null)" in ''|Z*) false ;; *) true ;; esac
+  [ -n "$pid" ] && ! process_gone "$pid"
 }
 
 # The port number OFFSET of node ID, from $dir/ports (base) and the family's ports per node.
@@ -128,34 +205,8 @@ write_url() {
   echo "$url_scheme://$hosts" > "$dir/url"
 }
 
-# Whether any of the ports base..base+3*ports_per_node-1 is in use here (loopback mode only:
-# each namespace has ports of its own).
-ports_taken() {
-  [ -n "${cluster_netns:-}" ] && return 1
-  last=$((base + 3 * ports_per_node - 1))
-  ss -Htan 2>/dev/null | awk -v lo="$base" -v hi="$last" \
-    '{ n = split($4, a, ":"); p = a[n] + 0; if (p >= lo && p <= hi) found = 1 } END { exit !found }'
-}
-
-stop_node() {  # ID: SIGCONT, SIGTERM, up to 5 s, SIGKILL
-  pid=$(node_pid "$1")
-  if [ -n "$pid" ]; then
-    kill -CONT "$pid" 2>/dev/null || true
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do node_alive "$1" || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/n$1/pid"
-  fi
-}
-
-wait_until() {  # TENTHS COMMAND...: retries COMMAND every 0.1 s, up to TENTHS times
-  tries=$1
-  shift
-  for _ in $(seq 1 "$tries"); do
-    if "$@"; then return 0; fi
-    sleep 0.1
-  done
-  return 1
+node_pidfile() {  # ID
+  echo "$dir/n$1/pid"
 }
 
 all_alive() {
@@ -164,6 +215,19 @@ all_alive() {
 
 healthy_or_dead() {  # stops waiting when a node has exited (lost a port race)
   cluster_healthy || ! all_alive
+}
+
+# The cluster on ports BASE.. (ports_per_node per node), formed; otherwise stopped again.
+cluster_try() {  # BASE
+  base=$1
+  for i in $cluster_nodes; do rm -rf "$dir/n$i"; mkdir -p "$dir/n$i"; done
+  echo "$base" > "$dir/ports"
+  cluster_configure
+  for i in $cluster_nodes; do node_launch "$i"; done
+  if wait_until 600 healthy_or_dead && all_alive; then return 0; fi
+  echo "the cluster did not form on ports from $base (a port taken?); trying others" >&2
+  for i in $cluster_nodes; do stop_node "$i"; done
+  return 1
 }
 
 cluster_main() {
@@ -184,22 +248,12 @@ cluster_main() {
     mkdir -p "$dir"
     rm -f "$dir/url" "$dir/nodes" "$dir/ports"
     printf '%s\n%s\n' "$cluster_netns" "$cluster_hosts" > "$dir/netns"
-    for attempt in 1 2 3 4 5 6; do
-      base=$(shuf -i 20000-60000 -n 1)
-      if ports_taken; then continue; fi
-      for i in $cluster_nodes; do rm -rf "$dir/n$i"; mkdir -p "$dir/n$i"; done
-      echo "$base" > "$dir/ports"
-      cluster_configure
-      for i in $cluster_nodes; do node_launch "$i"; done
-      if wait_until 600 healthy_or_dead && all_alive; then
-        write_nodes
-        write_url
-        echo "$url_scheme cluster ready: $(cat "$dir/url")"
-        return 0
-      fi
-      echo "attempt $attempt: the cluster did not form (a port taken?); trying other ports" >&2
-      for i in $cluster_nodes; do stop_node "$i"; done
-    done
+    if start_on_free_port 6 $((3 * ports_per_node)) cluster_try; then
+      write_nodes
+      write_url
+      echo "$url_scheme cluster ready: $(cat "$dir/url")"
+      return 0
+    fi
     echo "could not start the cluster; logs:" >&2
     for i in $cluster_nodes; do tail -n 30 "$dir/n$i"/*.log >&2 || true; done
     return 1

@@ -23,12 +23,7 @@ launch() {  # port (0: any free one)
   # shellcheck disable=SC2086
   server_spawn "$dir/consul.pid" "$dir/consul.log" /usr/bin/python3 "$server" --bind "$server_host" --port "$1" \
     --port-file "$dir/port" --data-dir "$dir/data" $acl $extra
-  for _ in $(seq 1 100); do
-    [ -s "$dir/port" ] && return 0
-    kill -0 "$(cat "$dir/consul.pid")" 2>/dev/null || return 1
-    sleep 0.05
-  done
-  return 1
+  wait_until 100 eval '[ -s "$dir/port" ] || process_gone "$(cat "$dir/consul.pid")"' && [ -s "$dir/port" ]
 }
 
 acl=""
@@ -73,19 +68,7 @@ start)
   exit 1
   ;;
 stop)
-  if [ -f "$dir/consul.pid" ]; then
-    pid=$(cat "$dir/consul.pid")
-    kill -CONT "$pid" 2>/dev/null || true
-    kill "$pid" 2>/dev/null || true
-    # Like common.sh's stop_process, but a zombie counts as gone: it has let go of the port,
-    # and its new parent may take seconds to reap it.
-    for _ in $(seq 1 50); do
-      case "$(ps -o stat= -p "$pid" 2>/dev/null)" in ''|Z*) break ;; esac
-      sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/consul.pid"
-  fi
+  stop_process "$dir/consul.pid"
   ;;
 restart)
   port=$(sed 's/.*://' "$dir/url")

@@ -36,12 +36,29 @@ ready() {  # client port
   in_server etcdctl --endpoints="$client_scheme://$server_host:$1" $client_tls --command-timeout=1s endpoint health >/dev/null 2>&1
 }
 
+etcd_exited() {
+  process_gone "$(cat "$dir/etcd.pid")"
+}
+
 wait_ready() {  # client port; fails when etcd exits first
-  for _ in $(seq 1 100); do
-    if ready "$1"; then return 0; fi
-    kill -0 "$(cat "$dir/etcd.pid")" 2>/dev/null || return 1
-    sleep 0.1
-  done
+  ready_port=$1
+  wait_until 100 eval 'ready "$ready_port" || etcd_exited' && ready "$ready_port"
+}
+
+# etcd on client port CLIENT and peer port CLIENT+1, serving; otherwise stopped again and its
+# data removed (it lost the race for a port, or was too slow).
+try_port() {  # CLIENT
+  client=$1
+  peer=$((client + 1))
+  launch "$client" "$peer"
+  if wait_ready "$client"; then
+    echo "$client $peer" > "$dir/ports"
+    echo "$url_scheme://$server_host:$client" > "$dir/url"
+    echo "etcd ready on $server_host:$client"
+    return 0
+  fi
+  stop_process "$dir/etcd.pid"
+  rm -rf "$dir/data"
   return 1
 }
 
@@ -52,20 +69,7 @@ start)
   mkdir -p "$dir"
   rm -rf "$dir/url" "$dir/data"
   server_place_record
-  for attempt in 1 2 3 4 5 6 7 8 9 10; do
-    client=$(shuf -i 20000-60999 -n 1)
-    peer=$((client + 1))
-    launch "$client" "$peer"
-    if wait_ready "$client"; then
-      echo "$client $peer" > "$dir/ports"
-      echo "$url_scheme://$server_host:$client" > "$dir/url"
-      echo "etcd ready on $server_host:$client"
-      exit 0
-    fi
-    # Lost the race for a port (or too slow): clean up and try others.
-    kill -9 "$(cat "$dir/etcd.pid")" 2>/dev/null || true
-    rm -rf "$dir/data"
-  done
+  start_on_free_port 10 2 try_port && exit 0
   echo "could not start etcd; log:" >&2
   tail -n 50 "$dir/etcd.log" >&2 || true
   exit 1

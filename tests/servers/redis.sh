@@ -22,6 +22,23 @@ pong() {  # PORT
   [ "$(in_server redis-cli -h "$server_host" -p "$1" ping 2>/dev/null)" = PONG ]
 }
 
+redis_exited() {
+  [ -f "$dir/redis.pid" ] && process_gone "$(cat "$dir/redis.pid")"
+}
+
+# The server on PORT, answering; otherwise stopped again (a daemon that lost the race for the
+# port has exited).
+try_port() {  # PORT
+  port=$1
+  if launch "$port" && wait_until 50 eval 'pong "$port" || redis_exited' && pong "$port"; then
+    echo "redis://$server_host:$port" > "$dir/url"
+    echo "redis-server ready on $server_host:$port"
+    return 0
+  fi
+  stop_process "$dir/redis.pid"
+  return 1
+}
+
 case "$action" in
 start)
   # A server left running by an interrupted run would be orphaned by a new pid file.
@@ -29,21 +46,7 @@ start)
   mkdir -p "$dir"
   rm -f "$dir/url"
   server_place_record
-  for attempt in 1 2 3 4 5 6 7 8 9 10; do
-    port=$(shuf -i 20000-60999 -n 1)
-    launch "$port" || continue
-    for _ in $(seq 1 50); do
-      if pong "$port"; then
-        echo "redis://$server_host:$port" > "$dir/url"
-        echo "redis-server ready on $server_host:$port"
-        exit 0
-      fi
-      # A daemon that lost the race for the port has exited: try another port.
-      if [ -f "$dir/redis.pid" ] && ! kill -0 "$(cat "$dir/redis.pid")" 2>/dev/null; then break; fi
-      sleep 0.1
-    done
-    [ -f "$dir/redis.pid" ] && kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
-  done
+  start_on_free_port 10 1 try_port && exit 0
   echo "could not start redis-server; log:" >&2
   cat "$dir/redis.log" >&2 || true
   exit 1
@@ -55,11 +58,7 @@ restart)
   port=$(sed 's/.*://' "$dir/url")
   "$0" stop "$dir"
   launch "$port"
-  for _ in $(seq 1 50); do
-    pong "$port" && exit 0
-    sleep 0.1
-  done
-  exit 1
+  wait_until 50 pong "$port"
   ;;
 *)
   echo "usage: $0 start|stop|restart DIR" >&2

@@ -121,7 +121,7 @@ start-once)
   place_nodes
   # Each line gets the node's cluster bus port.
   for id in $nodes_all; do
-    bus=$(free_port)
+    bus=$(free_port 1 "$dir/nodes.tmp")
     awk -v id="$id" -v bus="$bus" '$1 == id { $6 = bus } { print }' "$dir/nodes.tmp" > "$dir/nodes.tmp2"
     mv "$dir/nodes.tmp2" "$dir/nodes.tmp"
   done

@@ -6,6 +6,9 @@
 # and TURNSTILE_CLUSTER_HOSTS="a1 a2 ..." at start, the i-th node of $nodes_all listens on a_i
 # inside ns_i. DIR/nodes keeps its host, DIR/netns ("ID NAMESPACE" lines) its namespace, and
 # every command reaches a node from the node's own namespace (so it answers while cut off).
+# The helpers every server script shares (stop_node, wait_until, free_port, start_tries) come
+# from common.sh.
+. "$(dirname "$0")/common.sh"
 
 nth() {  # N WORDS...: the N-th of WORDS, nothing when there are fewer
   nth_n=$1
@@ -26,7 +29,7 @@ place_nodes() {
     # shellcheck disable=SC2086
     host=$(nth "$k" ${TURNSTILE_CLUSTER_HOSTS:-})
     [ -n "$ns" ] && echo "$id $ns" >> "$dir/netns"
-    echo "$id $(role_of "$id") ${host:-127.0.0.1} $(free_port) 0" >> "$dir/nodes.tmp"
+    echo "$id $(role_of "$id") ${host:-127.0.0.1} $(free_port 1 "$dir/nodes.tmp") 0" >> "$dir/nodes.tmp"
   done
 }
 
@@ -52,18 +55,6 @@ node_server() {  # ID ARGS...
   in_node "$node_server_id" redis-server "$@" --protected-mode no
 }
 
-# Below the kernel's ephemeral range (32768 up), so no outgoing connection holds it, and not
-# in use now (a race with another starter fails the start, which is tried again).
-free_port() {
-  while :; do
-    p=$(shuf -i 20000-32767 -n 1)
-    if [ -z "$(ss -Htan "sport = :$p" 2>/dev/null)" ] && ! grep -qw "$p" "$dir/nodes.tmp" 2>/dev/null; then
-      echo "$p"
-      return
-    fi
-  done
-}
-
 node_field() {  # ID FIELD(2=role 3=host 4=port 5=pid)
   awk -v id="$1" -v f="$2" '$1 == id { print $f }' "$dir/nodes"
 }
@@ -73,12 +64,12 @@ set_pid() {  # ID PID
   mv "$dir/nodes.new" "$dir/nodes"
 }
 
+ping_ok() {  # ID
+  [ "$(rcli "$1" ping 2>/dev/null)" = PONG ]
+}
+
 wait_ping() {  # ID
-  for _ in $(seq 1 100); do
-    [ "$(rcli "$1" ping 2>/dev/null)" = PONG ] && return 0
-    sleep 0.1
-  done
-  return 1
+  wait_until 100 ping_ok "$1"
 }
 
 pid_of() { cat "$dir/$1.pid" 2>/dev/null || echo 0; }
@@ -89,41 +80,24 @@ live_pid() {
   echo "$pid"
 }
 
-# Waits (up to 5 s) until PID is gone or a zombie (a container's init may never reap it).
-wait_gone() {
-  for _ in $(seq 1 50); do
-    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)
-    { [ -z "$state" ] || [ "$state" = Z ]; } && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
-stop_node() {  # ID: SIGTERM (after SIGCONT: a paused node must hear it), then SIGKILL
-  pid=$(pid_of "$1")
-  if [ "$pid" != 0 ]; then
-    kill -CONT "$pid" 2>/dev/null || true
-    kill "$pid" 2>/dev/null || true
-    wait_gone "$pid" || kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$dir/$1.pid"
+node_pidfile() {  # ID
+  echo "$dir/$1.pid"
 }
 
 wait_healthy() {  # SECONDS
-  for _ in $(seq 1 $(($1 * 5))); do
-    healthy && return 0
-    sleep 0.2
-  done
-  return 1
+  wait_until $(($1 * 10)) healthy
 }
 
 # start: `$0 start-once DIR` up to three times (a port taken between its choice and its use
 # fails an attempt), stopping what an attempt left.
+start_once_or_stop() {
+  "$0" start-once "$dir" && return 0
+  "$0" stop "$dir" 2>/dev/null || true
+  return 1
+}
+
 start_retrying() {
-  for _ in 1 2 3; do
-    if "$0" start-once "$dir"; then exit 0; fi
-    "$0" stop "$dir" 2>/dev/null || true
-  done
+  start_tries 3 start_once_or_stop && exit 0
   exit 1
 }
 
@@ -133,7 +107,7 @@ node_action() {  # ACTION ID
   kill)
     pid=$(pid_of "$2")
     [ "$pid" != 0 ] && kill -9 "$pid" 2>/dev/null || true
-    wait_gone "$pid" || true
+    wait_until 50 process_gone "$pid" || true
     rm -f "$dir/$2.pid"
     ;;
   pause) kill -STOP "$(live_pid "$2")" ;;

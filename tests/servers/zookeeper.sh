@@ -39,20 +39,15 @@ ruok() {
   [ "$reply" = imok ]
 }
 
-case "$action" in
-start)
-  # A server left running by an interrupted run would be orphaned by a new pid file.
-  "$0" stop "$dir"
-  mkdir -p "$dir/data"
-  rm -f "$dir/url" "$dir/jvm.properties"
-  server_place_record
-  if [ -n "${TURNSTILE_ZK_CONTAINER_CHECK_MS:-}" ]; then
-    printf '%s\n' "-Dznode.container.checkIntervalMs=$TURNSTILE_ZK_CONTAINER_CHECK_MS" \
-      "-Dznode.container.maxPerMinute=100000" > "$dir/jvm.properties"
-  fi
-  for attempt in 1 2 3 4 5 6 7 8 9 10; do
-    port=$(shuf -i 20000-60999 -n 1)
-    cat > "$dir/zoo.cfg" <<CFG
+zookeeper_exited() {
+  process_gone "$(cat "$dir/zookeeper.pid")"
+}
+
+# The server on PORT, answering ruok; otherwise stopped again (one that lost the race for the
+# port has exited).
+try_port() {  # PORT
+  port=$1
+  cat > "$dir/zoo.cfg" <<CFG
 tickTime=250
 minSessionTimeout=500
 maxSessionTimeout=${TURNSTILE_ZK_MAX_SESSION_TIMEOUT:-60000}
@@ -64,21 +59,29 @@ admin.enableServer=false
 maxClientCnxns=0
 ${TURNSTILE_ZK_FORCESYNC:+forceSync=$TURNSTILE_ZK_FORCESYNC}
 CFG
-    : > "$dir/zookeeper.log"
-    launch
-    pid=$(cat "$dir/zookeeper.pid")
-    for _ in $(seq 1 150); do
-      if ruok "$port" 2>/dev/null; then
-        echo "zk://$server_host:$port" > "$dir/url"
-        echo "zookeeper ready on $server_host:$port"
-        exit 0
-      fi
-      # A server that lost the race for the port has exited: try another port.
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill "$pid" 2>/dev/null || true
-  done
+  : > "$dir/zookeeper.log"
+  launch
+  if wait_until 150 eval 'ruok "$port" || zookeeper_exited' && ruok "$port"; then
+    echo "zk://$server_host:$port" > "$dir/url"
+    echo "zookeeper ready on $server_host:$port"
+    return 0
+  fi
+  stop_process "$dir/zookeeper.pid"
+  return 1
+}
+
+case "$action" in
+start)
+  # A server left running by an interrupted run would be orphaned by a new pid file.
+  "$0" stop "$dir"
+  mkdir -p "$dir/data"
+  rm -f "$dir/url" "$dir/jvm.properties"
+  server_place_record
+  if [ -n "${TURNSTILE_ZK_CONTAINER_CHECK_MS:-}" ]; then
+    printf '%s\n' "-Dznode.container.checkIntervalMs=$TURNSTILE_ZK_CONTAINER_CHECK_MS" \
+      "-Dznode.container.maxPerMinute=100000" > "$dir/jvm.properties"
+  fi
+  start_on_free_port 10 1 try_port && exit 0
   echo "could not start zookeeper; log:" >&2
   cat "$dir/zookeeper.log" >&2 || true
   exit 1
@@ -90,13 +93,10 @@ restart)
   "$0" stop "$dir"
   port=$(sed -n 's/^clientPort=//p' "$dir/zoo.cfg")
   launch
-  for _ in $(seq 1 300); do
-    if ruok "$port" 2>/dev/null; then
-      echo "zookeeper restarted on $server_host:$port"
-      exit 0
-    fi
-    sleep 0.1
-  done
+  if wait_until 300 ruok "$port"; then
+    echo "zookeeper restarted on $server_host:$port"
+    exit 0
+  fi
   echo "could not restart zookeeper; log:" >&2
   cat "$dir/zookeeper.log" >&2 || true
   exit 1

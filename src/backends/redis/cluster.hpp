@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/redis/connection.hpp"
+#include "core/deadline_mutex.hpp"
 
 namespace turnstile::detail::redis {
 
@@ -89,7 +90,7 @@ class Router {
   const std::chrono::milliseconds max_backoff_;
   std::unique_ptr<Connection> single_;  // redis://, redis+sentinel://
 
-  std::timed_mutex refreshing_;  // one refresh at a time
+  DeadlineMutex refreshing_;  // one refresh at a time
   std::mutex mutex_;             // guards what follows; never held across network I/O
   std::vector<int> slots_;       // node index by slot, -1 when unknown
   std::vector<std::string> addresses_;  // node index -> host:port (the host unbracketed, as MOVED writes it)
