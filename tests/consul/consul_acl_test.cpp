@@ -157,7 +157,9 @@ TEST_F(ConsulAcl, AReleaseTheTokenMayNoLongerDoEndsWithAccessDeniedNotALoop) {
   write_rules(kRules);  // lets a looping release end, so the test can report instead of hang
   EXPECT_TRUE(ended) << "the release kept retrying a refused transaction";
   EXPECT_EQ(release.get(), "AccessDenied");
-  if (ended) EXPECT_LE(txn_count() - before, 6);
+  if (ended) {
+    EXPECT_LE(txn_count() - before, 6);
+  }
 }
 
 }  // namespace
