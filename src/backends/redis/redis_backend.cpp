@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "backends/redis/scripts.hpp"
+#include "core/host_name.hpp"
 
 namespace turnstile::detail::redis {
 namespace {
@@ -22,12 +23,6 @@ Backoff retirement_backoff(const Settings& settings) {
   auto backoff = kRedisTimes.background;
   backoff.give_up = request_memory(settings);
   return backoff;
-}
-
-std::string host_name() {
-  char buffer[256] = {};
-  gethostname(buffer, sizeof buffer - 1);
-  return buffer;
 }
 
 }  // namespace
