@@ -51,7 +51,7 @@ RedisBackend::~RedisBackend() {
   // through: the server stalled, or the link is cut) tries them once more, each try at most
   // kExitAttempt, until they are answered or kRedisTimes.drain_at_end has passed. Whatever is still
   // unanswered then is dropped: a copy of it reaching the server later may still apply (the
-  // README's Redis section: a client that ends during a partition).
+  // docs/backends/redis.md, how it works: a client that ends during a partition).
   removal_budget_ = CallBudget(SteadyClock::now() + kRedisTimes.drain_at_end);
   removal_attempt_cap_ = kExitAttempt;
   removals_.drain(kRedisTimes.drain_at_end);
