@@ -2,35 +2,25 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 
 #include "core/backend_loader.hpp"
 #include "core/client_state.hpp"
+#include "core/text_escape.hpp"
 #include "turnstile/lock.hpp"
 #include "turnstile/permit_counter.hpp"
 #include "turnstile/semaphore.hpp"
 
 namespace turnstile {
-namespace detail {
 namespace {
 
-std::string percent_encode_path(const std::string& path) {
-  std::string out;
-  for (unsigned char c : path) {
-    if (c == '%' || c == ' ' || c == '?' || c == '#' || c < 0x20 || c == 0x7f) {
-      char buf[4];
-      std::snprintf(buf, sizeof buf, "%%%02X", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
+// What a file:// URL's path keeps as it is: all but '%', the bytes that would end the path or
+// split the URL (' ', '?', '#') and control bytes.
+bool kept_in_a_url_path(unsigned char c) {
+  return c != '%' && c != ' ' && c != '?' && c != '#' && c >= 0x20 && c != 0x7f;
 }
 
 }  // namespace
-}  // namespace detail
 
 const char* to_string(HoldState state) noexcept {
   switch (state) {
@@ -51,7 +41,8 @@ std::string Client::default_url() {
   struct stat lock_dir {};
   const bool run_lock = ::stat("/run/lock", &lock_dir) == 0 && S_ISDIR(lock_dir.st_mode) && lock_dir.st_uid == 0 &&
                         (lock_dir.st_mode & S_ISVTX) != 0;
-  return "file://" + detail::percent_encode_path((run_lock ? "/run/lock/turnstile-" : "/tmp/turnstile-") + uid);
+  const auto directory = (run_lock ? "/run/lock/turnstile-" : "/tmp/turnstile-") + uid;
+  return "file://" + detail::percent_encode(directory, kept_in_a_url_path);
 }
 
 Client Client::connect() { return connect(ClientOptions{}); }

@@ -215,7 +215,7 @@ class ClusterTest : public ::testing::TestWithParam<ClusterParam> {
         EXPECT_LE(late_ms, engine_late_loss.count());
         engine_revoked = lost_ns.load() != 0;
         std::printf("[%s] the engine revoked a live lease: the holder was told %lld ms after the contender was "
-                    "admitted (etcd-io/etcd#15247, see the README)\n",
+                    "admitted (etcd-io/etcd#15247, see docs/backends/etcd.md)\n",
                     GetParam().fixture.c_str(), static_cast<long long>(late_ms));
         return;
       }

@@ -58,7 +58,7 @@ for backend in "${backends[@]}"; do
       script=$servers/${backend/-/_}.sh; kinds=$server_faults,partition,client-partition; partitions 3 ;;
     redis-sentinel) script=$servers/redis_sentinel.sh; kinds=$server_faults,partition,client-partition
       # Each admission waits for the replica (WAIT); what remains is the window before a client
-      # notices a new primary (see the README's Redis Sentinel section).
+      # notices a new primary (see docs/backends/redis.md, Redis Sentinel).
       extra=(--url-query min_replicas=1
              --allow-overlaps "Sentinel: a client may act on the old primary until it notices the failover")
       partitions 5 ;;  # p1 p2 s1 s2 s3

@@ -390,6 +390,32 @@ TEST_F(FileBackend, UnusualNamesWork) {
   }
 }
 
+// The state file names are the layout every running process shares: each spelling is pinned
+// (letters, digits and "-_." kept, every other byte upper-case %XX; an encoding over 200 bytes
+// becomes "h." + the FNV-1a hash of the name in 16 upper-case digits + its first 180 bytes).
+TEST_F(FileBackend, StateFileNamesKeepTheirSpelling) {
+  const auto root = path("root");
+  auto client = Client::connect(url_of(root));
+  std::string hashed_prefix(40, 'e');
+  for (int i = 0; i < 23; ++i) hashed_prefix += "%C3%A9";
+  const std::pair<std::string, std::string> cases[] = {
+      {"a/b", "n.a%2Fb.s"},
+      {"with space", "n.with%20space.s"},
+      {"x-y_z.0", "n.x-y_z.0.s"},
+      {"caf\xc3\xa9", "n.caf%C3%A9.s"},
+      {"%41", "n.%2541.s"},
+      {std::string(200, 'x'), "n." + std::string(200, 'x') + ".s"},
+      {long_multibyte_name(), "h.58D4AF83588C45AA." + hashed_prefix + "%C.s"},
+      {std::string(200, 'z') + "17000", "h.002DDDBA2B64DBE1." + std::string(180, 'z') + ".s"},  // leading zeros
+  };
+  for (const auto& [name, file] : cases) {
+    auto mutex = client.mutex(name);
+    ASSERT_TRUE(mutex.try_lock()) << name;
+    EXPECT_TRUE(fs::exists(root + "/" + file)) << name << " is not at " << file;
+    mutex.unlock();
+  }
+}
+
 TEST_F(FileBackend, BadNamesLeaveTheDirectoryUntouched) {
   const auto root = path("root");
   auto client = Client::connect(url_of(root));

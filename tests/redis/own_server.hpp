@@ -24,7 +24,7 @@ using server_tests::eventually;
 using server_tests::read_first_line;
 using server_tests::shell;
 
-// The name's one key (see the README's Redis section).
+// The name's one key (see docs/backends/redis.md, how it works).
 inline std::string state_key(const std::string& name) { return "turnstile:{" + name + "}:q"; }
 
 // A test on the suite's fixture server (its URL in url_).

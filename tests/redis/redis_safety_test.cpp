@@ -635,7 +635,7 @@ TEST_F(RedisSafety, AWaiterWhoseEntryVanishedQueuesAgain) {
   expect_admitted_only_once_released(holder_client, holder, waiter, name);
 }
 
-// Issue 16 (rt1): a release against a frozen server is bounded as the README says: at most a
+// Issue 16 (rt1): a release against a frozen server is bounded as docs/backends/redis.md says: at most a
 // second, and no longer once its hold is reported lost (it is retried in the background); a
 // hold already lost gets one short try.
 TEST(RedisSafetyOwnServer, AReleaseAgainstAFrozenServerEndsWhenTheHoldIsLost) {

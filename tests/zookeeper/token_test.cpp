@@ -2,7 +2,7 @@
 // container parents, which the server deletes once they are empty (every minute by default;
 // here every 200 ms, TURNSTILE_ZK_CONTAINER_CHECK_MS), and a new parent's sequence numbers
 // start again at 0. Tokens were the sequence number + 1: 1, 2, 3, then 1 again after an idle
-// minute, and a store fenced as the README shows then refused every new holder. They are the
+// minute, and a store fenced as docs/choosing-a-backend.md shows then refused every new holder. They are the
 // nodes' czxid now: strictly growing across the reaping.
 #include <cstdlib>
 #include <cstring>

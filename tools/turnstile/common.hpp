@@ -11,7 +11,7 @@
 
 namespace turnstile::cli {
 
-// sysexits(3) values, as the README's table promises.
+// sysexits(3) values, as docs/cli.md's table of exit statuses promises.
 inline constexpr int kExitUsage = 64;        // bad usage, bad name, bad URL
 inline constexpr int kExitUnavailable = 69;  // the backend cannot be reached
 inline constexpr int kExitHoldLost = 70;     // the hold was lost while the command ran

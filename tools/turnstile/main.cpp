@@ -157,9 +157,10 @@ struct Subcommands {
         "A terminal, /dev/null or a file on stdin is not read: then only a signal or the reader of stdout\n"
         "ends the hold. In a shell script:\n"
         "  coproc HOLD { turnstile hold jobs/nightly; }\n"
+        "  hold_pid=$HOLD_PID                           # now: bash unsets HOLD_PID when HOLD ends\n"
         "  read -r token <&\"${HOLD[0]}\" || exit 75     # nothing printed: not held\n"
         "  ...                                          # the region; $token fences its writes\n"
-        "  exec {HOLD[1]}>&-; wait \"$HOLD_PID\"          # released; 0 if it was kept throughout\n\n"
+        "  exec {HOLD[1]}>&-; wait \"$hold_pid\"          # released; 0 if it was kept throughout\n\n"
         "Exit status: 0 released as asked (stdin closed, reader gone or a signal), else\n" +
         std::string(kExitStatuses) +
         "  128+N  a signal N arrived before it was held (nothing was printed)");

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "core/host_name.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail::consul {
@@ -67,11 +68,9 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   if (options.ttl.count() > 0) settings.session.ttl = options.ttl;
   if (options.connect_timeout.count() > 0) settings.connect_timeout = options.connect_timeout;
   settings.label = options.holder_label;
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
   // As `consul lock -name`: the label names the session when given.
   settings.session.name = !options.holder_label.empty() ? options.holder_label
-                                                        : "turnstile " + std::string(name) + " " + std::to_string(getpid());
+                                                        : "turnstile " + host_name() + " " + std::to_string(getpid());
   return settings;
 }
 
@@ -101,9 +100,7 @@ nlohmann::json kv_check_session(const std::string& key, const std::string& sessi
 
 ConsulBackend::ConsulBackend(Settings settings)
     : http_(settings.endpoint), sessions_(settings.endpoint, http_, settings.session) {
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  host_ = name;
+  host_ = host_name();
   label_ = settings.label;
   // Reaches Consul once, so a wrong address or token is reported by connect.
   sessions_.main(settings.connect_timeout);

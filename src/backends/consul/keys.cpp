@@ -4,6 +4,7 @@
 #include <cctype>
 #include <iterator>
 
+#include "core/text_escape.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail::consul {
@@ -17,12 +18,8 @@ bool kept(unsigned char c) {
          c == '.' || c == '/';
 }
 
-void escape(std::string& out, unsigned char c) {
-  static constexpr char digits[] = "0123456789ABCDEF";
-  out += ',';
-  out += digits[c >> 4];
-  out += digits[c & 15];
-}
+// What a request path carries as it is: a key's own alphabet, its ',' escapes included.
+bool kept_in_a_path(unsigned char c) { return kept(c) || c == ','; }
 
 // Endings Consul's validateKVKey refuses (agent/kvs_endpoint.go): what proxies might cache.
 constexpr std::string_view kFileEndings[] = {
@@ -116,7 +113,7 @@ std::string encode_name(std::string_view name) {
     const auto c = static_cast<unsigned char>(name[i]);
     if (!kept(c) || (c == '.' && dot_refused(name, i, out)) || (dot_starts_ending && i == last_dot) ||
         starts_reserved_segment(name, i)) {
-      escape(out, c);
+      append_escaped_byte(out, c, ',');
     } else {
       out += static_cast<char>(c);
     }
@@ -188,19 +185,6 @@ std::string base64_encode(std::string_view bytes) {
   return out;
 }
 
-std::string url_escape(std::string_view text) {
-  std::string out;
-  for (unsigned char c : text) {
-    if (kept(c) || c == ',') {
-      out += static_cast<char>(c);
-    } else {
-      static constexpr char digits[] = "0123456789ABCDEF";
-      out += '%';
-      out += digits[c >> 4];
-      out += digits[c & 15];
-    }
-  }
-  return out;
-}
+std::string url_escape(std::string_view text) { return percent_encode(text, kept_in_a_path); }
 
 }  // namespace turnstile::detail::consul

@@ -1,10 +1,10 @@
 #include "backends/consul/layout.hpp"
 
-#include <cctype>
 #include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
+#include "core/text_escape.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail::consul {
@@ -12,34 +12,9 @@ namespace {
 
 // A host name is whatever bytes its holder's kernel has (not always UTF-8, which JSON needs):
 // bytes past ASCII and '%' are stored as %XX and read back exactly, for inspect to escape.
-std::string host_text(const std::string& host) {
-  static constexpr char digits[] = "0123456789ABCDEF";
-  std::string out;
-  for (const unsigned char c : host) {
-    if (c < 0x80 && c != '%') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += digits[c >> 4];
-      out += digits[c & 15];
-    }
-  }
-  return out;
-}
+bool kept_in_a_value(unsigned char c) { return c < 0x80 && c != '%'; }
 
-std::string host_bytes(const std::string& text) {
-  std::string out;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '%' && i + 2 < text.size() && std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
-        std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
-      out += static_cast<char>(std::stoi(text.substr(i + 1, 2), nullptr, 16));
-      i += 2;
-    } else {
-      out += text[i];
-    }
-  }
-  return out;
-}
+std::string host_text(const std::string& host) { return percent_encode(host, kept_in_a_value); }
 
 }  // namespace
 
@@ -63,9 +38,9 @@ EntryValue entry_value(const std::string& text) {
     value.limit = json.value("limit", std::int64_t{0});
     value.held = json.value("held", false);
     value.pid = json.value("pid", std::int64_t{0});
-    value.host = host_bytes(json.value("host", std::string()));
+    value.host = percent_decode_lenient(json.value("host", std::string()));
     value.since_ms = json.value("since", std::int64_t{0});
-    value.label = host_bytes(json.value("label", std::string()));
+    value.label = percent_decode_lenient(json.value("label", std::string()));
     if (const auto sessions = json.find("sessions"); sessions != json.end() && sessions->is_array()) {
       for (const auto& session : *sessions) {
         if (session.is_string()) value.sessions.push_back(session.get<std::string>());

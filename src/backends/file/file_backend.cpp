@@ -6,6 +6,7 @@
 
 #include "backends/file/entry_slot.hpp"
 #include "core/backend_loader.hpp"
+#include "core/host_name.hpp"
 
 namespace turnstile::detail {
 
@@ -141,13 +142,14 @@ Inspection FileBackend::inspect(const std::string& name, Deadline) {  // local: 
   result.limit = h.limit;
   if (h.counter_set) result.permits = h.counter;
   std::vector<QueueEntryView> views;
+  const auto host = host_name();  // every holder of a local file is on this host
   for (std::size_t i = 0; i < h.count; ++i) {
     const auto& slot = h.slots[i];
     EntryInfo info;
     info.fencing_token = slot.seq;
     info.permits = slot.permits;
     info.pid = slot.pid;
-    info.host = host_name();
+    info.host = host;
     info.label = file->label_of(slot);
     info.since = std::chrono::system_clock::time_point(
         std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(slot.since_ns)));

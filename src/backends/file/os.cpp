@@ -183,15 +183,6 @@ const std::string& boot_id() {
   return id;
 }
 
-const std::string& host_name() {
-  static const std::string host = [] {
-    char buffer[256] = {};
-    gethostname(buffer, sizeof buffer - 1);
-    return std::string(buffer);
-  }();
-  return host;
-}
-
 std::uint64_t fnv1a(const std::string& text) {
   std::uint64_t hash = 1469598103934665603ULL;
   for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ULL;

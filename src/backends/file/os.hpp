@@ -78,7 +78,6 @@ void futex_wake_all(std::uint32_t* word);
 pid_t my_pid();  // cached; forgotten in a forked child
 std::int64_t realtime_ns();
 const std::string& boot_id();
-const std::string& host_name();
 std::uint64_t fnv1a(const std::string& text);
 
 }  // namespace turnstile::detail::file_state

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "backends/file/directory.hpp"
+#include "core/text_escape.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail::file_state {
@@ -39,22 +40,9 @@ bool kept_as_is(unsigned char c) {
 }
 
 std::string encode_name(const std::string& name) {
-  static constexpr char hex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : name) {
-    if (kept_as_is(c)) {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
+  const auto out = percent_encode(name, kept_as_is);
   if (out.size() <= kLongestEncodedName) return "n." + out;
-  const std::uint64_t hash = fnv1a(name);
-  std::string prefix = "h.";
-  for (int shift = 60; shift >= 0; shift -= 4) prefix += hex[(hash >> shift) & 15];
-  return prefix + "." + out.substr(0, 180);
+  return "h." + hex_number(fnv1a(name), 16, HexCase::upper) + "." + out.substr(0, 180);
 }
 
 bool same_boot(const char (&id)[40]) { return std::strncmp(id, boot_id().c_str(), sizeof id) == 0; }

@@ -1,28 +1,19 @@
 #include "backends/redis/keys.hpp"
 
-#include <cstdio>
-
 #include "backends/redis/cluster.hpp"
+#include "core/text_escape.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail::redis {
+namespace {
 
+bool kept_in_a_tag(unsigned char c) { return c != '{' && c != '}' && c != '%'; }
+
+}  // namespace
 
 // A name's key and channel share one hash tag, so a Redis Cluster keeps them in one slot. The
 // tag is the name with '{', '}' and '%' percent-encoded: any name, braces included, stays whole.
-std::string queue_tag(const std::string& name) {
-  std::string encoded;
-  for (char c : name) {
-    if (c == '{' || c == '}' || c == '%') {
-      char buffer[4];
-      std::snprintf(buffer, sizeof buffer, "%%%02X", static_cast<unsigned char>(c));
-      encoded += buffer;
-    } else {
-      encoded += c;
-    }
-  }
-  return "turnstile:{" + encoded + "}:";
-}
+std::string queue_tag(const std::string& name) { return "turnstile:{" + percent_encode(name, kept_in_a_tag) + "}:"; }
 
 // One hash per name. Pub/Sub ignores the selected database, so the channel names it: a
 // release in db 0 must not even wake db 1's waiters of the same name.

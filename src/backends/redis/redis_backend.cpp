@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "backends/redis/scripts.hpp"
+#include "core/host_name.hpp"
 
 namespace turnstile::detail::redis {
 namespace {
@@ -22,12 +23,6 @@ Backoff retirement_backoff(const Settings& settings) {
   auto backoff = kRedisTimes.background;
   backoff.give_up = request_memory(settings);
   return backoff;
-}
-
-std::string host_name() {
-  char buffer[256] = {};
-  gethostname(buffer, sizeof buffer - 1);
-  return buffer;
 }
 
 }  // namespace
@@ -56,7 +51,7 @@ RedisBackend::~RedisBackend() {
   // through: the server stalled, or the link is cut) tries them once more, each try at most
   // kExitAttempt, until they are answered or kRedisTimes.drain_at_end has passed. Whatever is still
   // unanswered then is dropped: a copy of it reaching the server later may still apply (the
-  // README's Redis section: a client that ends during a partition).
+  // docs/backends/redis.md, how it works: a client that ends during a partition).
   removal_budget_ = CallBudget(SteadyClock::now() + kRedisTimes.drain_at_end);
   removal_attempt_cap_ = kExitAttempt;
   removals_.drain(kRedisTimes.drain_at_end);

@@ -18,7 +18,7 @@ namespace turnstile::detail::redis {
 // something ("<client>:<n>:<low>:<keep ms>:<open>", see common_prelude.lua): every request
 // below <low> but those open is settled, so a copy of one delivered late changes nothing.
 // <keep ms> is how long the server must remember this client's requests (2 TTLs, at least
-// 2 minutes: the README's Redis section): a record is never kept shorter than any request
+// 2 minutes: docs/backends/redis.md, how it works): a record is never kept shorter than any request
 // written to it asked.
 class RequestIds {
  public:

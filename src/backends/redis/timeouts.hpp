@@ -31,7 +31,7 @@ inline constexpr TimePolicy kRedisTimes{
     // never in BackendUnavailable. A second covers a loaded server; an unreachable one holds it
     // up no longer. (Only the floor for an acquire's own call: see at_least_floor below.)
     .one_shot = {.floor = milliseconds(1000), .cap = kReplyTimeout},
-    // How long a release waits for the server (see RedisHold::release and the README); then the
+    // How long a release waits for the server (see RedisHold::release and docs/backends/redis.md); then the
     // core retries it in the background.
     .release_try = milliseconds(1000),
     // Leaving a queue or a counter's line: bounded, so a giving-up waiter returns soon; what
@@ -72,7 +72,7 @@ inline constexpr milliseconds kMinReplicaWait{200};
 // try-once) gets the floor too, not the connection's own caps: a try-once ends within it (and
 // its clean-up goes to the watchdog, see RedisPlace::join). Unlike CallBudget::call_end there
 // is no cap: this call is the acquire's wait itself, which waits through an outage (reconnecting)
-// until the caller's deadline, as the README promises; a cap would turn a long outage into an
+// until the caller's deadline, as docs/backends/redis.md promises; a cap would turn a long outage into an
 // error before the deadline the caller chose.
 inline Deadline at_least_floor(Deadline deadline) {
   if (!deadline) return deadline;

@@ -10,6 +10,9 @@
 #include <random>
 #include <string_view>
 
+#include "core/host_name.hpp"
+#include "core/text_escape.hpp"
+
 namespace turnstile::detail::zookeeper {
 
 using std::chrono::milliseconds;
@@ -33,12 +36,6 @@ std::string random_uuid() {
 std::string protected_name(const std::string& uuid, const std::string& label) { return "_c_" + uuid + "-" + label; }
 
 namespace {
-
-std::string host_name() {
-  char buffer[256] = {};
-  gethostname(buffer, sizeof buffer - 1);
-  return buffer;
-}
 
 bool is_uuid(std::string_view text) {
   if (text.size() != kUuidLength) return false;
@@ -168,9 +165,7 @@ std::string encode_name(const std::string& name) {
     if (i > 0 && name[i - 1] == '/') {
       const auto end = std::min(name.find('/', i), name.size());
       if (looks_like_a_names_node(std::string_view(name).substr(i, end - i))) {
-        char escaped[4];
-        std::snprintf(escaped, sizeof escaped, "%%%02X", static_cast<unsigned char>(name[i]));
-        path += escaped;
+        append_escaped_byte(path, static_cast<unsigned char>(name[i]));
         ++i;
         continue;
       }
@@ -183,9 +178,7 @@ std::string encode_name(const std::string& name) {
                          (code >= 0xfff0 && code <= 0xffff) || code > 0xffff;
     for (std::size_t k = 0; k < length && i + k < name.size(); ++k) {
       if (refused) {
-        char escaped[4];
-        std::snprintf(escaped, sizeof escaped, "%%%02X", static_cast<unsigned char>(name[i + k]));
-        path += escaped;
+        append_escaped_byte(path, static_cast<unsigned char>(name[i + k]));
       } else {
         path += name[i + k];
       }

@@ -61,7 +61,7 @@ end
 
 -- The fencing token: larger than any handed out on this state, and than the server's clock
 -- in microseconds, so it still grows when the name's state was lost (evicted, deleted,
--- restarted from an older snapshot): see the README's Redis section for the clock condition.
+-- restarted from an older snapshot): see docs/backends/redis.md, how it works, for the clock condition.
 local seq = next_token(last, now_us)
 if not seq then return exhausted() end
 last = seq

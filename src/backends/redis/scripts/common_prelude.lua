@@ -58,7 +58,7 @@ end
 -- below it but those is settled), so one long waiter does not pin the watermark and make the
 -- record grow with every other request of its client ("E<e1>,<e2>" in the record). One field per client and key, reaped once its "until" passes:
 -- `memory_ms` after the client's last request there at least, or longer when the request asks
--- (its 4th part, "<client>:<n>:<low>:<keep ms>": 2 TTLs, see the README's Redis section: how
+-- (its 4th part, "<client>:<n>:<low>:<keep ms>": 2 TTLs, see docs/backends/redis.md: how
 -- late a copy may come). A rewrite never brings "until" nearer.
 -- Every script reads the whole hash, so this is also how many clients' records a busy name
 -- carries: 2 minutes (measured: 600 records make an acquire and a release 15 times slower).
