@@ -21,10 +21,11 @@ namespace {
 class Raw {
  public:
   explicit Raw(std::string base) : base_(std::move(base)), curl_(curl_easy_init()) {
-    curl_easy_setopt(curl_, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t n, void* out) {
-      static_cast<std::string*>(out)->append(data, size * n);
-      return size * n;
-    });
+    curl_easy_setopt(
+        curl_, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t n, void* out) {
+          static_cast<std::string*>(out)->append(data, size * n);
+          return size * n;
+        });
     curl_easy_setopt(curl_, CURLOPT_WRITEDATA, &body_);
     curl_easy_setopt(curl_, CURLOPT_CUSTOMREQUEST, "PUT");
   }
@@ -61,9 +62,9 @@ int main(int argc, char** argv) {
     auto address = url.substr(std::string("consul://").size());
     address = address.substr(0, address.find('?'));
     Raw raw("http://" + address);
-    const auto session =
-        nlohmann::json::parse(raw.put("/v1/session/create", R"({"TTL":"15s","LockDelay":"0s","Behavior":"delete"})"))["ID"]
-            .get<std::string>();
+    const auto session = nlohmann::json::parse(raw.put("/v1/session/create",
+                                                       R"({"TTL":"15s","LockDelay":"0s","Behavior":"delete"})"))["ID"]
+                             .get<std::string>();
     const std::string flags = "&flags=3304740253564472344";  // api.Lock's LockFlagValue
     const auto acquire = "/v1/kv/" + name + "?acquire=" + session + flags;
     const auto release = "/v1/kv/" + name + "?release=" + session + flags;

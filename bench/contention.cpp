@@ -134,7 +134,8 @@ int child_semaphore(const std::string& url, std::int64_t limit, int ready_fd, in
       turnstile::Lease lease = semaphore.acquire();
       const std::int64_t start = now_ns();
       const int holders = shared->holders.fetch_add(1) + 1;
-      for (int seen = shared->max_holders.load(); holders > seen && !shared->max_holders.compare_exchange_weak(seen, holders);) {
+      for (int seen = shared->max_holders.load();
+           holders > seen && !shared->max_holders.compare_exchange_weak(seen, holders);) {
       }
       // Several holders at once: an atomic bump.
       const bool more = fill_record(shared->next.fetch_add(1), start, lease.fencing_token());
@@ -170,7 +171,7 @@ double percentile(std::vector<std::int64_t>& v, double p) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || (std::strcmp(argv[1], "turnstile") != 0 && std::strcmp(argv[1], "flock") != 0 &&
-                    std::strcmp(argv[1], "semaphore") != 0)) {
+                   std::strcmp(argv[1], "semaphore") != 0)) {
     std::fprintf(stderr,
                  "usage: %s (turnstile|flock) [--procs N] [--seconds S] [--dir DIR] [--url URL]\n"
                  "       %s semaphore [--limit N] [--procs N] [--seconds S] [--dir DIR] [--url URL]\n",
@@ -220,7 +221,7 @@ int main(int argc, char** argv) {
     if (pid == 0) {
       close(ready[0]);
       close(go[1]);
-      std::_Exit(use_flock        ? child_flock(dir, ready[1], go[0])
+      std::_Exit(use_flock       ? child_flock(dir, ready[1], go[0])
                  : use_semaphore ? child_semaphore(url, limit, ready[1], go[0])
                                  : child_turnstile(url, ready[1], go[0]));
     }
@@ -282,8 +283,7 @@ int main(int argc, char** argv) {
       "\"handoff_p50_ns\":%.0f,\"handoff_p99_ns\":%.0f,\"cross_p50_ns\":%.0f,\"cross_p99_ns\":%.0f,"
       "\"same_process_share\":%.4f,\"order_errors\":%zu,\"failed\":%d}\n",
       use_flock ? "flock" : "turnstile", backend.c_str(), procs, period, n, static_cast<double>(n) / period,
-      percentile(handoff, 0.50), percentile(handoff, 0.99), percentile(cross, 0.50),
-      percentile(cross, 0.99), handoff.empty() ? 0.0 : static_cast<double>(same_process) / handoff.size(),
-      order_errors, failed);
+      percentile(handoff, 0.50), percentile(handoff, 0.99), percentile(cross, 0.50), percentile(cross, 0.99),
+      handoff.empty() ? 0.0 : static_cast<double>(same_process) / handoff.size(), order_errors, failed);
   return failed;
 }

@@ -106,7 +106,8 @@ class CommandCounter {
       const auto it = before_.find(name);
       total += calls - (it == before_.end() ? 0 : it->second);
     }
-    const auto evalsha = after.count("evalsha") ? after.at("evalsha") - (before_.count("evalsha") ? before_.at("evalsha") : 0) : 0;
+    const auto evalsha =
+        after.count("evalsha") ? after.at("evalsha") - (before_.count("evalsha") ? before_.at("evalsha") : 0) : 0;
     const auto pairs = static_cast<double>(std::max<std::int64_t>(1, state.iterations()));
     state.counters["commands_per_pair"] = static_cast<double>(total) / pairs;
     state.counters["evalsha_per_pair"] = static_cast<double>(evalsha) / pairs;
@@ -217,7 +218,8 @@ int count_commands(long pairs) {
   long total = 0;
   for (const auto& [name, calls] : sent) total += calls;
   std::printf("{\"pairs\":%ld,\"sent_per_pair\":%.3f,\"from_scripts_per_pair\":%.3f", pairs,
-              static_cast<double>(total) / static_cast<double>(pairs), static_cast<double>(from_scripts) / static_cast<double>(pairs));
+              static_cast<double>(total) / static_cast<double>(pairs),
+              static_cast<double>(from_scripts) / static_cast<double>(pairs));
   for (const auto& [name, calls] : sent) {
     std::printf(",\"sent_%s_per_pair\":%.3f", name.c_str(), static_cast<double>(calls) / static_cast<double>(pairs));
   }

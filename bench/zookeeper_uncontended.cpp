@@ -1,6 +1,7 @@
 // The zk:// backend's benchmarks (bench/zookeeper_run.sh runs them all and prints the tables).
 //
-//   turnstile_bench_zookeeper uncontended (turnstile|raw|raw-data|raw-container|raw-noresolve) zk://127.0.0.1:PORT [SECONDS]
+//   turnstile_bench_zookeeper uncontended (turnstile|raw|raw-data|raw-container|raw-noresolve) zk://127.0.0.1:PORT
+//   [SECONDS]
 //     Uncontended lock+unlock per second: turnstile's RecursiveMutex, or its limit, the same
 //     three requests (create ephemeral-sequential, getChildren, delete) sent raw with the same
 //     C client. Also the requests the server received per pair: the delta of mntr's
@@ -26,8 +27,8 @@
 
 #include <arpa/inet.h>
 #include <malloc.h>
-#include <signal.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -191,12 +192,12 @@ long rss_kib(pid_t pid) {
 }
 
 struct WaitShared {
-  std::atomic<int> connected;      // waiter processes connected (holder included)
-  std::atomic<int> idle_started;   // idle threads blocked
-  std::atomic<int> queued;         // waiter threads about to call lock()
-  std::atomic<int> acquired;       // waiter threads that held the lock
+  std::atomic<int> connected;     // waiter processes connected (holder included)
+  std::atomic<int> idle_started;  // idle threads blocked
+  std::atomic<int> queued;        // waiter threads about to call lock()
+  std::atomic<int> acquired;      // waiter threads that held the lock
   std::atomic<int> failed;
-  std::atomic<int> trimmed;        // waiter processes that ran malloc_trim(0)
+  std::atomic<int> trimmed;  // waiter processes that ran malloc_trim(0)
 };
 
 std::vector<pid_t> spawned;  // the parent's children, killed when it gives up
@@ -216,8 +217,8 @@ void wait_until(const std::atomic<int>& value, int target, double seconds, const
 }
 
 int waiters(const std::string& url, int procs, int threads) {
-  auto* shared = new (mmap(nullptr, sizeof(WaitShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0))
-      WaitShared{};
+  auto* shared =
+      new (mmap(nullptr, sizeof(WaitShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)) WaitShared{};
   shared_area = shared;
   // Pipes closed by the parent: idle (start idle threads), go (start waiters), release (holder
   // unlocks), done (idle threads end).
@@ -362,7 +363,8 @@ int waiters(const std::string& url, int procs, int threads) {
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
   }
   const double fired = fired_sum(fired_after) - fired_sum(fired_before);
-  const double deleted = get(fired_after, "zk_sum_node_deleted_watch_count") - get(fired_before, "zk_sum_node_deleted_watch_count");
+  const double deleted =
+      get(fired_after, "zk_sum_node_deleted_watch_count") - get(fired_before, "zk_sum_node_deleted_watch_count");
   const double most_per_event = std::max({get(fired_after, "zk_max_node_deleted_watch_count"),
                                           get(fired_after, "zk_max_node_children_watch_count"),
                                           get(fired_after, "zk_max_node_changed_watch_count")});
@@ -373,14 +375,15 @@ int waiters(const std::string& url, int procs, int threads) {
   std::printf(
       "{\"mode\":\"waiters\",\"procs\":%d,\"threads\":%d,\"waiters\":%d,\"watches_while_queued\":%.0f,"
       "\"releases\":%d,\"watches_fired\":%.0f,\"deleted_watches_fired\":%.0f,\"children_watches_fired\":%.0f,"
-      "\"fired_per_release_with_waiter\":%.4f,\"most_fired_by_one_event_since_start\":%.0f,\"drain_seconds\":%.3f,\"handoffs_per_second\":%.1f,"
+      "\"fired_per_release_with_waiter\":%.4f,\"most_fired_by_one_event_since_start\":%.0f,\"drain_seconds\":%.3f,"
+      "\"handoffs_per_second\":%.1f,"
       "\"rss_connected_kib\":%ld,\"rss_idle_kib\":%ld,\"rss_queued_kib\":%ld,"
-      "\"rss_trimmed_kib\":%ld,\"waiter_kib_trimmed_minus_thread\":%.2f,\"idle_thread_kib\":%.2f,\"waiter_kib_with_thread\":%.2f,\"waiter_kib_minus_thread\":%.2f,\"failed\":%d}\n",
-      procs, threads, total, watches_queued, releases, fired, deleted, children_fired, fired / total, most_per_event, drain,
-      total / drain, rss_connected, rss_idle, rss_queued, rss_trimmed,
+      "\"rss_trimmed_kib\":%ld,\"waiter_kib_trimmed_minus_thread\":%.2f,\"idle_thread_kib\":%.2f,\"waiter_kib_with_"
+      "thread\":%.2f,\"waiter_kib_minus_thread\":%.2f,\"failed\":%d}\n",
+      procs, threads, total, watches_queued, releases, fired, deleted, children_fired, fired / total, most_per_event,
+      drain, total / drain, rss_connected, rss_idle, rss_queued, rss_trimmed,
       static_cast<double>(rss_trimmed - rss_idle - (rss_idle - rss_connected)) / total,
-      static_cast<double>(rss_idle - rss_connected) / total,
-      static_cast<double>(rss_queued - rss_idle) / total,
+      static_cast<double>(rss_idle - rss_connected) / total, static_cast<double>(rss_queued - rss_idle) / total,
       static_cast<double>(rss_queued - rss_idle - (rss_idle - rss_connected)) / total, failed);
   return failed;
 }

@@ -13,13 +13,13 @@
 
 #include <sqlite3.h>
 
+#include <unistd.h>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <unistd.h>
 
 namespace {
 
@@ -38,16 +38,18 @@ class FencedStore {
     exec("BEGIN IMMEDIATE");  // one writer at a time inside SQLite: check and write are atomic
     // The token goes in only if it is not lower than the one recorded (an upsert with a WHERE
     // on its update): sqlite3_changes() tells whether it did.
-    statement("INSERT INTO fence (resource, token) VALUES (?1, ?2) "
-              "ON CONFLICT (resource) DO UPDATE SET token = excluded.token WHERE excluded.token >= fence.token",
-              resource, static_cast<sqlite3_int64>(token));
+    statement(
+        "INSERT INTO fence (resource, token) VALUES (?1, ?2) "
+        "ON CONFLICT (resource) DO UPDATE SET token = excluded.token WHERE excluded.token >= fence.token",
+        resource, static_cast<sqlite3_int64>(token));
     if (sqlite3_changes(db_) == 0) {
       exec("ROLLBACK");
       return false;
     }
-    statement("INSERT INTO report (resource, body) VALUES (?1, ?2) "
-              "ON CONFLICT (resource) DO UPDATE SET body = excluded.body",
-              resource, body);
+    statement(
+        "INSERT INTO report (resource, body) VALUES (?1, ?2) "
+        "ON CONFLICT (resource) DO UPDATE SET body = excluded.body",
+        resource, body);
     exec("COMMIT");
     return true;
   }

@@ -56,8 +56,8 @@ int main(int argc, char** argv) {
   busy_holds.wait();
   turnstile::MultiLock both(a, b);
   const bool got = both.try_lock_for(std::chrono::milliseconds(20));
-  std::printf("both accounts within 20 ms while 2 is busy: %s; account 1 kept: %s\n",
-              got ? "yes (bug!)" : "no", a.owns_lock() ? "yes (bug!)" : "no");
+  std::printf("both accounts within 20 ms while 2 is busy: %s; account 1 kept: %s\n", got ? "yes (bug!)" : "no",
+              a.owns_lock() ? "yes (bug!)" : "no");
   if (got) both.unlock();
   done.count_down();
   return balances[1] + balances[2] == 200 && !got ? 0 : 1;

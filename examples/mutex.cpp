@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
 
   auto job = [&](int worker) {
     auto mutex = client.mutex("jobs/nightly-report");  // cheap handle, by name
-    std::lock_guard guard(mutex);                       // blocks until we are first in line
+    std::lock_guard guard(mutex);                      // blocks until we are first in line
 
     // If the hold is lost (here: the state directory removed under us), stop the job.
     std::atomic<bool> lost{false};
@@ -53,8 +53,7 @@ int main(int argc, char** argv) {
   // A bounded wait: std::unique_lock with a timeout (try_lock_for underneath).
   auto mutex = client.mutex("jobs/nightly-report");
   if (std::unique_lock lock(mutex, std::chrono::seconds(2)); lock) {
-    std::printf("got it within 2 s, token %llu\n",
-                static_cast<unsigned long long>(mutex.fencing_token()));
+    std::printf("got it within 2 s, token %llu\n", static_cast<unsigned long long>(mutex.fencing_token()));
   }
 
   // Locking a Mutex twice from one thread throws instead of deadlocking.

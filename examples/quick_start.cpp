@@ -12,8 +12,7 @@ int main(int argc, char** argv) {
   auto mutex = client.mutex("jobs/nightly-report");
   {
     std::lock_guard guard(mutex);  // waits its turn (FIFO); unlocks at the end of the scope
-    std::printf("one holder at a time; fencing token %llu\n",
-                static_cast<unsigned long long>(mutex.fencing_token()));
+    std::printf("one holder at a time; fencing token %llu\n", static_cast<unsigned long long>(mutex.fencing_token()));
   }
 
   auto pool = client.semaphore("db/connections", 8);  // at most 8 leases at once

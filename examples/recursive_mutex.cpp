@@ -20,11 +20,10 @@ void deposit(turnstile::RecursiveMutex& account, int& balance, int amount) {
 }
 
 void transfer_in(turnstile::RecursiveMutex& account, int& balance, int amount, int fee) {
-  std::lock_guard guard(account);  // outer hold
+  std::lock_guard guard(account);     // outer hold
   deposit(account, balance, amount);  // inner hold by the same thread: just a count
   deposit(account, balance, -fee);
-  std::printf("still held by us after the inner guards: %s, token %llu\n",
-              account.owns_lock() ? "yes" : "no",
+  std::printf("still held by us after the inner guards: %s, token %llu\n", account.owns_lock() ? "yes" : "no",
               static_cast<unsigned long long>(account.fencing_token()));
 }  // count drops to zero: released
 
@@ -36,8 +35,7 @@ int main(int argc, char** argv) {
 
   int balance = 100;
   transfer_in(account, balance, 50, 1);
-  std::printf("after transfer_in: balance %d, still held: %s\n", balance,
-              account.owns_lock() ? "yes" : "no");
+  std::printf("after transfer_in: balance %d, still held: %s\n", balance, account.owns_lock() ? "yes" : "no");
 
   // Another thread (or process) waits while we hold it, even nested.
   {

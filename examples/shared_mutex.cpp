@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
     catalog = "v2";
     rw.lock_shared();  // downgrade, step 1: take the read lock while still writing...
     writer.unlock();   // ...step 2: drop the write lock; the queue entry becomes a reader
-    std::printf("publishing %s under the read lock only (writer: %s, reader: %s)\n",
-                catalog.c_str(), rw.owns_lock() ? "yes" : "no", rw.owns_shared() ? "yes" : "no");
+    std::printf("publishing %s under the read lock only (writer: %s, reader: %s)\n", catalog.c_str(),
+                rw.owns_lock() ? "yes" : "no", rw.owns_shared() ? "yes" : "no");
 
     // Other readers get in now; a writer would still wait.
     std::jthread([&] {

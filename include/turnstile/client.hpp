@@ -102,10 +102,10 @@ struct EntryInfo {
 
 struct Inspection {
   std::string name;
-  std::string mode;                  // "lock", "semaphore" or "" when nobody is queued
-  std::int64_t limit = 0;            // the Semaphore's limit when mode == "semaphore"
-  std::vector<EntryInfo> holders;    // in queue order
-  std::vector<EntryInfo> waiters;    // in queue order
+  std::string mode;                     // "lock", "semaphore" or "" when nobody is queued
+  std::int64_t limit = 0;               // the Semaphore's limit when mode == "semaphore"
+  std::vector<EntryInfo> holders;       // in queue order
+  std::vector<EntryInfo> waiters;       // in queue order
   std::optional<std::int64_t> permits;  // the PermitCounter's value, if ever set
 };
 

@@ -19,8 +19,7 @@ inline constexpr auto kForever = std::chrono::hours(24 * 365 * 100);
 
 template <class Rep, class Period>
 Deadline deadline_after(const std::chrono::duration<Rep, Period>& timeout) {
-  if (timeout < std::chrono::duration<Rep, Period>::zero())
-    throw InvalidArgument("timeout must not be negative");
+  if (timeout < std::chrono::duration<Rep, Period>::zero()) throw InvalidArgument("timeout must not be negative");
   if (timeout >= kForever) return std::nullopt;
   return SteadyClock::now() + std::chrono::ceil<SteadyClock::duration>(timeout);
 }

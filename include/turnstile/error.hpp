@@ -31,9 +31,9 @@ class Error : public std::runtime_error {
   ErrorCode code_;
 };
 
-#define TURNSTILE_ERROR_TYPE(Name, code_value)                              \
-  class Name : public Error {                                               \
-   public:                                                                  \
+#define TURNSTILE_ERROR_TYPE(Name, code_value)                                     \
+  class Name : public Error {                                                      \
+   public:                                                                         \
     explicit Name(const std::string& what) : Error(ErrorCode::code_value, what) {} \
   }
 

@@ -72,8 +72,15 @@ class PermitCounter::Lockable {
  public:
   // Each throws WouldDeadlock when this view already holds its permits (locking it again
   // would take n more that one unlock() could never return), else as PermitCounter's.
-  void lock() { require_free(); owner_.acquire(n_); held_ = true; }
-  bool try_lock() { require_free(); return held_ = owner_.try_acquire(n_); }
+  void lock() {
+    require_free();
+    owner_.acquire(n_);
+    held_ = true;
+  }
+  bool try_lock() {
+    require_free();
+    return held_ = owner_.try_acquire(n_);
+  }
   template <class Rep, class Period>
   bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) {
     require_free();

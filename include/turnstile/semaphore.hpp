@@ -34,11 +34,11 @@ class Lease {
 
   bool held() const noexcept { return record_ != nullptr; }
   explicit operator bool() const noexcept { return held(); }
-  const std::string& name() const;    // throws NotHeld when empty
-  std::int64_t permits() const;        // throws NotHeld when empty
-  std::uint64_t fencing_token() const; // throws NotHeld when empty
-  std::stop_token lost_token() const;  // throws NotHeld when empty
-  HoldState hold_state() const;        // throws NotHeld when empty
+  const std::string& name() const;      // throws NotHeld when empty
+  std::int64_t permits() const;         // throws NotHeld when empty
+  std::uint64_t fencing_token() const;  // throws NotHeld when empty
+  std::stop_token lost_token() const;   // throws NotHeld when empty
+  HoldState hold_state() const;         // throws NotHeld when empty
   // Releases now and reports: NotHeld (empty or already released), BackendUnavailable
   // (the release is still retried in the background), HoldLost.
   void release();
@@ -58,13 +58,11 @@ class Semaphore {
   std::optional<Lease> try_acquire(std::int64_t n = 1) { return acquire_until(SteadyClock::now(), n); }
   // Also InvalidArgument on a negative timeout.
   template <class Rep, class Period>
-  std::optional<Lease> try_acquire_for(const std::chrono::duration<Rep, Period>& timeout,
-                                       std::int64_t n = 1) {
+  std::optional<Lease> try_acquire_for(const std::chrono::duration<Rep, Period>& timeout, std::int64_t n = 1) {
     return acquire_until(detail::deadline_after(timeout), n);
   }
   template <class Clock, class Duration>
-  std::optional<Lease> try_acquire_until(const std::chrono::time_point<Clock, Duration>& when,
-                                         std::int64_t n = 1) {
+  std::optional<Lease> try_acquire_until(const std::chrono::time_point<Clock, Duration>& when, std::int64_t n = 1) {
     return acquire_until(detail::deadline_at(when), n);
   }
   // Waits until admitted, or until `stop` is requested (nullopt, after leaving the queue).

@@ -19,8 +19,8 @@ namespace {
 
 struct BackendKind {
   std::string_view scheme;
-  std::string_view family;     // libturnstile-<family>.so
-  BackendFactory built_in;     // nullptr: loaded from the family's library
+  std::string_view family;  // libturnstile-<family>.so
+  BackendFactory built_in;  // nullptr: loaded from the family's library
   bool usable_after_fork;
 };
 

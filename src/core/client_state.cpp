@@ -23,11 +23,10 @@ constexpr milliseconds kReleaseDrain{1000};
 ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options,
                          bool usable_after_fork)
     : url_(std::move(url)), backend_(std::move(backend)), usable_after_fork_(usable_after_fork),
-      fork_generation_(fork_generation()), options_(std::move(options)),
-      error_handler_(options_.error_handler),
+      fork_generation_(fork_generation()), options_(std::move(options)), error_handler_(options_.error_handler),
       hold_callbacks_(options_.on_hold_lost || options_.on_hold_state
-                          ? std::make_shared<const LossSignal::Callbacks>(
-                                LossSignal::Callbacks{.on_lost = options_.on_hold_lost, .on_state = options_.on_hold_state})
+                          ? std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{
+                                .on_lost = options_.on_hold_lost, .on_state = options_.on_hold_state})
                           : nullptr),
       releases_(kReleaseRetry, [this](const std::string&, std::exception_ptr error) {
         try {
@@ -94,8 +93,8 @@ std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, De
   auto loss = new_loss_signal(request.name);
   auto hold = acquire_in_queue(backend(), request, deadline, loss);
   if (!hold) return nullptr;
-  return std::make_unique<HoldRecord>(shared_from_this(), request.name, request.permits,
-                                      std::move(hold), std::move(loss));
+  return std::make_unique<HoldRecord>(shared_from_this(), request.name, request.permits, std::move(hold),
+                                      std::move(loss));
 }
 
 void ClientState::retry_release_later(std::string name, std::unique_ptr<BackendHold> hold) {

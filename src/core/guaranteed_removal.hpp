@@ -48,7 +48,8 @@ class GuaranteedRemoval {
   GuaranteedRemoval& operator=(const GuaranteedRemoval&) = delete;
 
   // Hands over a removal; its first attempt comes after Backoff::first_try (default: the first
-  // pause). Never blocks on the network. In a forked child, what the parent handed over is dropped (it is the parent's).
+  // pause). Never blocks on the network. In a forked child, what the parent handed over is dropped (it is the
+  // parent's).
   void add(std::string what, Attempt attempt);
   // Runs the attempts that are due, in the calling thread (Driver::caller); returns how many
   // items remain.

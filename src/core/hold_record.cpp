@@ -9,13 +9,8 @@ namespace turnstile::detail {
 
 HoldRecord::HoldRecord(std::shared_ptr<ClientState> client, std::string name, std::int64_t permits,
                        std::unique_ptr<BackendHold> hold, std::shared_ptr<LossSignal> loss)
-    : client_(std::move(client)),
-      name_(std::move(name)),
-      permits_(permits),
-      token_(hold->fencing_token()),
-      hold_(std::move(hold)),
-      loss_(std::move(loss)),
-      fork_generation_(fork_generation()) {
+    : client_(std::move(client)), name_(std::move(name)), permits_(permits), token_(hold->fencing_token()),
+      hold_(std::move(hold)), loss_(std::move(loss)), fork_generation_(fork_generation()) {
   loss_->set_fencing_token(token_);
 }
 
@@ -51,8 +46,7 @@ void HoldRecord::release() {
                      ") may have been lost before its release: " + loss_->reason() +
                      "; its release is retried in the background");
     }
-    throw BackendUnavailable("release of '" + name_ + "' failed and is retried in the background: " +
-                             error.what());
+    throw BackendUnavailable("release of '" + name_ + "' failed and is retried in the background: " + error.what());
   }
   if (loss_->lost_by_now()) {
     throw HoldLost("hold on '" + name_ + "' (fencing token " + std::to_string(token_) +

@@ -108,9 +108,7 @@ void ServerLease::publish_deadline_locked() {
   for (const auto& hold : holds_) hold->set_due(due);
 }
 
-SteadyClock::time_point ServerLease::deadline_locked() const {
-  return confirmed_sent_at_ + ttl_ - margin_for(ttl_);
-}
+SteadyClock::time_point ServerLease::deadline_locked() const { return confirmed_sent_at_ + ttl_ - margin_for(ttl_); }
 
 milliseconds ServerLease::ttl() const {
   std::lock_guard lock(mutex_);

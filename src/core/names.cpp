@@ -12,10 +12,16 @@ std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
   std::size_t length;
   std::uint32_t code;
   if (lead < 0x80) return 1;
-  if ((lead & 0xE0) == 0xC0) { length = 2; code = lead & 0x1F; }
-  else if ((lead & 0xF0) == 0xE0) { length = 3; code = lead & 0x0F; }
-  else if ((lead & 0xF8) == 0xF0) { length = 4; code = lead & 0x07; }
-  else return 0;
+  if ((lead & 0xE0) == 0xC0) {
+    length = 2;
+    code = lead & 0x1F;
+  } else if ((lead & 0xF0) == 0xE0) {
+    length = 3;
+    code = lead & 0x0F;
+  } else if ((lead & 0xF8) == 0xF0) {
+    length = 4;
+    code = lead & 0x07;
+  } else return 0;
   if (i + length > s.size()) return 0;
   for (std::size_t k = 1; k < length; ++k) {
     if ((byte(i + k) & 0xC0) != 0x80) return 0;
@@ -30,9 +36,7 @@ std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
 
 void validate_name(std::string_view name) {
   constexpr std::size_t max_length = 255;
-  const auto reject = [&](const std::string& why) {
-    throw InvalidArgument("invalid name: " + why);
-  };
+  const auto reject = [&](const std::string& why) { throw InvalidArgument("invalid name: " + why); };
   if (name.empty()) reject("it is empty");
   if (name.size() > max_length) {
     reject("it is " + std::to_string(name.size()) + " bytes long, the limit is " + std::to_string(max_length));

@@ -1,5 +1,5 @@
-#include "core/client_state.hpp"
 #include "turnstile/permit_counter.hpp"
+#include "core/client_state.hpp"
 
 namespace turnstile {
 namespace {

@@ -46,11 +46,11 @@ struct QueueEntryView {
 };
 
 enum class WaitFor {
-  nothing,          // admitted
-  leave,            // the entry at `index` leaving (or dying)
-  exclusive_end,    // the entry at `index` leaving or downgrading to shared
-  admission,        // the entry at `index` being admitted (or leaving)
-  any_holder_leave, // any entry ahead leaving: every one ahead holds, none is enough alone
+  nothing,           // admitted
+  leave,             // the entry at `index` leaving (or dying)
+  exclusive_end,     // the entry at `index` leaving or downgrading to shared
+  admission,         // the entry at `index` being admitted (or leaving)
+  any_holder_leave,  // any entry ahead leaving: every one ahead holds, none is enough alone
 };
 
 struct Verdict {

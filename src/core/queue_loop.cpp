@@ -21,8 +21,9 @@ struct LeaveUnlessKept {
 
 QueueStep next_queue_step(const QueueRequest& request, const Standing& standing, bool may_wait) {
   check_queue_mode(request, standing.mode, standing.limit);
-  const Verdict verdict = standing.decided ? *standing.decided
-                                           : evaluate_queue(standing.entries, standing.entries.size() - 1, request.limit);
+  const Verdict verdict = standing.decided
+                              ? *standing.decided
+                              : evaluate_queue(standing.entries, standing.entries.size() - 1, request.limit);
   if (verdict.admitted()) return {QueueStep::Action::hold, verdict};
   if (!may_wait) return {QueueStep::Action::give_up, verdict};
   return {QueueStep::Action::wait, verdict};
@@ -97,7 +98,7 @@ bool acquire_from_counter(CounterStore& store, const std::string& name, std::int
             return true;
           }
           if (!races.next()) return false;  // leaves the line
-          continue;                          // changed meanwhile: look again
+          continue;                         // changed meanwhile: look again
         }
         if (last) return false;
         if (!standing.in_line) {

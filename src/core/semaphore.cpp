@@ -1,5 +1,5 @@
-#include "core/client_state.hpp"
 #include "turnstile/semaphore.hpp"
+#include "core/client_state.hpp"
 
 namespace turnstile {
 
@@ -56,8 +56,8 @@ std::optional<Lease> Semaphore::acquire_until(Deadline deadline, std::int64_t n,
 
 Semaphore::Lockable Semaphore::lockable(std::int64_t n) const {
   if (n <= 0 || n > limit_) {
-    throw InvalidArgument("Semaphore '" + name_ + "': a lockable view needs between 1 and " +
-                          std::to_string(limit_) + " leases, got " + std::to_string(n));
+    throw InvalidArgument("Semaphore '" + name_ + "': a lockable view needs between 1 and " + std::to_string(limit_) +
+                          " leases, got " + std::to_string(n));
   }
   return Lockable(*this, n);
 }

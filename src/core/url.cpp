@@ -19,7 +19,8 @@ std::string url_part(std::string_view text, std::string_view whole) {
 bool secret_parameter(std::string_view key) {
   for (std::string_view secret : {"password", "pass", "token", "secret", "auth", "credentials"}) {
     // sentinel_password, and any other <something>_password
-    if (key == secret || (key.size() > secret.size() && key.ends_with(secret) && key[key.size() - secret.size() - 1] == '_')) {
+    if (key == secret ||
+        (key.size() > secret.size() && key.ends_with(secret) && key[key.size() - secret.size() - 1] == '_')) {
       return true;
     }
   }
@@ -67,7 +68,7 @@ std::string redact_url(std::string_view text) {
   if (q == std::string_view::npos) return out;
   auto query = rest.substr(q + 1);
   out += '?';
-  for (bool first = true; ; first = false) {
+  for (bool first = true;; first = false) {
     const auto amp = query.find_first_of("&#");
     const auto pair = query.substr(0, amp);
     if (!first) out += '&';
@@ -165,13 +166,14 @@ HostPort parse_host_port(const std::string& text, int default_port, const Backen
   HostPort result;
   // An IPv6 address is bracketed ([::1]:6379): the port's ':' is the one after the ']'.
   const auto bracket = text.starts_with('[') ? text.find(']') : std::string::npos;
-  const auto colon = text.starts_with('[') ? (bracket == std::string::npos ? bracket : text.find(':', bracket))
-                                           : text.rfind(':');
+  const auto colon =
+      text.starts_with('[') ? (bracket == std::string::npos ? bracket : text.find(':', bracket)) : text.rfind(':');
   result.host = text.substr(0, colon);
   if (result.host.empty()) throw InvalidUrl("no host in '" + url.text + "'");
   if (!valid_host(result.host) ||
       (bracket != std::string::npos && colon == std::string::npos && bracket + 1 != text.size())) {
-    throw InvalidUrl("bad host '" + result.host + "' in '" + url.text + "' (a name, an IPv4 address or [an IPv6 address])");
+    throw InvalidUrl("bad host '" + result.host + "' in '" + url.text +
+                     "' (a name, an IPv4 address or [an IPv6 address])");
   }
   if (colon == std::string::npos) {
     if (default_port == 0) throw InvalidUrl("expected host:port, got '" + text + "' in '" + url.text + "'");
@@ -186,7 +188,8 @@ HostPort parse_host_port(const std::string& text, int default_port, const Backen
   return result;
 }
 
-std::chrono::milliseconds parse_seconds(const std::string& parameter, const std::string& value, double min, double max) {
+std::chrono::milliseconds parse_seconds(const std::string& parameter, const std::string& value, double min,
+                                        double max) {
   double seconds = 0;
   const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), seconds);
   if (error != std::errc() || end != value.data() + value.size() || !(seconds >= min) || seconds > max) {

@@ -83,9 +83,7 @@ constexpr std::string_view kLineTag = "h1";
 // '%', whitespace and control bytes are escaped, so any name fits in one field of one line.
 bool kept_in_a_field(unsigned char c) { return c > 0x20 && c != 0x7F && c != '%'; }
 
-std::string encode_name(const std::string& name) {
-  return turnstile::detail::percent_encode(name, kept_in_a_field);
-}
+std::string encode_name(const std::string& name) { return turnstile::detail::percent_encode(name, kept_in_a_field); }
 
 std::string decode_name(std::string_view text) {
   auto name = turnstile::detail::percent_decode(text);
@@ -221,8 +219,8 @@ class Rule {
       : out_(out), name_(std::move(name)), what_(what) {}
   ~Rule() {
     if (count_ > kMaxReportsPerRule) {
-      out_.push_back("'" + name_ + "': ... and " + std::to_string(count_ - kMaxReportsPerRule) + " more " +
-                     what_ + " violations");
+      out_.push_back("'" + name_ + "': ... and " + std::to_string(count_ - kMaxReportsPerRule) + " more " + what_ +
+                     " violations");
     }
   }
   void report(const std::string& text) {
@@ -237,7 +235,8 @@ class Rule {
 };
 
 // 1. Malformed records are reported and left out of the other rules; the rest, sorted by start.
-std::vector<HoldRecord> well_formed(const std::string& name, std::vector<HoldRecord> all, std::vector<std::string>& out) {
+std::vector<HoldRecord> well_formed(const std::string& name, std::vector<HoldRecord> all,
+                                    std::vector<std::string>& out) {
   std::vector<HoldRecord> records;
   {
     Rule rule(out, name, "malformed-record");
@@ -301,9 +300,8 @@ std::vector<LeaseEvent> lease_events(const std::vector<HoldRecord>& records) {
     events.push_back({r.start_ns, event_order(r, true), &r});
     events.push_back({r.end_ns, event_order(r, false), &r});
   }
-  std::sort(events.begin(), events.end(), [](const LeaseEvent& a, const LeaseEvent& b) {
-    return std::tie(a.at, a.order) < std::tie(b.at, b.order);
-  });
+  std::sort(events.begin(), events.end(),
+            [](const LeaseEvent& a, const LeaseEvent& b) { return std::tie(a.at, a.order) < std::tie(b.at, b.order); });
   return events;
 }
 

@@ -83,8 +83,8 @@ TEST_P(CliServerTest, ChildInheritsOnlyTheStandardDescriptors) {
 // contender waits behind for a whole TTL.
 TEST_P(CliServerTest, SignalWhileQueuedLeavesTheQueue) {
   const auto ready = path("ready"), release = path("release"), ran = path("ran");
-  auto holder = start(run_args(url_, "20", {"sh", "-c", "touch " + ready + "; while [ ! -e " + release +
-                                                            " ]; do sleep 0.02; done"}));
+  auto holder = start(
+      run_args(url_, "20", {"sh", "-c", "touch " + ready + "; while [ ! -e " + release + " ]; do sleep 0.02; done"}));
   ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << holder.err();
   auto waiter = start(run_args(url_, "20", {"touch", ran}));
   ASSERT_TRUE(wait_until([&] { return waiter_count_is(name_, 1); })) << waiter.err();
@@ -154,9 +154,10 @@ TEST_P(CliServerTest, CutOffHolderIsStoppedBeforeTheContenderEnters) {
   const auto ms = [](std::uint64_t from, std::uint64_t to) {
     return (static_cast<double>(to) - static_cast<double>(from)) / 1e6;
   };
-  std::printf("%s: SIGTERM %.0f ms and the last sign of life %.0f ms before the contender entered; turnstile "
-              "exited %.0f ms after the SIGTERM\n",
-              GetParam().c_str(), ms(beats.term, entered_ns), ms(beats.last(), entered_ns), ms(beats.term, exited_ns));
+  std::printf(
+      "%s: SIGTERM %.0f ms and the last sign of life %.0f ms before the contender entered; turnstile "
+      "exited %.0f ms after the SIGTERM\n",
+      GetParam().c_str(), ms(beats.term, entered_ns), ms(beats.last(), entered_ns), ms(beats.term, exited_ns));
   EXPECT_LT(beats.term, entered_ns) << "two holders at once: the contender entered before the command was told";
   EXPECT_LT(beats.last(), entered_ns) << "the command ignoring SIGTERM still ran when the contender entered";
   EXPECT_LT(exited_ns - beats.term, static_cast<std::uint64_t>(std::chrono::nanoseconds(kExitBound).count()))
@@ -211,9 +212,9 @@ TEST_P(CliServerTest, InspectEscapesAPeersHostileHostName) {
   const auto ready = path("ready"), release = path("release");
   Launch hostile;
   hostile.prefix = {TURNSTILE_PROBE_CHILD_PATH, "hostname", "p\\e]0;owned\\x07q\\xfe"};
-  auto holder = start(run_args(url_, "10", {"sh", "-c", "touch " + ready + "; while [ ! -e " + release +
-                                                            " ]; do sleep 0.02; done"}),
-                      hostile);
+  auto holder = start(
+      run_args(url_, "10", {"sh", "-c", "touch " + ready + "; while [ ! -e " + release + " ]; do sleep 0.02; done"}),
+      hostile);
   int status = 0;
   bool exited = false;
   ASSERT_TRUE(wait_until([&] {
@@ -329,18 +330,21 @@ TEST_P(CliServerTest, TimeoutBoundsConnecting) {
   });
   EXPECT_TRUE(timed.status == 69 || timed.status == 75) << timed.status << " " << timed.err;
   EXPECT_TRUE(timed_in_time) << "--timeout 1 did not bound connecting: " << timed.err;
-  const auto [once, once_in_time] =
-      within_bound([&] { return run({"hold", "--backend", through, "--timeout", "0", "--connect-timeout", "1", name_}); });
+  const auto [once, once_in_time] = within_bound([&] {
+    return run({"hold", "--backend", through, "--timeout", "0", "--connect-timeout", "1", name_});
+  });
   EXPECT_TRUE(once.status == 69 || once.status == 75) << once.status << " " << once.err;
   EXPECT_TRUE(once_in_time) << "--connect-timeout 1 did not bound connecting: " << once.err;
   EXPECT_EQ(once.out, "");
-  const auto [inspect, inspect_in_time] =
-      within_bound([&] { return run({"inspect", "--backend", through, "--connect-timeout", "1", name_}); });
+  const auto [inspect, inspect_in_time] = within_bound([&] {
+    return run({"inspect", "--backend", through, "--connect-timeout", "1", name_});
+  });
   EXPECT_EQ(inspect.status, 69) << inspect.out << inspect.err;
   EXPECT_TRUE(inspect_in_time) << "--connect-timeout 1 did not bound inspect's connecting: " << inspect.err;
   // --timeout 0 (flock -n) without --connect-timeout: connecting gets 1 s, not the default 10 s.
-  const auto [tried, tried_in_time] = within_bound(
-      [&] { return run({"run", "--backend", through, "--timeout", "0", "--lock", name_, "--", "touch", ran}); });
+  const auto [tried, tried_in_time] = within_bound([&] {
+    return run({"run", "--backend", through, "--timeout", "0", "--lock", name_, "--", "touch", ran});
+  });
   EXPECT_TRUE(tried.status == 69 || tried.status == 75) << tried.status << " " << tried.err;
   EXPECT_TRUE(tried_in_time) << "--timeout 0 waited the whole connect timeout: " << tried.err;
   const auto nobody = url_.substr(0, url_.find("://") + 3) + "127.0.0.1:1";
@@ -468,15 +472,18 @@ TEST_P(CliServerTest, InspectShowsAForeignHolderAsSuch) {
     // api.Lock's own requests, as tests/consul makes them: a session, then the key acquired
     // with api.Lock's flags.
     const auto base = "http://" + host_port(url_);
-    const auto reply = shell_output("curl -s -X PUT --data-binary '{\"Name\":\"Consul API Lock\",\"TTL\":\"15s\","
-                                    "\"LockDelay\":\"0s\"}' " + base + "/v1/session/create");
+    const auto reply = shell_output(
+        "curl -s -X PUT --data-binary '{\"Name\":\"Consul API Lock\",\"TTL\":\"15s\","
+        "\"LockDelay\":\"0s\"}' " +
+        base + "/v1/session/create");
     const auto id_at = reply.find("\"ID\"");
     ASSERT_NE(id_at, std::string::npos) << reply;
     const auto quote = reply.find('"', reply.find(':', id_at) + 1);
     const auto session = reply.substr(quote + 1, 36);
     const std::string flags = "3304740253564472344";
-    ASSERT_EQ(shell_output("curl -s -X PUT '" + base + "/v1/kv/" + name_ + "?acquire=" + session + "&flags=" + flags + "'"),
-              "true");
+    ASSERT_EQ(
+        shell_output("curl -s -X PUT '" + base + "/v1/kv/" + name_ + "?acquire=" + session + "&flags=" + flags + "'"),
+        "true");
     let_go = [base, session, flags, this] {
       shell_output("curl -s -X PUT '" + base + "/v1/kv/" + name_ + "?release=" + session + "&flags=" + flags + "'");
       shell_output("curl -s -X PUT " + base + "/v1/session/destroy/" + session);

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <fcntl.h>
-#include <poll.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -27,7 +27,6 @@
 #include "testing/hold_history.hpp"
 
 namespace cli_tests {
-
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -123,9 +122,9 @@ inline std::string read_line(int fd, std::chrono::seconds deadline = kDeadline) 
 // How to start turnstile, beyond its arguments.
 struct Launch {
   std::vector<std::pair<std::string, std::optional<std::string>>> env;  // set, or unset (nullopt)
-  std::optional<uid_t> uid;         // run as this user (the test must be root)
-  bool own_group = false;           // in a process group of its own, as a shell job
-  std::vector<std::string> prefix;  // run turnstile through this command
+  std::optional<uid_t> uid;                                             // run as this user (the test must be root)
+  bool own_group = false;                                               // in a process group of its own, as a shell job
+  std::vector<std::string> prefix;                                      // run turnstile through this command
   // Its stdin and stdout are pipes to the test (Process::stdin_fd, stdout_fd) instead of
   // /dev/null and a file.
   bool stdin_pipe = false;
@@ -205,7 +204,8 @@ class CliTest : public ::testing::Test {
         if (launch.signal_pending) kill(getpid(), launch.blocked_signal);
       }
       const int in = launch.stdin_pipe ? in_pipe[0] : open("/dev/null", O_RDONLY);
-      const int out = launch.stdout_pipe ? out_pipe[1] : open(process.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      const int out =
+          launch.stdout_pipe ? out_pipe[1] : open(process.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       const int err = open(process.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       if (in < 0 || out < 0 || err < 0) _exit(99);
       dup2(in, 0);
@@ -282,8 +282,8 @@ class CliTest : public ::testing::Test {
   // A `run --lock NAME` whose child signals readiness with a file and holds until `release`
   // exists. Returns once the child runs, i.e. the lock is held.
   Process hold_until(const std::string& name, const std::string& ready, const std::string& release) {
-    auto process = start(lock_sh(name, "echo $TURNSTILE_FENCING_TOKEN > " + ready + "; while [ ! -e " + release +
-                                           " ]; do sleep 0.02; done"));
+    auto process = start(lock_sh(
+        name, "echo $TURNSTILE_FENCING_TOKEN > " + ready + "; while [ ! -e " + release + " ]; do sleep 0.02; done"));
     EXPECT_TRUE(wait_until([&] { return fs::exists(ready) && !read_file(ready).empty(); }))
         << "the holder never ran; stderr: " << process.err();
     return process;

@@ -68,9 +68,9 @@ TEST_F(CliTest, VersionAndHelpSayWhatTheyShould) {
   EXPECT_EQ(version.out.rfind("turnstile ", 0), 0u) << version.out;
   const auto help = run({"run", "--help"});
   EXPECT_EQ(help.status, 0);
-  for (const std::string expected : {"-- COMMAND", "-c 'COMMAND LINE'", "TURNSTILE_FENCING_TOKEN", "TURNSTILE_NAME",
-                                     "75  busy", "69  the backend cannot be reached", "--connect-timeout",
-                                     "--conflict-exit-code", "--holder-label"}) {
+  for (const std::string expected :
+       {"-- COMMAND", "-c 'COMMAND LINE'", "TURNSTILE_FENCING_TOKEN", "TURNSTILE_NAME", "75  busy",
+        "69  the backend cannot be reached", "--connect-timeout", "--conflict-exit-code", "--holder-label"}) {
     EXPECT_NE(help.out.find(expected), std::string::npos) << expected << " missing from:\n" << help.out;
   }
   for (const std::string expected : {"-v,--verbose", "-E,--conflict-exit-code"}) {
@@ -90,7 +90,8 @@ TEST_F(CliTest, VersionAndHelpSayWhatTheyShould) {
   EXPECT_NE(top_help.out.find("hold"), std::string::npos) << top_help.out;
   const auto unknown = run({"frobnicate"});
   EXPECT_EQ(unknown.status, 64);
-  EXPECT_NE(unknown.err.find("unknown subcommand 'frobnicate' (expected run, hold, inspect or demo)"), std::string::npos)
+  EXPECT_NE(unknown.err.find("unknown subcommand 'frobnicate' (expected run, hold, inspect or demo)"),
+            std::string::npos)
       << unknown.err;
 }
 
@@ -197,7 +198,8 @@ TEST_F(CliTest, HoldWhenBusyPrintsNothingAndGivesTheConflictStatus) {
   const auto busy = run({"hold", "--backend", backend_, "--timeout", "0", "-E", "9", "job"});
   EXPECT_EQ(busy.status, 9) << busy.err;
   EXPECT_EQ(busy.out, "");
-  EXPECT_NE(busy.err.find("'job' is busy; held by pid " + std::to_string(holder.pid) + "@"), std::string::npos) << busy.err;
+  EXPECT_NE(busy.err.find("'job' is busy; held by pid " + std::to_string(holder.pid) + "@"), std::string::npos)
+      << busy.err;
   const auto timed = run({"hold", "--backend", backend_, "--timeout", "0.2", "job"});
   EXPECT_EQ(timed.status, 75) << timed.err;
   EXPECT_EQ(timed.out, "");
@@ -245,23 +247,25 @@ TEST_F(CliTest, HoldLocksARegionOfAShellScript) {
   const auto script = path("region.sh");
   write_file(script,
              "set -u\n"
-             "T=" + cli + "; B=" + backend_ + "\n"
-             "coproc HOLD { \"$T\" hold --backend \"$B\" jobs/x; }\n"
-             // Kept at once: bash unsets HOLD_PID when it reaps the ended coprocess.
-             "hold_pid=$HOLD_PID\n"
-             "read -r token <&\"${HOLD[0]}\" || { echo 'not held'; exit 1; }\n"
-             "echo \"token $token\"\n"
-             "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/x -- true 2>/dev/null; echo \"inside $?\"\n"
-             "exec {HOLD[1]}>&-\n"
-             "wait \"$hold_pid\"; echo \"kept $?\"\n"
-             "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/x -- true; echo \"after $?\"\n"
-             "exec 3< <(\"$T\" hold --backend \"$B\" jobs/y </dev/null)\n"
-             "held=$!\n"
-             "read -r token <&3 || exit 1\n"
-             "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/y -- true 2>/dev/null; echo \"inside $?\"\n"
-             "exec 3<&-\n"
-             "wait $held; echo \"kept $?\"\n"
-             "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/y -- true; echo \"after $?\"\n");
+             "T=" +
+                 cli + "; B=" + backend_ +
+                 "\n"
+                 "coproc HOLD { \"$T\" hold --backend \"$B\" jobs/x; }\n"
+                 // Kept at once: bash unsets HOLD_PID when it reaps the ended coprocess.
+                 "hold_pid=$HOLD_PID\n"
+                 "read -r token <&\"${HOLD[0]}\" || { echo 'not held'; exit 1; }\n"
+                 "echo \"token $token\"\n"
+                 "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/x -- true 2>/dev/null; echo \"inside $?\"\n"
+                 "exec {HOLD[1]}>&-\n"
+                 "wait \"$hold_pid\"; echo \"kept $?\"\n"
+                 "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/x -- true; echo \"after $?\"\n"
+                 "exec 3< <(\"$T\" hold --backend \"$B\" jobs/y </dev/null)\n"
+                 "held=$!\n"
+                 "read -r token <&3 || exit 1\n"
+                 "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/y -- true 2>/dev/null; echo \"inside $?\"\n"
+                 "exec 3<&-\n"
+                 "wait $held; echo \"kept $?\"\n"
+                 "\"$T\" run --backend \"$B\" --timeout 0 --lock jobs/y -- true; echo \"after $?\"\n");
   const auto result = run_program({"/bin/bash", script});
   EXPECT_EQ(result.status, 0) << result.err;
   std::istringstream lines(result.out);
@@ -272,33 +276,32 @@ TEST_F(CliTest, HoldLocksARegionOfAShellScript) {
   EXPECT_EQ(rest, "inside 75\nkept 0\nafter 0\ninside 75\nkept 0\nafter 0\n") << result.out << result.err;
 }
 
-
 TEST_F(CliTest, UsageErrorsGive64) {
   const std::vector<std::vector<std::string>> bad = {
-      {"run", "--backend", backend_, "--lock", "a//b", "--", "true"},           // bad name
-      {"run", "--backend", backend_, "--lock", "job"},                          // no command
-      {"run", "--backend", backend_, "--lock", "job", "--"},                    // empty command
-      {"run", "--backend", backend_, "--lock", "job", "true"},                  // command without --
+      {"run", "--backend", backend_, "--lock", "a//b", "--", "true"},  // bad name
+      {"run", "--backend", backend_, "--lock", "job"},                 // no command
+      {"run", "--backend", backend_, "--lock", "job", "--"},           // empty command
+      {"run", "--backend", backend_, "--lock", "job", "true"},         // command without --
       {"run", "--backend", backend_, "--semaphore", "s", "--limit", "0", "--", "true"},
       {"run", "--backend", backend_, "--semaphore", "s", "--limit", "-2", "--", "true"},
       {"run", "--backend", backend_, "--semaphore", "s", "--limit", "x", "--", "true"},
-      {"run", "--backend", backend_, "--semaphore", "s", "--", "true"},          // no --limit
+      {"run", "--backend", backend_, "--semaphore", "s", "--", "true"},  // no --limit
       {"run", "--backend", backend_, "--lock", "s", "--limit", "2", "--", "true"},
       {"run", "--backend", backend_, "--lock", "a", "--write", "b", "--", "true"},
-      {"run", "--backend", backend_, "--", "true"},                              // no primitive
+      {"run", "--backend", backend_, "--", "true"},  // no primitive
       {"run", "--backend", backend_, "--lock", "job", "--timeout", "-1", "--", "true"},
       {"run", "--backend", backend_, "--lock", "job", "--grace", "-1", "--", "true"},
-      {"run", "--backend", "nosuch://host/x", "--lock", "job", "--", "true"},   // unknown scheme
-      {"run", "--backend", "file://relative", "--lock", "job", "--", "true"},   // malformed file URL
+      {"run", "--backend", "nosuch://host/x", "--lock", "job", "--", "true"},  // unknown scheme
+      {"run", "--backend", "file://relative", "--lock", "job", "--", "true"},  // malformed file URL
       {"run", "--backend", backend_, "--lock", "job", "--connect-timeout", "0", "--", "true"},
       {"run", "--backend", backend_, "--lock", "job", "--connect-timeout", "x", "--", "true"},
       {"run", "--backend", backend_, "--lock", "job", "--holder-label", "a\x01b", "--", "true"},
-      {"hold", "--backend", backend_},                                           // nothing to hold
-      {"hold", "--backend", backend_, "a", "--lock", "b"},                       // NAME and --lock
-      {"hold", "--backend", backend_, "--semaphore", "s"},                       // no --limit
+      {"hold", "--backend", backend_},                      // nothing to hold
+      {"hold", "--backend", backend_, "a", "--lock", "b"},  // NAME and --lock
+      {"hold", "--backend", backend_, "--semaphore", "s"},  // no --limit
       {"hold", "--backend", backend_, "--connect-timeout", "-1", "job"},
       {"hold", "--backend", backend_, "a//b"},
-      {"hold", "--backend", backend_, "job", "--", "true"},                      // hold runs nothing
+      {"hold", "--backend", backend_, "job", "--", "true"},  // hold runs nothing
       {"inspect", "--backend", backend_, "--connect-timeout", "0", "job"},
       {"inspect", "--backend", backend_, "--watch", "--interval", "0", "job"},
       {"inspect", "--backend", backend_, "a//b"},
@@ -319,8 +322,8 @@ TEST_F(CliTest, UsageErrorsGive64) {
 }
 
 TEST_F(CliTest, HelpExitsZero) {
-  for (const auto& args : std::vector<std::vector<std::string>>{{"--help"}, {"run", "--help"}, {"inspect", "--help"},
-                                                                  {"demo", "parking", "--help"}}) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--help"}, {"run", "--help"}, {"inspect", "--help"}, {"demo", "parking", "--help"}}) {
     const auto result = run(args);
     EXPECT_EQ(result.status, 0) << result.err;
     EXPECT_NE(result.out.find("Usage"), std::string::npos);
@@ -330,8 +333,8 @@ TEST_F(CliTest, HelpExitsZero) {
 TEST_F(CliTest, UnusableBackendGives69) {
   // Under a regular file: the directory cannot be created.
   write_file(path("plain-file"), "x");
-  const auto under_file = run({"run", "--backend", "file://" + path("plain-file") + "/sub", "--lock", "job", "--",
-                               "true"});
+  const auto under_file =
+      run({"run", "--backend", "file://" + path("plain-file") + "/sub", "--lock", "job", "--", "true"});
   EXPECT_EQ(under_file.status, 69) << under_file.err;
   const auto inspect_under_file = run({"inspect", "--backend", "file://" + path("plain-file") + "/sub", "job"});
   EXPECT_EQ(inspect_under_file.status, 69) << inspect_under_file.err;
@@ -412,7 +415,8 @@ TEST_F(CliTest, ChildSeesFencingTokenAndNameAndTokensIncrease) {
            {"--read", "rw"}, {"--write", "rw"}, {"--semaphore", "pool", "--limit", "2"}}) {
     std::vector<std::string> args{"run", "--backend", backend_};
     args.insert(args.end(), form.begin(), form.end());
-    args.insert(args.end(), {"--", "sh", "-c", "test -n \"$TURNSTILE_FENCING_TOKEN\" && test \"$TURNSTILE_NAME\" = " + form[1]});
+    args.insert(args.end(),
+                {"--", "sh", "-c", "test -n \"$TURNSTILE_FENCING_TOKEN\" && test \"$TURNSTILE_NAME\" = " + form[1]});
     EXPECT_EQ(run(args).status, 0) << form[0];
   }
 }
@@ -421,15 +425,16 @@ TEST_F(CliTest, ChildSeesFencingTokenAndNameAndTokensIncrease) {
 // library or turnstile opened.
 TEST_F(CliTest, ChildInheritsOnlyTheStandardDescriptors) {
   const auto listing = path("fds");
-  const auto result = run({"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH, "fds",
-                           listing});
+  const auto result =
+      run({"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH, "fds", listing});
   ASSERT_EQ(result.status, 0) << result.err;
   EXPECT_EQ(listed_descriptors(listing), (std::vector<int>{0, 1, 2})) << read_file(listing);
 }
 
 TEST_F(CliTest, ChildInheritsNoLockDescriptors) {
   const auto listing = path("fds"), parent_listing = path("parent-fds");
-  ASSERT_EQ(run(lock_sh("job", "ls -l /proc/$PPID/fd > " + parent_listing + "; ls -l /proc/$$/fd > " + listing)).status, 0);
+  ASSERT_EQ(run(lock_sh("job", "ls -l /proc/$PPID/fd > " + parent_listing + "; ls -l /proc/$$/fd > " + listing)).status,
+            0);
   // turnstile itself has the backend's files open while the child runs...
   EXPECT_NE(read_file(parent_listing).find(backend_dir_), std::string::npos) << read_file(parent_listing);
   // ...and the child has none of them.
@@ -496,7 +501,7 @@ TEST_P(CliSignalTest, ForwardedToTheChild) {
   const std::string sig_name = sig == SIGINT ? "INT" : sig == SIGTERM ? "TERM" : "HUP";
   const auto ready = path("ready"), marker = path("marker");
   auto process = start(lock_sh("job", "trap 'echo got > " + marker + "; exit 3' " + sig_name + "; touch " + ready +
-                                           "; while :; do sleep 0.02; done"));
+                                          "; while :; do sleep 0.02; done"));
   ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << process.err();
   kill(process.pid, sig);
   EXPECT_EQ(wait_exit(process), 3) << process.err();
@@ -571,8 +576,8 @@ INSTANTIATE_TEST_SUITE_P(Signals, CliSignalTest, ::testing::Values(SIGINT, SIGTE
 
 TEST_F(CliTest, LostHoldStopsTheChildAndGives70) {
   const auto ready = path("ready"), marker = path("marker");
-  auto process = start(lock_sh("job", "trap 'echo term > " + marker + "; exit 0' TERM; touch " + ready +
-                                          "; while :; do sleep 0.02; done"));
+  auto process = start(lock_sh(
+      "job", "trap 'echo term > " + marker + "; exit 0' TERM; touch " + ready + "; while :; do sleep 0.02; done"));
   ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << process.err();
   fs::remove_all(backend_dir_);  // the embedded backend's state is gone: the hold may be lost
   EXPECT_EQ(wait_exit(process), 70) << process.err();
@@ -582,8 +587,8 @@ TEST_F(CliTest, LostHoldStopsTheChildAndGives70) {
 
 TEST_F(CliTest, LostHoldKillsAChildIgnoringSigtermAfterGrace) {
   const auto ready = path("ready");
-  auto process = start(lock_sh("job", "trap '' TERM; touch " + ready + "; while :; do sleep 0.02; done",
-                               {"--grace", "0.2"}));
+  auto process =
+      start(lock_sh("job", "trap '' TERM; touch " + ready + "; while :; do sleep 0.02; done", {"--grace", "0.2"}));
   ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << process.err();
   fs::remove_all(backend_dir_);
   EXPECT_EQ(wait_exit(process), 70) << process.err();
@@ -666,8 +671,7 @@ TEST_F(CliTest, ChildDiesWhenTurnstileIsKilled) {
   EXPECT_EQ(wait_exit(process), 128 + SIGKILL);
   // We are the subreaper: the orphaned child comes to us, and must die of PDEATHSIG.
   int status = 0;
-  ASSERT_TRUE(wait_until([&] { return waitpid(child, &status, WNOHANG) == child; }))
-      << "the child outlived turnstile";
+  ASSERT_TRUE(wait_until([&] { return waitpid(child, &status, WNOHANG) == child; })) << "the child outlived turnstile";
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   // And the lock is free: the kernel dropped turnstile's hold.
   EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "10"})).status, 0);
@@ -728,9 +732,9 @@ TEST_F(CliTest, GroupSignalReachesTheCommandOnce) {
   const auto ready = path("ready"), log = path("log");
   Launch job;
   job.own_group = true;
-  auto process = start({"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH,
-                        "count-signals", ready, log},
-                       job);
+  auto process = start(
+      {"run", "--backend", backend_, "--lock", "job", "--", TURNSTILE_PROBE_CHILD_PATH, "count-signals", ready, log},
+      job);
   ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << process.err();
   kill(-process.pid, SIGINT);
   ASSERT_TRUE(wait_until([&] { return !read_file(log).empty(); })) << process.err();
@@ -760,11 +764,13 @@ TEST_F(CliTest, InspectEscapesHostileHostNames) {
   ASSERT_EQ(json.status, 0) << json.err;
   const auto parsed = nlohmann::json::parse(json.out, nullptr, false);
   ASSERT_FALSE(parsed.is_discarded()) << json.out;
-  EXPECT_EQ(parsed["holders"][0]["host"].get<std::string>(), "a\x1b[2Jb\xef\xbf\xbd" "c\xc2\x9b" "d");
+  EXPECT_EQ(parsed["holders"][0]["host"].get<std::string>(),
+            "a\x1b[2Jb\xef\xbf\xbd"
+            "c\xc2\x9b"
+            "d");
   write_file(release, "");
   EXPECT_EQ(wait_exit(holder), 0);
 }
-
 
 TEST_F(CliTest, InspectShowsHolderAndWaitersInOrder) {
   const auto ready = path("ready"), release = path("release");
@@ -791,7 +797,8 @@ TEST_F(CliTest, InspectShowsHolderAndWaitersInOrder) {
   ASSERT_EQ(q["waiters"].size(), 2u);
   EXPECT_EQ(q["waiters"][0]["pid"].get<pid_t>(), first.pid);
   EXPECT_EQ(q["waiters"][1]["pid"].get<pid_t>(), second.pid);
-  EXPECT_LT(q["waiters"][0]["fencing_token"].get<std::uint64_t>(), q["waiters"][1]["fencing_token"].get<std::uint64_t>());
+  EXPECT_LT(q["waiters"][0]["fencing_token"].get<std::uint64_t>(),
+            q["waiters"][1]["fencing_token"].get<std::uint64_t>());
 
   const auto table = run({"inspect", "--backend", backend_, "jobs/report"});
   EXPECT_EQ(table.status, 0);

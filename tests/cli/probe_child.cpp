@@ -17,10 +17,10 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 namespace {
@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
     std::perror("cli_probe_child: exec");
     return 127;
   }
-  std::fprintf(stderr, "usage: cli_probe_child fds OUT | count-signals READY LOG | stamp FILE | "
+  std::fprintf(stderr,
+               "usage: cli_probe_child fds OUT | count-signals READY LOG | stamp FILE | "
                "beat LOG | hostname NAME COMMAND...\n");
   return 2;
 }

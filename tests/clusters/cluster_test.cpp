@@ -70,8 +70,7 @@ class ClusterTest : public ::testing::TestWithParam<ClusterParam> {
  protected:
   void SetUp() override {
     url_ = read_first_line(dir() + "/url");
-    ASSERT_FALSE(url_.empty()) << "no URL in " << dir() << "/url (did the " << GetParam().fixture
-                               << " fixture run?)";
+    ASSERT_FALSE(url_.empty()) << "no URL in " << dir() << "/url (did the " << GetParam().fixture << " fixture run?)";
     scheme_ = url_.substr(0, url_.find("://"));
     restore();
     ASSERT_TRUE(healthy()) << "the cluster is not healthy before the test";
@@ -100,11 +99,13 @@ class ClusterTest : public ::testing::TestWithParam<ClusterParam> {
   // The leader's ID, 0 when none (asked until one answers, up to 10 s).
   int leader() const {
     int found = 0;
-    eventually([&] {
-      const auto output = shell(quoted(GetParam().script) + " leader " + quoted(dir()) + " 2>/dev/null");
-      found = output.empty() ? 0 : std::atoi(output.c_str());
-      return found != 0;
-    }, 10s);
+    eventually(
+        [&] {
+          const auto output = shell(quoted(GetParam().script) + " leader " + quoted(dir()) + " 2>/dev/null");
+          found = output.empty() ? 0 : std::atoi(output.c_str());
+          return found != 0;
+        },
+        10s);
     return found;
   }
   int follower() const {
@@ -214,9 +215,10 @@ class ClusterTest : public ::testing::TestWithParam<ClusterParam> {
         const auto late_ms = (lost_ns.load() - admitted_ns.load()) / 1000000;
         EXPECT_LE(late_ms, engine_late_loss.count());
         engine_revoked = lost_ns.load() != 0;
-        std::printf("[%s] the engine revoked a live lease: the holder was told %lld ms after the contender was "
-                    "admitted (etcd-io/etcd#15247, see docs/backends/etcd.md)\n",
-                    GetParam().fixture.c_str(), static_cast<long long>(late_ms));
+        std::printf(
+            "[%s] the engine revoked a live lease: the holder was told %lld ms after the contender was "
+            "admitted (etcd-io/etcd#15247, see docs/backends/etcd.md)\n",
+            GetParam().fixture.c_str(), static_cast<long long>(late_ms));
         return;
       }
       EXPECT_NE(lost_ns.load(), 0) << "the contender was admitted while the holder was never told it lost";
@@ -301,17 +303,20 @@ class ClusterTest : public ::testing::TestWithParam<ClusterParam> {
 
 TEST_P(ClusterTest, HolderSurvivesAFollowerKilled) {
   const int victim = follower();
-  hold_through(victim, 4s, [&] { ASSERT_EQ(control("kill", victim), 0); }, 6s,
-               [&] { ASSERT_EQ(control("start-node", victim), 0); });
+  hold_through(
+      victim, 4s, [&] { ASSERT_EQ(control("kill", victim), 0); }, 6s,
+      [&] { ASSERT_EQ(control("start-node", victim), 0); });
 }
 
 TEST_P(ClusterTest, HolderSurvivesTheLeaderKilled) {
   const int victim = leader();
   ASSERT_NE(victim, 0);
-  hold_through(victim, 4s, [&] { ASSERT_EQ(control("kill", victim), 0); }, 6s, [&] {
-    EXPECT_NE(leader(), 0) << "no new leader";
-    ASSERT_EQ(control("start-node", victim), 0);
-  });
+  hold_through(
+      victim, 4s, [&] { ASSERT_EQ(control("kill", victim), 0); }, 6s,
+      [&] {
+        EXPECT_NE(leader(), 0) << "no new leader";
+        ASSERT_EQ(control("start-node", victim), 0);
+      });
 }
 
 // The leader stopped for longer than the holder's TTL (2 s), then resumed: a new leader is

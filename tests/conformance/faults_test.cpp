@@ -25,16 +25,18 @@ constexpr auto kLongTtl = 10000ms;
 // scheduling, without loosening the bound asserted from the cut.
 constexpr auto kQuiet = 50ms;
 
-#define SKIP_WITHOUT_SERVER()                                                                                      \
+#define SKIP_WITHOUT_SERVER()                                                                                          \
   if (!has_server()) GTEST_SKIP() << "file:// holds live as long as their process: no server lease, no reply to lose"; \
-  if (url().rfind("redis+sentinel:", 0) == 0 || url().rfind("redis+cluster:", 0) == 0)                              \
-  GTEST_SKIP() << "the proxy would stand between the client and the sentinels or one cluster node, not the nodes "  \
-                  "serving the names (the redis family covers these faults; redis_sentinel_test and "              \
+  if (url().rfind("redis+sentinel:", 0) == 0 || url().rfind("redis+cluster:", 0) == 0)                                 \
+  GTEST_SKIP() << "the proxy would stand between the client and the sentinels or one cluster node, not the nodes "     \
+                  "serving the names (the redis family covers these faults; redis_sentinel_test and "                  \
                   "redis_cluster_test the failovers)"
 
 // The documented loss rule: reported no later than the send time of the last confirmed renewal
 // + TTL - max(TTL/10, 50 ms).
-std::chrono::milliseconds loss_margin(std::chrono::milliseconds ttl) { return std::max<std::chrono::milliseconds>(ttl / 10, 50ms); }
+std::chrono::milliseconds loss_margin(std::chrono::milliseconds ttl) {
+  return std::max<std::chrono::milliseconds>(ttl / 10, 50ms);
+}
 
 // When a stop token was signalled (the hold reported lost), stamped by the signalling thread.
 class LossTime {
@@ -109,11 +111,13 @@ TEST_P(Conformance, CutOffHoldIsReportedLostWithinTheBoundWhileOtherThreadsWait)
       }
     });
   }
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(wait_for_waiters(name("busy" + std::to_string(i)), 1)) << "waiter " << i << " never queued";
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(wait_for_waiters(name("busy" + std::to_string(i)), 1)) << "waiter " << i << " never queued";
 
   const auto cut = proxy.blackhole_when_quiet(kQuiet);
   const auto bound = cut + kShortTtl - loss_margin(kShortTtl);
-  ASSERT_TRUE(eventually([&] { return lost.reported(); }, kShortTtl + 10s)) << "the cut-off hold was never reported lost";
+  ASSERT_TRUE(eventually([&] { return lost.reported(); }, kShortTtl + 10s))
+      << "the cut-off hold was never reported lost";
   EXPECT_LE(lost.at(), bound) << "reported lost " << ms(lost.at() - cut) << " ms after the cut; the bound is "
                               << ms(bound - cut) << " ms (TTL - max(TTL/10, 50 ms))";
   EXPECT_EQ(held.hold_state(), turnstile::HoldState::lost);
@@ -171,7 +175,8 @@ TEST_P(Conformance, CutOffHolderIsToldBeforeAnotherContenderIsAdmitted) {
   });
   ASSERT_TRUE(wait_for_waiters(lock_name, 1)) << "the contender never queued";
   const auto cut = proxy.blackhole_when_quiet(kQuiet);
-  ASSERT_TRUE(eventually([&] { return admitted.load() != 0; }, kShortTtl + 16s)) << "the server never freed the cut-off hold";
+  ASSERT_TRUE(eventually([&] { return admitted.load() != 0; }, kShortTtl + 16s))
+      << "the server never freed the cut-off hold";
   const auto admitted_at = Clock::time_point(Clock::duration(admitted.load()));
   ASSERT_TRUE(lost.reported()) << "another contender was admitted " << ms(admitted_at - cut)
                                << " ms after the cut while the cut-off holder was never told";
@@ -196,7 +201,8 @@ constexpr auto kReportAllowance = 200ms;
 // renewal is a period away.
 void hold_replies_after_a_request(TcpProxy& proxy, std::chrono::milliseconds quiet) {
   const auto seen = proxy.last_request_at();
-  if (!Conformance::eventually([&] { return proxy.last_request_at() != seen; }, 5s)) throw std::runtime_error("no request passed");
+  if (!Conformance::eventually([&] { return proxy.last_request_at() != seen; }, 5s))
+    throw std::runtime_error("no request passed");
   for (const auto until = Clock::now() + 5s; Clock::now() < until; std::this_thread::sleep_for(5ms)) {
     const auto last = proxy.last_request_at();
     if (Clock::now() - last < quiet) continue;
@@ -337,7 +343,8 @@ TEST_P(Conformance, HolderIsToldByItsRenewalsSendTimeNotItsLateReply) {
       }
     });
   };
-  const auto renewal = etcd ? deliver_a_keep_alive_late_then_cut(proxy, lock_name) : deliver_a_renewal_late_then_cut(proxy, renew);
+  const auto renewal =
+      etcd ? deliver_a_keep_alive_late_then_cut(proxy, lock_name) : deliver_a_renewal_late_then_cut(proxy, renew);
   const auto renewal_sent = renewal.sent;
   const auto last_sent = renewal.last_answerable;
   ASSERT_FALSE(lost.reported()) << "the hold was lost before its renewal's reply came: nothing tested";
@@ -387,9 +394,12 @@ TEST_P(Conformance, NestedAcquireOnALostHoldThrowsHoldLost) {
   recursive.unlock();
 
   proxy.blackhole_when_quiet(kQuiet);
-  ASSERT_TRUE(eventually([&] { return writer.hold_state() == turnstile::HoldState::lost &&
-                                      recursive.hold_state() == turnstile::HoldState::lost; },
-                         kShortTtl + 10s))
+  ASSERT_TRUE(eventually(
+      [&] {
+        return writer.hold_state() == turnstile::HoldState::lost &&
+               recursive.hold_state() == turnstile::HoldState::lost;
+      },
+      kShortTtl + 10s))
       << "the cut-off holds were never reported lost";
   EXPECT_THROW(writer.try_lock_shared_for(100ms), turnstile::HoldLost);
   EXPECT_FALSE(writer.owns_shared());
@@ -429,7 +439,8 @@ TEST_P(Conformance, ReleaseWhoseReplyIsLostIsNotReportedLost) {
   } catch (const turnstile::BackendUnavailable&) {
     // Allowed: the release goes on in the background.
   }
-  EXPECT_TRUE(eventually([&] { return proxy.dropped_bytes() > dropped_before; }, 3s)) << "no reply was lost: nothing tested";
+  EXPECT_TRUE(eventually([&] { return proxy.dropped_bytes() > dropped_before; }, 3s))
+      << "no reply was lost: nothing tested";
   EXPECT_TRUE(eventually([&] { return holder_count(lock_name) == 0; }, 5s))
       << "the released entry is still there (it would stay for the " << kLongTtl.count() << " ms TTL)";
   auto after = client().mutex(lock_name);
@@ -474,8 +485,9 @@ void expect_lost_join_leaves_nothing(TcpProxy& proxy, const std::function<bool()
   EXPECT_FALSE(got) << "admitted without a reply from the server";
   EXPECT_LT(took, 2s + 3s) << "a 2 s acquire took " << ms(took) << " ms (" << error << ")";
   EXPECT_TRUE(Conformance::eventually(gone, 4s))
-      << "the entry of a join whose reply was lost stayed after the call returned (" << (error.empty() ? "timed out" : error)
-      << "): it would lock others out for the " << kLongTtl.count() << " ms TTL";
+      << "the entry of a join whose reply was lost stayed after the call returned ("
+      << (error.empty() ? "timed out" : error) << "): it would lock others out for the " << kLongTtl.count()
+      << " ms TTL";
 }
 
 }  // namespace
@@ -507,7 +519,8 @@ TEST_P(Conformance, AdmittedJoinWhoseReplyIsLostLeavesNoLeaseBehind) {
   auto through = connect_through(proxy, url(), with_ttl(kLongTtl));
   auto semaphore = through.semaphore(semaphore_name, 1);
   expect_lost_join_leaves_nothing(
-      proxy, [&] { return semaphore.try_acquire_for(2s).has_value(); }, [&] { return holder_count(semaphore_name) == 1; },
+      proxy, [&] { return semaphore.try_acquire_for(2s).has_value(); },
+      [&] { return holder_count(semaphore_name) == 1; },
       [&] { return holder_count(semaphore_name) == 0 && waiter_count(semaphore_name) == 0; });
   EXPECT_TRUE(connect().semaphore(semaphore_name, 1).try_acquire_for(4s)) << "the orphaned lease keeps the only permit";
 }
@@ -551,8 +564,8 @@ TEST_P(Conformance, ASlowLossCallbackOfOneHoldDoesNotDelayAnothersReport) {
   const auto bound = cut + kShortTtl - loss_margin(kShortTtl);
   ASSERT_TRUE(eventually([&] { return second_lost->reported() && first_told.load() != 0; }, kShortTtl + 10s))
       << "a cut-off hold was never reported lost";
-  EXPECT_LE(second_lost->at(), bound + 200ms)
-      << "the second hold was told " << ms(second_lost->at() - cut) << " ms after the cut: held up by the first's callback";
+  EXPECT_LE(second_lost->at(), bound + 200ms) << "the second hold was told " << ms(second_lost->at() - cut)
+                                              << " ms after the cut: held up by the first's callback";
   release_slow = true;
   first.unlock();
 }

@@ -24,7 +24,17 @@ LatePatterns late_patterns(const std::string& url, const std::string& label, con
     // "taken" (a PutRequest's value, field 2: bytes 0x12, length 5; the leave that settles a
     // take only compares that value, field 7 of a Compare); an add reads the counter key and
     // then writes it with a compare on its revision (the second request naming it).
-    patterns = {label, 1, label, 1, label, 1, std::string("\x12\x05" "taken"), 1, "\x1fturnstile/permits/" + counter, 2,
+    patterns = {label,
+                1,
+                label,
+                1,
+                label,
+                1,
+                std::string("\x12\x05"
+                            "taken"),
+                1,
+                "\x1fturnstile/permits/" + counter,
+                2,
                 false};
   } else if (starts_with(url, "zk") || starts_with(url, "zookeeper")) {
     // An entry's node (a waiter's in a counter's line too) has data ending with

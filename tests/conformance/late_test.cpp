@@ -18,9 +18,9 @@ constexpr auto kGiveUp = 300ms;   // how long a call whose write is held waits
 constexpr auto kWindow = 1500ms;  // how long a late write is given to show
 constexpr auto kTtl = 3000ms;     // short, so ZooKeeper's client gives up a stalled connection soon
 
-#define SKIP_WITHOUT_PROXY()                                     \
+#define SKIP_WITHOUT_PROXY()                                    \
   if (const auto why = late_skip_reason(url()); !why.empty()) { \
-    GTEST_SKIP() << why;                                         \
+    GTEST_SKIP() << why;                                        \
   }
 
 turnstile::ClientOptions late_options(const std::string& label) {
@@ -59,10 +59,12 @@ struct LateCase {
   // Delivers once the client's own clean-up after the failed call is done (bounded), so that the
   // late write comes after it: the order in which a late write can undo a clean-up.
   void deliver_after_cleanup(turnstile::Client& observer, const std::string& name) {
-    Conformance::eventually([&] {
-      const auto seen = observer.inspect(name);
-      return seen.holders.empty() && seen.waiters.empty();
-    }, 3s);
+    Conformance::eventually(
+        [&] {
+          const auto seen = observer.inspect(name);
+          return seen.holders.empty() && seen.waiters.empty();
+        },
+        3s);
     deliver();
   }
 
@@ -76,9 +78,7 @@ struct LateCase {
 // the proxies.
 struct CounterCase : LateCase {
   CounterCase(const std::string& url, turnstile::Client& observer, const std::string& name, std::int64_t start)
-      : LateCase(url, name),
-        direct(observer.permit_counter(name)),
-        counter(rig.client().permit_counter(name)),
+      : LateCase(url, name), direct(observer.permit_counter(name)), counter(rig.client().permit_counter(name)),
         set(direct.try_set_permits(start)) {}
   turnstile::PermitCounter direct;
   turnstile::PermitCounter counter;
@@ -87,10 +87,12 @@ struct CounterCase : LateCase {
 
 // True when a holder or waiter of `name` shows within the window: a late write that landed.
 bool entry_shows(turnstile::Client& observer, const std::string& name) {
-  return shows_within([&] {
-    const auto seen = observer.inspect(name);
-    return !seen.holders.empty() || !seen.waiters.empty();
-  }, kWindow);
+  return shows_within(
+      [&] {
+        const auto seen = observer.inspect(name);
+        return !seen.holders.empty() || !seen.waiters.empty();
+      },
+      kWindow);
 }
 
 // True when the count leaves `expected` within the window.
@@ -115,7 +117,8 @@ TEST_P(Conformance, LateJoinOfAGivenUpMutexCreatesNoEntry) {
   const auto lock_name = name("m");
   LateCase late(url(), lock_name);
   auto mutex = late.rig.client().mutex(lock_name);
-  const auto outcome = late.hold_while(late.patterns.join, late.patterns.join_nth, [&] { return mutex.try_lock_for(kGiveUp); });
+  const auto outcome =
+      late.hold_while(late.patterns.join, late.patterns.join_nth, [&] { return mutex.try_lock_for(kGiveUp); });
   ASSERT_FALSE(outcome.succeeded) << "locked with its join held";
   ASSERT_TRUE(lockable_at_once(connect(), lock_name)) << "the name is taken while the join is held";
   late.deliver_after_cleanup(client(), lock_name);
@@ -172,12 +175,13 @@ TEST_P(Conformance, LateFirstCopyOfAJoinAfterTheReleaseCreatesNoEntry) {
     mutex.unlock();
     return true;
   };
-  const auto outcome = late.hold_while(late.patterns.join, late.patterns.join_nth, [&] { return lock_and_unlock(4s); }, true);
+  const auto outcome = late.hold_while(
+      late.patterns.join, late.patterns.join_nth, [&] { return lock_and_unlock(4s); }, true);
   ASSERT_TRUE(outcome.succeeded || lock_and_unlock(5s)) << "the client could not lock again: " << outcome.error;
   late.deliver_after_cleanup(client(), lock_name);
-  EXPECT_FALSE(entry_shows(client(), lock_name)) << "the first copy of the join made an entry after the unlock ("
-                                                 << (outcome.succeeded ? "locked by a resend" : "locked by a second call after: " + outcome.error)
-                                                 << ")";
+  EXPECT_FALSE(entry_shows(client(), lock_name))
+      << "the first copy of the join made an entry after the unlock ("
+      << (outcome.succeeded ? "locked by a resend" : "locked by a second call after: " + outcome.error) << ")";
   EXPECT_TRUE(lockable_at_once(connect(), lock_name)) << "a ghost holds the name";
 }
 
@@ -188,7 +192,8 @@ TEST_P(Conformance, LateTakeOfAGivenUpCounterAcquireTakesNothing) {
   const auto counter_name = name("c");
   CounterCase late(url(), client(), counter_name, 5);
   ASSERT_TRUE(late.set);
-  const auto outcome = late.hold_while(late.patterns.take, late.patterns.take_nth, [&] { return late.counter.try_acquire_for(kGiveUp, 2); });
+  const auto outcome = late.hold_while(late.patterns.take, late.patterns.take_nth,
+                                       [&] { return late.counter.try_acquire_for(kGiveUp, 2); });
   late.deliver();
   EXPECT_FALSE(count_moves(late.direct, outcome.succeeded ? 3 : 5))
       << "the late take changed the count to " << late.direct.available_permits() << " after the acquire "
@@ -224,7 +229,8 @@ TEST_P(Conformance, LatePlaceInLineOfAGivenUpCounterAcquireBlocksNobody) {
   const auto counter_name = name("c");
   CounterCase late(url(), client(), counter_name, 0);
   ASSERT_TRUE(late.set);
-  const auto outcome = late.hold_while(late.patterns.line, late.patterns.line_nth, [&] { return late.counter.try_acquire_for(kGiveUp, 2); });
+  const auto outcome = late.hold_while(late.patterns.line, late.patterns.line_nth,
+                                       [&] { return late.counter.try_acquire_for(kGiveUp, 2); });
   ASSERT_FALSE(outcome.succeeded) << "took 2 of 0 permits";
   late.deliver_after_cleanup(client(), counter_name);
   EXPECT_FALSE(shows_within([&] { return waiter_count(counter_name) > 0; }, kWindow))
@@ -242,7 +248,8 @@ TEST_P(Conformance, LateFirstCopyOfACounterAddAppliesAtMostOnce) {
   const auto counter_name = name("c");
   CounterCase late(url(), client(), counter_name, 5);
   ASSERT_TRUE(late.set);
-  const auto outcome = late.hold_while(late.patterns.add, late.patterns.add_nth, [&] { return late.counter.add_permits(3) == 8; }, true);
+  const auto outcome = late.hold_while(
+      late.patterns.add, late.patterns.add_nth, [&] { return late.counter.add_permits(3) == 8; }, true);
   late.deliver();
   EXPECT_FALSE(count_moves(late.direct, outcome.succeeded ? 8 : 5))
       << "the first copy of add(3) changed the count to " << late.direct.available_permits() << " after the add "
@@ -264,7 +271,8 @@ TEST_P(Conformance, LateCopyOfACounterAddIsAppliedAtMostOnce) {
     EXPECT_EQ(late.counter.add_permits(3), 8);
     ASSERT_TRUE(copy->wait_seen(1s)) << "the add never passed the proxy: nothing tested";
     expected = 8;
-  } else if (late.hold_while(late.patterns.add, late.patterns.add_nth, [&] { return late.counter.add_permits(3) == 8; }).succeeded) {
+  } else if (late.hold_while(late.patterns.add, late.patterns.add_nth, [&] { return late.counter.add_permits(3) == 8; })
+                 .succeeded) {
     expected = 8;
   }
   // More changes than any memory of recent requests could span: by the same client where the

@@ -33,10 +33,10 @@ std::vector<std::string> bad_names() {
       "a\x7f",
       "\x1b[31m",
       "\xff",
-      "a\xc3",              // truncated sequence
-      "\xc0\xaf",           // overlong '/'
-      "\xed\xa0\x80",       // a UTF-16 surrogate
-      "\xf4\x90\x80\x80",   // beyond U+10FFFF
+      "a\xc3",                             // truncated sequence
+      "\xc0\xaf",                          // overlong '/'
+      "\xed\xa0\x80",                      // a UTF-16 surrogate
+      "\xf4\x90\x80\x80",                  // beyond U+10FFFF
       std::string(254, 'a') + "\xc3\xa9",  // valid UTF-8 but 256 bytes
   };
 }

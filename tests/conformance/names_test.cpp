@@ -10,9 +10,28 @@ namespace {
 // must start with dots, made from the prefix so tests never share them ("..<prefix>/x").
 std::vector<std::string> odd_names(const std::string& prefix) {
   std::vector<std::string> names;
-  for (const char* leaf : {"x..", "a/b..", "a/..b", "a../b", "x...", "x.", "a./b", "...", "x..json", "x.json",
-                           "a..b", "a/..x", "a/...", "a/.lock", ".lock",
-                           "100%", "%2e%2e", "a+b", "a,b", "a,2E", "with space", "a\\b",
+  for (const char* leaf : {"x..",
+                           "a/b..",
+                           "a/..b",
+                           "a../b",
+                           "x...",
+                           "x.",
+                           "a./b",
+                           "...",
+                           "x..json",
+                           "x.json",
+                           "a..b",
+                           "a/..x",
+                           "a/...",
+                           "a/.lock",
+                           ".lock",
+                           "100%",
+                           "%2e%2e",
+                           "a+b",
+                           "a,b",
+                           "a,2E",
+                           "with space",
+                           "a\\b",
                            "\xc3\xbc\xe6\x97\xa5\xf0\x9f\x94\x92"}) {
     names.push_back(prefix + leaf);
   }

@@ -13,7 +13,9 @@ using turnstile::max_permits;
 
 // ZooKeeper holds one lease node per permit (Curator's layout), so it may refuse a large permit
 // count per acquire, with InvalidArgument; every other backend takes any count up to the max.
-bool caps_permits_per_acquire(const std::string& url) { return url.rfind("zk", 0) == 0 || url.rfind("zookeeper", 0) == 0; }
+bool caps_permits_per_acquire(const std::string& url) {
+  return url.rfind("zk", 0) == 0 || url.rfind("zookeeper", 0) == 0;
+}
 
 // Curator's protection prefix with a fixed uuid, as a forged node name would carry it.
 const std::string kForgedUuid = "_c_00000000-0000-0000-0000-000000000000-";
@@ -23,10 +25,19 @@ const std::string kForgedUuid = "_c_00000000-0000-0000-0000-000000000000-";
 // that look like its Redis keys.
 std::vector<std::string> forged_names(const std::string& base) {
   std::vector<std::string> names;
-  const std::vector<std::string> leaves{"x-lock-0000000000", kForgedUuid + "lock-0000000000", kForgedUuid + "__READ__0000000000",
-                                        kForgedUuid + "__WRIT__0000000000", "locks", "leases",
-                                        "locks/" + kForgedUuid + "lock-0000000000", "leases/" + kForgedUuid + "lease-0000000000",
-                                        "permits", "permit-waiters", "694d7a1b2c3d4e5f", "694d7a1b2c3d4e5f_1", "0"};
+  const std::vector<std::string> leaves{"x-lock-0000000000",
+                                        kForgedUuid + "lock-0000000000",
+                                        kForgedUuid + "__READ__0000000000",
+                                        kForgedUuid + "__WRIT__0000000000",
+                                        "locks",
+                                        "leases",
+                                        "locks/" + kForgedUuid + "lock-0000000000",
+                                        "leases/" + kForgedUuid + "lease-0000000000",
+                                        "permits",
+                                        "permit-waiters",
+                                        "694d7a1b2c3d4e5f",
+                                        "694d7a1b2c3d4e5f_1",
+                                        "0"};
   for (const auto& leaf : leaves) names.push_back(base + "/" + leaf);
   for (const char* suffix : {"seq", "q", "e", "x", "r"}) names.push_back("turnstile:{" + base + "}:" + suffix);
   return names;
@@ -79,7 +90,8 @@ TEST_P(Conformance, SemaphoreAtMaxPermitsAdmitsNoMore) {
     all = semaphore.try_acquire(max_permits);
     ASSERT_TRUE(all) << "nobody else holds any of it";
   } catch (const turnstile::InvalidArgument& refused) {
-    ASSERT_TRUE(caps_permits_per_acquire(url())) << "only a per-permit layout may refuse max_permits: " << refused.what();
+    ASSERT_TRUE(caps_permits_per_acquire(url()))
+        << "only a per-permit layout may refuse max_permits: " << refused.what();
   }
   if (all) {
     const auto seen = client().inspect(top);

@@ -95,10 +95,10 @@ TEST_P(Conformance, WriterMayDowngrade) {
   EXPECT_TRUE(shared.owns_lock());
   EXPECT_TRUE(shared.owns_shared());
   EXPECT_FALSE(contender.try_lock_shared());  // still a writer
-  shared.unlock();                             // downgrade: the read lock remains
+  shared.unlock();                            // downgrade: the read lock remains
   EXPECT_FALSE(shared.owns_lock());
   EXPECT_TRUE(shared.owns_shared());
-  EXPECT_EQ(shared.fencing_token(), token);  // the same hold
+  EXPECT_EQ(shared.fencing_token(), token);     // the same hold
   EXPECT_FALSE(contender.try_lock_for(100ms));  // a second writer still waits
   EXPECT_TRUE(contender.try_lock_shared());     // readers may join now
   contender.unlock_shared();

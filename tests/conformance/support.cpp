@@ -28,7 +28,8 @@ std::vector<BackendParam> backend_params() {
       auto end = list.find('|', start);
       if (end == std::string::npos) end = list.size();
       const auto item = list.substr(start, end - start);
-      if (const auto eq = item.find('='); eq != std::string::npos) params.push_back({item.substr(0, eq), item.substr(eq + 1)});
+      if (const auto eq = item.find('='); eq != std::string::npos)
+        params.push_back({item.substr(0, eq), item.substr(eq + 1)});
       start = end + 1;
     }
   }
@@ -109,8 +110,8 @@ bool Conformance::wait_for_waiters(const std::string& name, std::size_t count, s
 
 void Conformance::expect_sound(const std::vector<th::HoldRecord>& history, std::int64_t limit) {
   const auto violations = th::check(history, limit);
-  EXPECT_TRUE(violations.empty()) << violations.size() << " violation(s) in " << history.size()
-                                  << " holds:\n" << th::describe(violations);
+  EXPECT_TRUE(violations.empty()) << violations.size() << " violation(s) in " << history.size() << " holds:\n"
+                                  << th::describe(violations);
 }
 
 Child Child::spawn(std::function<int()> body) { return fork_with(std::move(body), false); }

@@ -61,8 +61,8 @@ class ConsulAcl : public ::testing::Test {
   }
   // The stand-in's count of answered PUT /v1/txn (GET /v1/test-stand-in/stats, not a Consul API).
   static long txn_count() {
-    const auto stats = nlohmann::json::parse(shell("curl -s " + quoted("http://" + address() + "/v1/test-stand-in/stats")),
-                                             nullptr, false);
+    const auto stats = nlohmann::json::parse(
+        shell("curl -s " + quoted("http://" + address() + "/v1/test-stand-in/stats")), nullptr, false);
     long total = 0;
     if (!stats.is_object()) return -1;
     for (const auto& [key, value] : stats.items()) {

@@ -51,8 +51,8 @@ TEST_F(ConsulCounter, ATakeWhoseReplyWasLostTakesOnce) {
 // changes by another client, then the client's resend (or its look at the outcome): applied once.
 TEST_F(ConsulCounter, AnAddWhoseReplyWasLostIsAppliedOnceHoweverManyChangesCameBetween) {
   ASSERT_TRUE(counter.try_set_permits(100));
-  EXPECT_EQ(with_lost_reply<std::int64_t>(proxy, key, 1, [&] { return counter.add_permits(1); },
-                                          [&] { add_one_each(name, kChangesBetween); }),
+  EXPECT_EQ(with_lost_reply<std::int64_t>(
+                proxy, key, 1, [&] { return counter.add_permits(1); }, [&] { add_one_each(name, kChangesBetween); }),
             101);
   EXPECT_EQ(counter.available_permits(), 100 + 1 + kChangesBetween);
 }
@@ -60,16 +60,16 @@ TEST_F(ConsulCounter, AnAddWhoseReplyWasLostIsAppliedOnceHoweverManyChangesCameB
 // The same for a take: an acquire of 1 reports taken once and takes 1, not 2.
 TEST_F(ConsulCounter, ATakeWhoseReplyWasLostTakesOnceHoweverManyChangesCameBetween) {
   ASSERT_TRUE(counter.try_set_permits(100));
-  EXPECT_TRUE(with_lost_reply<bool>(proxy, key, 2, [&] { return counter.try_acquire(1); },
-                                    [&] { add_one_each(name, kChangesBetween); }));
+  EXPECT_TRUE(with_lost_reply<bool>(
+      proxy, key, 2, [&] { return counter.try_acquire(1); }, [&] { add_one_each(name, kChangesBetween); }));
   EXPECT_EQ(counter.available_permits(), 100 - 1 + kChangesBetween);
 }
 
 // The same for a drain: it drains what it found once, and reports that amount.
 TEST_F(ConsulCounter, ADrainWhoseReplyWasLostDrainsOnceHoweverManyChangesCameBetween) {
   ASSERT_TRUE(counter.try_set_permits(100));
-  EXPECT_EQ(with_lost_reply<std::int64_t>(proxy, key, 1, [&] { return counter.drain_permits(); },
-                                          [&] { add_one_each(name, kChangesBetween); }),
+  EXPECT_EQ(with_lost_reply<std::int64_t>(
+                proxy, key, 1, [&] { return counter.drain_permits(); }, [&] { add_one_each(name, kChangesBetween); }),
             100);
   EXPECT_EQ(counter.available_permits(), kChangesBetween);
 }

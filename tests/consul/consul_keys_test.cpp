@@ -25,15 +25,15 @@ TEST(ConsulKeys, NoKeyHoldsTwoDotsAndNoNameReachesASemaphoresKeys) {
       {"a.b.c", "a.b.c"},
       {"lock", "lock"},
       {".locked", ".locked"},
-      {"a..b", "a.,2Eb"},      // Consul 1.21.5 refuses any ".."
-      {"x..", "x.,2E"},        // would end in "..", and NAME/ would hold "../"
+      {"a..b", "a.,2Eb"},  // Consul 1.21.5 refuses any ".."
+      {"x..", "x.,2E"},    // would end in "..", and NAME/ would hold "../"
       {"x...", "x.,2E."},
       {"..x", ".,2Ex"},
-      {"a,b", "a,2Cb"},        // the escape character is escaped itself
+      {"a,b", "a,2Cb"},              // the escape character is escaped itself
       {"col/.lock", "col/,2Elock"},  // else Semaphore "col"'s .lock
       {".lock/x", ",2Elock/x"},
       {"col/0a1b2c3d-0000-4e5f-8a9b-0c1d2e3f4a5b", "col/,30a1b2c3d-0000-4e5f-8a9b-0c1d2e3f4a5b"},  // a contender
-      {"0a1b2c3d-0000-4e5f-8a9b-0c1d2e3f4a5b/x", "0a1b2c3d-0000-4e5f-8a9b-0c1d2e3f4a5b/x"},  // not last
+      {"0a1b2c3d-0000-4e5f-8a9b-0c1d2e3f4a5b/x", "0a1b2c3d-0000-4e5f-8a9b-0c1d2e3f4a5b/x"},        // not last
   };
   for (std::size_t i = 0; i < std::size(cases); ++i) {
     const auto& [leaf, key] = cases[i];
@@ -50,9 +50,7 @@ TEST(ConsulKeys, NoKeyHoldsTwoDotsAndNoNameReachesASemaphoresKeys) {
 
 namespace {
 
-bool occupied(const std::string& name) {
-  return keys_under("turnstile/o/" + name) != 0u;
-}
+bool occupied(const std::string& name) { return keys_under("turnstile/o/" + name) != 0u; }
 
 // Whoever is the last one out of a name's queue ends its occupancy (turnstile/o/NAME), which used
 // to stay on the server for good: a holder that releases after its waiter gave up (its

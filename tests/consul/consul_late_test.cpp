@@ -71,12 +71,14 @@ long writes_answered() {
 void deliver_and_wait(turnstile_test::HeldRequest& held) {
   const auto before = writes_answered();
   held.deliver();
-  EXPECT_TRUE(server_tests::eventually([&] { return writes_answered() > before; }, 5s)) << "the late request never came";
+  EXPECT_TRUE(server_tests::eventually([&] { return writes_answered() > before; }, 5s))
+      << "the late request never came";
 }
 std::string value_of(const std::string& key, const std::string& field) {
   const auto kv = nlohmann::json::parse(curl("GET", "/v1/kv/" + key), nullptr, false);
-  return kv.is_array() && !kv.empty() && kv[0].contains(field) && kv[0][field].is_string() ? kv[0][field].get<std::string>()
-                                                                                           : "";
+  return kv.is_array() && !kv.empty() && kv[0].contains(field) && kv[0][field].is_string()
+             ? kv[0][field].get<std::string>()
+             : "";
 }
 
 // Item 10: the line's join, held by the proxy until after the acquire gave up and left, then

@@ -27,7 +27,8 @@ struct SlowServer {
   }
   // TEST-ONLY knob of the stand-in: answers under `path` come `seconds` late.
   void delay(const std::string& path, double seconds) const {
-    shell("curl -s -X PUT " + quoted(base() + "/v1/test-stand-in/delay?path=" + path + "&seconds=" + std::to_string(seconds)));
+    shell("curl -s -X PUT " +
+          quoted(base() + "/v1/test-stand-in/delay?path=" + path + "&seconds=" + std::to_string(seconds)));
   }
   std::optional<server_tests::OwnServer> server;
 };

@@ -52,7 +52,8 @@ TEST(Consul, AForeignApiSemaphoreHolderCountsAgainstTheLimit) {
   const auto name = unique("sem");
   const auto session = peer_session();
   // api/semaphore.go: the contender key, then .lock by CAS from index 0.
-  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/" + session + "?acquire=" + session + "&flags=" + kSemaphoreFlags), "true");
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/" + session + "?acquire=" + session + "&flags=" + kSemaphoreFlags),
+            "true");
   ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/.lock?cas=0&flags=" + kSemaphoreFlags,
                  R"({"Limit":2,"Holders":{")" + session + R"(":true}})"),
             "true");
@@ -76,16 +77,19 @@ TEST(Consul, ALeaseOfSeveralPermitsIsOneHolderWithItsCount) {
   ASSERT_TRUE(two.has_value());
   const auto lock = nlohmann::json::parse(curl("GET", "/v1/kv/" + name + "/.lock"), nullptr, false);
   ASSERT_TRUE(lock.is_array() && lock.size() == 1u) << lock.dump();
-  const auto value = nlohmann::json::parse(shell("echo " + quoted(lock[0]["Value"].get<std::string>()) + " | base64 -d"));
+  const auto value =
+      nlohmann::json::parse(shell("echo " + quoted(lock[0]["Value"].get<std::string>()) + " | base64 -d"));
   ASSERT_EQ(value["Holders"].size(), 1u) << value.dump();
   EXPECT_EQ(value["Holders"].begin().value(), 2) << value.dump();
   // A peer joins as api.Semaphore would: its contender key, then itself in .lock by CAS.
   const auto session = peer_session();
-  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/" + session + "?acquire=" + session + "&flags=" + kSemaphoreFlags), "true");
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/" + session + "?acquire=" + session + "&flags=" + kSemaphoreFlags),
+            "true");
   auto with_peer = value;
   with_peer["Holders"][session] = true;
-  ASSERT_EQ(curl("PUT", "/v1/kv/" + name + "/.lock?flags=" + kSemaphoreFlags + "&cas=" +
-                            std::to_string(lock[0]["ModifyIndex"].get<std::uint64_t>()),
+  ASSERT_EQ(curl("PUT",
+                 "/v1/kv/" + name + "/.lock?flags=" + kSemaphoreFlags +
+                     "&cas=" + std::to_string(lock[0]["ModifyIndex"].get<std::uint64_t>()),
                  with_peer.dump()),
             "true");
   auto other = turnstile::Client::connect(url()).semaphore(name, 3);
@@ -129,7 +133,8 @@ TEST(Consul, ASemaphoreHoldWhoseReplyWasLostHoldsOnePermitOnce) {
   ASSERT_TRUE(lease.has_value());
   const auto lock = nlohmann::json::parse(curl("GET", "/v1/kv/" + name + "/.lock"), nullptr, false);
   ASSERT_TRUE(lock.is_array() && lock.size() == 1u) << lock.dump();
-  const auto value = nlohmann::json::parse(shell("echo " + quoted(lock[0]["Value"].get<std::string>()) + " | base64 -d"));
+  const auto value =
+      nlohmann::json::parse(shell("echo " + quoted(lock[0]["Value"].get<std::string>()) + " | base64 -d"));
   EXPECT_EQ(value["Holders"].size(), 1u) << value.dump();
   lease.reset();
   // Nothing of it is left: no holder in `.lock`, no contender key, the permit free for another.
@@ -206,7 +211,12 @@ TEST(Consul, TheOccupancyKeyStaysWhileAnyoneIsInTheQueueAndGoesWithTheLastOneOut
   ASSERT_TRUE(reader.try_lock_shared());
   EXPECT_NE(curl("GET", occupancy), "");
   EXPECT_FALSE(writer.try_lock());  // a reader holds: the one-step take must not pass it
-  HoldOnThread written([&] { writer.lock(); return true; }, [&] { writer.unlock(); });
+  HoldOnThread written(
+      [&] {
+        writer.lock();
+        return true;
+      },
+      [&] { writer.unlock(); });
   auto taken = written.taken();
   ASSERT_TRUE(server_tests::eventually([&] { return reader_client.inspect(name).waiters.size() == 1u; }, 5s));
   // A newcomer's one-step take must not jump the waiting writer either.
@@ -247,7 +257,8 @@ TEST(Consul, AStaleSemaphoreLockIsRewrittenWithTheLimitInForce) {
   ASSERT_TRUE(lease.has_value());
   const auto lock = nlohmann::json::parse(curl("GET", "/v1/kv/" + name + "/.lock"), nullptr, false);
   ASSERT_TRUE(lock.is_array() && lock.size() == 1u) << lock.dump();
-  const auto value = nlohmann::json::parse(shell("echo " + quoted(lock[0]["Value"].get<std::string>()) + " | base64 -d"));
+  const auto value =
+      nlohmann::json::parse(shell("echo " + quoted(lock[0]["Value"].get<std::string>()) + " | base64 -d"));
   EXPECT_EQ(value["Limit"], 1) << value.dump();
   EXPECT_EQ(client.inspect(name).limit, 1);
   EXPECT_THROW(turnstile::Client::connect(url()).semaphore(name, 5).try_acquire(), turnstile::LimitMismatch);
@@ -260,7 +271,8 @@ TEST(Consul, NamesUnderTurnstilesOwnKeysAreRefusedAndChangeNothing) {
   const auto name = unique("victim");
   auto counter = client.permit_counter(name);
   ASSERT_EQ(counter.add_permits(5), 5);
-  const std::vector<std::string> refused = {"turnstile/c/" + name, "turnstile/q/" + name + "/zzz", "turnstile", "turnstile/"};
+  const std::vector<std::string> refused = {"turnstile/c/" + name, "turnstile/q/" + name + "/zzz", "turnstile",
+                                            "turnstile/"};
   for (const auto& bad : refused) {
     EXPECT_THROW(client.mutex(bad).try_lock(), turnstile::InvalidArgument) << bad;
     EXPECT_THROW(client.semaphore(bad, 2).try_acquire(), turnstile::InvalidArgument) << bad;
@@ -479,7 +491,9 @@ struct OwnStandIn {
   std::string call(const std::string& method, const std::string& path) const {
     return shell("curl -s -X " + method + " " + quoted(base + path));
   }
-  bool exists(const std::string& key) const { return call("GET", "/v1/kv/" + key).find("\"Key\"") != std::string::npos; }
+  bool exists(const std::string& key) const {
+    return call("GET", "/v1/kv/" + key).find("\"Key\"") != std::string::npos;
+  }
   // From now on (until `false`) a peer changes `key` between every read of it and the next write.
   bool race(const std::string& key, bool on) const {
     return call("PUT", "/v1/test-stand-in/race?" + std::string(on ? "" : "off&") + "key=" + key) == "true";
@@ -671,14 +685,18 @@ TEST(Consul, TheCliWaitsBehindConsulsOwnHoldersAndInspectShowsThem) {
                  "; echo status=$?");
   });
   std::string table;
-  ASSERT_TRUE(server_tests::eventually([&] {
-    table = shell(cli + " inspect --backend " + quoted(url()) + " " + quoted(name));
-    return table.find("waiter") != std::string::npos;
-  }, 5s)) << table;
+  ASSERT_TRUE(server_tests::eventually(
+      [&] {
+        table = shell(cli + " inspect --backend " + quoted(url()) + " " + quoted(name));
+        return table.find("waiter") != std::string::npos;
+      },
+      5s))
+      << table;
   EXPECT_NE(table.find("consul session " + session), std::string::npos) << table;
   EXPECT_NE(table.find("node "), std::string::npos) << table;
   EXPECT_NE(table.find("\"Consul API Lock\""), std::string::npos) << table;
-  const auto json = nlohmann::json::parse(shell(cli + " inspect --json --backend " + quoted(url()) + " " + quoted(name)));
+  const auto json =
+      nlohmann::json::parse(shell(cli + " inspect --json --backend " + quoted(url()) + " " + quoted(name)));
   ASSERT_EQ(json["holders"].size(), 1u) << json.dump();
   EXPECT_NE(json["holders"][0]["foreign"].get<std::string>().find(session), std::string::npos) << json.dump();
   ASSERT_EQ(json["waiters"].size(), 1u) << json.dump();
@@ -690,7 +708,8 @@ TEST(Consul, TheCliWaitsBehindConsulsOwnHoldersAndInspectShowsThem) {
 
   // A Semaphore of 1 held by an api.Semaphore peer: `run --semaphore` waits, then runs.
   const auto semaphore = unique("cli-sem");
-  ASSERT_EQ(curl("PUT", "/v1/kv/" + semaphore + "/" + session + "?acquire=" + session + "&flags=" + kSemaphoreFlags), "true");
+  ASSERT_EQ(curl("PUT", "/v1/kv/" + semaphore + "/" + session + "?acquire=" + session + "&flags=" + kSemaphoreFlags),
+            "true");
   ASSERT_EQ(curl("PUT", "/v1/kv/" + semaphore + "/.lock?cas=0&flags=" + kSemaphoreFlags,
                  R"({"Limit":1,"Holders":{")" + session + R"(":true}})"),
             "true");
@@ -698,10 +717,13 @@ TEST(Consul, TheCliWaitsBehindConsulsOwnHoldersAndInspectShowsThem) {
     return shell(cli + " run --backend " + quoted(url()) + " --semaphore " + quoted(semaphore) +
                  " --limit 1 --timeout 20 -- touch " + ran + "; echo status=$?");
   });
-  ASSERT_TRUE(server_tests::eventually([&] {
-    table = shell(cli + " inspect --backend " + quoted(url()) + " " + quoted(semaphore));
-    return table.find("waiter") != std::string::npos;
-  }, 5s)) << table;
+  ASSERT_TRUE(server_tests::eventually(
+      [&] {
+        table = shell(cli + " inspect --backend " + quoted(url()) + " " + quoted(semaphore));
+        return table.find("waiter") != std::string::npos;
+      },
+      5s))
+      << table;
   EXPECT_NE(table.find("consul session " + session), std::string::npos) << table;
   EXPECT_FALSE(std::filesystem::exists(ran));
   curl("PUT", "/v1/session/destroy/" + session);

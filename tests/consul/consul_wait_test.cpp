@@ -33,7 +33,8 @@ TEST(ConsulWait, ALeaseWaiterIsAdmittedWhenAnAdmittedLeaseAheadLeavesBeforeHoldi
   // No deadline: one would cut the blocking query short (at 16/17 of what is left) and its next
   // look would admit the waiter anyway. A stop ends it instead when the test has seen enough.
   std::stop_source give_up;
-  auto waiter = std::async(std::launch::async, [&] { return other.semaphore(name, 2).acquire(1, give_up.get_token()).has_value(); });
+  auto waiter = std::async(std::launch::async,
+                           [&] { return other.semaphore(name, 2).acquire(1, give_up.get_token()).has_value(); });
   // Really waiting: its entry is in the queue behind the one ahead, and it is not admitted.
   ASSERT_TRUE(eventually([&] { return keys_under("turnstile/q/" + name + "/") == 3; }, 5s));
   const auto not_yet = waiter.wait_for(1s);

@@ -206,7 +206,6 @@ TEST_F(Etcd, UrlsAreChecked) {
   mutex.unlock();
 }
 
-
 // 10.2/10.2b: a holder whose link to etcd is cut (a black hole: no answers, no reset) is told
 // before etcd can expire its lease, with at least TTL/10 to spare, while another thread of its
 // client is blocked in a long timed acquire; and the release of the lost hold does not wait
@@ -396,7 +395,8 @@ TEST_F(Etcd, CounterTakeWhoseReplyWasLostIsNotALeak) {
   auto counter = client.permit_counter(name);
   EXPECT_EQ(counter.available_permits(), 1);  // connected before replies are held
   proxy.hold_replies();
-  auto outside = std::async(std::launch::async, [&] { return outcome([&] { return counter.try_acquire_for(1500ms); }); });
+  auto outside =
+      std::async(std::launch::async, [&] { return outcome([&] { return counter.try_acquire_for(1500ms); }); });
   EXPECT_EQ(counter_take_with_lost_reply(proxy, observed, 1, outside), "true") << "outside the line";
   EXPECT_EQ(observed.available_permits(), 0);
 
@@ -423,7 +423,8 @@ TEST_F(Etcd, CounterAcquireEndsOnAStopWhileEtcdIsUnreachable) {
     std::stop_source stop;
     // Looking: the link is cut before the acquire's first read. In line: after it lined up.
     if (!in_line) proxy.blackhole();
-    auto waiting = std::async(std::launch::async, [&] { return outcome([&] { return counter.acquire(1, stop.get_token()); }); });
+    auto waiting =
+        std::async(std::launch::async, [&] { return outcome([&] { return counter.acquire(1, stop.get_token()); }); });
     if (in_line) {
       ASSERT_TRUE(eventually([&] { return observer.inspect(name).waiters.size() == 1; }));
     }
@@ -477,7 +478,6 @@ TEST_F(Etcd, ExecutedChildrenInheritNoSocket) {
   EXPECT_EQ(listing.find("socket:"), std::string::npos) << listing;
   mutex.unlock();
 }
-
 
 // The lease id of `name`'s one entry, as etcdctl spells it.
 std::string lease_of_entry(const std::string& url, const std::string& name) {
@@ -579,11 +579,15 @@ TEST_F(Etcd, LeaseRevokedByHandLosesHoldsAtOnceAndItsWaitersQueueAgain) {
   ASSERT_EQ(old_key, busy + "/" + lease) << "the waiter is not on the holder's lease";
   ASSERT_NE(shell(etcdctl(url_, "lease revoke " + lease)).find("revoked"), std::string::npos);
   EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 5s)) << "the holder was not told its lease was revoked";
-  ASSERT_TRUE(eventually([&] {
-    const auto key = waiter_key(url_, busy, busy_key);
-    return !key.empty() && key != old_key;
-  }, 5s)) << "the waiter of the revoked lease did not queue again on a new lease";
-  EXPECT_EQ(waiter.wait_for(500ms), std::future_status::timeout) << "the waiter stopped (or got in) while busy was held";
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto key = waiter_key(url_, busy, busy_key);
+        return !key.empty() && key != old_key;
+      },
+      5s))
+      << "the waiter of the revoked lease did not queue again on a new lease";
+  EXPECT_EQ(waiter.wait_for(500ms), std::future_status::timeout)
+      << "the waiter stopped (or got in) while busy was held";
   EXPECT_THROW(held.release(), turnstile::HoldLost);
   busy_holder.unlock();
   ASSERT_EQ(waiter.wait_for(10s), std::future_status::ready) << "the waiter never got the lock after the release";
@@ -599,13 +603,13 @@ TEST_F(Etcd, LeaseRevokedByHandLosesHoldsAtOnceAndItsWaitersQueueAgain) {
 // destroyed), and its hold is gone at once, not after the TTL.
 TEST_F(Etcd, ClientInStaticStorageEndsCleanlyAtExit) {
   const auto name = unique_name("static");
-  const auto status = std::system(
-      (server_tests::quoted(TURNSTILE_ETCD_STATIC_CLIENT) + " " + server_tests::quoted(url_) + " " + server_tests::quoted(name)).c_str());
+  const auto status = std::system((server_tests::quoted(TURNSTILE_ETCD_STATIC_CLIENT) + " " +
+                                   server_tests::quoted(url_) + " " + server_tests::quoted(name))
+                                      .c_str());
   ASSERT_TRUE(WIFEXITED(status)) << "the program died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(shell(etcdctl(url_, "get --prefix --keys-only " + quoted(name + "/"))), "") << "its hold outlived it";
 }
-
 
 TEST(EtcdOwnServer, RestartWithDataKeptNeverDoublesAHold) {
   OwnServer server(TURNSTILE_ETCD_SCRIPT);
@@ -646,8 +650,8 @@ TEST(EtcdOwnServer, ServerDownBrieflySuspendsThenResumesTheHolds) {
 // credentials at all are refused at connect time with AccessDenied.
 TEST(EtcdOwnServer, AuthRefusesWrongCredentialsAtConnect) {
   OwnServer server(TURNSTILE_ETCD_SCRIPT);
-  for (const std::string command : {"user add root:rootpw", "user grant-role root root", "user add alice:secret",
-                                    "user grant-role alice root"}) {
+  for (const std::string command :
+       {"user add root:rootpw", "user grant-role root root", "user add alice:secret", "user grant-role alice root"}) {
     const auto output = shell(etcdctl(server.url(), command));
     ASSERT_TRUE(output.find("created") != std::string::npos || output.find("granted") != std::string::npos)
         << command << ": " << output;
@@ -727,7 +731,9 @@ TEST(EtcdOwnServer, ARoleLimitedToItsNamesKeepsItsHolds) {
     mutex.unlock();
   }
   mutex.lock();
-  const auto root = [&](const std::string& arguments) { return shell(etcdctl(server.url(), "--user root:rootpw " + arguments)); };
+  const auto root = [&](const std::string& arguments) {
+    return shell(etcdctl(server.url(), "--user root:rootpw " + arguments));
+  };
   const auto entry = root("get --prefix --keys-only " + quoted(name + "/"));
   mutex.unlock();
   const auto lease = entry.substr(name.size() + 1, entry.find('\n') - name.size() - 1);
@@ -746,7 +752,9 @@ TEST(EtcdOwnServer, TlsWithAGivenCaWorksAndUntrustedServersAreRefused) {
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string tls = std::string(dir) + "/tls";
   std::filesystem::create_directory(tls);
-  const auto openssl = [&](const std::string& arguments) { return shell("cd " + quoted(tls) + " && openssl " + arguments); };
+  const auto openssl = [&](const std::string& arguments) {
+    return shell("cd " + quoted(tls) + " && openssl " + arguments);
+  };
   openssl("req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=turnstile-test-ca");
   openssl("req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1");
   shell("printf 'subjectAltName=IP:127.0.0.1\\n' > " + quoted(tls + "/ext.cnf"));

@@ -63,7 +63,8 @@ class EtcdLate : public ::testing::Test {
   // An acquire of 2 permits on each of `names` whose take is held up on `takes` and whose leave
   // finds `leaves` black-holed for longer than leave() waits (5 s), so each acquire ends without
   // knowing; then the takes reach etcd, then the leaves. The acquires' outcomes.
-  static std::vector<std::string> acquires_whose_leaves_go_unanswered(Client& client, const std::vector<std::string>& names,
+  static std::vector<std::string> acquires_whose_leaves_go_unanswered(Client& client,
+                                                                      const std::vector<std::string>& names,
                                                                       TcpProxy& takes, TcpProxy& leaves);
 
   std::string url_;
@@ -112,12 +113,13 @@ std::vector<std::string> outcomes_of(std::size_t n, const std::function<bool(std
 }
 
 std::vector<std::string> EtcdLate::acquires_whose_leaves_go_unanswered(Client& client,
-                                                                      const std::vector<std::string>& names,
-                                                                      TcpProxy& takes, TcpProxy& leaves) {
+                                                                       const std::vector<std::string>& names,
+                                                                       TcpProxy& takes, TcpProxy& leaves) {
   auto held = takes.hold_request("taken");
   std::vector<std::string> outcomes;
   auto acquires = std::async(std::launch::async, [&] {
-    outcomes = outcomes_of(names.size(), [&](std::size_t i) { return client.permit_counter(names[i]).try_acquire_for(20s, 2); });
+    outcomes = outcomes_of(names.size(),
+                           [&](std::size_t i) { return client.permit_counter(names[i]).try_acquire_for(20s, 2); });
   });
   EXPECT_TRUE(held->wait_held(5s)) << "no take was held up";
   leaves.blackhole();
@@ -141,9 +143,8 @@ TEST_F(EtcdLate, LateTakeNeverTakesPermitsTheAcquireDidNotReport) {
   const auto names = counters(observer, "late-take", 5);
   // A take's Txn, and nothing else, carries "taken" (the old receipt's key, the new marker's value).
   auto held = proxy.hold_request("taken");
-  const auto outcomes = outcomes_of(names.size(), [&](std::size_t i) {
-    return client.permit_counter(names[i]).try_acquire_for(8s, 2);
-  });
+  const auto outcomes =
+      outcomes_of(names.size(), [&](std::size_t i) { return client.permit_counter(names[i]).try_acquire_for(8s, 2); });
   ASSERT_TRUE(held->held()) << "no take was held up";
   held->deliver();
   std::this_thread::sleep_for(500ms);
@@ -240,9 +241,8 @@ TEST_F(EtcdLate, LateCopyOfACounterLineJoinNeverComesBack) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   auto held = proxy.hold_request(std::to_string(getpid()) + " " + host);
-  const auto outcomes = outcomes_of(names.size(), [&](std::size_t i) {
-    return client.permit_counter(names[i]).try_acquire_for(3s, 1);
-  });
+  const auto outcomes =
+      outcomes_of(names.size(), [&](std::size_t i) { return client.permit_counter(names[i]).try_acquire_for(3s, 1); });
   ASSERT_TRUE(held->held()) << "no join was held up";
   for (const auto& outcome : outcomes) EXPECT_EQ(outcome, "false");
   held->deliver();
@@ -266,7 +266,8 @@ TEST_F(EtcdLate, RequestMarkersDoNotPileUp) {
   mutex.unlock();
   const auto lease = entry.substr(name.size() + 1, entry.find('\n') - name.size() - 1);
   ASSERT_FALSE(lease.empty());
-  std::istringstream keys(etcdctl_output("get --prefix --keys-only \"$(printf '\\037turnstile/requests/')\"" + lease + "/"));
+  std::istringstream keys(
+      etcdctl_output("get --prefix --keys-only \"$(printf '\\037turnstile/requests/')\"" + lease + "/"));
   std::size_t markers = 0;
   for (std::string key; std::getline(keys, key);) markers += key.empty() ? 0 : 1;
   EXPECT_GT(markers, 0u) << "no marker of lease " << lease << " found: the listing is wrong";
@@ -372,9 +373,8 @@ TEST_F(EtcdLate, StopEndsAJoinThatEtcdDoesNotAnswer) {
   std::this_thread::sleep_for(700ms);
   proxy.forward();
   // Whatever of the joins reached etcd leaves: the name is free.
-  EXPECT_TRUE(eventually([&] {
-    return observer.inspect(name).holders.empty() && observer.inspect(name + "-semaphore").holders.empty();
-  }));
+  EXPECT_TRUE(eventually(
+      [&] { return observer.inspect(name).holders.empty() && observer.inspect(name + "-semaphore").holders.empty(); }));
   EXPECT_TRUE(observer.mutex(name).try_lock_for(2s));
   EXPECT_TRUE(observer.semaphore(name + "-semaphore", 2).try_acquire_for(2s, 2).has_value());
 }

@@ -281,11 +281,11 @@ void Clients::spawn(int slot, bool cli) {
   options.id = next_id_++;
   options.seed = base_.seed * 1000003 + static_cast<std::uint64_t>(options.id);
   std::vector<std::string> args;
-  args.insert(args.end(), {self_, cli ? "cli-worker" : "worker", options.url, std::to_string(options.ttl.count()),
-                           std::to_string(options.acquire_timeout.count()), options.prefix,
-                           std::to_string(options.names_per_kind), options.out_dir, options.store_dir,
-                           std::to_string(options.id), std::to_string(options.seed), run_.cli_path,
-                           options.ignore_loss ? "ignore-loss" : "check-loss"});
+  args.insert(args.end(),
+              {self_, cli ? "cli-worker" : "worker", options.url, std::to_string(options.ttl.count()),
+               std::to_string(options.acquire_timeout.count()), options.prefix, std::to_string(options.names_per_kind),
+               options.out_dir, options.store_dir, std::to_string(options.id), std::to_string(options.seed),
+               run_.cli_path, options.ignore_loss ? "ignore-loss" : "check-loss"});
   std::vector<char*> argv;
   for (auto& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);

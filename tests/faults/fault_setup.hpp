@@ -37,7 +37,7 @@ struct RunOptions {
   std::vector<std::string> fault_kinds;
   std::string netns_prefix;  // partitions: nodes and clients in namespaces netns_script made
   std::string netns_script;
-  int netns_servers = 3;     // how many namespaces the server script's nodes take, one each
+  int netns_servers = 3;  // how many namespaces the server script's nodes take, one each
   std::string cli_path;
   std::string table_path;
   std::string allow_overlaps;  // why overlaps are the engine's documented behaviour, or empty

@@ -156,9 +156,10 @@ int worker_main(const WorkerOptions& options) {
     const auto& name = names[random() % names.size()];
     // Mostly short holds; 3 in 100 last one to two TTLs, so that holds live through renewals
     // (a renewal confirmed wrongly shows only in a hold that outlives the lease it renewed).
-    const auto length = random() % 100 < 3
-                            ? options.ttl + std::chrono::milliseconds(random() % static_cast<std::uint64_t>(options.ttl.count()))
-                            : std::chrono::milliseconds(5 + random() % 30);
+    const auto length =
+        random() % 100 < 3
+            ? options.ttl + std::chrono::milliseconds(random() % static_cast<std::uint64_t>(options.ttl.count()))
+            : std::chrono::milliseconds(5 + random() % 30);
     testing::HoldRecord record;
     record.name = name;
     record.request_ns = monotonic_ns();
@@ -169,15 +170,17 @@ int worker_main(const WorkerOptions& options) {
         auto lease = semaphore.try_acquire_for(options.acquire_timeout, 1, stop.token());
         if (!lease) {
           if (!stop.stopping()) {
-            events.line("timeout " + name + " " + std::to_string(record.request_ns) + " " + std::to_string(monotonic_ns()));
+            events.line("timeout " + name + " " + std::to_string(record.request_ns) + " " +
+                        std::to_string(monotonic_ns()));
           }
           continue;
         }
         record.start_ns = monotonic_ns();
         record.kind = "lease";
         record.token = lease->fencing_token();
-        record.end_ns = use_hold(name, record.token, false, length, [&] { return lease->hold_state(); }, store,
-                                 events, was_lost, options.ignore_loss);
+        record.end_ns = use_hold(
+            name, record.token, false, length, [&] { return lease->hold_state(); }, store, events, was_lost,
+            options.ignore_loss);
         if (record.end_ns != 0) history.record(record);
         lease->release();
       } else {
@@ -200,8 +203,9 @@ int worker_main(const WorkerOptions& options) {
           record.start_ns = monotonic_ns();
           record.kind = reader ? "shared" : "exclusive";
           record.token = lock.fencing_token();
-          record.end_ns = use_hold(name, record.token, !reader, length, [&] { return lock.hold_state(); }, store,
-                                   events, was_lost, options.ignore_loss);
+          record.end_ns = use_hold(
+              name, record.token, !reader, length, [&] { return lock.hold_state(); }, store, events, was_lost,
+              options.ignore_loss);
           if (record.end_ns != 0) history.record(record);
           if constexpr (requires { lock.release_shared(); }) {
             if (reader) {
@@ -283,11 +287,13 @@ int cli_worker_main(const WorkerOptions& options, const std::string& cli_path, c
       // What turnstile says (lost holds, busy servers) goes to the client's log.
       const int log = ::open((base + ".log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
       if (log >= 0) ::dup2(log, STDERR_FILENO);
-      std::vector<std::string> args{cli_path, "run", "--backend", options.url, "--timeout", timeout_seconds,
-                                    "--holder-label", "fault cli", "--lock", name};
+      std::vector<std::string> args{
+          cli_path,         "run",       "--backend", options.url, "--timeout", timeout_seconds,
+          "--holder-label", "fault cli", "--lock",    name};
       // file:// has no TTL (turnstile says so); every other backend gets the run's.
       if (!options.url.starts_with("file:")) args.insert(args.end(), {"--ttl", ttl_seconds});
-      args.insert(args.end(), {"--", self_path, "cli-child", base + ".history", base + ".events", options.store_dir, length});
+      args.insert(args.end(),
+                  {"--", self_path, "cli-child", base + ".history", base + ".events", options.store_dir, length});
       std::vector<char*> argv;
       for (auto& arg : args) argv.push_back(arg.data());
       argv.push_back(nullptr);

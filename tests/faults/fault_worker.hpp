@@ -11,10 +11,10 @@ struct WorkerOptions {
   std::string url;
   std::chrono::milliseconds ttl{2000};
   std::chrono::milliseconds acquire_timeout{10000};
-  std::string prefix;       // of the run's names
+  std::string prefix;  // of the run's names
   int names_per_kind = 2;
-  std::string out_dir;      // hold histories and event logs
-  std::string store_dir;    // the fenced store
+  std::string out_dir;    // hold histories and event logs
+  std::string store_dir;  // the fenced store
   int id = 0;
   std::uint64_t seed = 1;
   // A client that keeps using a hold without looking whether it is still held (what the

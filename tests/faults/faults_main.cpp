@@ -22,8 +22,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -143,7 +143,8 @@ std::size_t leaked_entries(const std::string& url, const std::vector<std::string
       std::cerr << "inspect: " << error.what() << "\n";
       left = static_cast<std::size_t>(-1);
     }
-    if (left == 0 || std::chrono::steady_clock::now() > until) return left == static_cast<std::size_t>(-1) ? names.size() : left;
+    if (left == 0 || std::chrono::steady_clock::now() > until)
+      return left == static_cast<std::size_t>(-1) ? names.size() : left;
     std::this_thread::sleep_for(500ms);
   }
 }
@@ -161,7 +162,8 @@ int run(const RunOptions& options, const std::string& self) {
     throw std::runtime_error(options.work_dir + " is not empty and not a fault run's work directory: not removing it");
   }
   if (!options.server_script.empty() && fs::exists(fs::path(options.work_dir) / "servers")) {
-    run_command(shell_quote(options.server_script) + " stop " + shell_quote((fs::path(options.work_dir) / "servers").string()));
+    run_command(shell_quote(options.server_script) + " stop " +
+                shell_quote((fs::path(options.work_dir) / "servers").string()));
   }
   fs::remove_all(options.work_dir);
   fs::create_directories(options.work_dir);
@@ -294,7 +296,9 @@ int run(const RunOptions& options, const std::string& self) {
   // A calm tail longer than an acquire's bound: a waiter left stuck by a fault (a lost wake-up)
   // times out in it, with the name free and no fault near, and is reported starved.
   if (!g_interrupted) {
-    calm(base.acquire_timeout + std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(recovery_ns_for(options.ttl))) + 1s);
+    calm(base.acquire_timeout +
+         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(recovery_ns_for(options.ttl))) +
+         1s);
   }
   const std::int64_t run_end_ns = monotonic_ns();
   const int stuck = clients.stop_all(base.acquire_timeout + 5s);
@@ -311,9 +315,8 @@ int run(const RunOptions& options, const std::string& self) {
     auto part = testing::load_history(entry.path().string());
     records.insert(records.end(), part.begin(), part.end());
   }
-  const auto violations = testing::check(records, [](const std::string& name) -> std::int64_t {
-    return is_semaphore_name(name) ? kSemaphoreLimit : 0;
-  });
+  const auto violations = testing::check(
+      records, [](const std::string& name) -> std::int64_t { return is_semaphore_name(name) ? kSemaphoreLimit : 0; });
   const auto events = load_events(clients_dir);
 
   // Stale writes: accepted after a hold with a greater token had begun on the name.
@@ -414,11 +417,13 @@ int run(const RunOptions& options, const std::string& self) {
   const bool overlaps_explained = !options.allow_overlaps.empty();
   std::ostringstream row;
   row << "| " << options.backend << " | " << records.size() << " | " << (kinds.str().empty() ? "none" : kinds.str())
-      << " | " << violations.size() << (overlaps_explained && !violations.empty() ? " (" + options.allow_overlaps + ")" : "")
-      << " | " << stale << " of " << writes << " (" << rejected << " rejected)"
+      << " | " << violations.size()
+      << (overlaps_explained && !violations.empty() ? " (" + options.allow_overlaps + ")" : "") << " | " << stale
+      << " of " << writes << " (" << rejected << " rejected)"
       << " | " << leaked << " | " << starved << " of " << timeouts << " | " << losses << " | "
-      << (loss_latency_ms.empty() ? std::string("-") : std::to_string(percentile(loss_latency_ms, 0.5)) + " / " +
-                                                            std::to_string(percentile(loss_latency_ms, 0.99)))
+      << (loss_latency_ms.empty() ? std::string("-")
+                                  : std::to_string(percentile(loss_latency_ms, 0.5)) + " / " +
+                                        std::to_string(percentile(loss_latency_ms, 0.99)))
       << " | " << static_cast<int>(available_in_faults * 100 + 0.5) << "% / "
       << static_cast<int>(available_overall * 100 + 0.5) << "% |";
   std::cout << "| backend | holds | faults | overlaps | stale writes accepted | leaked entries | starved waiters "
@@ -431,8 +436,8 @@ int run(const RunOptions& options, const std::string& self) {
   if (!options.table_path.empty()) {
     std::ofstream(options.table_path, std::ios::app) << row.str() << "\n";
   }
-  const bool failed = unexplained > 0 || stale > 0 || leaked > 0 || starved > 0 ||
-                      crashed > 0 || stuck > 0 || records.empty();
+  const bool failed =
+      unexplained > 0 || stale > 0 || leaked > 0 || starved > 0 || crashed > 0 || stuck > 0 || records.empty();
   if (g_interrupted) {
     std::cerr << "faults: the run was interrupted: its figures cover only what ran\n";
     return 2;
@@ -499,8 +504,8 @@ int main(int argc, char** argv) {
     } else usage("unknown option " + flag);
   }
   for (const auto& kind : options.fault_kinds) {
-    static const std::set<std::string> known{"server-kill", "server-pause", "client-pause", "client-kill", "partition",
-                                             "client-partition"};
+    static const std::set<std::string> known{"server-kill", "server-pause", "client-pause",
+                                             "client-kill", "partition",    "client-partition"};
     if (!known.count(kind)) usage("unknown fault kind '" + kind + "'");
     if (kind.starts_with("server-") && options.server_script.empty()) usage(kind + " needs --server");
     if (kind.ends_with("partition") && options.netns_prefix.empty()) usage(kind + " needs --netns");

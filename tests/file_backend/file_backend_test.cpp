@@ -1,8 +1,8 @@
 // What only the embedded file:// backend promises: a private directory, refusal of foreign or
 // symlinked directories, safe mapping of any valid name to files, and loss signalled when the
 // directory is removed under a holder.
-#include <gtest/gtest.h>
 #include <grp.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,8 +15,8 @@
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <stop_token>
 #include <set>
+#include <stop_token>
 #include <thread>
 
 #include <turnstile/turnstile.hpp>
@@ -306,9 +306,7 @@ TEST_F(FileBackend, AGroupSharesADirectoryMadeByRootWithMode2770) {
 TEST_F(FileBackend, RefusesAStateFileReplacedByASymlink) {
   const auto root = path("root");
   const auto victim = path("victim");
-  {
-    std::ofstream(victim) << "precious";
-  }
+  { std::ofstream(victim) << "precious"; }
   std::set<std::string> before;
   {
     auto client = Client::connect(url_of(root));
@@ -420,8 +418,8 @@ TEST_F(FileBackend, BadNamesLeaveTheDirectoryUntouched) {
   const auto root = path("root");
   auto client = Client::connect(url_of(root));
   const auto before = listing(scratch_);
-  const std::vector<std::string> bad_names{"", "..", "../x", "a/../../x", "/etc/passwd", "a//b", "x\n",
-                                           std::string(256, 'a')};
+  const std::vector<std::string> bad_names{
+      "", "..", "../x", "a/../../x", "/etc/passwd", "a//b", "x\n", std::string(256, 'a')};
   for (const auto& bad : bad_names) {
     EXPECT_THROW(client.mutex(bad), turnstile::InvalidArgument);
     EXPECT_THROW(client.semaphore(bad, 1), turnstile::InvalidArgument);
@@ -476,7 +474,7 @@ TEST_F(FileBackend, RemovingTheDirectorySignalsLoss) {
   shared.lock_shared();
   auto lease = semaphore.acquire();
   const std::vector<std::stop_token> tokens{mutex.lost_token(), unlocked.lost_token(), shared.lost_token(),
-                                           lease.lost_token()};
+                                            lease.lost_token()};
   for (const auto& token : tokens) EXPECT_FALSE(token.stop_requested());
 
   fs::remove_all(root);

@@ -27,8 +27,8 @@
 #include <optional>
 #include <set>
 #include <sstream>
-#include <string>
 #include <stop_token>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -616,7 +616,7 @@ TEST_F(FileSafety, RepairNeverKeepsATornCopyOfAnEntry) {
   auto client = Client::connect(url_);
   auto writer = client.shared_mutex("rw");
   const auto held = crash_in_front_of(
-      url_, state_of("rw"), "rw", 
+      url_, state_of("rw"), "rw",
       [](Client& c) {
         auto reader = std::make_shared<turnstile::SharedMutex>(c.shared_mutex("rw"));
         reader->lock_shared();
@@ -636,7 +636,7 @@ TEST_F(FileSafety, RepairDropsASlotCaughtMidRewrite) {
   auto client = Client::connect(url_);
   auto mutex = client.mutex("m");
   const auto held = crash_in_front_of(
-      url_, state_of("m"), "m", 
+      url_, state_of("m"), "m",
       [](Client& c) {
         auto holder = std::make_shared<turnstile::Mutex>(c.mutex("m"));
         holder->lock();
@@ -998,8 +998,9 @@ TEST_F(FileSafety, FencingTokensGrowWhenTheLastTokenIsAheadOfTheClock) {
   auto mutex = client.mutex("ahead");
   mutex.lock();
   mutex.unlock();
-  const auto now_us = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto now_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   std::uint64_t last = static_cast<std::uint64_t>(now_us) + 3'600'000'000u;  // an hour ahead
   {
     StateFile state(state_of("ahead"));

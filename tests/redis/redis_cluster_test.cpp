@@ -362,8 +362,9 @@ TEST(RedisClusterFaults, ClusterFailoverReportsHoldsLostAndServesWaitersOnTheNew
   // the holder learns it from its next renewal round's map (every 5 s).
   const auto& nodes = cluster.nodes();
   const auto name = unique_name("failover");
-  expect_failover_reported(nodes.url(), name, [&] { return nodes.owner(queue_key(name)); },
-                           [&](const std::string& primary) { ASSERT_EQ(nodes.run("failover", primary), 0); }, 9s);
+  expect_failover_reported(
+      nodes.url(), name, [&] { return nodes.owner(queue_key(name)); },
+      [&](const std::string& primary) { ASSERT_EQ(nodes.run("failover", primary), 0); }, 9s);
 }
 
 TEST(RedisClusterFaults, KilledPrimaryReportsHoldsLostAndServesWaitersOnTheNewPrimary) {
@@ -372,8 +373,9 @@ TEST(RedisClusterFaults, KilledPrimaryReportsHoldsLostAndServesWaitersOnTheNewPr
   // bound, so only the change of primary can have reported the loss.
   const auto& nodes = cluster.nodes();
   const auto name = unique_name("failover");
-  expect_failover_reported(nodes.url(), name, [&] { return nodes.owner(queue_key(name)); },
-                           [&](const std::string& primary) { ASSERT_EQ(nodes.run("kill", primary), 0); }, 11s);
+  expect_failover_reported(
+      nodes.url(), name, [&] { return nodes.owner(queue_key(name)); },
+      [&](const std::string& primary) { ASSERT_EQ(nodes.run("kill", primary), 0); }, 11s);
 }
 
 // Red team: a primary killed and restarted empty before any failover (node-timeout 1 s, the
@@ -396,10 +398,10 @@ TEST(RedisClusterFaults, APrimaryRestartedEmptyIsNoticedAtOnceNotAtTheNextRound)
   ASSERT_EQ(nodes.run("start-node", primary), 0);
   EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 10s))
       << "a primary restarted empty went unnoticed (the next regular round is 20 s after the lock)";
-  std::printf("hold reported lost %lld ms after the kill\n",
-              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                         std::chrono::steady_clock::now() - started)
-                                         .count()));
+  std::printf(
+      "hold reported lost %lld ms after the kill\n",
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count()));
   try {
     mutex.unlock();
   } catch (const turnstile::Error&) {

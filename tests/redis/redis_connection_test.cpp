@@ -98,7 +98,10 @@ class Peer {
     return "redis://" + userinfo + "127.0.0.1:" + std::to_string(port_);
   }
   std::size_t sent() const { return sent_; }
-  void join() { thread_.join(); thread_ = std::thread([] {}); }
+  void join() {
+    thread_.join();
+    thread_ = std::thread([] {});
+  }
 
  private:
   int listener_ = -1;
@@ -122,7 +125,9 @@ TEST_F(RedisConnection, NoCallWaitsPastItsOwnDeadlineBehindAnother) {
   turnstile_test::TcpProxy proxy(url_);
   redis::Connection connection(settings_for(proxy.url_through(url_)), kScripts, {});
   const auto key = key_for("deadline");
-  EXPECT_EQ(connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 5s), .idempotent = true})->integer, 1);
+  EXPECT_EQ(connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 5s), .idempotent = true})
+                ->integer,
+            1);
   proxy.blackhole();
   std::atomic<bool> long_call_done{false};
   auto long_call = std::async(std::launch::async, [&] {
@@ -135,15 +140,19 @@ TEST_F(RedisConnection, NoCallWaitsPastItsOwnDeadlineBehindAnother) {
   std::this_thread::sleep_for(200ms);
   ASSERT_FALSE(long_call_done) << "the long call should be stuck on the cut link";
   const auto start = Clock::now();
-  EXPECT_THROW(connection.eval(kGet, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 300ms), .idempotent = true}), turnstile::BackendUnavailable);
+  EXPECT_THROW(
+      connection.eval(kGet, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 300ms), .idempotent = true}),
+      turnstile::BackendUnavailable);
   const auto took = Clock::now() - start;
   EXPECT_FALSE(long_call_done) << "the short call must not have waited for the long one";
-  EXPECT_LT(took, 1500ms) << "a 300 ms call waited " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+  EXPECT_LT(took, 1500ms) << "a 300 ms call waited "
+                          << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
                           << " ms behind another";
   proxy.forward();
   long_call.get();
   // The link heals: calls go through again.
-  EXPECT_NO_THROW(connection.eval(kGet, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 5s), .idempotent = true}));
+  EXPECT_NO_THROW(
+      connection.eval(kGet, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 5s), .idempotent = true}));
 }
 
 // Issue 16.3: every error reply is a typed error; in a pipeline, each call gets its own.
@@ -156,24 +165,30 @@ TEST(RedisConnectionOwnServer, ErrorRepliesBecomeTypedErrors) {
 
   // OOM under maxmemory + noeviction (the default policy).
   ASSERT_EQ(redis_cli(server.url(), "CONFIG SET maxmemory 1"), "OK");
-  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] { connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true}); }).find("OOM"),
+  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] {
+              connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true});
+            }).find("OOM"),
             std::string::npos);
   auto results = connection.eval_each({{&kIncr, {key}, {}}, {&kGet, {key}, {}}}, turnstile::Deadline(soon()));
   ASSERT_EQ(results.size(), 2u);
   EXPECT_THROW(results[0].take(), turnstile::BackendUnavailable);
   ASSERT_TRUE(results[1].ok()) << "a read-only script still runs under OOM";
   EXPECT_EQ(std::string(results[1].reply->str, results[1].reply->len), "1");
-  EXPECT_THROW(connection.eval_pipelined({{&kIncr, {key}, {}}}, turnstile::Deadline(soon())), turnstile::BackendUnavailable);
+  EXPECT_THROW(connection.eval_pipelined({{&kIncr, {key}, {}}}, turnstile::Deadline(soon())),
+               turnstile::BackendUnavailable);
   ASSERT_EQ(redis_cli(server.url(), "CONFIG SET maxmemory 0"), "OK");
 
   // A script error.
-  EXPECT_THROW(connection.eval(kBroken, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true}), turnstile::BackendUnavailable);
+  EXPECT_THROW(connection.eval(kBroken, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true}),
+               turnstile::BackendUnavailable);
 
   // BUSY: another connection runs a script that does not end.
   ASSERT_EQ(redis_cli(server.url(), "CONFIG SET busy-reply-threshold 100"), "OK");
   auto busy = std::async(std::launch::async, [&] { return redis_cli(server.url(), "EVAL 'while true do end' 0"); });
   ASSERT_TRUE(eventually([&] { return redis_cli(server.url(), "PING").find("BUSY") != std::string::npos; }));
-  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] { connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true}); }).find("BUSY"),
+  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] {
+              connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true});
+            }).find("BUSY"),
             std::string::npos);
   redis_cli(server.url(), "SCRIPT KILL");
   busy.get();
@@ -184,13 +199,17 @@ TEST(RedisConnectionOwnServer, ErrorRepliesBecomeTypedErrors) {
   const auto hostport = server.url().substr(std::string("redis://").size());
   redis::Connection limited(settings_for("redis://" + user + ":pw@" + hostport), kScripts, {});
   ASSERT_EQ(redis_cli(server.url(), "ACL SETUSER " + user + " resetchannels"), "OK");
-  EXPECT_THROW(limited.eval(kPublish, {}, {"turnstile:{x}:w"}, {.budget = turnstile::Deadline(soon()), .idempotent = true}), turnstile::AccessDenied);
+  EXPECT_THROW(
+      limited.eval(kPublish, {}, {"turnstile:{x}:w"}, {.budget = turnstile::Deadline(soon()), .idempotent = true}),
+      turnstile::AccessDenied);
 
   // READONLY after a demotion to replica of another server.
   OwnServer primary(TURNSTILE_REDIS_SCRIPT);
   const auto primary_port = primary.url().substr(primary.url().rfind(':') + 1);
   ASSERT_EQ(redis_cli(server.url(), "REPLICAOF 127.0.0.1 " + primary_port), "OK");
-  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] { connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true}); }).find("READONLY"),
+  EXPECT_NE(error_of<turnstile::BackendUnavailable>([&] {
+              connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(soon()), .idempotent = true});
+            }).find("READONLY"),
             std::string::npos);
   // And a new connection to a replica is refused at connect.
   EXPECT_THROW(redis::Connection(settings_for(server.url()), kScripts, {}), turnstile::BackendUnavailable);
@@ -219,7 +238,8 @@ TEST(RedisConnectionOwnServer, ConnectionClosedWhileIdleIsNoUnknownOutcome) {
   auto counter = client.permit_counter(unique_name("idle"));
   EXPECT_EQ(counter.add_permits(1), 1);
   // The server closed our idle command connection (the only one that ran scripts).
-  ASSERT_TRUE(eventually([&] { return redis_cli(server.url(), "CLIENT LIST").find("cmd=evalsha") == std::string::npos; }, 10s));
+  ASSERT_TRUE(
+      eventually([&] { return redis_cli(server.url(), "CLIENT LIST").find("cmd=evalsha") == std::string::npos; }, 10s));
   EXPECT_EQ(counter.add_permits(1), 2);
   EXPECT_EQ(counter.available_permits(), 2);
 }
@@ -247,10 +267,10 @@ TEST(RedisConnectionOwnServer, ConnectChecksEveryPermissionTheBackendNeeds) {
   OwnServer server(TURNSTILE_REDIS_SCRIPT);
   const auto hostport = server.url().substr(std::string("redis://").size());
   const std::vector<std::pair<std::string, std::string>> users{
-      {"nochannels", "'~*' resetchannels '+@all'"},            // Redis 7's default for new users
-      {"nokeys", "'~other:*' '&*' '+@all'"},                   // not turnstile's keys
-      {"readonly", "'%R~*' '&*' '+@all'"},                     // keys it may read only
-      {"nosubscribe", "'~*' '&*' '+@all' '-subscribe'"},       // cannot wait for wake-ups
+      {"nochannels", "'~*' resetchannels '+@all'"},       // Redis 7's default for new users
+      {"nokeys", "'~other:*' '&*' '+@all'"},              // not turnstile's keys
+      {"readonly", "'%R~*' '&*' '+@all'"},                // keys it may read only
+      {"nosubscribe", "'~*' '&*' '+@all' '-subscribe'"},  // cannot wait for wake-ups
       {"noscripts", "'~*' '&*' '+@all' '-@scripting'"},
   };
   for (const auto& [user, rules] : users) {
@@ -284,9 +304,11 @@ TEST_F(RedisConnection, PasswordsNeverAppearInErrors) {
   const std::string secret = "s3cret-Pw";
   const auto user = "pw" + std::to_string(getpid());
   ASSERT_EQ(redis_cli(url_, "ACL SETUSER " + user + " on '>right' '~*' '&*' '+@all'"), "OK");
-  const auto refused = error_of<turnstile::AccessDenied>([&] { Client::connect("redis://" + user + ":" + secret + "@" + hostport); });
+  const auto refused =
+      error_of<turnstile::AccessDenied>([&] { Client::connect("redis://" + user + ":" + secret + "@" + hostport); });
   EXPECT_EQ(refused.find(secret), std::string::npos) << refused;
-  const auto no_password_set = error_of<turnstile::AccessDenied>([&] { Client::connect("redis://:" + secret + "@" + hostport); });
+  const auto no_password_set =
+      error_of<turnstile::AccessDenied>([&] { Client::connect("redis://:" + secret + "@" + hostport); });
   EXPECT_EQ(no_password_set.find(secret), std::string::npos) << no_password_set;
   redis_cli(url_, "ACL DELUSER " + user);
 
@@ -298,7 +320,8 @@ TEST_F(RedisConnection, PasswordsNeverAppearInErrors) {
   const auto unreachable = error_of<turnstile::BackendUnavailable>(
       [&] { Client::connect("redis://u:" + secret + "@127.0.0.1:" + std::to_string(port)); });
   EXPECT_EQ(unreachable.find(secret), std::string::npos) << unreachable;
-  const auto bad_url = error_of<turnstile::InvalidUrl>([&] { Client::connect("redis://u:" + secret + "@127.0.0.1:1/x"); });
+  const auto bad_url =
+      error_of<turnstile::InvalidUrl>([&] { Client::connect("redis://u:" + secret + "@127.0.0.1:1/x"); });
   EXPECT_EQ(bad_url.find(secret), std::string::npos) << bad_url;
   // A server that repeats the password in its error: masked.
   std::string answers = "-WRONGPASS the password " + secret + " is wrong\r\n";
@@ -378,9 +401,11 @@ TEST(RedisConnectionPeer, ErrorCodesMapToTypedErrors) {
       return std::string("unavailable");
     }
   };
-  for (const char* code : {"NOPERM", "NOAUTH", "WRONGPASS"}) EXPECT_EQ(kind(std::string("-") + code + " no hunter22\r\n"), "denied");
+  for (const char* code : {"NOPERM", "NOAUTH", "WRONGPASS"})
+    EXPECT_EQ(kind(std::string("-") + code + " no hunter22\r\n"), "denied");
   EXPECT_EQ(kind("-ERR The user executing the script can't publish to the channel mentioned\r\n"), "denied");
-  for (const char* code : {"OOM", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK", "BUSY", "MISCONF", "LOADING", "ERR"}) {
+  for (const char* code :
+       {"OOM", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "MOVED", "ASK", "BUSY", "MISCONF", "LOADING", "ERR"}) {
     EXPECT_EQ(kind(std::string("-") + code + " something\r\n"), "unavailable") << code;
   }
   EXPECT_EQ(kind("*2\r\n:1\r\n-OOM nested\r\n"), "unavailable");

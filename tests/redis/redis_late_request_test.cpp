@@ -70,8 +70,10 @@ TEST(RedisLateRequestsOwnServer, ACounterAcquireEndedDuringAStallTakesNothingWhe
       return setter.permit_counter(name).available_permits() == count && setter.inspect(name).waiters.empty();
     };
     EXPECT_TRUE(eventually(settled, 4s)) << "count " << count << (by_stop ? ", stopped" : ", deadline")
-                                         << ": the late look took " << count - setter.permit_counter(name).available_permits()
-                                         << " permit(s) and left " << setter.inspect(name).waiters.size() << " waiter(s)";
+                                         << ": the late look took "
+                                         << count - setter.permit_counter(name).available_permits()
+                                         << " permit(s) and left " << setter.inspect(name).waiters.size()
+                                         << " waiter(s)";
     std::this_thread::sleep_for(300ms);
     EXPECT_TRUE(settled()) << "a late look changed the counter after it settled";
   }
@@ -125,7 +127,8 @@ TEST_F(RedisLateRequests, AClientEndingRightAfterGivingUpRetiresItsRequestFirst)
   std::vector<std::shared_ptr<turnstile_test::HeldRequest>> holds;
   for (int i = 1; i <= 40; ++i) holds.push_back(proxy.hold_request(name, i));
   std::stop_source stop;
-  auto taken = std::async(std::launch::async, [&] { return client->permit_counter(name).acquire(2, stop.get_token()); });
+  auto taken =
+      std::async(std::launch::async, [&] { return client->permit_counter(name).acquire(2, stop.get_token()); });
   ASSERT_TRUE(holds.front()->wait_held(2s)) << "the look was never held: nothing tested";
   stop.request_stop();
   ASSERT_EQ(taken.wait_for(5s), std::future_status::ready) << "the acquire did not end";
@@ -186,12 +189,16 @@ TEST_F(RedisLateRequests, AnAcquireDeliveredAfterItsSenderGaveUpCreatesNothing) 
     // Delivered once the client's retirement (a release by request id, sent on another
     // connection or retried by the watchdog) shows in its request record ('x': retired), or
     // after 3 s (a client that records nothing).
-    eventually([&] { return redis_cli(url_, "HGETALL " + quoted(state_key(name))).find("=x") != std::string::npos; }, 3s);
+    eventually([&] { return redis_cli(url_, "HGETALL " + quoted(state_key(name))).find("=x") != std::string::npos; },
+               3s);
     held->deliver();
-    EXPECT_FALSE(eventually([&] {
-      const auto seen = direct.inspect(name);
-      return !seen.holders.empty() || !seen.waiters.empty();
-    }, 1500ms)) << (multi ? "MultiLock: " : "") << "the late acquire created an entry nobody owns";
+    EXPECT_FALSE(eventually(
+        [&] {
+          const auto seen = direct.inspect(name);
+          return !seen.holders.empty() || !seen.waiters.empty();
+        },
+        1500ms))
+        << (multi ? "MultiLock: " : "") << "the late acquire created an entry nobody owns";
     auto next = direct.mutex(name);
     EXPECT_TRUE(next.try_lock_for(0ms)) << "the name is held by a ghost";
     if (next.owns_lock()) next.unlock();
@@ -326,7 +333,8 @@ TEST_F(RedisLateRequests, ALongWaiterDoesNotMakeItsClientsRecordGrow) {
   auto counter = client.permit_counter(name);
   ASSERT_TRUE(counter.try_set_permits(0));
   std::stop_source stop;
-  auto waiter = std::async(std::launch::async, [&] { return client.permit_counter(name).acquire(1000, stop.get_token()); });
+  auto waiter =
+      std::async(std::launch::async, [&] { return client.permit_counter(name).acquire(1000, stop.get_token()); });
   ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }, 3s)) << "the waiter never queued";
   for (int i = 0; i < 200; ++i) counter.add_permits(1);
   EXPECT_EQ(waiter.wait_for(0s), std::future_status::timeout) << "the waiter was not waiting";

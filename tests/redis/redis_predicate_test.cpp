@@ -4,6 +4,7 @@
 // the same verdict for every entry.
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -11,7 +12,6 @@
 #include <random>
 #include <sstream>
 #include <thread>
-#include <algorithm>
 
 #include "core/queue.hpp"
 #include "support/server_tests.hpp"
@@ -73,7 +73,7 @@ Queue random_queue(std::mt19937_64& random) {
     switch (uniform(0, 5)) {
       case 0: permits = turnstile::max_permits - uniform(0, 10); break;  // near the largest allowed
       case 1: permits = uniform(1, turnstile::max_permits); break;       // maybe above the limit
-      case 2: permits = uniform(1, 3); break;                             // small, in a large limit
+      case 2: permits = uniform(1, 3); break;                            // small, in a large limit
       default: permits = uniform(1, queue.limit); break;
     }
     queue.entries.push_back({EntryKind::lease, permits, false});
@@ -99,8 +99,8 @@ class RedisPredicate : public ::testing::Test {
       argv.push_back(argument.data());
       lengths.push_back(argument.size());
     }
-    return Reply(static_cast<redisReply*>(redisCommandArgv(context_.get(), static_cast<int>(argv.size()), argv.data(),
-                                                           lengths.data())),
+    return Reply(static_cast<redisReply*>(
+                     redisCommandArgv(context_.get(), static_cast<int>(argv.size()), argv.data(), lengths.data())),
                  freeReplyObject);
   }
 
@@ -162,7 +162,8 @@ TEST_F(RedisPredicate, LuaAdmitAgreesWithTheCorePredicateOnRandomQueues) {
       const bool lua = row->element[1]->integer == 1;
       const bool core = turnstile::detail::evaluate_queue(views, i, queue.limit).admitted();
       EXPECT_EQ(lua, core) << "entry " << i << " of " << describe(queue) << ": Lua admit() says "
-                           << (lua ? "admitted" : "waiting") << ", evaluate_queue says " << (core ? "admitted" : "waiting");
+                           << (lua ? "admitted" : "waiting") << ", evaluate_queue says "
+                           << (core ? "admitted" : "waiting");
       if (lua != core) return;  // one queue's disagreement is enough to read
       waiting += !core;
     }
@@ -202,8 +203,10 @@ TEST_F(RedisPredicate, ARenewalReadsOnlyItsOwnEntriesUntilOneMayHaveExpired) {
   // {status, seq} of a join by request `request` with a lease of `lease_ms` (marked with its
   // client's watermark: see common_prelude.lua).
   const auto join = [&](const std::string& request, const std::string& lease_ms) {
-    auto reply = command({"EVAL", acquire, "1", key, channel, "x", "1", "0", lease_ms, "0", request + ":1", "1 test", ""});
-    EXPECT_TRUE(reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2) << (reply && reply->str ? reply->str : "");
+    auto reply =
+        command({"EVAL", acquire, "1", key, channel, "x", "1", "0", lease_ms, "0", request + ":1", "1 test", ""});
+    EXPECT_TRUE(reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2)
+        << (reply && reply->str ? reply->str : "");
     return std::to_string(reply->element[1]->integer);
   };
   std::vector<std::string> seqs;
@@ -224,7 +227,8 @@ TEST_F(RedisPredicate, ARenewalReadsOnlyItsOwnEntriesUntilOneMayHaveExpired) {
       Reply line(static_cast<redisReply*>(raw), freeReplyObject);
       const std::string text = line->type == REDIS_REPLY_STATUS ? std::string(line->str, line->len) : "";
       if (text.find(marker) != std::string::npos) break;
-      if (text.find(" lua] ") != std::string::npos && text.find("{" + name + "}") != std::string::npos) ran.push_back(text);
+      if (text.find(" lua] ") != std::string::npos && text.find("{" + name + "}") != std::string::npos)
+        ran.push_back(text);
     }
     return ran;
   };
@@ -232,12 +236,15 @@ TEST_F(RedisPredicate, ARenewalReadsOnlyItsOwnEntriesUntilOneMayHaveExpired) {
   const auto renew_entry = [&](std::size_t i, std::vector<std::string>& ran) {
     ran_since();  // what came before
     auto reply = command({"EVAL", renew, "1", key, channel, "60000", seqs[i], "c" + std::to_string(i) + ":1"});
-    EXPECT_TRUE(reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 1) << (reply && reply->str ? reply->str : "");
+    EXPECT_TRUE(reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 1)
+        << (reply && reply->str ? reply->str : "");
     ran = ran_since();
     return reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 1 ? reply->element[0]->integer : -1;
   };
   const auto count = [](const std::vector<std::string>& ran, const std::string& command) {
-    return std::count_if(ran.begin(), ran.end(), [&](const std::string& line) { return line.find("\"" + command + "\"") != std::string::npos; });
+    return std::count_if(ran.begin(), ran.end(), [&](const std::string& line) {
+      return line.find("\"" + command + "\"") != std::string::npos;
+    });
   };
 
   // Nothing expired: the entry is read and written, nothing else.

@@ -19,9 +19,9 @@
 #include <future>
 
 #include "conformance/support.hpp"
+#include "redis/own_server.hpp"
 #include "support/server_tests.hpp"
 #include "support/tcp_proxy.hpp"
-#include "redis/own_server.hpp"
 
 namespace {
 
@@ -384,8 +384,8 @@ TEST_F(RedisSafety, CounterNamesCannotReachTurnstilesKeys) {
   mutex.lock();
   mutex.unlock();
   const auto before = redis_cli(url_, "HGETALL " + quoted(state_key(name)));
-  for (const std::string& alias : {state_key(name), "turnstile:{" + name + "}:seq", "{" + name + "}:turnstile:c",
-                                  name + "{x}:turnstile:t"}) {
+  for (const std::string& alias :
+       {state_key(name), "turnstile:{" + name + "}:seq", "{" + name + "}:turnstile:c", name + "{x}:turnstile:t"}) {
     auto counter = client.permit_counter(alias);
     EXPECT_THROW(counter.drain_permits(), turnstile::InvalidArgument) << alias;
     EXPECT_THROW(counter.try_set_permits(1), turnstile::InvalidArgument) << alias;
@@ -508,7 +508,8 @@ TEST_F(RedisSafety, AnUnreadableOrHugeSeqNeverMakesTwoHoldersOrEqualTokens) {
   // The queue as stored, but for the client's request records (what its requests did).
   const auto queue_state = [&] {
     std::string state;
-    for (const auto& field : {"seq", "w"}) state += redis_cli(url_, "HGET " + quoted(state_key(name)) + " " + field) + "\n";
+    for (const auto& field : {"seq", "w"})
+      state += redis_cli(url_, "HGET " + quoted(state_key(name)) + " " + field) + "\n";
     return state + redis_cli(url_, "HLEN " + quoted(state_key(name)));
   };
   const auto before = queue_state();
@@ -559,7 +560,8 @@ TEST(RedisSafetyOwnServer, ARestartWithoutDataIsNoticedAtOnceNotAtTheNextRenewal
   const auto lost = holder.lost_token();
   server.shutdown("NOSAVE");
   server.start();
-  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 4s)) << "the holder was not told before its next renewal";
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 4s))
+      << "the holder was not told before its next renewal";
   auto other_client = Client::connect(server.url());
   auto other = other_client.mutex(name);
   ASSERT_TRUE(other.try_lock_for(5s));

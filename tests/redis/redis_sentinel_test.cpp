@@ -64,9 +64,9 @@ TEST_F(RedisSentinel, MinReplicasWithTheReplicaUpAcquires) {
   mutex.unlock();
   // On redis:// too (the primary's own address, found through the sentinels' answer).
   const auto sentinel = url_.substr(url_.find("//") + 2, url_.find(',') - url_.find("//") - 2);
-  const auto address = shell("redis-cli -h " + sentinel.substr(0, sentinel.find(':')) + " -p " +
-                             sentinel.substr(sentinel.find(':') + 1) +
-                             " SENTINEL get-master-addr-by-name turnstile | paste -sd:");
+  const auto address =
+      shell("redis-cli -h " + sentinel.substr(0, sentinel.find(':')) + " -p " +
+            sentinel.substr(sentinel.find(':') + 1) + " SENTINEL get-master-addr-by-name turnstile | paste -sd:");
   auto direct = Client::connect("redis://" + address + "?min_replicas=1");
   auto same = direct.mutex(mutex.name());
   ASSERT_TRUE(same.try_lock_for(5s));
@@ -110,16 +110,18 @@ TEST(RedisSentinelFaults, FailoverReportsHoldsLostAndServesWaitersOnTheNewPrimar
   // The sentinels switch within about a second; the demoted primary keeps accepting writes
   // until they reconfigure it (about 10 s later), so the holder learns of it from its next
   // renewal round's question to the sentinels: within a renewal period (5 s) of the switch.
-  expect_failover_reported(set.url(), unique_name("failover"), [&] { return set.leader(); },
-                           [&](const std::string&) { ASSERT_EQ(set.run("failover"), 0); }, 8s);
+  expect_failover_reported(
+      set.url(), unique_name("failover"), [&] { return set.leader(); },
+      [&](const std::string&) { ASSERT_EQ(set.run("failover"), 0); }, 8s);
 }
 
 TEST(RedisSentinelFaults, KilledPrimaryReportsHoldsLostAndServesWaitersOnTheNewPrimary) {
   SentinelSet set;
   // down-after-milliseconds 1000, then a vote and a promotion: a few seconds, below the TTL's
   // 13.5 s loss bound, so only the change of primary can have reported the loss.
-  expect_failover_reported(set.url(), unique_name("failover"), [&] { return set.leader(); },
-                           [&](const std::string& primary) { ASSERT_EQ(set.run("kill", primary), 0); }, 10s);
+  expect_failover_reported(
+      set.url(), unique_name("failover"), [&] { return set.leader(); },
+      [&](const std::string& primary) { ASSERT_EQ(set.run("kill", primary), 0); }, 10s);
 }
 
 // Red team, issue 22 round 3 (item 17): ?eviction=refuse (the default) checks each primary a

@@ -12,12 +12,12 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <random>
-#include <cstdio>
 #include <fstream>
 #include <future>
+#include <random>
 
 #include "conformance/support.hpp"
 #include "support/server_tests.hpp"
@@ -27,7 +27,6 @@ namespace {
 using namespace std::chrono_literals;
 using turnstile::Client;
 using namespace server_tests;
-
 
 class Redis : public ::testing::Test {
  protected:
@@ -225,7 +224,11 @@ TEST_F(Redis, EveryKeyOfANameSharesOneHashTag) {
     EXPECT_EQ(inspection.holders.front().fencing_token, mutex.fencing_token());
     // The name's one key carries the {tag}, and nothing else does.
     std::string encoded;
-    for (char c : name) encoded += c == '{' ? std::string("%7B") : c == '}' ? std::string("%7D") : c == '%' ? std::string("%25") : std::string(1, c);
+    for (char c : name)
+      encoded += c == '{'   ? std::string("%7B")
+                 : c == '}' ? std::string("%7D")
+                 : c == '%' ? std::string("%25")
+                            : std::string(1, c);
     const auto keys = redis_cli(url_, "--scan --pattern " + quoted("turnstile:{" + encoded + "}:*"));
     EXPECT_NE(keys.find("turnstile:{" + encoded + "}:q"), std::string::npos) << keys;
     reader.unlock_shared();
@@ -245,7 +248,8 @@ TEST(RedisOwnServer, UncontendedLockUnlockCostsTwoCommands) {
     const auto stats = redis_cli(server.url(), "INFO commandstats");
     long long total = 0;
     for (const char* command : {"cmdstat_evalsha:calls=", "cmdstat_eval:calls="}) {
-      if (const auto at = stats.find(command); at != std::string::npos) total += std::stoll(stats.substr(at + std::strlen(command)));
+      if (const auto at = stats.find(command); at != std::string::npos)
+        total += std::stoll(stats.substr(at + std::strlen(command)));
     }
     return total;
   };

@@ -71,7 +71,8 @@ bool ProxyControl::on_request_chunk(RequestWatch& watch, std::string_view chunk)
   }
   const bool keep = watch.keeps();
   for (const auto& later : laters) {
-    if (keep || later->forwarded || later->not_on == watch.id || !matches_new(text, tail_size, later->pattern)) continue;
+    if (keep || later->forwarded || later->not_on == watch.id || !matches_new(text, tail_size, later->pattern))
+      continue;
     later->forwarded = true;
     watch.awaiting_reply = later;
   }
@@ -98,7 +99,8 @@ Settle ProxyControl::settle(RequestWatch& watch) {
   };
   if (asked(Phase::drop_requested)) {
     for (auto& hold : watch.holds) hold->phase = Phase::dropped;
-  } else if (std::all_of(watch.holds.begin(), watch.holds.end(), [](const auto& h) { return h->phase == Phase::deliver_requested; })) {
+  } else if (std::all_of(watch.holds.begin(), watch.holds.end(),
+                         [](const auto& h) { return h->phase == Phase::deliver_requested; })) {
     for (auto& hold : watch.holds) hold->phase = Phase::delivered;
   } else {
     return Settle::nothing;
@@ -173,7 +175,8 @@ void HeldRequest::cut_client() {
 
 bool DuplicatedRequest::wait_seen(std::chrono::milliseconds timeout) {
   std::unique_lock lock(control_->mutex);
-  return control_->seen.wait_for(lock, timeout, [&] { return record_->captured || control_->stopped; }) && record_->captured;
+  return control_->seen.wait_for(lock, timeout, [&] { return record_->captured || control_->stopped; }) &&
+         record_->captured;
 }
 
 void DuplicatedRequest::replay() {
@@ -186,7 +189,8 @@ void DuplicatedRequest::replay() {
   const bool ended = control_->seen.wait_for(lock, std::chrono::seconds(5), [&] {
     return record_->replays_written + record_->replays_failed >= mine || control_->stopped;
   });
-  if (!ended || record_->replays_failed != failed_before || control_->stopped) throw std::runtime_error("DuplicatedRequest::replay: the copy could not be written");
+  if (!ended || record_->replays_failed != failed_before || control_->stopped)
+    throw std::runtime_error("DuplicatedRequest::replay: the copy could not be written");
 }
 
 }  // namespace turnstile_test

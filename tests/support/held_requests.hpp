@@ -115,15 +115,15 @@ struct LaterRecord {
 // Per proxied connection, client-to-server: what it matched and what it keeps back.
 struct RequestWatch {
   std::uint64_t id = 0;
-  std::string tail;  // the last bytes read, for patterns that span chunks
+  std::string tail;                                // the last bytes read, for patterns that span chunks
   std::vector<std::shared_ptr<HoldRecord>> holds;  // unresolved holds on this connection
   std::vector<char> kept;                          // bytes kept back
   std::size_t first_held = 0;                      // of which the chunk that matched
   // Delivered: the held chunk went out; what the client sent after it (a cancel, a close, more
   // requests) follows at rest_due, as it was sent later too.
   std::optional<Clock::time_point> rest_due;
-  std::shared_ptr<LaterRecord> awaiting_reply;     // a later request forwarded here
-  std::shared_ptr<CopyRecord> replay_of;           // this connection sends a replayed copy
+  std::shared_ptr<LaterRecord> awaiting_reply;  // a later request forwarded here
+  std::shared_ptr<CopyRecord> replay_of;        // this connection sends a replayed copy
   bool keeps() const { return !holds.empty() || rest_due.has_value(); }
 };
 
@@ -136,7 +136,7 @@ enum class Settle { nothing, deliver, drop, cut_client };
 struct ProxyControl {
   std::mutex mutex;
   std::condition_variable seen;
-  int wake = -1;  // eventfd of the proxy's thread
+  int wake = -1;                // eventfd of the proxy's thread
   std::uint64_t requested = 0;  // bumped by every request to the thread
   std::uint64_t observed = 0;   // the last request the thread has acted on
   bool stopped = false;

@@ -6,9 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <vector>
@@ -48,8 +48,8 @@ struct Connection {
   bool server_eof = false;
   bool server_shut = false;  // FIN passed on to the server
   bool client_shut = false;
-  Buffer up;    // client -> server
-  Buffer down;  // server -> client
+  Buffer up;           // client -> server
+  Buffer down;         // server -> client
   RequestWatch watch;  // held and copied requests
   // The client is gone but the server side stays open: its requests were held back (or it
   // sends a replayed copy). Replies are read and discarded; it closes when the server does, or

@@ -5,16 +5,16 @@
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
-#include <filesystem>
-#include <stdexcept>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -194,7 +194,8 @@ inline void expect_handover(turnstile::Client& client, turnstile::Client& other,
   });
   EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout) << "a waiter got in while the lock was held";
   mutex.unlock();
-  EXPECT_GT(waiter.get(), first_token) << "the waiter was not admitted after the release (token 0), or its token did not grow";
+  EXPECT_GT(waiter.get(), first_token)
+      << "the waiter was not admitted after the release (token 0), or its token did not grow";
   auto pool = client.semaphore(unique_name("pool"), 2);
   auto a = pool.acquire();
   auto b = pool.acquire();
@@ -234,7 +235,12 @@ inline void expect_failover_reported(const std::string& url, const std::string& 
   const auto noticed = std::chrono::steady_clock::now() - started;
   std::printf("hold reported lost %lld ms after the fault\n",
               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(noticed).count()));
-  EXPECT_TRUE(eventually([&] { const auto now = primary(); return !now.empty() && now != before; }, 10s));
+  EXPECT_TRUE(eventually(
+      [&] {
+        const auto now = primary();
+        return !now.empty() && now != before;
+      },
+      10s));
   // The waiter was still waiting when the loss was reported (its entry reached the replica).
   EXPECT_EQ(waiter.wait_for(0s), std::future_status::timeout) << "the waiter was admitted before the holder was told";
   // The lost holder's release goes to the new primary (its replicated entry leaves).
@@ -243,7 +249,8 @@ inline void expect_failover_reported(const std::string& url, const std::string& 
   } catch (const turnstile::HoldLost&) {
   }
   ASSERT_EQ(waiter.wait_for(30s), std::future_status::ready) << "the waiter was not served by the new primary";
-  EXPECT_GT(waiter.get(), token) << "the waiter was not served (0), or fencing tokens went backwards across the failover";
+  EXPECT_GT(waiter.get(), token)
+      << "the waiter was not served (0), or fencing tokens went backwards across the failover";
   EXPECT_TRUE(lost_at_admission) << "the waiter was admitted before the holder was told";
   auto fresh = turnstile::Client::connect(url);
   EXPECT_TRUE(fresh.mutex(name).try_lock_for(5s));
@@ -279,8 +286,7 @@ inline void expect_killed_holder_freed_within(const std::string& url, std::chron
 // what the holder is told: suspended during it, held again after it, never lost; and that the
 // holds still exclude others, and release normally, afterwards.
 inline void expect_outage_suspends_then_resumes(const std::string& url, std::chrono::milliseconds ttl,
-                                                const std::function<void()>& begin,
-                                                const std::function<void()>& end) {
+                                                const std::function<void()>& begin, const std::function<void()>& end) {
   using turnstile::HoldState;
   HoldStateLog log;
   auto client = turnstile::Client::connect(url, log.options(ttl));
@@ -349,7 +355,8 @@ class OwnServer {
 
  private:
   int run(const std::string& action, const std::string& argument = "") {
-    return std::system((script_ + " " + action + " " + dir_ + (argument.empty() ? "" : " " + argument) + " >/dev/null").c_str());
+    return std::system(
+        (script_ + " " + action + " " + dir_ + (argument.empty() ? "" : " " + argument) + " >/dev/null").c_str());
   }
   std::string script_;
   std::string dir_;

@@ -60,8 +60,8 @@ struct TcpProxy::State {
   std::atomic<std::uint64_t> accepted{0};
   std::atomic<std::uint64_t> dropped{0};
   std::atomic<std::chrono::steady_clock::rep> last_request{0};  // steady_clock ticks
-  std::list<Connection> connections;  // the thread's own
-  std::uint64_t next_connection = 0;  // the thread's own
+  std::list<Connection> connections;                            // the thread's own
+  std::uint64_t next_connection = 0;                            // the thread's own
   std::thread thread;
 
   // Asks the thread to act on the current settings and waits until it has.
@@ -456,7 +456,8 @@ bool TcpProxy::pass_one_reply(std::chrono::milliseconds wait) {
   if (state_->mode != Mode::hold_replies) return false;
   state_->pass_one = true;
   state_->request(lock);
-  if (state_->seen.wait_for(lock, wait, [&] { return !state_->pass_one || state_->control->stopped; })) return !state_->control->stopped;
+  if (state_->seen.wait_for(lock, wait, [&] { return !state_->pass_one || state_->control->stopped; }))
+    return !state_->control->stopped;
   state_->pass_one = false;
   return false;
 }

@@ -72,8 +72,8 @@ class TcpProxy {
   // got before the cut, a renewal included, was then sent at least `quiet` before it: a test
   // can assert a bound counted from the cut with `quiet` of room for scheduling. Throws
   // std::runtime_error when no quiet moment came in time.
-  std::chrono::steady_clock::time_point blackhole_when_quiet(std::chrono::milliseconds quiet,
-                                                             std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  std::chrono::steady_clock::time_point blackhole_when_quiet(
+      std::chrono::milliseconds quiet, std::chrono::milliseconds timeout = std::chrono::seconds(10));
   // When client-to-server bytes were last read (forwarded or not).
   std::chrono::steady_clock::time_point last_request_at() const;
   // Closes every current connection on both sides with a reset (RST); new connections are

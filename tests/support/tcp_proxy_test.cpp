@@ -106,7 +106,9 @@ int connect_to(std::uint16_t port) {
   return fd;
 }
 
-void send_text(int fd, const std::string& text) { ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size())); }
+void send_text(int fd, const std::string& text) {
+  ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+}
 
 // What arrives on fd within `wait` (stops early once `expected` bytes came); "<closed>" or
 // "<reset>" appended when the connection ended.
@@ -114,7 +116,8 @@ std::string receive(int fd, std::size_t expected, std::chrono::milliseconds wait
   std::string text;
   const auto deadline = std::chrono::steady_clock::now() + wait;
   while (text.size() < expected) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left <= 0ms) break;
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
@@ -344,7 +347,8 @@ TEST_F(TcpProxyTest, CutClientResetsTheClientAndKeepsTheRequestForDelivery) {
   send_text(again, "RESENT");
   EXPECT_EQ(receive(again, 6, 5s), "RESENT") << "not held: the hold caught its one request";
   hold->deliver();
-  EXPECT_TRUE(eventually([&] { return echo.log() == "aaRESENTRESENT"; })) << "the first copy lands late: " << echo.log();
+  EXPECT_TRUE(eventually([&] { return echo.log() == "aaRESENTRESENT"; }))
+      << "the first copy lands late: " << echo.log();
 }
 
 TEST_F(TcpProxyTest, DroppedRequestNeverReachesTheServer) {
@@ -444,11 +448,13 @@ TEST(TcpProxy, ShutdownIsPromptEvenWhileBlackholed) {
 TEST(TcpProxy, RewritesOnlyTheHostList) {
   TcpProxy proxy("127.0.0.1", 1);
   const auto at = "127.0.0.1:" + std::to_string(proxy.port());
-  EXPECT_EQ(proxy.url_through("redis://user:p%40ss@10.0.0.1:6380/2?ttl=3000"), "redis://user:p%40ss@" + at + "/2?ttl=3000");
+  EXPECT_EQ(proxy.url_through("redis://user:p%40ss@10.0.0.1:6380/2?ttl=3000"),
+            "redis://user:p%40ss@" + at + "/2?ttl=3000");
   EXPECT_EQ(proxy.url_through("zookeeper://a:1,b:2/chroot"), "zookeeper://" + at + "/chroot");
   EXPECT_EQ(proxy.url_through("etcd://127.0.0.1:2379"), "etcd://" + at);
   EXPECT_EQ(proxy.url_through("etcd://h?ttl=1"), "etcd://" + at + "?ttl=1");
-  EXPECT_EQ(TcpProxy::endpoint_of("redis://:pw@127.0.0.1:7000/1"), std::make_pair(std::string("127.0.0.1"), std::uint16_t{7000}));
+  EXPECT_EQ(TcpProxy::endpoint_of("redis://:pw@127.0.0.1:7000/1"),
+            std::make_pair(std::string("127.0.0.1"), std::uint16_t{7000}));
   EXPECT_EQ(TcpProxy::endpoint_of("zookeeper://h1,h2:3"), std::make_pair(std::string("h1"), std::uint16_t{2181}));
 }
 

@@ -89,7 +89,7 @@ TEST(ClientStateRelease, AReleaseNotDoneByTheClientsEndIsTriedOnceMoreAndReporte
     auto state = make_state(reports);
     HoldRecord record(state, "y", 1, std::make_unique<FlakyHold>(calls, -1), state->new_loss_signal("y"));
     EXPECT_THROW(record.release(), turnstile::BackendUnavailable);
-  }  // the record (released) and then the state end here
+  }                     // the record (released) and then the state end here
   EXPECT_GE(calls, 2);  // the caller's try and the end's
   std::lock_guard lock(reports.mutex);
   ASSERT_EQ(reports.messages.size(), 1u);

@@ -41,9 +41,7 @@ TEST(ConsulLayout, HostAndLabelKeepAsciiAndEscapePercentAndHighBytes) {
 }
 
 TEST(ConsulLayout, AHostWrittenByAPeerIsReadLeniently) {
-  const auto read = [](const std::string& host) {
-    return entry_value(nlohmann::json{{"host", host}}.dump()).host;
-  };
+  const auto read = [](const std::string& host) { return entry_value(nlohmann::json{{"host", host}}.dump()).host; };
   EXPECT_EQ(read("plain"), "plain");
   EXPECT_EQ(read("100%"), "100%");
   EXPECT_EQ(read("%4"), "%4");

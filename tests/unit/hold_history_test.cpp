@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <set>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 namespace th = turnstile::testing;
@@ -42,10 +42,10 @@ bool mentions(const std::vector<std::string>& violations, const std::string& tex
   return false;
 }
 
-#define EXPECT_SOUND(records, ...)                                       \
-  do {                                                                   \
-    const auto violations_ = th::check(records, ##__VA_ARGS__);          \
-    EXPECT_TRUE(violations_.empty()) << th::describe(violations_);       \
+#define EXPECT_SOUND(records, ...)                                 \
+  do {                                                             \
+    const auto violations_ = th::check(records, ##__VA_ARGS__);    \
+    EXPECT_TRUE(violations_.empty()) << th::describe(violations_); \
   } while (0)
 
 std::string temp_path(const std::string& leaf) {
@@ -145,8 +145,8 @@ TEST(HoldHistory, NoLimitMeansLeasesAreNotCounted) {
 }
 
 TEST(HoldHistory, LimitPerName) {
-  const std::vector history{lease(1, 0, 100, 1, "small"), lease(2, 10, 90, 1, "small"),
-                            lease(1, 0, 100, 1, "big"), lease(2, 10, 90, 1, "big")};
+  const std::vector history{lease(1, 0, 100, 1, "small"), lease(2, 10, 90, 1, "small"), lease(1, 0, 100, 1, "big"),
+                            lease(2, 10, 90, 1, "big")};
   const auto v = th::check(history, [](const std::string& name) { return name == "small" ? 1 : 2; });
   ASSERT_EQ(v.size(), 1u) << th::describe(v);
   EXPECT_TRUE(mentions(v, "'small'")) << th::describe(v);
@@ -259,8 +259,8 @@ TEST(HoldHistory, MonotonicClockAdvances) {
 }
 
 TEST(HoldHistory, LineFormatRoundTripsAnyName) {
-  const HoldRecord original{"we ird/na\tme%20{x}/\xC3\xBC\xE6\x97\xA5\n", "lease", 3, 18446744073709551615ULL,
-                            -5, 9223372036854775807LL, -7};
+  const HoldRecord original{
+      "we ird/na\tme%20{x}/\xC3\xBC\xE6\x97\xA5\n", "lease", 3, 18446744073709551615ULL, -5, 9223372036854775807LL, -7};
   const auto line = th::format_line(original);
   EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1);
   EXPECT_EQ(line.back(), '\n');

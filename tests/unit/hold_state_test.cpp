@@ -21,15 +21,15 @@ struct Recorded {
 };
 
 std::shared_ptr<LossSignal> recording_signal(Recorded& recorded) {
-  auto callbacks = std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{
-      [&recorded](const turnstile::Error&) {
-        std::lock_guard lock(recorded.mutex);
-        ++recorded.lost_calls;
-      },
-      [&recorded](const HoldStateChange& change) {
-        std::lock_guard lock(recorded.mutex);
-        recorded.changes.push_back(change);
-      }});
+  auto callbacks =
+      std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{[&recorded](const turnstile::Error&) {
+                                                                            std::lock_guard lock(recorded.mutex);
+                                                                            ++recorded.lost_calls;
+                                                                          },
+                                                                          [&recorded](const HoldStateChange& change) {
+                                                                            std::lock_guard lock(recorded.mutex);
+                                                                            recorded.changes.push_back(change);
+                                                                          }});
   auto signal = std::make_shared<LossSignal>("a/name", callbacks);
   signal->set_fencing_token(7);
   return signal;
@@ -78,11 +78,12 @@ TEST(HoldState, CallbackMayReportTheSameHoldLost) {
   // A callback that releases the hold may find it lost: the release's lose() runs inside it.
   std::shared_ptr<LossSignal> signal;
   std::vector<HoldState> seen;
-  auto callbacks = std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{
-      nullptr, [&](const HoldStateChange& change) {
-        seen.push_back(change.state);
-        if (change.state == HoldState::suspended) signal->lose("gone at release");
-      }});
+  auto callbacks =
+      std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{nullptr, [&](const HoldStateChange& change) {
+                                                                            seen.push_back(change.state);
+                                                                            if (change.state == HoldState::suspended)
+                                                                              signal->lose("gone at release");
+                                                                          }});
   signal = std::make_shared<LossSignal>("n", callbacks);
   signal->suspend("down");
   EXPECT_EQ(signal->state(), HoldState::lost);

@@ -33,10 +33,10 @@ class MemoryQueue : public QueueStore, public CounterStore {
   };
 
   // Faults, each used once.
-  std::atomic<int> vanish_on_look{0};         // the next looks throw QueueEntryGone
-  std::atomic<int> fail_on_look{0};           // the next looks throw BackendUnavailable
-  std::atomic<int> hold_excludes_nobody{0};   // the next holds leave and return nullptr
-  std::atomic<int> hold_finds_change{0};      // the next holds throw QueueChanged (entry kept)
+  std::atomic<int> vanish_on_look{0};        // the next looks throw QueueEntryGone
+  std::atomic<int> fail_on_look{0};          // the next looks throw BackendUnavailable
+  std::atomic<int> hold_excludes_nobody{0};  // the next holds leave and return nullptr
+  std::atomic<int> hold_finds_change{0};     // the next holds throw QueueChanged (entry kept)
   QueueMode foreign_mode = QueueMode::none;  // what the others set the queue to
   std::int64_t foreign_limit = 0;
 
@@ -82,7 +82,7 @@ class MemoryQueue : public QueueStore, public CounterStore {
 
   // PermitCounter state.
   std::optional<std::int64_t> value;
-  std::atomic<int> lose_take_reply{0};  // the next take applies but "loses its reply"
+  std::atomic<int> lose_take_reply{0};    // the next take applies but "loses its reply"
   std::atomic<int> take_finds_change{0};  // the next takes find the value changed (nothing taken)
   std::atomic<int> takes{0};
 
@@ -225,7 +225,8 @@ class MemoryLine : public CounterLine {
   bool taken_ = false;
 };
 
-std::unique_ptr<CounterLine> MemoryQueue::counter_line(const std::string&, std::int64_t permits, const std::stop_token&) {
+std::unique_ptr<CounterLine> MemoryQueue::counter_line(const std::string&, std::int64_t permits,
+                                                       const std::stop_token&) {
   return std::make_unique<MemoryLine>(*this, permits);
 }
 
@@ -304,7 +305,8 @@ TEST(QueueLoop, AStopWhileWaitingLeavesTheQueue) {
   std::stop_source stop;
   auto request = lock_request();
   request.stop = stop.get_token();
-  auto waiter = std::async(std::launch::async, [&] { return acquire_in_queue(queue, request, std::nullopt, no_signal()); });
+  auto waiter =
+      std::async(std::launch::async, [&] { return acquire_in_queue(queue, request, std::nullopt, no_signal()); });
   while (queue.sleeping() == 0) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(queue.size(), 2u);
   stop.request_stop();
@@ -316,7 +318,8 @@ TEST(QueueLoop, AStopWhileWaitingLeavesTheQueue) {
 TEST(QueueLoop, AWaiterIsAdmittedWhenTheEntryAheadLeaves) {
   MemoryQueue queue;
   const auto holder = queue.add(EntryKind::exclusive);
-  auto waiter = std::async(std::launch::async, [&] { return acquire_in_queue(queue, lock_request(), std::nullopt, no_signal()); });
+  auto waiter = std::async(std::launch::async,
+                           [&] { return acquire_in_queue(queue, lock_request(), std::nullopt, no_signal()); });
   while (queue.sleeping() == 0) std::this_thread::sleep_for(1ms);
   EXPECT_NE(waiter.wait_for(50ms), std::future_status::ready) << "admitted while the holder held";
   queue.remove(holder);
@@ -328,7 +331,8 @@ TEST(QueueLoop, AnEntryThatVanishedWhileWaitingJoinsAgainAtTheBack) {
   MemoryQueue queue;
   const auto holder = queue.add(EntryKind::exclusive);
   queue.vanish_on_look = 1;
-  auto waiter = std::async(std::launch::async, [&] { return acquire_in_queue(queue, lock_request(), std::nullopt, no_signal()); });
+  auto waiter = std::async(std::launch::async,
+                           [&] { return acquire_in_queue(queue, lock_request(), std::nullopt, no_signal()); });
   // It waits, looks, finds its entry gone, joins again and waits again: never admitted meanwhile.
   while (queue.joins < 2 || queue.sleeping() == 0) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(queue.size(), 2u);
@@ -350,7 +354,8 @@ TEST(QueueLoop, AnErrorWhileWaitingLeavesTheQueueAndIsReported) {
   MemoryQueue queue;
   queue.add(EntryKind::exclusive);
   queue.fail_on_look = 1;
-  EXPECT_THROW(acquire_in_queue(queue, lock_request(), SteadyClock::now() + 5s, no_signal()), turnstile::BackendUnavailable);
+  EXPECT_THROW(acquire_in_queue(queue, lock_request(), SteadyClock::now() + 5s, no_signal()),
+               turnstile::BackendUnavailable);
   EXPECT_GE(queue.waits, 1);
   EXPECT_EQ(queue.leaves, 1);
   EXPECT_EQ(queue.size(), 1u) << "the failed waiter stayed in the queue";
@@ -440,7 +445,8 @@ TEST(CounterLoop, ATakeThatKeepsLosingItsRacePausesAndEndsByItsDeadline) {
 TEST(CounterLoop, AStopWhileWaitingLeavesTheLine) {
   MemoryQueue queue;
   std::stop_source stop;
-  auto waiter = std::async(std::launch::async, [&] { return acquire_from_counter(queue, "n", 1, std::nullopt, stop.get_token()); });
+  auto waiter = std::async(std::launch::async,
+                           [&] { return acquire_from_counter(queue, "n", 1, std::nullopt, stop.get_token()); });
   while (queue.sleeping() == 0) std::this_thread::sleep_for(1ms);
   stop.request_stop();
   ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);

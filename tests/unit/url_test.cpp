@@ -46,19 +46,16 @@ TEST(UrlRedaction, ParsingKeepsTheCredentialsButShowsThemRedacted) {
 }
 
 TEST(UrlRedaction, ParseErrorsNeverCarryThePassword) {
-  for (const std::string& bad : {std::string("redis://u:") + kSecret + "@h:1#frag",
-                                std::string("redis://") + kSecret + "@h:1/abc",
-                                std::string("redis://:") + kSecret + "/x@h:1",
-                                std::string("redis://") + kSecret + "@h:1?eviction=x",
-                                // Refused before connecting: each names a bad part after the host.
-                                std::string("redis://S3c/") + kSecret + "@127.0.0.1:1/notadb",
-                                std::string("redis://u:S3c/") + kSecret + "@127.0.0.1:1/x",
-                                std::string("etcd://u:") + kSecret + "/x@127.0.0.1:1/path",
-                                std::string("zk://u:") + kSecret + "/x@127.0.0.1:1?bogus=1",
-                                std::string("redis://u:") + kSecret + "@h:1?k",
-                                std::string("redis://u:") + kSecret + "@h:1/%zz",
-                                std::string("redis://u:") + kSecret + "@h:99999",
-                                std::string("nosuch://u:") + kSecret + "@h:1"}) {
+  for (const std::string& bad :
+       {std::string("redis://u:") + kSecret + "@h:1#frag", std::string("redis://") + kSecret + "@h:1/abc",
+        std::string("redis://:") + kSecret + "/x@h:1", std::string("redis://") + kSecret + "@h:1?eviction=x",
+        // Refused before connecting: each names a bad part after the host.
+        std::string("redis://S3c/") + kSecret + "@127.0.0.1:1/notadb",
+        std::string("redis://u:S3c/") + kSecret + "@127.0.0.1:1/x",
+        std::string("etcd://u:") + kSecret + "/x@127.0.0.1:1/path",
+        std::string("zk://u:") + kSecret + "/x@127.0.0.1:1?bogus=1", std::string("redis://u:") + kSecret + "@h:1?k",
+        std::string("redis://u:") + kSecret + "@h:1/%zz", std::string("redis://u:") + kSecret + "@h:99999",
+        std::string("nosuch://u:") + kSecret + "@h:1"}) {
     try {
       turnstile::Client::connect(bad);
       ADD_FAILURE() << "connected to a bad URL";
@@ -74,7 +71,8 @@ TEST(UrlRedaction, ConnectErrorsOfEveryNetworkSchemeHideThePassword) {
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "loads the network backends' libraries (gRPC, abseil), which are not built for ThreadSanitizer";
 #endif
-  for (const std::string& scheme : {std::string("redis"), std::string("zk"), std::string("etcd"), std::string("consul")}) {
+  for (const std::string& scheme :
+       {std::string("redis"), std::string("zk"), std::string("etcd"), std::string("consul")}) {
     const auto url = scheme + "://user:" + kSecret + "@127.0.0.1:1" + (scheme == "redis" ? "?ttl=1" : "");
     try {
       turnstile::Client::connect(url);
@@ -102,7 +100,13 @@ TEST(UrlParsing, EveryPartInOneTable) {
       {"redis://127.0.0.1:6379/2?ttl=5", "redis", "", "", "/2", {"127.0.0.1:6379"}, {{"ttl", "5"}}},
       {"REDIS://u:p%40ss@h:1", "redis", "u", "p@ss", "", {"h:1"}, {}},
       {"zk://a:1,b:2,c:3/chroot/x", "zk", "", "", "/chroot/x", {"a:1", "b:2", "c:3"}, {}},
-      {"etcds://h:2379?cacert=%2Fetc%2Fca.pem&ttl=3", "etcds", "", "", "", {"h:2379"}, {{"cacert", "/etc/ca.pem"}, {"ttl", "3"}}},
+      {"etcds://h:2379?cacert=%2Fetc%2Fca.pem&ttl=3",
+       "etcds",
+       "",
+       "",
+       "",
+       {"h:2379"},
+       {{"cacert", "/etc/ca.pem"}, {"ttl", "3"}}},
       {"consul://token@h:8500", "consul", "token", "", "", {"h:8500"}, {}},
       // Unencoded '/', '?', '#', '@' in a password: the last '@' ends the userinfo.
       {"redis://u:S3c/re?t#P@W@h:1/2", "redis", "u", "S3c/re?t#P@W", "/2", {"h:1"}, {}},
@@ -120,8 +124,8 @@ TEST(UrlParsing, EveryPartInOneTable) {
 }
 
 TEST(UrlParsing, MalformedUrlsAreInvalidUrl) {
-  for (const char* bad : {"", "redis", "://h:1", "re dis://h:1", "redis://h:1#x", "redis://h:1?novalue", "redis://h:1?=v",
-                          "redis://a:1,,b:2", "redis://h :1", "redis://h:1/%g0", "redis://h:1/%4",
+  for (const char* bad : {"", "redis", "://h:1", "re dis://h:1", "redis://h:1#x", "redis://h:1?novalue",
+                          "redis://h:1?=v", "redis://a:1,,b:2", "redis://h :1", "redis://h:1/%g0", "redis://h:1/%4",
                           // An option given twice (which one would win?), also when percent-encoded.
                           "redis://h:1?eviction=allow&eviction=refuse", "redis://h:1?ttl=5&%74tl=6"}) {
     EXPECT_THROW(parse_url(bad), turnstile::InvalidUrl) << bad;

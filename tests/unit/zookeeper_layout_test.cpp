@@ -27,11 +27,11 @@ TEST(ZookeeperLayout, PercentAndRefusedCodePointsAreUpperCaseEscapes) {
   EXPECT_EQ(encode_name("100%"), "100%25");
   EXPECT_EQ(encode_name("%41"), "%2541");
   EXPECT_EQ(encode_name("del\x7F"), "del%7F");
-  EXPECT_EQ(encode_name("c1\xC2\x85"), "c1%C2%85");                  // U+0085
-  EXPECT_EQ(encode_name("pua\xEE\x80\x80"), "pua%EE%80%80");         // U+E000
-  EXPECT_EQ(encode_name("\xEF\xBF\xBF"), "%EF%BF%BF");               // U+FFFF
+  EXPECT_EQ(encode_name("c1\xC2\x85"), "c1%C2%85");                    // U+0085
+  EXPECT_EQ(encode_name("pua\xEE\x80\x80"), "pua%EE%80%80");           // U+E000
+  EXPECT_EQ(encode_name("\xEF\xBF\xBF"), "%EF%BF%BF");                 // U+FFFF
   EXPECT_EQ(encode_name("lock\xF0\x9F\x94\x92"), "lock%F0%9F%94%92");  // U+1F512
-  EXPECT_EQ(encode_name("\xC2\xA0"), "\xC2\xA0");                    // U+00A0 is taken
+  EXPECT_EQ(encode_name("\xC2\xA0"), "\xC2\xA0");                      // U+00A0 is taken
 }
 
 TEST(ZookeeperLayout, ASegmentShapedLikeANamesNodeHasItsFirstByteEscaped) {

@@ -91,7 +91,8 @@ double number_after(const std::string& text, const std::string& key) {
   const auto at = text.find(key);
   if (at == std::string::npos) return 0;
   auto start = at + key.size();
-  while (start < text.size() && (text[start] == '"' || text[start] == ':' || text[start] == ' ' || text[start] == '\t')) ++start;
+  while (start < text.size() && (text[start] == '"' || text[start] == ':' || text[start] == ' ' || text[start] == '\t'))
+    ++start;
   return std::strtod(text.c_str() + start, nullptr);
 }
 
@@ -190,7 +191,8 @@ class EtcdCounter : public ServerCounter {
   explicit EtcdCounter(const std::string& url) : where_(host_port(url)) {}
   Counts snapshot() override {
     const auto metrics = http_get(where_, "/metrics");
-    return {number_after(metrics, "\netcd_debugging_mvcc_events_total "), number_after(metrics, "\netcd_mvcc_range_total ")};
+    return {number_after(metrics, "\netcd_debugging_mvcc_events_total "),
+            number_after(metrics, "\netcd_mvcc_range_total ")};
   }
   const char* woken_means() const override { return "watch events sent (etcd_debugging_mvcc_events_total)"; }
   const char* requests_mean() const override { return "ranges read (etcd_mvcc_range_total)"; }
@@ -448,8 +450,11 @@ TEST_P(Wakeups, OneReleaseWakesOneOfAThousandWaiters) {
   for (std::size_t i = 0; i < kWaiters; ++i) threads_woken += after[i] != before[i];
   const double per_waiter_kib = static_cast<double>(rss_queued - rss_before) / kWaiters;
   std::printf("[ wakeups  ] %s: %zu waiters%s queued in %.1f s; one release woke %zu waiter thread(s) here",
-              GetParam().label.c_str(), kWaiters, client_per_waiter ? " (a client each)" : "", std::chrono::duration<double>(queue_time).count(), threads_woken);
-  if (server) std::printf("; server: %g %s, %g %s", counts.woken, server->woken_means(), counts.requests, server->requests_mean());
+              GetParam().label.c_str(), kWaiters, client_per_waiter ? " (a client each)" : "",
+              std::chrono::duration<double>(queue_time).count(), threads_woken);
+  if (server)
+    std::printf("; server: %g %s, %g %s", counts.woken, server->woken_means(), counts.requests,
+                server->requests_mean());
   std::printf("; client memory %.1f KiB per waiter (RSS %ld -> %ld KiB)\n", per_waiter_kib, rss_before, rss_queued);
 
   {
@@ -491,6 +496,7 @@ TEST_P(Wakeups, OneReleaseWakesOneOfAThousandWaiters) {
   for (std::size_t i = 1; i < admitted.size(); ++i) EXPECT_LT(admitted[i - 1], admitted[i]) << "admission " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Wakeups, ::testing::ValuesIn(conformance::backend_params()), conformance::param_label);
+INSTANTIATE_TEST_SUITE_P(Backends, Wakeups, ::testing::ValuesIn(conformance::backend_params()),
+                         conformance::param_label);
 
 }  // namespace

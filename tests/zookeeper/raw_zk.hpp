@@ -17,8 +17,10 @@ class RawZk {
   explicit RawZk(const std::string& hosts, const std::string& digest = "") {
     zoo_set_debug_level(static_cast<ZooLogLevel>(0));
     handle_ = zookeeper_init(hosts.c_str(), nullptr, 10000, nullptr, nullptr, 0);
-    for (int i = 0; i < 100 && zoo_state(handle_) != ZOO_CONNECTED_STATE; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (!digest.empty()) zoo_add_auth(handle_, "digest", digest.data(), static_cast<int>(digest.size()), nullptr, nullptr);
+    for (int i = 0; i < 100 && zoo_state(handle_) != ZOO_CONNECTED_STATE; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!digest.empty())
+      zoo_add_auth(handle_, "digest", digest.data(), static_cast<int>(digest.size()), nullptr, nullptr);
   }
   ~RawZk() { zookeeper_close(handle_); }
   std::vector<std::string> children(const std::string& path) {
@@ -36,7 +38,8 @@ class RawZk {
     std::vector<std::string> result;
     if (zoo_get_acl(handle_, path.c_str(), &acl, &stat) != ZOK) return result;
     for (int i = 0; i < acl.count; ++i) {
-      result.push_back(std::string(acl.data[i].id.scheme) + ":" + acl.data[i].id.id + "/" + std::to_string(acl.data[i].perms));
+      result.push_back(std::string(acl.data[i].id.scheme) + ":" + acl.data[i].id.id + "/" +
+                       std::to_string(acl.data[i].perms));
     }
     deallocate_ACL_vector(&acl);
     return result;

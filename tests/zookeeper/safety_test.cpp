@@ -175,7 +175,8 @@ TEST(ZookeeperSafety, TransactionAnsweredAfterItsCallerGaveUpLeavesNoLeaseBehind
     }
   });
   // Replies passed one at a time until the leases exist: the transaction's own reply is held.
-  const bool applied = eventually([&] { return observer.inspect(name).holders.size() == 1 || (proxy.pass_one_reply(20ms), false); }, 10s);
+  const bool applied = eventually(
+      [&] { return observer.inspect(name).holders.size() == 1 || (proxy.pass_one_reply(20ms), false); }, 10s);
   const bool ended = attempt.wait_for(10s) == std::future_status::ready;
   const auto took = Clock::now() - start;
   proxy.forward();  // the held replies arrive, in order: no reconnect
@@ -183,7 +184,8 @@ TEST(ZookeeperSafety, TransactionAnsweredAfterItsCallerGaveUpLeavesNoLeaseBehind
   ASSERT_TRUE(ended);
   EXPECT_NE(attempt.get(), "acquired") << "admitted without the server's reply";
   // The C client alone would complete the call only after 2/3 of the 20 s timeout.
-  EXPECT_LT(took, 3s) << "a 1 s acquire took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+  EXPECT_LT(took, 3s) << "a 1 s acquire took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms";
   EXPECT_TRUE(eventually([&] { return observer.inspect(name).holders.empty(); }, 5s))
       << "the leases of a transaction answered late stayed while their session lives";
   EXPECT_TRUE(observer.semaphore(name, 3).try_acquire_for(2s, 3).has_value()) << "a permit is still taken";
@@ -248,7 +250,8 @@ TEST(ZookeeperSafety, AShortDeadlineOnAHealthyServerIsATimeoutNeverTrouble) {
     }
   }
   EXPECT_EQ(failures, 0);
-  EXPECT_TRUE(eventually([&] { return holder.inspect(name).waiters.empty() && holder.inspect(name + "-c").waiters.empty(); }, 5s));
+  EXPECT_TRUE(eventually(
+      [&] { return holder.inspect(name).waiters.empty() && holder.inspect(name + "-c").waiters.empty(); }, 5s));
   held.unlock();
   lease.release();
 }
@@ -278,7 +281,8 @@ TEST(ZookeeperSafety, CounterTakeWhoseReplyWasLostIsResolvedWhenTheAcquireLeaves
   // Replies passed one at a time until the take is applied: its own reply is held, then lost
   // with the connection, which cannot be made again until the link is forwarded.
   const bool applied = eventually(
-      [&] { return observer.permit_counter(name).available_permits() == 0 || (proxy.pass_one_reply(20ms), false); }, 5s);
+      [&] { return observer.permit_counter(name).available_permits() == 0 || (proxy.pass_one_reply(20ms), false); },
+      5s);
   proxy.blackhole();
   proxy.reset();
   // The take gives up at its bound (a short wait, 2 s, from its start), past the deadline; the

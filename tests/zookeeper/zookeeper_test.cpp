@@ -104,9 +104,9 @@ class CuratorPeer {
   std::string buffer_;
 };
 
-#define REQUIRE_CURATOR()                                                                     \
+#define REQUIRE_CURATOR()                                                                      \
   if (std::string(TURNSTILE_CURATOR_CLASSPATH).empty()) GTEST_SKIP() << "no javac or Curator"; \
-  CuratorPeer curator;                                                                        \
+  CuratorPeer curator;                                                                         \
   ASSERT_TRUE(curator.ready()) << "the Curator peer did not start"
 
 // ---- Curator's node names and layout ----
@@ -119,7 +119,8 @@ TEST(ZookeeperLayout, MutexAndReadLockNodesAreNamedAsCuratorNamesThem) {
   mutex.lock();
   auto children = raw.children("/" + name);
   ASSERT_EQ(children.size(), 1u);
-  EXPECT_TRUE(std::regex_match(children[0], std::regex("_c_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}-lock-[0-9]{10}")))
+  EXPECT_TRUE(std::regex_match(
+      children[0], std::regex("_c_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}-lock-[0-9]{10}")))
       << children[0];
   Stat stat{};
   ASSERT_EQ(raw.stat("/" + name + "/" + children[0], &stat), ZOK);
@@ -482,8 +483,9 @@ TEST(ZookeeperSession, ChrootPrefixesEveryPath) {
 // "lock-0000000000" under the chroot "/app" was /app/lock-0000000000, an entry of the lock "app".)
 TEST(ZookeeperSession, AChrootedNameCannotForgeEntriesOfTheChrootsName) {
   auto root = Client::connect(server_url());
-  for (const std::string leaf : {"lock-0000000000", "__WRIT__0000000000", "_c_01234567-89ab-cdef-0123-456789abcdef-lock-0000000000",
-                                 "locks", "leases", "permits"}) {
+  for (const std::string leaf :
+       {"lock-0000000000", "__WRIT__0000000000", "_c_01234567-89ab-cdef-0123-456789abcdef-lock-0000000000", "locks",
+        "leases", "permits"}) {
     SCOPED_TRACE(leaf);
     const auto base = unique_name("app");
     auto chrooted = Client::connect(server_url() + "/" + base);
@@ -600,8 +602,8 @@ TEST(ZookeeperCounter, AChangeWhoseReplyWasLostIsReportedAsItHappened) {
     const auto dropped = proxy.dropped_bytes();
     proxy.hold_replies();
     auto result = std::async(std::launch::async, call);
-    const bool applied =
-        eventually([&] { return seen.available_permits() == applied_value || (proxy.pass_one_reply(20ms), false); }, 10s);
+    const bool applied = eventually(
+        [&] { return seen.available_permits() == applied_value || (proxy.pass_one_reply(20ms), false); }, 10s);
     proxy.drop_next_reply();
     EXPECT_TRUE(applied) << "the change never reached the server: nothing tested";
     EXPECT_TRUE(eventually([&] { return proxy.dropped_bytes() > dropped; }, 5s)) << "no reply was lost: nothing tested";

@@ -62,7 +62,8 @@ std::string what_is_held(Kind kind, const std::string& name, const RunOptions& o
     case Kind::lock: return "the lock " + quoted;
     case Kind::read: return "the read side of " + quoted;
     case Kind::write: return "the write side of " + quoted;
-    case Kind::semaphore: return "a lease of the semaphore " + quoted + " (limit " + std::to_string(*options.limit) + ")";
+    case Kind::semaphore:
+      return "a lease of the semaphore " + quoted + " (limit " + std::to_string(*options.limit) + ")";
   }
   return quoted;
 }

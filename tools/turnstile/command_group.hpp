@@ -25,8 +25,7 @@ std::vector<char*> pointers(std::vector<std::string>& strings);
 // take no copy-on-write faults afterwards (most of a fork's cost here). That is safe because
 // exec_child only makes system calls on its own stack frame, and we are suspended meanwhile.
 // A function of its own, so no variable of the caller lives across vfork.
-pid_t spawn(const sigset_t& original_mask, char** argv, char** envp, int error_fd, int watcher_fd,
-            bool take_terminal);
+pid_t spawn(const sigset_t& original_mask, char** argv, char** envp, int error_fd, int watcher_fd, bool take_terminal);
 
 // turnstile's exit status for the command's wait status: its own, or 128 + the signal that killed it.
 int status_of(int wait_status);

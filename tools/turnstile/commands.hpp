@@ -17,12 +17,12 @@ struct RunOptions {
   std::optional<std::string> lock, read, write, semaphore;
   std::optional<std::int64_t> limit;
   std::vector<std::string> command;
-  std::optional<std::string> shell;         // -c: run with /bin/sh -c (flock -c)
-  std::optional<int> conflict_exit_code;    // the status when busy or timed out (flock -E)
-  double connect_timeout_sec = 10;          // the most connecting may take (and never past --timeout)
-  bool connect_timeout_given = false;       // else, with --timeout 0, connecting gets kTryOnceConnect
-  std::string holder_label;                 // consul lock's -name: shown by inspect
-  bool verbose = false;                     // -v: what it waits for, who holds it, when it got it, its token
+  std::optional<std::string> shell;       // -c: run with /bin/sh -c (flock -c)
+  std::optional<int> conflict_exit_code;  // the status when busy or timed out (flock -E)
+  double connect_timeout_sec = 10;        // the most connecting may take (and never past --timeout)
+  bool connect_timeout_given = false;     // else, with --timeout 0, connecting gets kTryOnceConnect
+  std::string holder_label;               // consul lock's -name: shown by inspect
+  bool verbose = false;                   // -v: what it waits for, who holds it, when it got it, its token
 };
 int run_command(const RunOptions& options);
 // `turnstile hold`: the same options without a command; keeps the hold until told to let go.
@@ -31,8 +31,8 @@ int hold_command(const RunOptions& options);
 struct InspectOptions {
   std::optional<std::string> backend;
   bool json = false;
-  bool watch = false;             // show it again whenever it changes, until interrupted
-  double interval_sec = 0.5;      // between looks with --watch
+  bool watch = false;         // show it again whenever it changes, until interrupted
+  double interval_sec = 0.5;  // between looks with --watch
   double connect_timeout_sec = 10;
   std::string name;
 };

@@ -19,8 +19,8 @@ std::string iso8601(std::chrono::system_clock::time_point when) {
   std::tm utc{};
   gmtime_r(&t, &utc);
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
-                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, static_cast<int>((ms - seconds).count()));
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday,
+                utc.tm_hour, utc.tm_min, utc.tm_sec, static_cast<int>((ms - seconds).count()));
   return buf;
 }
 
@@ -33,12 +33,9 @@ int exit_status_for(const Error& error) {
     case ErrorCode::backend_not_built:
     // The name is in use in another mode or with another limit: the invocation has to change.
     case ErrorCode::kind_mismatch:
-    case ErrorCode::limit_mismatch:
-      return kExitUsage;
-    case ErrorCode::access_denied:
-      return kExitNoPermission;
-    default:
-      return kExitUnavailable;
+    case ErrorCode::limit_mismatch: return kExitUsage;
+    case ErrorCode::access_denied: return kExitNoPermission;
+    default: return kExitUnavailable;
   }
 }
 
@@ -76,7 +73,8 @@ std::string name_problem(std::string_view name) {
   const std::string quoted = "'" + printable(name) + "'";
   if (name.empty()) return "invalid name: it is empty";
   if (name.size() > kMaxLength) {
-    return "invalid name: it is " + std::to_string(name.size()) + " bytes long, the limit is " + std::to_string(kMaxLength);
+    return "invalid name: it is " + std::to_string(name.size()) + " bytes long, the limit is " +
+           std::to_string(kMaxLength);
   }
   if (name.front() == '/' || name.back() == '/') return "invalid name: " + quoted + " starts or ends with '/'";
   for (std::size_t i = 0; i < name.size();) {

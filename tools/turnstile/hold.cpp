@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
-#include <string>
 #include <stop_token>
+#include <string>
 #include <string_view>
 
 #include "acquire.hpp"
@@ -91,8 +91,11 @@ LetGo keep_until_let_go(int signal_fd, const LossAlarm& alarm, StateChanges& cha
   bool suspended = false;
   while (ended_by.empty()) {
     // A pollfd of -1 is skipped; stdout is polled for nothing but its errors (reader gone).
-    pollfd fds[5] = {{signal_fd, POLLIN, 0}, {alarm.fd(), POLLIN, 0}, {changes.fd(), POLLIN, 0},
-                     {watch_stdin ? STDIN_FILENO : -1, POLLIN, 0}, {watch_stdout ? STDOUT_FILENO : -1, 0, 0}};
+    pollfd fds[5] = {{signal_fd, POLLIN, 0},
+                     {alarm.fd(), POLLIN, 0},
+                     {changes.fd(), POLLIN, 0},
+                     {watch_stdin ? STDIN_FILENO : -1, POLLIN, 0},
+                     {watch_stdout ? STDOUT_FILENO : -1, 0, 0}};
     if (poll(fds, 5, -1) < 0) {
       if (errno == EINTR) continue;
       throw std::runtime_error(describe_errno("poll"));
@@ -161,9 +164,7 @@ int hold_command(const RunOptions& options) {
   // A reader of stdout that went away is an error on write, not a signal that kills us.
   ::signal(SIGPIPE, SIG_IGN);
   return take_hold_then(options, [&](Client&, Hold& hold, const std::string& what, int signal_fd, const sigset_t&,
-                                     StateChanges& changes) {
-    return keep(hold, what, options, signal_fd, changes);
-  });
+                                     StateChanges& changes) { return keep(hold, what, options, signal_fd, changes); });
 }
 
 }  // namespace turnstile::cli

@@ -34,8 +34,11 @@ struct AcquireFlags {
       *limit_opt{}, *conflict_opt{}, *label_opt{}, *connect_timeout_opt{};
 
   void add_to(CLI::App* cmd, RunOptions& run) {
-    backend_opt = cmd->add_option("--backend", backend, "Backend URL (default: $TURNSTILE_BACKEND, else the embedded default)");
-    timeout_opt = cmd->add_option("--timeout", timeout, "Seconds to wait for the hold, connecting included (fractional; 0 tries once; default: forever)");
+    backend_opt =
+        cmd->add_option("--backend", backend, "Backend URL (default: $TURNSTILE_BACKEND, else the embedded default)");
+    timeout_opt = cmd->add_option(
+        "--timeout", timeout,
+        "Seconds to wait for the hold, connecting included (fractional; 0 tries once; default: forever)");
     connect_timeout_opt = cmd->add_option("--connect-timeout", run.connect_timeout_sec,
                                           "Seconds connecting to the backend may take (never more than a positive "
                                           "--timeout; with --timeout 0, 1 s unless given)")
@@ -46,9 +49,13 @@ struct AcquireFlags {
     write_opt = cmd->add_option("--write", write, "Hold the write side of the SharedMutex NAME");
     semaphore_opt = cmd->add_option("--semaphore", semaphore, "Hold one lease of the Semaphore NAME (needs --limit)");
     limit_opt = cmd->add_option("--limit", limit, "The Semaphore's limit");
-    conflict_opt = cmd->add_option("-E,--conflict-exit-code", conflict, "Exit status when the name is busy or --timeout ran out (default 75; flock -E)");
-    label_opt = cmd->add_option("--holder-label", label, "A label for this hold (consul lock -name), shown by inspect and in busy messages on backends that keep it");
-    cmd->add_flag("-v,--verbose", run.verbose, "Say on stderr what it waits for, who holds it, when it got it and its fencing token");
+    conflict_opt = cmd->add_option("-E,--conflict-exit-code", conflict,
+                                   "Exit status when the name is busy or --timeout ran out (default 75; flock -E)");
+    label_opt = cmd->add_option(
+        "--holder-label", label,
+        "A label for this hold (consul lock -name), shown by inspect and in busy messages on backends that keep it");
+    cmd->add_flag("-v,--verbose", run.verbose,
+                  "Say on stderr what it waits for, who holds it, when it got it and its fencing token");
   }
 
   void apply(RunOptions& run) const {
@@ -124,10 +131,16 @@ struct Subcommands {
   void add_run(CLI::App& app) {
     run_cmd = app.add_subcommand("run", "Hold a lock or semaphore while COMMAND runs (put COMMAND after --).");
     run_flags.add_to(run_cmd, run);
-    run_cmd->add_option("--grace", run.grace_sec, "Seconds between SIGTERM and SIGKILL when the hold is lost (then at most TTL/20, or 0.5 s without a known TTL) or the command leaves processes behind")->capture_default_str();
+    run_cmd
+        ->add_option("--grace", run.grace_sec,
+                     "Seconds between SIGTERM and SIGKILL when the hold is lost (then at most TTL/20, or 0.5 s without "
+                     "a known TTL) or the command leaves processes behind")
+        ->capture_default_str();
     run_cmd->add_flag("--pause-when-suspended", run.pause_when_suspended,
-                      "Stop the command's process group (SIGSTOP) while the backend cannot confirm the hold; continue it (SIGCONT) once confirmed");
-    run_shell = run_cmd->add_option("-c,--shell", shell_value, "Run COMMAND-LINE with /bin/sh -c instead of a COMMAND after -- (flock -c)");
+                      "Stop the command's process group (SIGSTOP) while the backend cannot confirm the hold; continue "
+                      "it (SIGCONT) once confirmed");
+    run_shell = run_cmd->add_option("-c,--shell", shell_value,
+                                    "Run COMMAND-LINE with /bin/sh -c instead of a COMMAND after -- (flock -c)");
     // This CLI11 has no usage(): the description carries the full synopsis.
     run_cmd->description(
         "Hold a lock or semaphore while COMMAND runs.\n"
@@ -144,7 +157,8 @@ struct Subcommands {
   }
 
   void add_hold(CLI::App& app) {
-    hold_cmd = app.add_subcommand("hold", "Take a hold and keep it, printing its fencing token, until stdin closes or a signal comes.");
+    hold_cmd = app.add_subcommand(
+        "hold", "Take a hold and keep it, printing its fencing token, until stdin closes or a signal comes.");
     hold_flags.add_to(hold_cmd, hold);
     hold_name_opt = hold_cmd->add_option("NAME", hold_name, "The Mutex to hold (the same as --lock NAME)");
     hold_cmd->description(
@@ -162,17 +176,22 @@ struct Subcommands {
         "  ...                                          # the region; $token fences its writes\n"
         "  exec {HOLD[1]}>&-; wait \"$hold_pid\"          # released; 0 if it was kept throughout\n\n"
         "Exit status: 0 released as asked (stdin closed, reader gone or a signal), else\n" +
-        std::string(kExitStatuses) +
-        "  128+N  a signal N arrived before it was held (nothing was printed)");
+        std::string(kExitStatuses) + "  128+N  a signal N arrived before it was held (nothing was printed)");
   }
 
   void add_inspect(CLI::App& app) {
     inspect_cmd = app.add_subcommand("inspect", "Show the holders and waiters of NAME, in queue order.");
-    inspect_backend_opt = inspect_cmd->add_option("--backend", inspect_backend, "Backend URL (default: $TURNSTILE_BACKEND, else the embedded default)");
+    inspect_backend_opt = inspect_cmd->add_option(
+        "--backend", inspect_backend, "Backend URL (default: $TURNSTILE_BACKEND, else the embedded default)");
     inspect_cmd->add_flag("--json", inspect.json, "Print one JSON object (schema: docs/inspect-json.md)");
-    inspect_cmd->add_flag("--watch", inspect.watch, "Show it again each time the holders or waiters change, until interrupted (with --json: one object per line)");
-    inspect_cmd->add_option("--interval", inspect.interval_sec, "Seconds between looks with --watch")->capture_default_str();
-    inspect_cmd->add_option("--connect-timeout", inspect.connect_timeout_sec, "Seconds connecting to the backend may take")->capture_default_str();
+    inspect_cmd->add_flag(
+        "--watch", inspect.watch,
+        "Show it again each time the holders or waiters change, until interrupted (with --json: one object per line)");
+    inspect_cmd->add_option("--interval", inspect.interval_sec, "Seconds between looks with --watch")
+        ->capture_default_str();
+    inspect_cmd
+        ->add_option("--connect-timeout", inspect.connect_timeout_sec, "Seconds connecting to the backend may take")
+        ->capture_default_str();
     inspect_cmd->add_option("NAME", inspect.name, "The lock or semaphore name")->required();
     inspect_cmd->footer(
         "The first line names the backend read (URL with credentials redacted). A file:// directory that\n"
@@ -185,7 +204,8 @@ struct Subcommands {
     parking_cmd = demo_cmd->add_subcommand("parking", "Cars (processes) share a parking lot (a Semaphore).");
     parking_cmd->add_option("--cars", parking.cars, "Number of cars, 1 to 1000")->capture_default_str();
     parking_cmd->add_option("--spaces", parking.spaces, "Number of spaces, 1 to 1000")->capture_default_str();
-    parking_backend_opt = parking_cmd->add_option("--backend", parking_backend, "Backend URL (default: a fresh private directory)");
+    parking_backend_opt =
+        parking_cmd->add_option("--backend", parking_backend, "Backend URL (default: a fresh private directory)");
   }
 
   // Runs the subcommand parsed; `command` is what followed "--".
@@ -228,8 +248,9 @@ int parse_failure(const CLI::App& app, const CLI::ParseError& error, const std::
   const std::vector<std::string> subcommands{"run", "hold", "inspect", "demo"};
   const bool unknown_subcommand = !args.empty() && !args.front().starts_with('-') &&
                                   std::find(subcommands.begin(), subcommands.end(), args.front()) == subcommands.end();
-  complain(unknown_subcommand ? "unknown subcommand '" + printable(args.front()) + "' (expected run, hold, inspect or demo)"
-                              : std::string(error.what()));
+  complain(unknown_subcommand
+               ? "unknown subcommand '" + printable(args.front()) + "' (expected run, hold, inspect or demo)"
+               : std::string(error.what()));
   if (command_missing) complain("put the command to run after '--'");
   std::fprintf(stderr, "Run with --help for more information.\n");
   return kExitUsage;
@@ -241,9 +262,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::vector<std::string> command = split_off_command(args);
 
-  CLI::App app{"Run commands under distributed locks and semaphores, keep a hold for a shell script, and inspect "
-               "their queues.",
-               "turnstile"};
+  CLI::App app{
+      "Run commands under distributed locks and semaphores, keep a hold for a shell script, and inspect "
+      "their queues.",
+      "turnstile"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("turnstile ") + turnstile::version());
   Subcommands subcommands;

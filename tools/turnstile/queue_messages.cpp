@@ -41,7 +41,9 @@ QueueView look_at_queue(Client& client, const std::string& name) {
     const auto inspection = client.inspect(name, SteadyClock::now() + kLookPatience);
     QueueView view{true, {}, inspection.holders.size(), inspection.waiters.size()};
     if (!inspection.holders.empty()) view.holder = holder_text(inspection.holders.front());
-    const auto ours = [self = static_cast<std::int64_t>(getpid())](const EntryInfo& entry) { return entry.pid == self; };
+    const auto ours = [self = static_cast<std::int64_t>(getpid())](const EntryInfo& entry) {
+      return entry.pid == self;
+    };
     view.has_ours = std::any_of(inspection.holders.begin(), inspection.holders.end(), ours) ||
                     std::any_of(inspection.waiters.begin(), inspection.waiters.end(), ours);
     return view;

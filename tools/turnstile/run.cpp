@@ -111,8 +111,8 @@ struct Supervision {
   bool suspended = false;
   bool leader_exited = false;
   int wait_status = 0;
-  std::optional<Clock::time_point> kill_at{};      // SIGKILL the group then
-  bool killed = false;                           // the group got SIGKILL, at killed_at
+  std::optional<Clock::time_point> kill_at{};  // SIGKILL the group then
+  bool killed = false;                         // the group got SIGKILL, at killed_at
   Clock::time_point killed_at{};
   std::optional<Clock::time_point> give_up_at{};   // stop waiting for the group to empty then
   std::optional<Clock::time_point> continue_at{};  // continue the group then (see kSettleAfterContinue)
@@ -128,9 +128,7 @@ struct Supervision {
   }
 
   // What is left of the clean-up bound, counted from the SIGKILL or from now (the group is gone).
-  Clock::time_point clean_up_until() const {
-    return (killed ? killed_at : Clock::now()) + LossBounds::kCleanUp;
-  }
+  Clock::time_point clean_up_until() const { return (killed ? killed_at : Clock::now()) + LossBounds::kCleanUp; }
 
  private:
   // The leader's exit or job-control stop; orphans of the group (we are their subreaper).
@@ -202,7 +200,9 @@ struct Supervision {
 
   void wait_and_dispatch(int timeout_ms) {
     // The alarm stays readable once rung: after the loss it is left out, or poll would return at once.
-    pollfd fds[4] = {{signal_fd, POLLIN, 0}, {lost ? -1 : alarm.fd(), POLLIN, 0}, {changes.fd(), POLLIN, 0},
+    pollfd fds[4] = {{signal_fd, POLLIN, 0},
+                     {lost ? -1 : alarm.fd(), POLLIN, 0},
+                     {changes.fd(), POLLIN, 0},
                      {watcher.stopped_fd(), POLLIN, 0}};
     if (poll(fds, 4, timeout_ms) < 0 && errno != EINTR) throw std::runtime_error(describe_errno("poll"));
     if (fds[2].revents & POLLIN) take_state_change();
@@ -265,8 +265,8 @@ struct Supervision {
 int command_status(const StartedCommand& started, int wait_status, const RunOptions& options) {
   if (started.exec_errno == 0) return status_of(wait_status);
   const bool not_found = started.exec_errno == ENOENT || started.exec_errno == ENOTDIR;
-  complain("cannot run '" + options.command.front() + "': " +
-           (not_found ? std::string("command not found") : std::strerror(started.exec_errno)));
+  complain("cannot run '" + options.command.front() +
+           "': " + (not_found ? std::string("command not found") : std::strerror(started.exec_errno)));
   return not_found ? kExitNotFound : kExitCannotExecute;
 }
 
@@ -296,8 +296,15 @@ int supervise(Hold& hold, const std::string& name, const std::string& what, cons
   GroupWatcher watcher;
   const auto started = start_command(hold, name, options, original_mask, watcher);
   CommandGroup group(started.child, started.interactive);
-  Supervision supervision{.hold = hold, .name = name, .options = options, .signal_fd = signal_fd, .loss = loss,
-                          .changes = changes, .alarm = alarm, .watcher = watcher, .group = group};
+  Supervision supervision{.hold = hold,
+                          .name = name,
+                          .options = options,
+                          .signal_fd = signal_fd,
+                          .loss = loss,
+                          .changes = changes,
+                          .alarm = alarm,
+                          .watcher = watcher,
+                          .group = group};
   supervision.run();
   const auto clean_up_until = supervision.clean_up_until();
   group.restore_terminal();

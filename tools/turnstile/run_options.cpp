@@ -24,7 +24,8 @@ std::optional<std::chrono::milliseconds> known_ttl(const RunOptions& options, st
     const auto pair = query.substr(0, amp);
     query = amp == std::string_view::npos || query[amp] == '#' ? std::string_view{} : query.substr(amp + 1);
     const auto eq = pair.find('=');
-    if (eq == std::string_view::npos || (pair.substr(0, eq) != "ttl" && pair.substr(0, eq) != "session_timeout")) continue;
+    if (eq == std::string_view::npos || (pair.substr(0, eq) != "ttl" && pair.substr(0, eq) != "session_timeout"))
+      continue;
     const std::string value(pair.substr(eq + 1));
     char* end = nullptr;
     const double seconds = std::strtod(value.c_str(), &end);

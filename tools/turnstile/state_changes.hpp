@@ -12,8 +12,8 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
-#include <stop_token>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <utility>
 

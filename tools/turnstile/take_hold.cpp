@@ -24,7 +24,10 @@ struct Wanted {
 };
 
 Wanted wanted_by(const RunOptions& options) {
-  const Kind kind = options.lock ? Kind::lock : options.read ? Kind::read : options.write ? Kind::write : Kind::semaphore;
+  const Kind kind = options.lock    ? Kind::lock
+                    : options.read  ? Kind::read
+                    : options.write ? Kind::write
+                                    : Kind::semaphore;
   const std::string& name = hold_name(options);
   return {kind, name, what_is_held(kind, name, options)};
 }
@@ -36,8 +39,8 @@ Wait wait_for(const RunOptions& options, std::chrono::steady_clock::time_point s
   if (!options.timeout_sec) {
     wait.emplace(std::nullopt);
   } else if (*options.timeout_sec > 0) {
-    wait.emplace(started +
-                 std::chrono::ceil<std::chrono::steady_clock::duration>(std::chrono::duration<double>(*options.timeout_sec)));
+    wait.emplace(started + std::chrono::ceil<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(*options.timeout_sec)));
   }
   return wait;
 }

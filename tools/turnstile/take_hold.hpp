@@ -19,7 +19,6 @@ namespace turnstile::cli {
 using HeldBody = std::function<int(Client& client, Hold& hold, const std::string& what, int signal_fd,
                                    const sigset_t& original_mask, StateChanges& changes)>;
 
-
 // Connects, takes the hold (one try first, then the wait --timeout allows), and hands it to
 // `body`; the exit status when it is not taken (busy, a signal first, an error).
 int take_hold_then(const RunOptions& options, const HeldBody& body);

@@ -52,7 +52,9 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   }
   settings.endpoint.base = std::string(tls ? "https://" : "http://") + host.host + ":" + std::to_string(host.port);
   // The whole userinfo is the token (consul://TOKEN@; a ':' in it is the token's own).
-  const auto userinfo = url.user.empty() ? url.password : url.password.empty() ? url.user : url.user + ":" + url.password;
+  const auto userinfo = url.user.empty()       ? url.password
+                        : url.password.empty() ? url.user
+                                               : url.user + ":" + url.password;
   settings.endpoint.token = !userinfo.empty() ? userinfo : env("CONSUL_HTTP_TOKEN");
   settings.endpoint.cacert = url.hosts.empty() ? env("CONSUL_CACERT") : "";
   settings.endpoint.shown = url.text;
@@ -62,7 +64,8 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     else if (key == "lock_delay") settings.session.lock_delay = parse_seconds(key, value, 0, 60);
     else if (key == "dc") settings.endpoint.dc = value;
     else if (key == "cacert") settings.endpoint.cacert = value;
-    else throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected ttl, lock_delay, dc, cacert)");
+    else
+      throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected ttl, lock_delay, dc, cacert)");
   }
   check_ttl_option(options.ttl, 1);
   if (options.ttl.count() > 0) settings.session.ttl = options.ttl;
@@ -78,7 +81,8 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
 
 nlohmann::json kv_op(const char* verb, const std::string& key) { return {{"KV", {{"Verb", verb}, {"Key", key}}}}; }
 
-nlohmann::json kv_lock(const std::string& key, const std::string& value, std::uint64_t flags, const std::string& session) {
+nlohmann::json kv_lock(const std::string& key, const std::string& value, std::uint64_t flags,
+                       const std::string& session) {
   auto op = kv_op("lock", key);
   op["KV"]["Value"] = base64_encode(value);
   op["KV"]["Flags"] = flags;
@@ -187,8 +191,10 @@ void ConsulBackend::block(const std::vector<WaitTarget>& targets, const CallBudg
   }
   std::vector<Request> queries;
   for (const auto& target : targets) {
-    queries.push_back({"GET", "/v1/kv/" + url_escape(target.key) + "?index=" + std::to_string(target.index) +
-                                  "&wait=" + std::to_string(wait.count()) + "ms" + (target.recurse ? "&recurse" : ""), ""});
+    queries.push_back({"GET",
+                       "/v1/kv/" + url_escape(target.key) + "?index=" + std::to_string(target.index) +
+                           "&wait=" + std::to_string(wait.count()) + "ms" + (target.recurse ? "&recurse" : ""),
+                       ""});
   }
   // One query per target, at once: the first to answer ends the wait (the others are cut).
   const auto outcomes =
@@ -236,7 +242,7 @@ std::unique_ptr<QueuePlace> ConsulBackend::join(const QueueRequest& request, boo
 }
 
 std::unique_ptr<CounterLine> ConsulBackend::counter_line(const std::string& name, std::int64_t permits,
-                                            const std::stop_token& stop) {
+                                                         const std::stop_token& stop) {
   return make_counter_line(*this, name, permits, stop);
 }
 

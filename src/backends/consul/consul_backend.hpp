@@ -34,7 +34,7 @@ struct Settings {
   Endpoint endpoint;
   SessionSettings session;
   milliseconds connect_timeout = kConsulTimes.call.cap;  // ClientOptions::connect_timeout, else the cap
-  std::string label;                        // ClientOptions::holder_label
+  std::string label;                                     // ClientOptions::holder_label
 };
 
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
@@ -150,7 +150,8 @@ class ConsulBackend final : public Backend {
 
 // Transaction operations (Consul's /v1/txn KV verbs).
 nlohmann::json kv_op(const char* verb, const std::string& key);
-nlohmann::json kv_lock(const std::string& key, const std::string& value, std::uint64_t flags, const std::string& session);
+nlohmann::json kv_lock(const std::string& key, const std::string& value, std::uint64_t flags,
+                       const std::string& session);
 nlohmann::json kv_unlock(const std::string& key, std::uint64_t flags, const std::string& session);
 nlohmann::json kv_check_session(const std::string& key, const std::string& session);
 

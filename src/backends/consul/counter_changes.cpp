@@ -66,8 +66,8 @@ bool ConsulBackend::change_counter(const std::string& key, const CounterSeen& se
   auto cas = kv_op("cas", key);
   cas["KV"]["Index"] = seen.index;  // 0: only if it does not exist yet
   cas["KV"]["Value"] = base64_encode(to_json(value));
-  nlohmann::json ops = nlohmann::json::array({kv_op("check-not-exists", marker.key), cas,
-                                              kv_lock(marker.key, std::to_string(n), 0, marker.session->id)});
+  nlohmann::json ops = nlohmann::json::array(
+      {kv_op("check-not-exists", marker.key), cas, kv_lock(marker.key, std::to_string(n), 0, marker.session->id)});
   for (const auto& more : extra) ops.push_back(more);
   const auto until = SteadyClock::now() + timeout;
   const SettledMarker settled{marker, key, seen.index, false};

@@ -24,7 +24,8 @@ class ConsulCounterLine final : public CounterLine {
     CounterStanding not_taken;
     not_taken.in_line = true;
     const CallBudget budget(deadline, stop_);
-    return backend_.look_resending(budget, [&] { return look_once(budget); }, not_taken);
+    return backend_.look_resending(
+        budget, [&] { return look_once(budget); }, not_taken);
   }
 
   CounterStanding look_once(const CallBudget& budget) {
@@ -153,15 +154,15 @@ class ConsulCounterLine final : public CounterLine {
   std::int64_t permits_;
   std::string counter_;
   std::string prefix_;
-  std::string entry_key_;  // empty: not in line
-  std::string entry_id_;   // its id (its marker's name)
+  std::string entry_key_;             // empty: not in line
+  std::string entry_id_;              // its id (its marker's name)
   std::shared_ptr<Session> session_;  // the session it is on
-  bool join_unknown_ = false;  // its join's answer never came
-  ConsulBackend::CounterSeen seen_;  // the counter as the last look saw it
+  bool join_unknown_ = false;         // its join's answer never came
+  ConsulBackend::CounterSeen seen_;   // the counter as the last look saw it
   WaitTarget counter_target_;
   WaitTarget predecessor_;
   std::optional<ChangeMarker> take_marker_;  // a take whose outcome is unknown (its reply never came)
-  std::stop_token stop_;  // the acquire's
+  std::stop_token stop_;                     // the acquire's
 };
 
 }  // namespace

@@ -39,9 +39,9 @@ inline constexpr std::size_t kMarkerSweepBatch = 32;
 
 struct SettledMarker {
   ChangeMarker marker;
-  std::string counter;          // the counter key its change named
-  std::uint64_t seen_index = 0; // the counter's ModifyIndex its CAS named
-  bool voided = false;          // it never applied: removable once the counter moved on
+  std::string counter;           // the counter key its change named
+  std::uint64_t seen_index = 0;  // the counter's ModifyIndex its CAS named
+  bool voided = false;           // it never applied: removable once the counter moved on
 };
 
 class SettledMarkers {

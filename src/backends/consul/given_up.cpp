@@ -38,9 +38,8 @@ void retire_join(ConsulBackend& backend, std::shared_ptr<Session> session, const
       // Not reached: the background tries again (from the undo, once the marker is there).
     }
   }
-  backend.removals().add("the given-up join " + id, [retire = std::move(retire)]() mutable {
-    return retire() ? Removal::done : Removal::again;
-  });
+  backend.removals().add("the given-up join " + id,
+                         [retire = std::move(retire)]() mutable { return retire() ? Removal::done : Removal::again; });
 }
 
 }  // namespace turnstile::detail::consul

@@ -35,8 +35,8 @@ class ConsulHold final : public BackendHold {
         {kv_check_session(entry_key_, session_->id), kv_lock(entry_key_, to_json(value_), 0, session_->id)});
     Refused refused;  // the entry is gone or not the session's: with its session, or released
     if (!backend_.txn(ops, kConsulTimes.release_try, "downgrading '" + name_ + "'", &refused)) {
-      throw HoldLost("the write lock of '" + name_ + "' was lost before its downgrade (its Consul session ended): " +
-                     refused.describe());
+      throw HoldLost("the write lock of '" + name_ +
+                     "' was lost before its downgrade (its Consul session ended): " + refused.describe());
     }
   }
 

@@ -77,7 +77,8 @@ std::size_t on_header(char* data, std::size_t size, std::size_t count, void* out
   if (line.size() > name.size()) {
     std::string lower(line.substr(0, name.size()));
     for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (lower == name) *static_cast<std::uint64_t*>(out) = std::strtoull(std::string(line.substr(name.size())).c_str(), nullptr, 10);
+    if (lower == name)
+      *static_cast<std::uint64_t*>(out) = std::strtoull(std::string(line.substr(name.size())).c_str(), nullptr, 10);
   }
   return size * count;
 }
@@ -108,7 +109,8 @@ std::unique_ptr<Http::Handle> Http::take() {
     }
   }
   auto handle = std::make_unique<Handle>();
-  if (!handle->easy || !handle->multi) throw BackendUnavailable("libcurl could not make a handle for " + endpoint_.shown);
+  if (!handle->easy || !handle->multi)
+    throw BackendUnavailable("libcurl could not make a handle for " + endpoint_.shown);
   return handle;
 }
 
@@ -303,9 +305,10 @@ std::vector<Outcome> Http::call_each(const std::vector<Request>& requests, std::
   return outcomes;
 }
 
-Reply Http::call(const char* method, const std::string& path, const std::string& body, std::chrono::milliseconds timeout,
-                 const std::stop_token& stop, bool* stopped) {
-  auto outcomes = call_each({Request{method, path, body}}, 1, timeout, std::chrono::steady_clock::time_point::max(), stop);
+Reply Http::call(const char* method, const std::string& path, const std::string& body,
+                 std::chrono::milliseconds timeout, const std::stop_token& stop, bool* stopped) {
+  auto outcomes =
+      call_each({Request{method, path, body}}, 1, timeout, std::chrono::steady_clock::time_point::max(), stop);
   auto& outcome = outcomes.front();
   if (outcome.reply) return std::move(*outcome.reply);
   if (outcome.stopped) {

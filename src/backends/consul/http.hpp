@@ -40,7 +40,7 @@ struct Request {
 struct Outcome {
   std::optional<Reply> reply;  // none: no answer (error says why)
   std::string error;
-  bool stopped = false;  // the stop ended it before an answer
+  bool stopped = false;                             // the stop ended it before an answer
   std::chrono::steady_clock::time_point sent_at{};  // when it was started (unset: never sent)
 };
 

@@ -100,8 +100,8 @@ EntryInfo foreign_info(Http& http, const ForeignHolder& holder, const std::strin
   const auto reply = http.call("GET", "/v1/session/info/" + holder.session, "", timeout);
   const auto json = nlohmann::json::parse(reply.body, nullptr, false);
   if (reply.status == 200 && json.is_array() && !json.empty() && json[0].is_object()) {
-    info.foreign += " (node " + json[0].value("Node", std::string()) + ", name \"" +
-                    json[0].value("Name", std::string()) + "\")";
+    info.foreign +=
+        " (node " + json[0].value("Node", std::string()) + ", name \"" + json[0].value("Name", std::string()) + "\")";
   }
   return info;
 }

@@ -23,10 +23,10 @@ bool kept_in_a_path(unsigned char c) { return kept(c) || c == ','; }
 
 // Endings Consul's validateKVKey refuses (agent/kvs_endpoint.go): what proxies might cache.
 constexpr std::string_view kFileEndings[] = {
-    "js",  "css", "html", "htm", "xml", "json", "txt", "log",  "php",  "asp", "jsp", "cgi", "pl",  "py", "rb",
-    "sh",  "exe", "dll",  "bat", "cmd", "com",  "scr", "vbs",  "pdf",  "doc", "docx", "xls", "xlsx", "ppt", "pptx",
-    "zip", "rar", "tar",  "gz",  "7z",  "bz2",  "jpg", "jpeg", "png",  "gif", "svg", "ico", "bmp", "mp3", "mp4",
-    "avi", "mov", "wmv",  "flv", "swf", "woff", "woff2", "ttf", "eot", "otf"};
+    "js",  "css",  "html", "htm", "xml", "json", "txt", "log", "php",  "asp",   "jsp", "cgi",  "pl",  "py",
+    "rb",  "sh",   "exe",  "dll", "bat", "cmd",  "com", "scr", "vbs",  "pdf",   "doc", "docx", "xls", "xlsx",
+    "ppt", "pptx", "zip",  "rar", "tar", "gz",   "7z",  "bz2", "jpg",  "jpeg",  "png", "gif",  "svg", "ico",
+    "bmp", "mp3",  "mp4",  "avi", "mov", "wmv",  "flv", "swf", "woff", "woff2", "ttf", "eot",  "otf"};
 
 bool file_ending(std::string_view tail) {
   std::string lower(tail);
@@ -94,7 +94,8 @@ std::string base64_decode(std::string_view text) {
 KvEntry entry_of(const nlohmann::json& kv) {
   KvEntry entry;
   entry.key = kv.value("Key", "");
-  if (const auto v = kv.find("Value"); v != kv.end() && v->is_string()) entry.value = base64_decode(v->get<std::string>());
+  if (const auto v = kv.find("Value"); v != kv.end() && v->is_string())
+    entry.value = base64_decode(v->get<std::string>());
   if (const auto s = kv.find("Session"); s != kv.end() && s->is_string()) entry.session = s->get<std::string>();
   entry.flags = kv.value("Flags", std::uint64_t{0});
   entry.create_index = kv.value("CreateIndex", std::uint64_t{0});
@@ -106,7 +107,8 @@ KvEntry entry_of(const nlohmann::json& kv) {
 
 std::string encode_name(std::string_view name) {
   const auto last_dot = name.rfind('.');
-  const bool dot_starts_ending = last_dot != std::string_view::npos && name.find('/', last_dot) == std::string_view::npos &&
+  const bool dot_starts_ending = last_dot != std::string_view::npos &&
+                                 name.find('/', last_dot) == std::string_view::npos &&
                                  file_ending(name.substr(last_dot + 1));
   std::string out;
   for (std::size_t i = 0; i < name.size(); ++i) {

@@ -29,9 +29,9 @@ constexpr std::uint64_t kSemaphoreFlags = 0xe0f69a2baa414de0ULL;
 std::string encode_name(std::string_view name);
 
 // Where turnstile keeps what Consul's own clients do not have.
-std::string queue_prefix(std::string_view name);     // turnstile/q/<key>/: queue entries
-std::string counter_key(std::string_view name);      // turnstile/c/<key>: PermitCounter value
-std::string line_prefix(std::string_view name);      // turnstile/cq/<key>/: its waiters
+std::string queue_prefix(std::string_view name);  // turnstile/q/<key>/: queue entries
+std::string counter_key(std::string_view name);   // turnstile/c/<key>: PermitCounter value
+std::string line_prefix(std::string_view name);   // turnstile/cq/<key>/: its waiters
 // turnstile/x/<id>, id = <session>-<n> (ConsulBackend::next_id): the request marker of a join
 // given up (given_up.hpp) or of a counter change (counter_markers.hpp); never the same n.
 std::string marker_key(std::string_view entry_id);

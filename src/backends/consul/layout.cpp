@@ -19,8 +19,12 @@ std::string host_text(const std::string& host) { return percent_encode(host, kep
 }  // namespace
 
 std::string to_json(const EntryValue& value) {
-  nlohmann::json json = {{"kind", to_string(value.kind)}, {"permits", value.permits}, {"limit", value.limit},
-                         {"held", value.held},           {"pid", value.pid},         {"host", host_text(value.host)},
+  nlohmann::json json = {{"kind", to_string(value.kind)},
+                         {"permits", value.permits},
+                         {"limit", value.limit},
+                         {"held", value.held},
+                         {"pid", value.pid},
+                         {"host", host_text(value.host)},
                          {"since", value.since_ms}};
   if (!value.sessions.empty()) json["sessions"] = value.sessions;
   if (!value.label.empty()) json["label"] = host_text(value.label);
@@ -88,7 +92,8 @@ SemaphoreLock semaphore_lock(const KvEntry& entry, const std::string& name) {
     for (const auto& [session, held] : holders->items()) {
       // Anything else a peer might write counts as one permit: never fewer than it may hold.
       if (held.is_boolean()) lock.holders[session] = held.get<bool>() ? 1 : 0;
-      else if (held.is_number_integer() && held.get<std::int64_t>() > 0) lock.holders[session] = held.get<std::int64_t>();
+      else if (held.is_number_integer() && held.get<std::int64_t>() > 0)
+        lock.holders[session] = held.get<std::int64_t>();
       else lock.holders[session] = 1;
     }
   }

@@ -39,7 +39,7 @@ EntryValue entry_value(const std::string& json);
 struct SemaphoreLock {
   std::int64_t limit = 0;
   std::map<std::string, std::int64_t> holders;  // session -> permits (false: 0, true: 1)
-  std::uint64_t modify_index = 0;  // 0: no .lock key yet (created by CAS with index 0)
+  std::uint64_t modify_index = 0;               // 0: no .lock key yet (created by CAS with index 0)
 };
 
 std::string to_json(const SemaphoreLock& lock);

@@ -4,7 +4,8 @@
 
 namespace turnstile::detail::consul {
 
-void end_occupancy_if_last(ConsulBackend& backend, const std::string& name, std::chrono::milliseconds timeout) noexcept {
+void end_occupancy_if_last(ConsulBackend& backend, const std::string& name,
+                           std::chrono::milliseconds timeout) noexcept {
   try {
     const auto prefix = queue_prefix(name);
     const auto key = occupancy_key(name);

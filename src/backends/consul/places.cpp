@@ -15,11 +15,11 @@ bool is_lease(const QueueRequest& request) { return request.kind == EntryKind::l
 
 // What one read of a name saw: our queue and the peers' keys.
 struct Snapshot {
-  std::vector<KvEntry> queue;                 // turnstile's entries, by CreateIndex
-  std::optional<KvEntry> lock_key;            // Mutex: the api.Lock key NAME
-  std::vector<KvEntry> under_name;            // Semaphore: NAME/... (.lock and contender keys)
-  std::uint64_t under_name_index = 0;         // its X-Consul-Index (0: not read by a GET)
-  std::uint64_t queue_index = 0;              // the queue's X-Consul-Index (0: not read by a GET)
+  std::vector<KvEntry> queue;          // turnstile's entries, by CreateIndex
+  std::optional<KvEntry> lock_key;     // Mutex: the api.Lock key NAME
+  std::vector<KvEntry> under_name;     // Semaphore: NAME/... (.lock and contender keys)
+  std::uint64_t under_name_index = 0;  // its X-Consul-Index (0: not read by a GET)
+  std::uint64_t queue_index = 0;       // the queue's X-Consul-Index (0: not read by a GET)
 };
 
 class ConsulPlace final : public QueuePlace {
@@ -82,7 +82,8 @@ class ConsulPlace final : public QueuePlace {
     Standing not_admitted;
     not_admitted.decided = Verdict{WaitFor::admission, 0};
     budget_ = CallBudget(deadline);
-    return backend_.look_resending(CallBudget(deadline, request_.stop), [&] { return look_once(); }, not_admitted);
+    return backend_.look_resending(
+        CallBudget(deadline, request_.stop), [&] { return look_once(); }, not_admitted);
   }
 
   Standing look_once() {
@@ -116,8 +117,14 @@ class ConsulPlace final : public QueuePlace {
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
     if (taken_at_once_) {
       left_ = true;  // the hold owns the entry now
-      return make_hold(backend_, {.name = request_.name, .session = session_, .entry_key = entry_key_, .value = value_,
-                                  .permits = {}, .token = token_, .loss = std::move(loss), .last_in = last_in_});
+      return make_hold(backend_, {.name = request_.name,
+                                  .session = session_,
+                                  .entry_key = entry_key_,
+                                  .value = value_,
+                                  .permits = {},
+                                  .token = token_,
+                                  .loss = std::move(loss),
+                                  .last_in = last_in_});
     }
     const bool exclusive = request_.kind == EntryKind::exclusive;
     value_.held = !exclusive;
@@ -163,8 +170,13 @@ class ConsulPlace final : public QueuePlace {
       if (!children({entry}, prefix_).empty()) in_queue.insert(entry.key);  // not a nested name's
     }
     left_ = true;  // the hold owns the entry now
-    return make_hold(backend_, {.name = request_.name, .session = session_, .entry_key = entry_key_, .value = value_,
-                                .permits = std::move(permits), .token = token, .loss = std::move(loss),
+    return make_hold(backend_, {.name = request_.name,
+                                .session = session_,
+                                .entry_key = entry_key_,
+                                .value = value_,
+                                .permits = std::move(permits),
+                                .token = token,
+                                .loss = std::move(loss),
                                 .last_in = in_queue.size() == 1 ? occupancy : 0});
   }
 
@@ -234,7 +246,10 @@ class ConsulPlace final : public QueuePlace {
     left_ = true;  // the release below removes the entry too
     try {
       std::shared_ptr<BackendHold> orphan =
-          make_hold(backend_, {.name = request_.name, .session = session_, .entry_key = entry_key_, .value = value_,
+          make_hold(backend_, {.name = request_.name,
+                               .session = session_,
+                               .entry_key = entry_key_,
+                               .value = value_,
                                .permits = std::move(permits),
                                .loss = std::make_shared<LossSignal>(request_.name, nullptr)});
       // A release that finds no server throws BackendUnavailable: the service tries again.
@@ -425,19 +440,19 @@ class ConsulPlace final : public QueuePlace {
   ConsulBackend& backend_;
   QueueRequest request_;
   std::shared_ptr<Session> session_;
-  std::string key_;        // the peers' key: NAME (api.Lock), NAME/ (api.Semaphore)
-  std::string prefix_;     // our queue
+  std::string key_;     // the peers' key: NAME (api.Lock), NAME/ (api.Semaphore)
+  std::string prefix_;  // our queue
   std::string id_;
   std::string entry_key_;
   EntryValue value_;
   std::vector<WaitTarget> targets_;  // what each entry of the last look is waited on by
-  WaitTarget holders_target_;  // any holder's leave: NAME/ (api.Semaphore's and ours) ...
-  WaitTarget queue_target_;    // ... and our queue (a lease ahead leaving before it held)
-  SemaphoreLock semaphore_;  // `.lock` as the last look saw it, pruned
-  CallBudget budget_;  // the acquire's deadline, for hold()
-  bool taken_at_once_ = false;  // take_at_once took the name: hold() has nothing left to write
-  std::uint64_t token_ = 0;     // then: its fencing token
-  std::uint64_t last_in_ = 0;   // then: the occupancy key's index (we are the only one in)
+  WaitTarget holders_target_;        // any holder's leave: NAME/ (api.Semaphore's and ours) ...
+  WaitTarget queue_target_;          // ... and our queue (a lease ahead leaving before it held)
+  SemaphoreLock semaphore_;          // `.lock` as the last look saw it, pruned
+  CallBudget budget_;                // the acquire's deadline, for hold()
+  bool taken_at_once_ = false;       // take_at_once took the name: hold() has nothing left to write
+  std::uint64_t token_ = 0;          // then: its fencing token
+  std::uint64_t last_in_ = 0;        // then: the occupancy key's index (we are the only one in)
   bool joined_ = false;
   bool left_ = false;
   bool retry_soon_ = false;

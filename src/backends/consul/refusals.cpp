@@ -99,8 +99,8 @@ Refused read_refusal(const Reply& reply, const nlohmann::json& ops, const std::s
   }
   // No caller expects these: nothing was applied, and trying again would change nothing.
   if (refused.ops().empty() || refused.any(Refusal::other)) {
-    throw BackendUnavailable(context + " at " + endpoint.shown + ": Consul refused the transaction: " +
-                             refused.describe());
+    throw BackendUnavailable(context + " at " + endpoint.shown +
+                             ": Consul refused the transaction: " + refused.describe());
   }
   return refused;
 }

@@ -134,10 +134,10 @@ bool Sessions::renew(const std::vector<std::shared_ptr<Session>>& due, const std
       session.lease->lose("Consul says session " + session.id + " is gone (invalidated or destroyed)");
       continue;
     }
-    session.lease->unconfirmed(outcome.reply ? "Consul answered a session renewal with HTTP " +
-                                                   std::to_string(outcome.reply->status)
-                                             : "no answer to a session renewal from Consul at " +
-                                                   renewals_.endpoint().shown + ": " + outcome.error);
+    session.lease->unconfirmed(
+        outcome.reply
+            ? "Consul answered a session renewal with HTTP " + std::to_string(outcome.reply->status)
+            : "no answer to a session renewal from Consul at " + renewals_.endpoint().shown + ": " + outcome.error);
     all_confirmed = false;
   }
   return all_confirmed;

@@ -27,8 +27,7 @@ inline constexpr TimePolicy kConsulTimes{
     // What a leave, a given-up join or an unknown outcome left: tried again soon (a lost reply
     // on a link that is back at once), less often on a long outage, given up after a minute
     // (the entries and markers are on sessions that end with the client anyway).
-    .background = {.first_pause = milliseconds(100), .last_pause = milliseconds(2000),
-                   .give_up = milliseconds(60000)},
+    .background = {.first_pause = milliseconds(100), .last_pause = milliseconds(2000), .give_up = milliseconds(60000)},
     // A client's end tries the pending removals this long, before its sessions are destroyed.
     .drain_at_end = milliseconds(1000),
 };

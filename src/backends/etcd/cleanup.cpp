@@ -67,7 +67,8 @@ void EtcdBackend::leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, c
   add_delete(txn.mutable_success(), key);
   lease->markers->retire(txn.mutable_success(), request);
   lease->markers->retire(txn.mutable_failure(), request);
-  run_cleanup(lease, std::move(txn), {.turn = turn, .finished = [lease, request] { lease->markers->resolved(request); }});
+  run_cleanup(lease, std::move(txn),
+              {.turn = turn, .finished = [lease, request] { lease->markers->resolved(request); }});
 }
 
 }  // namespace turnstile::detail::etcd

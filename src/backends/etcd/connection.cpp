@@ -124,7 +124,6 @@ std::string prefix_end(std::string key) {
   return key;
 }
 
-
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   Settings settings;
   settings.holder_label = options.holder_label;
@@ -140,7 +139,8 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     settings.endpoints.push_back(host);
     settings.description += (settings.description.empty() ? "" : ",") + host;
   }
-  if (!url.path.empty() && url.path != "/") throw InvalidUrl("etcd URLs take no path, got '" + url.path + "' in '" + url.text + "'");
+  if (!url.path.empty() && url.path != "/")
+    throw InvalidUrl("etcd URLs take no path, got '" + url.path + "' in '" + url.text + "'");
   settings.user = url.user;
   settings.password = url.password;
   for (const auto& [key, value] : url.query) {
@@ -164,7 +164,8 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
 
 Connection::Connection(Settings settings)
     : settings_(std::move(settings)),
-      connect_by_(SteadyClock::now() + (settings_.connect_timeout.count() > 0 ? settings_.connect_timeout : kEtcdTimes.call.cap)) {
+      connect_by_(SteadyClock::now() +
+                  (settings_.connect_timeout.count() > 0 ? settings_.connect_timeout : kEtcdTimes.call.cap)) {
   enable_fork_support();
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (settings_.tls) {
@@ -224,30 +225,27 @@ namespace {
 // INVALID_ARGUMENT.
 Failure classify(const grpc::Status& status, bool authenticating = false) {
   switch (status.error_code()) {
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return authenticating ? Failure::unauthenticated : Failure::failed;
+    case grpc::StatusCode::INVALID_ARGUMENT: return authenticating ? Failure::unauthenticated : Failure::failed;
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
     case grpc::StatusCode::CANCELLED:
-    case grpc::StatusCode::INTERNAL:
-      return Failure::transient;
-    case grpc::StatusCode::UNAUTHENTICATED:
-      return Failure::unauthenticated;
-    case grpc::StatusCode::PERMISSION_DENIED:
-      return Failure::refused;
+    case grpc::StatusCode::INTERNAL: return Failure::transient;
+    case grpc::StatusCode::UNAUTHENTICATED: return Failure::unauthenticated;
+    case grpc::StatusCode::PERMISSION_DENIED: return Failure::refused;
     case grpc::StatusCode::NOT_FOUND:
       // etcd has no code of its own for this: its Go client also tells its errors by their
       // description (rpctypes.ErrLeaseNotFound).
-      return status.error_message().find("lease not found") != std::string::npos ? Failure::lease_gone : Failure::failed;
-    default:
-      return Failure::failed;
+      return status.error_message().find("lease not found") != std::string::npos ? Failure::lease_gone
+                                                                                 : Failure::failed;
+    default: return Failure::failed;
   }
 }
 
 // A transient failure of a call that was never sent (the connection could not be made): such a
 // call may be resent even when it is not idempotent.
 bool never_sent(const grpc::Status& status) {
-  return status.error_code() == grpc::StatusCode::UNAVAILABLE && status.error_message().find("connect") != std::string::npos;
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         status.error_message().find("connect") != std::string::npos;
 }
 
 }  // namespace
@@ -259,18 +257,12 @@ void Connection::throw_error(Failure failure, const grpc::Status& status, std::s
   const auto detail = std::string(what) + ": " + describe(status);
   const std::string endpoints = where.empty() ? settings_.description : std::string(where);
   switch (failure) {
-    case Failure::unauthenticated:
-      throw AccessDenied("etcd refused " + detail);
-    case Failure::refused:
-      throw AccessDenied("etcd refused to this client's user " + detail);
-    case Failure::lease_gone:
-      throw LeaseGone("etcd no longer knows the lease of " + detail);
-    case Failure::outcome_unknown:
-      throw BackendUnavailable("etcd did not confirm (its outcome is unknown) " + detail);
-    case Failure::transient:
-      throw BackendUnavailable("no etcd at " + endpoints + " answered " + detail);
-    case Failure::failed:
-      break;
+    case Failure::unauthenticated: throw AccessDenied("etcd refused " + detail);
+    case Failure::refused: throw AccessDenied("etcd refused to this client's user " + detail);
+    case Failure::lease_gone: throw LeaseGone("etcd no longer knows the lease of " + detail);
+    case Failure::outcome_unknown: throw BackendUnavailable("etcd did not confirm (its outcome is unknown) " + detail);
+    case Failure::transient: throw BackendUnavailable("no etcd at " + endpoints + " answered " + detail);
+    case Failure::failed: break;
   }
   throw BackendUnavailable("etcd at " + endpoints + " failed " + detail);
 }
@@ -279,15 +271,12 @@ void Connection::check_retryable(const grpc::Status& status, const char* what, S
                                  std::size_t tried) {
   const auto failure = classify(status);
   switch (failure) {
-    case Failure::transient:
-      next_endpoint(tried);
-      return;
+    case Failure::transient: next_endpoint(tried); return;
     case Failure::unauthenticated:
       if (settings_.user.empty()) break;
       authenticate(std::max(deadline, SteadyClock::now() + kReauthenticateFloor));
       return;
-    default:
-      break;
+    default: break;
   }
   throw_error(failure, status, what);
 }
@@ -398,8 +387,8 @@ void Connection::lease_revoke(std::int64_t lease, const CallBudget& call) {
   request.set_id(lease);
   pb::LeaseRevokeResponse response;
   // Resent safely: a second revoke finds the lease gone (LeaseGone), which is the goal.
-  unary([&](grpc::ClientContext& context) { return current().lease->LeaseRevoke(&context, request, &response); },
-        call, Resend::allowed, "a lease revoke");
+  unary([&](grpc::ClientContext& context) { return current().lease->LeaseRevoke(&context, request, &response); }, call,
+        Resend::allowed, "a lease revoke");
 }
 
 std::uint64_t Connection::linearizable_term(const std::string& key, const CallBudget& call) {

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "backends/etcd/timeouts.hpp"
-#include "core/call_budget.hpp"
 #include "core/backend.hpp"
+#include "core/call_budget.hpp"
 #include "rpc.grpc.pb.h"
 
 namespace turnstile::detail::etcd {
@@ -181,7 +181,8 @@ class Connection {
   };
 
   template <class Call>
-  void unary(Call call, const CallBudget& budget, Resend resend, const char* what, milliseconds attempt_cap = kAttemptCap);
+  void unary(Call call, const CallBudget& budget, Resend resend, const char* what,
+             milliseconds attempt_cap = kAttemptCap);
   Endpoint& current();
   std::size_t current_index();
   void authenticate(SteadyClock::time_point deadline);

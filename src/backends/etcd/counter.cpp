@@ -53,7 +53,6 @@ Inspection EtcdBackend::inspect(const std::string& name, Deadline deadline) {
   return result;
 }
 
-
 // Counter changes are not idempotent: a copy of one that reaches etcd after its sender gave up
 // (a stalled connection, a paused member) must change nothing. So each Txn is guarded by a
 // request marker on the client's lease (request_markers.hpp) and puts it, reading "applied";
@@ -83,8 +82,8 @@ std::int64_t EtcdBackend::counter_add(const std::string& name, std::int64_t delt
     if (__builtin_add_overflow(current.value.value_or(0), delta, &updated) || updated > max_permits ||
         updated < -max_permits) {
       throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " to " +
-                            std::to_string(current.value.value_or(0)) + " would leave [-" + std::to_string(max_permits) +
-                            ", " + std::to_string(max_permits) + "]; nothing changed");
+                            std::to_string(current.value.value_or(0)) + " would leave [-" +
+                            std::to_string(max_permits) + ", " + std::to_string(max_permits) + "]; nothing changed");
     }
     pb::TxnRequest txn;
     add_compare(txn, key, pb::Compare::MOD, current.mod_revision);
@@ -117,7 +116,8 @@ std::int64_t EtcdBackend::change_counter(const std::string& key, const CounterCh
     const auto current = counter_value(connection_.range(key_range(key)));
     auto txn = change(current);
     if (!txn) return unchanged;
-    if (counter_change_applied(std::move(*txn), CallBudget().call_end(kEtcdTimes.call), unknown_outcomes)) return answer(current);
+    if (counter_change_applied(std::move(*txn), CallBudget().call_end(kEtcdTimes.call), unknown_outcomes))
+      return answer(current);
   }
 }
 

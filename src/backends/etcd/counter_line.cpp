@@ -97,7 +97,8 @@ CounterStanding EtcdCounterLine::look(bool, Deadline deadline) {
 }
 
 bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
-  const auto lease = seen.in_line ? lease_ : backend_.client_lease(CallBudget(deadline, stop_).for_call(kEtcdTimes.one_shot));
+  const auto lease =
+      seen.in_line ? lease_ : backend_.client_lease(CallBudget(deadline, stop_).for_call(kEtcdTimes.one_shot));
   const auto request = backend_.next_request();
   auto& markers = *lease->markers;
   markers.begin(request);
@@ -154,9 +155,9 @@ bool EtcdCounterLine::take(const CounterStanding& seen, Deadline deadline) {
 // as leave() does (the error is rethrown, and the core leaves).
 bool EtcdCounterLine::take_reply_lost(Deadline deadline) {
   if (!deadline && !stop_.stop_possible()) throw;
-  const auto outcome = stop_.stop_requested()
-                           ? settle_take(CallBudget(SteadyClock::now() + kEtcdTimes.one_shot.floor), kStoppedSettleAttempt)
-                           : settle_take(CallBudget(deadline, stop_).for_call(kEtcdTimes.one_shot));
+  const auto outcome = stop_.stop_requested() ? settle_take(CallBudget(SteadyClock::now() + kEtcdTimes.one_shot.floor),
+                                                            kStoppedSettleAttempt)
+                                              : settle_take(CallBudget(deadline, stop_).for_call(kEtcdTimes.one_shot));
   left_ = true;  // taken: our key went with the take; otherwise the settle deletes it
   if (outcome == TakeOutcome::taken) return true;
   // Not taken, or not known yet: the background makes sure nothing stays taken.

@@ -48,8 +48,8 @@
 #include "backends/etcd/request_markers.hpp"
 #include "backends/etcd/timeouts.hpp"
 #include "core/call_budget.hpp"
-#include "core/guaranteed_removal.hpp"
 #include "core/deadline_mutex.hpp"
+#include "core/guaranteed_removal.hpp"
 #include "core/loss_clock.hpp"
 
 namespace turnstile::detail::etcd {
@@ -180,12 +180,13 @@ class EtcdBackend final : public Backend {
     std::shared_ptr<ClientLease> lease;
     std::string key;
     std::string value;
-    std::int64_t created = 0;  // the entry's create revision
-    pb::RangeResponse range;   // the line's entries
+    std::int64_t created = 0;   // the entry's create revision
+    pb::RangeResponse range;    // the line's entries
     std::int64_t revision = 0;  // the store's revision when the entry was seen
   };
   // The key and value of an entry on `lease` for request number `request`.
-  using EntryMaker = std::function<std::pair<std::string, std::string>(const ClientLease& lease, std::uint64_t request)>;
+  using EntryMaker =
+      std::function<std::pair<std::string, std::string>(const ClientLease& lease, std::uint64_t request)>;
   // Puts an entry under `prefix` and reads the line in the same round trip; once more on a new
   // lease when etcd no longer knew the current one. Throws BackendUnavailable with the entry
   // left in the background, holding on to `turn` until it is gone; CallStopped on the budget's
@@ -209,8 +210,8 @@ class EtcdBackend final : public Backend {
   struct Cleanup {
     std::shared_ptr<ClientLease> lease;
     std::function<void(SteadyClock::time_point)> attempt;  // throws until done
-    std::unique_ptr<LocalTurn> turn;                      // a name's local turn kept until done
-    std::function<void()> finished;                       // run once done, or empty
+    std::unique_ptr<LocalTurn> turn;                       // a name's local turn kept until done
+    std::function<void()> finished;                        // run once done, or empty
   };
 
   // etcd_backend.cpp
@@ -262,8 +263,8 @@ class EtcdBackend final : public Backend {
   Connection& connection_;
   const pid_t pid_ = getpid();
   bool ended_at_exit_ = false;  // guarded by live_backends()'s mutex
-  std::string identity_;  // "<pid> <host>", for inspect
-  std::string label_suffix_;  // " <holder label>" at the end of our values, or ""
+  std::string identity_;        // "<pid> <host>", for inspect
+  std::string label_suffix_;    // " <holder label>" at the end of our values, or ""
   std::atomic<std::uint64_t> unique_{0};
 
   std::mutex mutex_;

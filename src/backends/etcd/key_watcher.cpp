@@ -8,8 +8,7 @@
 namespace turnstile::detail::etcd {
 
 KeyWatcher::KeyWatcher(Connection& connection, std::function<void()> lost)
-    : connection_(connection), lost_(std::move(lost)),
-      reader_([this](std::stop_token stop) { read_loop(stop); }),
+    : connection_(connection), lost_(std::move(lost)), reader_([this](std::stop_token stop) { read_loop(stop); }),
       worker_([this](std::stop_token stop) { work_loop(stop); }) {}
 
 void KeyWatcher::stop() {
@@ -19,9 +18,9 @@ void KeyWatcher::stop() {
   if (worker_.joinable()) worker_.join();
 }
 
-std::shared_ptr<KeyWatcher::Watched> KeyWatcher::watch(std::string key, std::int64_t create_revision, std::int64_t lease,
-                                                       std::string value, std::int64_t seen_revision,
-                                                       std::shared_ptr<LossSignal> loss) {
+std::shared_ptr<KeyWatcher::Watched> KeyWatcher::watch(std::string key, std::int64_t create_revision,
+                                                       std::int64_t lease, std::string value,
+                                                       std::int64_t seen_revision, std::shared_ptr<LossSignal> loss) {
   auto watched = std::make_shared<Watched>();
   watched->key = std::move(key);
   watched->create_revision = create_revision;

@@ -30,10 +30,10 @@ class KeyWatcher {
     std::int64_t lease = 0;
     std::shared_ptr<LossSignal> loss;
     // Guarded by the watcher's mutex:
-    std::vector<std::string> values;  // the values this client wrote to the key
-    std::int64_t from_revision = 0;   // the first revision not yet seen
-    std::int64_t watch_id = -1;       // on the current stream, once etcd created the watch
-    bool done = false;                // released or lost: no longer watched
+    std::vector<std::string> values;     // the values this client wrote to the key
+    std::int64_t from_revision = 0;      // the first revision not yet seen
+    std::int64_t watch_id = -1;          // on the current stream, once etcd created the watch
+    bool done = false;                   // released or lost: no longer watched
     SteadyClock::time_point not_before;  // its first watch request is sent then
   };
 
@@ -80,7 +80,7 @@ class KeyWatcher {
   std::set<std::shared_ptr<Watched>> watched_;
   grpc::ClientReaderWriter<pb::WatchRequest, pb::WatchResponse>* stream_ = nullptr;  // the current one
   bool writing_ = false;
-  bool worker_timed_ = false;  // the worker waits for the first queued create's time
+  bool worker_timed_ = false;                      // the worker waits for the first queued create's time
   std::list<std::shared_ptr<Watched>> creates_;    // to send on the current stream
   std::list<std::shared_ptr<Watched>> in_flight_;  // sent, not yet answered `created`
   std::list<std::int64_t> cancels_;

@@ -47,8 +47,8 @@ std::int64_t now_ms() {
 // `identity` is "<pid> <host>", `label_suffix` " <holder label>" or "".
 std::string entry_value(EntryKind kind, std::int64_t permits, std::int64_t limit, const std::string& identity,
                         std::uint64_t request, const std::string& label_suffix) {
-  return "turnstile " + std::string(to_string(kind)) + " " + std::to_string(permits) + " " + std::to_string(limit) + " " +
-         identity + " " + std::to_string(now_ms()) + " " + std::to_string(request) + label_suffix;
+  return "turnstile " + std::string(to_string(kind)) + " " + std::to_string(permits) + " " + std::to_string(limit) +
+         " " + identity + " " + std::to_string(now_ms()) + " " + std::to_string(request) + label_suffix;
 }
 
 // The holder label a value ends with, after the space that follows its last number.
@@ -66,7 +66,8 @@ EntryKey parse_entry(const mvccpb::KeyValue& kv) {
   std::string magic, kind;
   std::uint64_t request = 0;
   EntryKey parsed = entry;
-  if (text >> magic >> kind >> parsed.permits >> parsed.limit >> parsed.pid >> parsed.host >> parsed.since_ms >> request &&
+  if (text >> magic >> kind >> parsed.permits >> parsed.limit >> parsed.pid >> parsed.host >> parsed.since_ms >>
+          request &&
       magic == "turnstile") {
     parsed.label = label_after(text);
     if (kind == "shared") parsed.kind = EntryKind::shared;
@@ -78,8 +79,9 @@ EntryKey parse_entry(const mvccpb::KeyValue& kv) {
   return entry;
 }
 
-QueueMode queue_mode(const EntryKey& head) { return head.kind == EntryKind::lease ? QueueMode::semaphore : QueueMode::lock; }
-
+QueueMode queue_mode(const EntryKey& head) {
+  return head.kind == EntryKind::lease ? QueueMode::semaphore : QueueMode::lock;
+}
 
 pb::RangeRequest queue_range(const std::string& prefix, std::int64_t max_create_revision) {
   pb::RangeRequest range;
@@ -97,7 +99,8 @@ pb::RangeRequest key_range(const std::string& key) {
   return range;
 }
 
-pb::Compare* add_compare(pb::TxnRequest& txn, const std::string& key, pb::Compare::CompareTarget target, std::int64_t value) {
+pb::Compare* add_compare(pb::TxnRequest& txn, const std::string& key, pb::Compare::CompareTarget target,
+                         std::int64_t value) {
   auto* compare = txn.add_compare();
   compare->set_key(key);
   compare->set_result(pb::Compare::EQUAL);

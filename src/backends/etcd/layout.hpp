@@ -69,7 +69,8 @@ std::vector<QueueEntryView> views_of(const std::vector<EntryKey>& entries, std::
 
 pb::RangeRequest queue_range(const std::string& prefix, std::int64_t max_create_revision = 0);
 pb::RangeRequest key_range(const std::string& key);
-pb::Compare* add_compare(pb::TxnRequest& txn, const std::string& key, pb::Compare::CompareTarget target, std::int64_t value);
+pb::Compare* add_compare(pb::TxnRequest& txn, const std::string& key, pb::Compare::CompareTarget target,
+                         std::int64_t value);
 // The Txn applies only while `key` holds exactly `value` (never while it does not exist).
 void add_value_compare(pb::TxnRequest& txn, const std::string& key, const std::string& value);
 void add_put(google::protobuf::RepeatedPtrField<pb::RequestOp>* ops, const std::string& key, const std::string& value,

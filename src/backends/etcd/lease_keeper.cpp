@@ -6,7 +6,6 @@
 namespace turnstile::detail::etcd {
 namespace {
 
-
 // A keep-alive round every TTL/3, as etcd's own client does.
 milliseconds keep_alive_period(milliseconds ttl) {
   return std::max(kKeepAliveShortestPeriod, std::chrono::duration_cast<milliseconds>(ttl / 3));
@@ -50,8 +49,10 @@ std::shared_ptr<ClientLease> EtcdBackend::grant_lease(const CallBudget& call) {
   fresh->server_lease = clock_.watch(fresh->ttl, sent_at);
   std::weak_ptr<ClientLease> weak = fresh;
   auto tell_backend = std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{[this, weak](const Error&) {
-    if (auto lost = weak.lock()) give_up(lost);
-  }, {}});
+                                                                                            if (auto lost = weak.lock())
+                                                                                              give_up(lost);
+                                                                                          },
+                                                                                          {}});
   fresh->watcher = std::make_shared<LossSignal>("etcd lease " + fresh->hex, std::move(tell_backend));
   fresh->server_lease->attach(fresh->watcher);
   return fresh;
@@ -85,7 +86,8 @@ void EtcdBackend::give_up(const std::shared_ptr<ClientLease>& lease) {
     cleanup.attempt = [this, id, pending = lease.get()](SteadyClock::time_point deadline) {
       {
         std::lock_guard lock(mutex_);
-        if (pending->unresolved_takes > 0) throw BackendUnavailable("a take's receipt on the lease is still to be read");
+        if (pending->unresolved_takes > 0)
+          throw BackendUnavailable("a take's receipt on the lease is still to be read");
       }
       connection_.lease_revoke(id, CallBudget(deadline));
     };

@@ -11,8 +11,8 @@ class EtcdHold final : public BackendHold {
   EtcdHold(EtcdBackend& backend, std::shared_ptr<ClientLease> lease, std::string name, std::string key,
            std::int64_t revision, bool gated, std::shared_ptr<LossSignal> loss,
            std::shared_ptr<KeyWatcher::Watched> watched)
-      : backend_(backend), lease_(std::move(lease)), name_(std::move(name)), key_(std::move(key)),
-        revision_(revision), gated_(gated), loss_(std::move(loss)), watched_(std::move(watched)) {}
+      : backend_(backend), lease_(std::move(lease)), name_(std::move(name)), key_(std::move(key)), revision_(revision),
+        gated_(gated), loss_(std::move(loss)), watched_(std::move(watched)) {}
   ~EtcdHold() override;
 
   std::uint64_t fencing_token() const override { return static_cast<std::uint64_t>(revision_); }
@@ -37,8 +37,8 @@ class EtcdHold final : public BackendHold {
 class EtcdPlace final : public QueuePlace {
  public:
   EtcdPlace(EtcdBackend& backend, const QueueRequest& request, bool exclusive)
-      : backend_(backend), name_(request.name), prefix_(request.name + "/"), stop_(request.stop),
-        exclusive_(exclusive), turn_(&backend, request.name, exclusive) {}
+      : backend_(backend), name_(request.name), prefix_(request.name + "/"), stop_(request.stop), exclusive_(exclusive),
+        turn_(&backend, request.name, exclusive) {}
   ~EtcdPlace() override { leave(); }
 
   Standing join(const QueueRequest& request, Deadline deadline);
@@ -63,8 +63,8 @@ class EtcdPlace final : public QueuePlace {
   std::shared_ptr<ClientLease> lease_;
   std::string key_;
   std::string value_;
-  std::int64_t revision_ = 0;  // our key's create revision, once joined
-  std::int64_t seen_ = 0;      // the store's revision at the last read that found our key
+  std::int64_t revision_ = 0;      // our key's create revision, once joined
+  std::int64_t seen_ = 0;          // the store's revision at the last read that found our key
   std::vector<EntryKey> entries_;  // the entries up to ours, as last read
   bool done_ = false;              // left, or handed to a hold
 };
@@ -87,8 +87,9 @@ Standing EtcdPlace::join(const QueueRequest& request, Deadline deadline) {
 
 Standing EtcdPlace::stand(const pb::RangeResponse& range, std::int64_t revision) {
   auto entries = entries_of(range, prefix_);
-  const auto mine = std::find_if(entries.begin(), entries.end(),
-                                 [&](const EntryKey& entry) { return entry.create_revision == revision_ && entry.key == key_; });
+  const auto mine = std::find_if(entries.begin(), entries.end(), [&](const EntryKey& entry) {
+    return entry.create_revision == revision_ && entry.key == key_;
+  });
   if (mine == entries.end()) throw QueueEntryGone();
   entries.erase(mine + 1, entries.end());
   entries_ = std::move(entries);
@@ -151,7 +152,8 @@ void EtcdPlace::wait(const Verdict& verdict, Deadline deadline, const std::stop_
 }
 
 bool EtcdPlace::changed_meanwhile(Deadline deadline) const {
-  const auto read = backend_.connection().range(queue_range(prefix_, revision_ - 1), CallBudget(deadline).for_call(kLastLook));
+  const auto read =
+      backend_.connection().range(queue_range(prefix_, revision_ - 1), CallBudget(deadline).for_call(kLastLook));
   const auto now = entries_of(read, prefix_);
   if (now.size() + 1 != entries_.size()) return true;
   for (std::size_t i = 0; i < now.size(); ++i) {
@@ -166,7 +168,8 @@ bool EtcdPlace::changed_meanwhile(Deadline deadline) const {
 std::unique_ptr<BackendHold> EtcdPlace::hold(std::shared_ptr<LossSignal> loss) {
   // Watched from the read that found it ours: a deletion since then is not missed.
   auto watched = backend_.key_watcher().watch(key_, revision_, lease_->id, value_, seen_, loss);
-  auto hold = std::make_unique<EtcdHold>(backend_, lease_, name_, key_, revision_, turn_.held, loss, std::move(watched));
+  auto hold =
+      std::make_unique<EtcdHold>(backend_, lease_, name_, key_, revision_, turn_.held, loss, std::move(watched));
   turn_.held = false;  // the hold keeps the local turn until it is released
   done_ = true;
   lease_->server_lease->attach(loss);  // a lease lost meanwhile loses the hold at once

@@ -56,7 +56,7 @@ class RequestMarkers {
   std::mutex mutex_;
   std::set<std::uint64_t> in_flight_;
   std::uint64_t last_begun_ = 0;
-  std::uint64_t floor_ = 0;                // the last floor etcd confirmed
+  std::uint64_t floor_ = 0;  // the last floor etcd confirmed
   std::uint64_t resolved_since_sweep_ = 0;
 };
 

@@ -34,10 +34,10 @@ std::string mode_text(mode_t mode) {
 bool private_group(gid_t gid) {
   if (gid != getegid()) return false;
   std::vector<char> buffer(16384);
-  group entry {};
+  group entry{};
   group* found = nullptr;
   if (getgrgid_r(gid, &entry, buffer.data(), buffer.size(), &found) != 0 || !found) return false;
-  passwd user {};
+  passwd user{};
   passwd* me = nullptr;
   std::vector<char> user_buffer(16384);
   if (getpwuid_r(geteuid(), &user, user_buffer.data(), user_buffer.size(), &me) != 0 || !me) return false;
@@ -66,8 +66,10 @@ void check_above(const std::string& root, const std::string& dir) {
   const bool writable = (st.st_mode & S_IWOTH) || ((st.st_mode & S_IWGRP) && !private_group(st.st_gid));
   if (writable && !(st.st_mode & S_ISVTX)) {
     throw AccessDenied("refusing " + root + ": " + dir + " above it may be written by its group or others (mode " +
-                       mode_text(st.st_mode) + ", no sticky bit), who could rename it away and put another in its "
-                       "place; chmod go-w or +t " + dir + ", or use another directory");
+                       mode_text(st.st_mode) +
+                       ", no sticky bit), who could rename it away and put another in its "
+                       "place; chmod go-w or +t " +
+                       dir + ", or use another directory");
   }
 }
 
@@ -170,10 +172,10 @@ void check_opened(const Fd& fd, const std::string& root) {
 // else would stop file:///etc).
 bool system_directory(const std::string& root) {
   static const std::set<std::string> directories{
-      "/",         "/bin",      "/boot",      "/dev",      "/dev/shm",  "/etc",       "/home",     "/lib",
-      "/lib32",    "/lib64",    "/libx32",    "/media",    "/mnt",      "/opt",       "/proc",     "/root",
-      "/run",      "/run/lock", "/run/user",  "/sbin",     "/srv",      "/sys",       "/tmp",      "/usr",
-      "/usr/bin",  "/usr/lib",  "/usr/local", "/usr/sbin", "/usr/share", "/var",      "/var/cache", "/var/lib",
+      "/",         "/bin",      "/boot",      "/dev",       "/dev/shm",   "/etc", "/home",      "/lib",
+      "/lib32",    "/lib64",    "/libx32",    "/media",     "/mnt",       "/opt", "/proc",      "/root",
+      "/run",      "/run/lock", "/run/user",  "/sbin",      "/srv",       "/sys", "/tmp",       "/usr",
+      "/usr/bin",  "/usr/lib",  "/usr/local", "/usr/sbin",  "/usr/share", "/var", "/var/cache", "/var/lib",
       "/var/lock", "/var/log",  "/var/run",   "/var/spool", "/var/tmp"};
   return directories.count(root) != 0;
 }

@@ -29,8 +29,13 @@ QueueMode queue_mode(Mode mode) {
 }
 
 Slot new_slot(std::uint64_t seq, std::int64_t permits, std::uint8_t kind) {
-  return Slot{.seq = seq, .permits = permits, .since_ns = realtime_ns(), .pid = my_pid(), .kind = kind,
-              .reserved = 0, .label = 0};
+  return Slot{.seq = seq,
+              .permits = permits,
+              .since_ns = realtime_ns(),
+              .pid = my_pid(),
+              .kind = kind,
+              .reserved = 0,
+              .label = 0};
 }
 
 QueueScan& scan_queue(const Header& h, std::uint64_t seq) {

@@ -126,7 +126,7 @@ std::unique_ptr<QueuePlace> FileBackend::join(const QueueRequest& request, bool 
 }
 
 std::unique_ptr<CounterLine> FileBackend::counter_line(const std::string& name, std::int64_t permits,
-                                            [[maybe_unused]] const std::stop_token& stop) {
+                                                       [[maybe_unused]] const std::stop_token& stop) {
   return std::make_unique<FileCounterLine>(file(name), permits, holder_label_);
 }
 

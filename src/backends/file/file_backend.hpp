@@ -220,8 +220,8 @@ class FilePlace final : public QueuePlace {
   std::int64_t permits_;
   std::int64_t limit_;
   Fd fd_;
-  std::uint64_t seq_ = 0;                // 0: not in the queue
-  std::vector<std::uint64_t> seen_;      // the entries up to ours at the last look that waits
+  std::uint64_t seq_ = 0;            // 0: not in the queue
+  std::vector<std::uint64_t> seen_;  // the entries up to ours at the last look that waits
 };
 
 // ---- the PermitCounter's line --------------------------------------------------------------

@@ -16,7 +16,7 @@ constexpr std::uint32_t kMagic = 0x54534C31;  // "TSL1"
 constexpr std::uint32_t kVersion = 3;
 constexpr std::size_t kCapacity = 1024;
 constexpr std::size_t kMaxName = 256;
-constexpr std::size_t kMaxLabel = 256;  // ClientOptions::holder_label's limit
+constexpr std::size_t kMaxLabel = 256;      // ClientOptions::holder_label's limit
 constexpr std::uint8_t kCounterWaiter = 9;  // a slot of the PermitCounter's own line
 
 // Each entry owns OFD locks on bytes far beyond the end of the file, at 2^40 + 4·seq + byte.
@@ -37,7 +37,7 @@ struct Slot {
   std::int32_t pid;       // for inspect only: never used to decide liveness
   std::uint8_t kind;      // EntryKind or kCounterWaiter
   std::uint8_t reserved;
-  std::uint16_t label;    // 1 + its index in Header::labels, 0 for none (for inspect only)
+  std::uint16_t label;  // 1 + its index in Header::labels, 0 for none (for inspect only)
 };
 static_assert(sizeof(Slot) == 32);
 

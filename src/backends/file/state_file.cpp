@@ -35,8 +35,7 @@ struct sigaction previous_sigbus {};
 // bytes: never std::isalnum, which follows the C locale (a Latin-1 locale would keep 0xE9).
 // Long names fall back to a hash checked against the stored name.
 bool kept_as_is(unsigned char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-         c == '.';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
 }
 
 std::string encode_name(const std::string& name) {
@@ -107,8 +106,8 @@ void MappingAccess::on_sigbus(int signal, siginfo_t* info, void* context) {
   for (auto* access = current_access; access; access = access->previous_) {
     auto* address = static_cast<char*>(info->si_addr);
     if (info->si_code > 0 && address >= access->base_ && address < access->base_ + access->size_) {
-      if (mmap(access->base_, access->size_, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1,
-               0) != MAP_FAILED) {
+      if (mmap(access->base_, access->size_, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) !=
+          MAP_FAILED) {
         access->broken_->store(true, std::memory_order_relaxed);
         return;  // the faulting access runs again, on the zeroed memory
       }
@@ -183,12 +182,8 @@ bool StateFile::exists(int root_fd, const std::string& name) {
 }
 
 StateFile::StateFile(int root_fd, std::shared_ptr<DirectoryPins> pins, std::string name)
-    : name_(std::move(name)),
-      base_(encode_name(name_)),
-      state_name_(base_ + ".s"),
-      root_fd_(root_fd),
-      pins_(std::move(pins)),
-      pin_byte_(DirectoryPins::byte_of(name_)) {
+    : name_(std::move(name)), base_(encode_name(name_)), state_name_(base_ + ".s"), root_fd_(root_fd),
+      pins_(std::move(pins)), pin_byte_(DirectoryPins::byte_of(name_)) {
   MappingAccess::install_sigbus_handler();
   open_or_create();
 }
@@ -208,7 +203,8 @@ void StateFile::open_or_create() {
         create();
         continue;
       }
-      if (errno == ELOOP || errno == EISDIR || errno == ENXIO) refuse_foreign_file(name_);  // a link, a directory, a socket
+      if (errno == ELOOP || errno == EISDIR || errno == ENXIO)
+        refuse_foreign_file(name_);  // a link, a directory, a socket
       fail_io("cannot open the state of '" + name_ + "'");
     }
     struct stat st {};
@@ -272,8 +268,7 @@ void StateFile::refuse(Found found) const {
                                state_name_ + " once no process of that version uses it");
     case Found::other_name:
       throw BackendUnavailable("the state file for '" + name_ + "' belongs to another name (hash collision)");
-    default:
-      break;
+    default: break;
   }
 }
 
@@ -297,15 +292,17 @@ void StateFile::replace_truncated(const Fd& fd, const struct stat& st) {
   std::uint64_t next_seq = 0;
   if (st.st_size >= static_cast<off_t>(offsetof(Header, next_seq) + sizeof next_seq) &&
       pread(fd.get(), &start, sizeof start, 0) == static_cast<ssize_t>(sizeof start) &&
-      pread(fd.get(), &next_seq, sizeof next_seq, offsetof(Header, next_seq)) == static_cast<ssize_t>(sizeof next_seq) &&
+      pread(fd.get(), &next_seq, sizeof next_seq, offsetof(Header, next_seq)) ==
+          static_cast<ssize_t>(sizeof next_seq) &&
       start.magic == kMagic && start.version != 0 && start.version < kVersion) {
     if (same_boot(start.boot_id)) refuse(Found::older_version);
     replace(st.st_ino, next_seq);
     return;
   }
   if (is_locked(fd.get(), kByteBase, 0)) {
-    throw StateFileInUse("the state file of '" + name_ + "' was truncated and is still used by a live "
-                             "process (which is told its hold is lost); try again once it has let go");
+    throw StateFileInUse("the state file of '" + name_ +
+                         "' was truncated and is still used by a live "
+                         "process (which is told its hold is lost); try again once it has let go");
   }
   replace(st.st_ino, 0);
 }
@@ -409,7 +406,8 @@ void StateFile::append(const Slot& slot, const std::string& label) {
   auto& h = header();
   // A slot that reaches a page no slot reached before: backed first (see back_with_storage).
   const auto begin = offsetof(Header, slots) + h.count * sizeof(Slot);
-  if ((begin + sizeof(Slot) - 1) / kPage != (begin - 1) / kPage) back_with_storage(fd_.get(), begin, sizeof(Slot), name_);
+  if ((begin + sizeof(Slot) - 1) / kPage != (begin - 1) / kPage)
+    back_with_storage(fd_.get(), begin, sizeof(Slot), name_);
   h.slots[h.count] = slot;
   h.slots[h.count].label = 0;
   if (!label.empty()) {
@@ -526,7 +524,8 @@ void StateFile::unpin() { pins_->unpin(pin_byte_); }
 
 bool StateFile::still_valid() {
   if (broken()) return false;
-  struct stat mine {}, now {};
+  struct stat mine {
+  }, now{};
   if (fstat(fd_.get(), &mine) != 0 || mine.st_nlink == 0 || mine.st_size != static_cast<off_t>(sizeof(Header))) {
     return false;
   }

@@ -80,9 +80,7 @@ std::string tag_for_slot(int slot) {
 
 Router::Router(Settings settings, std::vector<const Script*> scripts,
                std::function<void(const std::string&)> on_server_changed, std::chrono::milliseconds max_backoff)
-    : settings_(std::move(settings)),
-      scripts_(std::move(scripts)),
-      on_server_changed_(std::move(on_server_changed)),
+    : settings_(std::move(settings)), scripts_(std::move(scripts)), on_server_changed_(std::move(on_server_changed)),
       max_backoff_(max_backoff) {
   if (!settings_.cluster()) {
     single_ = std::make_unique<Connection>(settings_, scripts_, on_server_changed_, max_backoff_);
@@ -182,8 +180,8 @@ bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop)
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     const auto now = SteadyClock::now();
     if (now >= until || stop.stop_requested()) return false;
-    const auto share = std::max<SteadyClock::duration>((until - now) / static_cast<long>(candidates.size() - i),
-                                                        milliseconds(300));
+    const auto share =
+        std::max<SteadyClock::duration>((until - now) / static_cast<long>(candidates.size() - i), milliseconds(300));
     Reply reply;
     try {
       reply = node(candidates[i]).command({"CLUSTER", "SLOTS"}, {std::min(until, now + share), stop});
@@ -271,9 +269,7 @@ Result Router::routed(int slot, const CallBudget& budget, bool idempotent, const
       // CLUSTERDOWN/TRYAGAIN pass with the failover or the migration: waited out by the deadline.
       if ((redirect.kind != Redirected::Kind::again && ++redirects > kMaxRedirects) || budget.stopped()) return result;
       switch (redirect.kind) {
-        case Redirected::Kind::ask:
-          ask = redirect.address;
-          break;
+        case Redirected::Kind::ask: ask = redirect.address; break;
         case Redirected::Kind::moved: {
           refresh_by(budget);
           // The map may lag the node that answered: the redirection wins for this slot.
@@ -355,9 +351,10 @@ std::vector<Result> Router::eval_each(const std::vector<ScriptCall>& calls, cons
     }
     const auto& [script, keys, args] = calls[i];
     try {
-      results[i] = routed(key_slot(keys.front()), budget, true, [&](Connection& node, const CallBudget& share, bool asking) {
-        return node.eval_result(*script, keys, args, {.budget = share, .idempotent = true, .asking = asking});
-      });
+      results[i] =
+          routed(key_slot(keys.front()), budget, true, [&](Connection& node, const CallBudget& share, bool asking) {
+            return node.eval_result(*script, keys, args, {.budget = share, .idempotent = true, .asking = asking});
+          });
     } catch (...) {
       results[i] = Result{};
       results[i].error = std::current_exception();
@@ -376,9 +373,10 @@ std::vector<Reply> Router::eval_pipelined(const std::vector<ScriptCall>& calls, 
 
 Reply Router::command(const Command& command, const CallBudget& budget, const std::string& key) {
   if (single_) return single_->command(command, budget);
-  return routed(key_slot(key), budget, true, [&](Connection& node, const CallBudget& share, bool asking) {
-           return node.command_result(command, {.budget = share, .asking = asking});
-         })
+  return routed(key_slot(key), budget, true,
+                [&](Connection& node, const CallBudget& share, bool asking) {
+                  return node.command_result(command, {.budget = share, .asking = asking});
+                })
       .take();
 }
 
@@ -402,7 +400,8 @@ bool Router::watch_idle(SteadyClock::time_point until, int wake_fd) {
   while (poll(fds.data(), fds.size(), left) < 0 && errno == EINTR) {
   }
   bool dropped = false;
-  for (std::size_t i = 0; i < lenders.size(); ++i) dropped = lenders[i]->take_back_idle(fds[i + 1].revents != 0) || dropped;
+  for (std::size_t i = 0; i < lenders.size(); ++i)
+    dropped = lenders[i]->take_back_idle(fds[i + 1].revents != 0) || dropped;
   return dropped;
 }
 

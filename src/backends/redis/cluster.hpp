@@ -90,12 +90,12 @@ class Router {
   const std::chrono::milliseconds max_backoff_;
   std::unique_ptr<Connection> single_;  // redis://, redis+sentinel://
 
-  DeadlineMutex refreshing_;  // one refresh at a time
-  std::mutex mutex_;             // guards what follows; never held across network I/O
-  std::vector<int> slots_;       // node index by slot, -1 when unknown
+  DeadlineMutex refreshing_;            // one refresh at a time
+  std::mutex mutex_;                    // guards what follows; never held across network I/O
+  std::vector<int> slots_;              // node index by slot, -1 when unknown
   std::vector<std::string> addresses_;  // node index -> host:port (the host unbracketed, as MOVED writes it)
   std::map<std::string, std::unique_ptr<Connection>> nodes_;  // never erased: references stay valid
-  std::size_t next_seed_ = 0;  // where the next refresh starts asking
+  std::size_t next_seed_ = 0;                                 // where the next refresh starts asking
   SteadyClock::time_point refreshed_at_{};
 };
 

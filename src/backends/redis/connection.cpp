@@ -47,11 +47,9 @@ bool looks_alive(const redisContext* context) {
 }  // namespace
 
 Connection::Connection(Settings settings, std::vector<const Script*> scripts,
-                       std::function<void(const std::string&)> on_server_changed,
-                       std::chrono::milliseconds max_backoff, bool connect_now)
-    : settings_(std::move(settings)),
-      scripts_(std::move(scripts)),
-      on_server_changed_(std::move(on_server_changed)),
+                       std::function<void(const std::string&)> on_server_changed, std::chrono::milliseconds max_backoff,
+                       bool connect_now)
+    : settings_(std::move(settings)), scripts_(std::move(scripts)), on_server_changed_(std::move(on_server_changed)),
       max_backoff_(std::max(max_backoff, kFirstBackoff)) {
   if (!connect_now) return;
   // One attempt: Client::connect reports a bad URL, password or ACL at once.
@@ -144,7 +142,8 @@ std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
     // Every link is busy with another call: wait for one, within our own deadline.
     if (!wait_returned(lock, wait.until, wait.stop) && !wait.stop.stop_requested() && idle_.empty() &&
         links_ >= kMaxLinks) {
-      throw BackendUnavailable("every connection to redis at " + settings_.description + " stayed busy until the deadline");
+      throw BackendUnavailable("every connection to redis at " + settings_.description +
+                               " stayed busy until the deadline");
     }
   }
 }
@@ -251,13 +250,14 @@ std::vector<Reply> Connection::run(const std::vector<Command>& commands, const W
     if (!options.idempotent && !shown_alive(link, wait)) continue;
     bool sent = false;
     std::vector<Reply> replies;
-    const auto why = exchange(link->context.get(), asking ? asked : commands, replies, wait.reply_until(), wait.cancel_fd, &sent);
+    const auto why =
+        exchange(link->context.get(), asking ? asked : commands, replies, wait.reply_until(), wait.cancel_fd, &sent);
     if (why.empty() && asking) replies.erase(replies.begin());  // ASKING's OK
     if (why.empty()) {
       link->last_reply = SteadyClock::now();
       link->used = true;
-      if (settings_.sentinel() &&
-          std::any_of(replies.begin(), replies.end(), [](const Reply& reply) { return is_error(reply.get(), "READONLY"); })) {
+      if (settings_.sentinel() && std::any_of(replies.begin(), replies.end(),
+                                              [](const Reply& reply) { return is_error(reply.get(), "READONLY"); })) {
         // The primary was demoted under us: nothing was written (a replica refuses every
         // write). The call goes out again to the primary the sentinels name now.
         discard(std::move(link), false);
@@ -313,7 +313,8 @@ bool Connection::send_follow_up(Link& link, const std::vector<Reply>& replies, c
   if (!next) return true;
   std::vector<Reply> more;
   // Bounded by the follow-up's own timeout (WAIT's is below kConnectTimeout).
-  if (!exchange(link.context.get(), std::vector<Command>{*next}, more, SteadyClock::now() + kReplyTimeout, wait.cancel_fd)
+  if (!exchange(link.context.get(), std::vector<Command>{*next}, more, SteadyClock::now() + kReplyTimeout,
+                wait.cancel_fd)
            .empty()) {
     return false;
   }
@@ -338,7 +339,8 @@ Command Connection::eval_command(const Script& script, const std::vector<std::st
   return command;
 }
 
-std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, CallOptions options) {
+std::vector<Result> Connection::run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait,
+                                            CallOptions options) {
   std::string answered;
   if (!options.server) options.server = &answered;
   const auto* follow_up = options.follow_up;

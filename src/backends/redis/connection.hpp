@@ -45,19 +45,18 @@ struct Script {
 // A connected, authenticated context on the selected database.
 struct Opened {
   Context context;
-  std::string run_id;               // "" when the user may not run INFO
-  std::string server;               // "host:port run_id": which server (and which of its boots)
-  std::string address;              // host:port connected to (with sentinels: the primary found)
-  std::vector<std::string> shas;    // of `scripts`, in order
+  std::string run_id;             // "" when the user may not run INFO
+  std::string server;             // "host:port run_id": which server (and which of its boots)
+  std::string address;            // host:port connected to (with sentinels: the primary found)
+  std::vector<std::string> shas;  // of `scripts`, in order
 };
 
 // Connects (close-on-exec socket), authenticates, selects the database and reads the server's
 // run_id. With sentinels, first asks them (each in turn, within the connect timeout) for the
-// primary's address, and checks with ROLE that the server found is a primary. With `scripts` (command connections), also loads them and checks every permission the
-// backend needs: scripts, turnstile's keys, publishing and subscribing on its channels.
-// Every wait ends by `wait`'s limits, and at once when `cancel_fd` (if >= 0) becomes readable.
-// Throws AccessDenied (password, ACL) or BackendUnavailable (unreachable, not Redis, replica,
-// no sentinel answering).
+// primary's address, and checks with ROLE that the server found is a primary. With `scripts` (command connections),
+// also loads them and checks every permission the backend needs: scripts, turnstile's keys, publishing and subscribing
+// on its channels. Every wait ends by `wait`'s limits, and at once when `cancel_fd` (if >= 0) becomes readable. Throws
+// AccessDenied (password, ACL) or BackendUnavailable (unreachable, not Redis, replica, no sentinel answering).
 Opened open_context(const Settings& settings, const Wait& wait, const std::vector<const Script*>* scripts,
                     int cancel_fd = -1);
 
@@ -125,7 +124,9 @@ class Connection {
   // The same, throwing the first call's error reply as its typed error.
   std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, const CallBudget& budget);
   // A plain command, retried like an idempotent script; error replies throw typed errors.
-  Reply command(const Command& command, const CallBudget& budget) { return command_result(command, {.budget = budget}).take(); }
+  Reply command(const Command& command, const CallBudget& budget) {
+    return command_result(command, {.budget = budget}).take();
+  }
   // The same, with an error reply returned; options.idempotent is implied.
   Result command_result(const Command& command, CallOptions options);
 
@@ -178,8 +179,8 @@ class Connection {
   std::vector<Result> run_scripts(const std::vector<ScriptCall>& calls, const Wait& wait, CallOptions options);
   // With sentinels: drops the idle links (they lead to a demoted primary). mutex_ not held.
   void forget_idle();
-  Command eval_command(const Script& script, const std::vector<std::string>& keys,
-                       const std::vector<std::string>& args, bool by_sha);
+  Command eval_command(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
+                       bool by_sha);
 
   const Settings settings_;
   const std::vector<const Script*> scripts_;
@@ -187,13 +188,13 @@ class Connection {
   const std::chrono::milliseconds max_backoff_;
   std::vector<std::string> shas_;  // by index in scripts_; set by the first link (SHA1s never change); mutex_
 
-  std::mutex mutex_;  // guards what follows; never held across network I/O
+  std::mutex mutex_;                      // guards what follows; never held across network I/O
   std::condition_variable_any returned_;  // a link came back, or a slot or a reconnect became possible
   std::uint64_t returns_ = 0;             // counts notify_returned(): what returned_'s waiters wait for
   std::vector<std::unique_ptr<Link>> idle_;
   std::unique_ptr<Link> lent_;  // lend_idle's, out of the pool until taken back
-  int links_ = 0;  // idle, in use and being opened
-  std::string server_;  // the last server a new link found (Opened::server)
+  int links_ = 0;               // idle, in use and being opened
+  std::string server_;          // the last server a new link found (Opened::server)
   std::uint64_t generation_ = 0;
   std::chrono::milliseconds backoff_{0};
   SteadyClock::time_point next_attempt_{};

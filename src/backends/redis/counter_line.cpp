@@ -41,8 +41,11 @@ class RedisCounterLine final : public CounterLine {
       // and a look delivered later changes nothing.
       try {
         retiring_ = true;
-        backend_.retire_later({&scripts::counter_retire, keys_.keys,
-                               {keys_.channel, marked(), std::to_string(permits_)}, keys_.keys.back(), {request_}});
+        backend_.retire_later({&scripts::counter_retire,
+                               keys_.keys,
+                               {keys_.channel, marked(), std::to_string(permits_)},
+                               keys_.keys.back(),
+                               {request_}});
       } catch (...) {
       }
     }
@@ -84,11 +87,11 @@ class RedisCounterLine final : public CounterLine {
   CounterStanding run_script(const char* mode, const CallBudget& budget) {
     listener_.unpoke();
     settled_ = false;  // until answered, a lost reply may have placed us or taken the permits
-    auto reply = backend_.connection_.eval(scripts::counter_acquire, keys_.keys,
-                                           {keys_.channel, std::to_string(permits_),
-                                            std::to_string(backend_.settings_.ttl.count()), mode, backend_.identity_,
-                                            marked(), backend_.label_suffix_},
-                                           {.budget = budget, .idempotent = true});
+    auto reply = backend_.connection_.eval(
+        scripts::counter_acquire, keys_.keys,
+        {keys_.channel, std::to_string(permits_), std::to_string(backend_.settings_.ttl.count()), mode,
+         backend_.identity_, marked(), backend_.label_suffix_},
+        {.budget = budget, .idempotent = true});
     CounterStanding standing;
     const auto status = integer_at(reply.get(), 0);
     if (status == 0 || status == 1) {
@@ -118,7 +121,7 @@ class RedisCounterLine final : public CounterLine {
   std::uint64_t request_;  // the same for every look: a resend finds our place or our take
   bool retiring_ = false;  // handed to the background retire, which settles it
   std::stop_token stop_;   // the caller's: every call but a leave ends on it
-  Listener listener_;       // registered before the first look
+  Listener listener_;      // registered before the first look
   bool in_line_ = false;
   bool settled_ = true;  // known out of the line (or taken): leave() has nothing to do
   bool taken_ = false;   // what the last answer said of our take (leave() repeats it)

@@ -40,9 +40,9 @@ std::int64_t RedisBackend::counter_add(const std::string& name, std::int64_t del
     return std::vector<std::string>{keys.channel, std::to_string(delta), marked, std::to_string(max_permits)};
   });
   if (integer_at(reply.get(), 0) == 0) {
-    throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) + " would take the count beyond ±" +
-                          std::to_string(max_permits) + " (the count is " + redacted(settings_, string_at(reply.get(), 1)) +
-                          "); nothing changed");
+    throw InvalidArgument("PermitCounter '" + name + "': adding " + std::to_string(delta) +
+                          " would take the count beyond ±" + std::to_string(max_permits) + " (the count is " +
+                          redacted(settings_, string_at(reply.get(), 1)) + "); nothing changed");
   }
   return integer_at(reply.get(), 1);
 }

@@ -7,8 +7,8 @@ namespace turnstile::detail::redis {
 RedisHold::RedisHold(RedisBackend& backend, std::string name, std::uint64_t seq, std::uint64_t join,
                      std::shared_ptr<LossSignal> loss, std::shared_ptr<ServerLease> lease, std::string server)
     : backend_(backend), name_(std::move(name)), seq_(seq), server_(std::move(server)),
-      request_(backend.request_ids().id(join)), loss_(std::move(loss)),
-      lease_(std::move(lease)), state_(std::make_shared<HoldLease>(lease_)) {
+      request_(backend.request_ids().id(join)), loss_(std::move(loss)), lease_(std::move(lease)),
+      state_(std::make_shared<HoldLease>(lease_)) {
   lease_->attach(loss_);
   backend_.track(this);
 }
@@ -43,11 +43,11 @@ void RedisHold::release() {
   state_->releasing = true;
   auto& ids = backend_.request_ids();
   if (release_request_ == 0) release_request_ = ids.open(keys.keys.back());
-  auto reply = backend_.connection().eval(scripts::release, keys.keys,
-                                          {keys.channel, std::to_string(seq_), request_, backend_.release_memory_ms(),
-                                           ids.marked(keys.keys.back(), release_request_)},
-                                          {.budget = {SteadyClock::now() + patience, lost ? std::stop_token() : loss_->token()},
-                                           .idempotent = true});
+  auto reply = backend_.connection().eval(
+      scripts::release, keys.keys,
+      {keys.channel, std::to_string(seq_), request_, backend_.release_memory_ms(),
+       ids.marked(keys.keys.back(), release_request_)},
+      {.budget = {SteadyClock::now() + patience, lost ? std::stop_token() : loss_->token()}, .idempotent = true});
   ids.settle(keys.keys.back(), std::exchange(release_request_, 0));
   released_ = true;
   backend_.untrack(this);

@@ -95,8 +95,8 @@ void check_allowed(const Settings& settings, const Hello& hello, const std::vect
     try {
       std::rethrow_exception(error);
     } catch (const AccessDenied&) {
-      throw AccessDenied("redis at " + settings.description + " does not let " + user_of(settings) + " " + needs + ": " +
-                         redacted(settings, reply_view(reply)));
+      throw AccessDenied("redis at " + settings.description + " does not let " + user_of(settings) + " " + needs +
+                         ": " + redacted(settings, reply_view(reply)));
     }
   }
 }
@@ -124,11 +124,11 @@ void read_identity(const Settings& settings, const Hello& hello, const std::vect
   // only a primary will do.
   check_allowed(settings, hello, replies, hello.role_at, "run ROLE");
   const auto* role = replies[hello.role_at].get();
-  const auto first = role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 ? reply_view(role->element[0])
-                                                                                    : std::string_view();
+  const auto first =
+      role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 ? reply_view(role->element[0]) : std::string_view();
   if (first != "master") {
-    throw BackendUnavailable("redis at " + settings.description + ", named by the sentinels, is not a primary (ROLE: " +
-                             redacted(settings, first) + ")");
+    throw BackendUnavailable("redis at " + settings.description +
+                             ", named by the sentinels, is not a primary (ROLE: " + redacted(settings, first) + ")");
   }
 }
 
@@ -148,7 +148,8 @@ void read_script_checks(const Settings& settings, const Hello& hello, const std:
   check_allowed(settings, hello, replies, probes + 1, "publish on PermitCounter's channels (redisson_sc:*)");
   // On a cluster node that does not serve the probe's slot, MOVED says the script was not run:
   // its permissions are checked by the node that serves it.
-  if (!settings.cluster() || !(is_error(replies[probes + 2].get(), "MOVED") || is_error(replies[probes + 2].get(), "ASK"))) {
+  if (!settings.cluster() ||
+      !(is_error(replies[probes + 2].get(), "MOVED") || is_error(replies[probes + 2].get(), "ASK"))) {
     check_allowed(settings, hello, replies, probes + 2, "read and write turnstile's keys (turnstile:*) from scripts");
   }
   for (std::size_t i = probes + 3; i < probes + 7; ++i) {
@@ -169,7 +170,8 @@ constexpr milliseconds kSentinelShare{300};
 // The share of the time left until `until` of the first of `count` that are asked in turn.
 SteadyClock::time_point share_of(SteadyClock::time_point until, std::size_t count) {
   const auto now = SteadyClock::now();
-  return std::min(until, now + std::max<SteadyClock::duration>((until - now) / static_cast<long>(count), kSentinelShare));
+  return std::min(until,
+                  now + std::max<SteadyClock::duration>((until - now) / static_cast<long>(count), kSentinelShare));
 }
 
 // What one sentinel's reply to get-master-addr-by-name names; nullopt with `why` when nothing.
@@ -225,14 +227,16 @@ std::optional<HostPort> ask_sentinel(const Settings& settings, const SentinelAdd
     return std::nullopt;
   }
   if (!settings.sentinel_password.empty()) {
-    if (auto error = sentinel_refused(probe, "the sentinel password", replies.front().get())) std::rethrow_exception(error);
+    if (auto error = sentinel_refused(probe, "the sentinel password", replies.front().get()))
+      std::rethrow_exception(error);
   }
   return read_master_address(settings, probe, replies.back().get(), why);
 }
 
 // A cluster's subscriber connection: any node will do (PUBLISH reaches every node). Each seed in
 // turn, each with its share of the time left.
-Opened open_any_seed(const Settings& given, const Wait& wait, const std::vector<const Script*>* scripts, int cancel_fd) {
+Opened open_any_seed(const Settings& given, const Wait& wait, const std::vector<const Script*>* scripts,
+                     int cancel_fd) {
   std::string failures;
   const auto until = wait.connect_until();
   for (std::size_t i = 0; i < given.cluster_seeds.size(); ++i) {
@@ -263,7 +267,8 @@ Settings primary_settings(const Settings& given, const Wait& wait, int cancel_fd
   Settings found = given;
   found.host = primary.host.starts_with('[') ? primary.host.substr(1, primary.host.size() - 2) : primary.host;
   found.port = primary.port;
-  found.description = primary.host + ":" + std::to_string(primary.port) + " (the primary of '" + given.master_name + "')";
+  found.description =
+      primary.host + ":" + std::to_string(primary.port) + " (the primary of '" + given.master_name + "')";
   return found;
 }
 
@@ -289,7 +294,8 @@ HostPort ask_sentinels(const Settings& settings, SteadyClock::time_point until, 
     }
     failures += (failures.empty() ? "" : "; ") + sentinel.description + ": " + why;
   }
-  throw BackendUnavailable("no sentinel named the primary of '" + redacted(settings, settings.master_name) + "': " + failures);
+  throw BackendUnavailable("no sentinel named the primary of '" + redacted(settings, settings.master_name) +
+                           "': " + failures);
 }
 
 Opened open_context(const Settings& given, const Wait& wait, const std::vector<const Script*>* scripts, int cancel_fd) {

@@ -74,18 +74,22 @@ class RedisPlace final : public QueuePlace {
       // it, then the watchdog retires the request.
       const auto floor_end = sent_at + kRedisTimes.one_shot.floor;
       const bool one_shot = deadline && *deadline <= floor_end;
-      leave_within(one_shot ? std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(floor_end - SteadyClock::now()))
-                            : kRedisTimes.leave_try);
+      leave_within(
+          one_shot ? std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(floor_end - SteadyClock::now()))
+                   : kRedisTimes.leave_try);
       if (stop_.stop_requested()) return std::nullopt;
       throw;
     }
     const auto status = integer_at(reply.get(), 0);
-    if (status == -1) check_queue_mode(request, string_at(reply.get(), 1) == "lock" ? QueueMode::lock : QueueMode::semaphore, 0);
+    if (status == -1)
+      check_queue_mode(request, string_at(reply.get(), 1) == "lock" ? QueueMode::lock : QueueMode::semaphore, 0);
     if (status == -2) check_queue_mode(request, QueueMode::semaphore, integer_at(reply.get(), 1));
     if (status == 0) return std::nullopt;
-    if (status != 1 && status != 2) throw BackendUnavailable("redis answered acquire with status " + std::to_string(status));
+    if (status != 1 && status != 2)
+      throw BackendUnavailable("redis answered acquire with status " + std::to_string(status));
     seq_ = token_at(reply.get(), 1);
-    if (listener_) backend_.waiters_.update(listener_->waiter, [&](Waiters::Waiter& w) { w.seq = std::to_string(seq_); });
+    if (listener_)
+      backend_.waiters_.update(listener_->waiter, [&](Waiters::Waiter& w) { w.seq = std::to_string(seq_); });
     if (status == 1 && backend_.settings_.min_replicas > 0) {
       try {
         backend_.check_replicas(replicas);

@@ -28,17 +28,18 @@ Backoff retirement_backoff(const Settings& settings) {
 }  // namespace
 
 RedisBackend::RedisBackend(Settings settings, EvictionRule eviction, ErrorHandler warn, const std::string& label)
-    : settings_(settings),
-      identity_(std::to_string(getpid()) + " " + host_name()),
-      label_suffix_(label.empty() ? "" : " " + label),
-      wake_fd_(make_wake_fd()),
+    : settings_(settings), identity_(std::to_string(getpid()) + " " + host_name()),
+      label_suffix_(label.empty() ? "" : " " + label), wake_fd_(make_wake_fd()),
       request_ids_(request_memory(settings).count()),
-      connection_(with_eviction_rule(settings, eviction), all_scripts(), [this](const std::string& server) { on_server_changed(server); }),
-      renewals_(settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); },
-                renewal_retry()),
+      connection_(with_eviction_rule(settings, eviction), all_scripts(),
+                  [this](const std::string& server) { on_server_changed(server); }),
+      renewals_(
+          settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); }, renewal_retry()),
       removals_(retirement_backoff(settings), {}, GuaranteedRemoval::Driver::caller),
-      subscriber_(settings, [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
-                  [this] { on_subscriber_reset(); }) {
+      subscriber_(
+          settings,
+          [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
+          [this] { on_subscriber_reset(); }) {
   check_eviction_policy(connection_, settings_, eviction, warn);
   watchdog_ = std::jthread([this](std::stop_token stop) { watchdog_loop(stop); });
 }

@@ -74,7 +74,7 @@ class RedisHold final : public BackendHold {
   std::string name_;
   std::uint64_t seq_;
   std::string server_;
-  std::string request_;  // the acquire's request id: the entry's owner
+  std::string request_;                // the acquire's request id: the entry's owner
   std::uint64_t release_request_ = 0;  // the release's own number, the same for every try; 0 until the first
   std::shared_ptr<LossSignal> loss_;
   std::shared_ptr<ServerLease> lease_;
@@ -102,9 +102,7 @@ class RedisBackend final : public Backend {
   RequestIds& request_ids() { return request_ids_; }
   QueueKeys keys_of(const std::string& name) const { return queue_keys(name, settings_.db); }
   // How long a release is remembered, so a resend after a lost reply is recognised.
-  std::string release_memory_ms() const {
-    return std::to_string(request_memory(settings_).count());
-  }
+  std::string release_memory_ms() const { return std::to_string(request_memory(settings_).count()); }
   // Renewed by the watchdog from now on; lost at once when a failover already moved the name.
   void track(RedisHold* hold);
   // With sentinels: WAIT for min_replicas after the script that admits an entry (a FollowUp
@@ -188,7 +186,7 @@ class RedisBackend final : public Backend {
                        const std::function<std::vector<std::string>(const std::string& marked)>& args_with);
 
   Settings settings_;
-  std::string identity_;  // "<pid> <host>", for inspect
+  std::string identity_;      // "<pid> <host>", for inspect
   std::string label_suffix_;  // " <holder label>" after the entry's since, or "" (for inspect)
   // Wakes the watchdog (renew now, or stop). Closed last, after every thread that uses it.
   struct WakeFd {

@@ -125,7 +125,8 @@ std::exception_ptr sentinel_refused(const Settings& probe, const std::string& wh
   if (!reply || reply->type != REDIS_REPLY_ERROR) return nullptr;
   const auto text = redacted(probe, reply_view(reply));
   if (what == "the sentinel password") {
-    return std::make_exception_ptr(AccessDenied("redis " + probe.description + " refused the sentinel password: " + text));
+    return std::make_exception_ptr(
+        AccessDenied("redis " + probe.description + " refused the sentinel password: " + text));
   }
   if (is_error(reply, "NOAUTH") || is_error(reply, "NOPERM") || is_error(reply, "WRONGPASS")) {
     return std::make_exception_ptr(

@@ -16,14 +16,16 @@ std::string read_addresses(const BackendUrl& url, int default_port, std::vector<
   std::string names;
   for (const auto& host : url.hosts) {
     const auto endpoint = parse_host_port(host, default_port, url);
-    addresses.push_back({unbracketed(endpoint.host), endpoint.port, endpoint.host + ":" + std::to_string(endpoint.port)});
+    addresses.push_back(
+        {unbracketed(endpoint.host), endpoint.port, endpoint.host + ":" + std::to_string(endpoint.port)});
     names += (names.empty() ? "" : ",") + addresses.back().description;
   }
   return names;
 }
 
 void read_cluster(const BackendUrl& url, Settings& settings) {
-  if (url.hosts.empty()) throw InvalidUrl("redis+cluster:// URLs name at least one node host:port, got '" + url.text + "'");
+  if (url.hosts.empty())
+    throw InvalidUrl("redis+cluster:// URLs name at least one node host:port, got '" + url.text + "'");
   if (!url.path.empty() && url.path != "/") {
     throw InvalidUrl("redis+cluster:// URLs name no database (a cluster has only database 0), got '" + url.text + "'");
   }
@@ -34,7 +36,8 @@ void read_cluster(const BackendUrl& url, Settings& settings) {
 }
 
 void read_sentinels(const BackendUrl& url, Settings& settings) {
-  if (url.hosts.empty()) throw InvalidUrl("redis+sentinel:// URLs name at least one sentinel host:port, got '" + url.text + "'");
+  if (url.hosts.empty())
+    throw InvalidUrl("redis+sentinel:// URLs name at least one sentinel host:port, got '" + url.text + "'");
   const auto names = read_addresses(url, 26379, settings.sentinels);
   settings.master_name = url.path.empty() ? std::string() : url.path.substr(1);
   if (settings.master_name.empty() || settings.master_name.find('/') != std::string::npos ||

@@ -142,7 +142,8 @@ void Subscriber::serve(Context& context, std::set<std::string>& sent, std::strin
     // not crash us. An error reply (a SUBSCRIBE refused) leaves the waiters to their looks.
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3 || !is_string(reply->element[0])) continue;
     const std::string kind(reply->element[0]->str, reply->element[0]->len);
-    const std::string channel = is_string(reply->element[1]) ? std::string(reply->element[1]->str, reply->element[1]->len) : "";
+    const std::string channel =
+        is_string(reply->element[1]) ? std::string(reply->element[1]->str, reply->element[1]->len) : "";
     if (kind == "message" && is_string(reply->element[2])) {
       try {
         on_message_(channel, std::string(reply->element[2]->str, reply->element[2]->len));

@@ -79,5 +79,7 @@ inline Deadline at_least_floor(Deadline deadline) {
   return std::max(*deadline, SteadyClock::now() + kRedisTimes.one_shot.floor);
 }
 
-inline milliseconds request_memory(const Settings& settings) { return std::max<milliseconds>(kMinRequestMemory, 2 * settings.ttl); }
+inline milliseconds request_memory(const Settings& settings) {
+  return std::max<milliseconds>(kMinRequestMemory, 2 * settings.ttl);
+}
 }  // namespace turnstile::detail::redis

@@ -103,7 +103,8 @@ class Waiters {
     std::vector<Queued> entries;
     for (const auto& [channel, waiters] : queue_) {
       for (const auto* waiter : waiters) {
-        if (waiter->queued && !waiter->seq.empty()) entries.push_back({channel, waiter->name, waiter->seq, waiter->request});
+        if (waiter->queued && !waiter->seq.empty())
+          entries.push_back({channel, waiter->name, waiter->seq, waiter->request});
       }
     }
     return entries;
@@ -141,7 +142,7 @@ class Waiters {
   std::mutex mutex_;
   std::map<std::string, std::set<Waiter*>> queue_;    // channel -> waiters
   std::map<std::string, std::set<Waiter*>> counter_;  // channel -> waiters
-  std::size_t queued_ = 0;  // queue waiters whose entries wait (Waiter::queued)
+  std::size_t queued_ = 0;                            // queue waiters whose entries wait (Waiter::queued)
 };
 
 // One acquire's waiter: registered before its first script runs, so that a message published

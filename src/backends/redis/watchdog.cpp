@@ -35,7 +35,7 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
     }
     if (stop.stop_requested()) break;
     settled = renewal_round(stop);
-    wait = !settled                 ? renewal_retry()
+    wait = !settled                ? renewal_retry()
            : waiters_.any_queued() ? std::min(renewal_period(), recheck_interval())
                                    : renewal_period();
   }
@@ -49,7 +49,8 @@ RedisBackend::RoundEntries RedisBackend::round_entries() {
     // A hold being released is still renewed (a release that failed is retried later and
     // its entry must not expire under it meanwhile), but its answers are ignored.
     if (!hold->state()->lease->lost()) {
-      by_name[hold->name()].holds.push_back({hold->state(), std::to_string(hold->seq()), hold->request(), hold->server()});
+      by_name[hold->name()].holds.push_back(
+          {hold->state(), std::to_string(hold->seq()), hold->request(), hold->server()});
     }
   }
   return by_name;
@@ -108,7 +109,8 @@ bool RedisBackend::renewal_round(const std::stop_token& stop) {
     } catch (const std::exception&) {
       for (auto& [name, entries] : by_name) {
         for (auto& renewal : entries.holds) {
-          if (!renewal.state->releasing) renewal.state->lease->unconfirmed("the renewal did not reach redis; its entry may still be alive");
+          if (!renewal.state->releasing)
+            renewal.state->lease->unconfirmed("the renewal did not reach redis; its entry may still be alive");
         }
       }
       return false;  // the retirements wait for a round that reaches the server
@@ -121,7 +123,8 @@ bool RedisBackend::renewal_round(const std::stop_token& stop) {
   return settled;
 }
 
-bool RedisBackend::apply_round(RoundEntries& by_name, const std::vector<Result>& results, SteadyClock::time_point sent_at) {
+bool RedisBackend::apply_round(RoundEntries& by_name, const std::vector<Result>& results,
+                               SteadyClock::time_point sent_at) {
   bool settled = true;
   std::size_t at = 0;
   for (auto& [name, entries] : by_name) {
@@ -150,12 +153,13 @@ void RedisBackend::poke_moved_waiters(const Entries& entries, const Result& resu
   }
   for (std::size_t i = 0; i < entries.queued.size(); ++i) {
     const auto* where = reply->element[entries.holds.size() + i];
-    if (where->type == REDIS_REPLY_INTEGER && where->integer != 1) waiters_.poke_entry(entries.queued[i].channel, entries.queued[i].seq);
+    if (where->type == REDIS_REPLY_INTEGER && where->integer != 1)
+      waiters_.poke_entry(entries.queued[i].channel, entries.queued[i].seq);
   }
 }
 
-bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
-                                   const std::string& server, std::size_t queued) {
+bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Result& result,
+                                   SteadyClock::time_point sent_at, const std::string& server, std::size_t queued) {
   // An error reply (OOM, READONLY, BUSY...) confirms nothing, and proves no loss either.
   std::string trouble = "redis answered the renewal unexpectedly";
   if (result.error) {
@@ -184,8 +188,9 @@ bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Resu
     } else if (where == 0 || where == 1) {
       // Gone, not ours, or no longer admitted: the server's state is not the one that
       // admitted us (evicted, deleted, restarted from an older snapshot).
-      lease->lose("its entry expired or the redis server no longer has it as admitted (evicted, deleted, or "
-                  "restarted without it)");
+      lease->lose(
+          "its entry expired or the redis server no longer has it as admitted (evicted, deleted, or "
+          "restarted without it)");
     } else {
       lease->unconfirmed(trouble);
       settled = false;

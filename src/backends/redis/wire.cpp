@@ -68,11 +68,13 @@ void* bounded_nil(const redisReadTask* task) {
   return default_functions()->createNil(task);
 }
 
-redisReplyObjectFunctions bounded_functions{bounded_string, bounded_array, bounded_integer, bounded_nil, freeReplyObject};
+redisReplyObjectFunctions bounded_functions{bounded_string, bounded_array, bounded_integer, bounded_nil,
+                                            freeReplyObject};
 
 ReplyBudget* budget_of(redisContext* context) {
-  return context->reader && context->reader->fn == &bounded_functions ? static_cast<ReplyBudget*>(context->reader->privdata)
-                                                                        : nullptr;
+  return context->reader && context->reader->fn == &bounded_functions
+             ? static_cast<ReplyBudget*>(context->reader->privdata)
+             : nullptr;
 }
 
 void set_error(redisContext* context, int code, const std::string& text) {
@@ -80,9 +82,7 @@ void set_error(redisContext* context, int code, const std::string& text) {
   std::snprintf(context->errstr, sizeof context->errstr, "%s", text.c_str());
 }
 
-std::string too_large() {
-  return "a reply larger than " + std::to_string(kMaxReplyBytes >> 20) + " MiB (refused)";
-}
+std::string too_large() { return "a reply larger than " + std::to_string(kMaxReplyBytes >> 20) + " MiB (refused)"; }
 
 }  // namespace
 
@@ -133,7 +133,8 @@ int connect_socket(const Settings& settings, SteadyClock::time_point until, int 
   std::string why = "no address";
   for (const auto* address = found; address; address = address->ai_next) {
     // Close-on-exec from the start: no window in which a fork+exec elsewhere inherits it.
-    const int fd = socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, address->ai_protocol);
+    const int fd =
+        socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, address->ai_protocol);
     if (fd < 0) {
       why = std::strerror(errno);
       continue;
@@ -194,11 +195,11 @@ void StopFd::Signal::operator()() const noexcept {
 }
 
 Wait::Wait(Deadline deadline, std::stop_token stop_token, int cancel)
-    : start(SteadyClock::now()),
-      try_once(deadline && *deadline <= start),
-      until(!deadline ? SteadyClock::time_point::max() : try_once ? start + kReplyTimeout : *deadline),
-      stop(std::move(stop_token)),
-      cancel_fd(cancel) {}
+    : start(SteadyClock::now()), try_once(deadline && *deadline <= start),
+      until(!deadline  ? SteadyClock::time_point::max()
+            : try_once ? start + kReplyTimeout
+                       : *deadline),
+      stop(std::move(stop_token)), cancel_fd(cancel) {}
 
 SteadyClock::time_point Wait::connect_until() const { return std::min(until, SteadyClock::now() + kConnectTimeout); }
 SteadyClock::time_point Wait::reply_until() const { return std::min(until, SteadyClock::now() + kReplyTimeout); }

@@ -13,7 +13,9 @@ extern "C" {
 int __real_socket(int domain, int type, int protocol);
 int __real_open(const char* path, int flags, ...);
 
-__attribute__((visibility("hidden"))) int __wrap_socket(int domain, int type, int protocol) { return __real_socket(domain, type | SOCK_CLOEXEC, protocol); }
+__attribute__((visibility("hidden"))) int __wrap_socket(int domain, int type, int protocol) {
+  return __real_socket(domain, type | SOCK_CLOEXEC, protocol);
+}
 
 __attribute__((visibility("hidden"))) int __wrap_pipe(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
 

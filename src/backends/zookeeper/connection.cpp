@@ -199,7 +199,8 @@ std::shared_ptr<Session> Connection::session(const CallBudget& caller) {
   cv_.wait_until(lock, caller.stop(), caller.call_end(limits),
                  [&] { return session_ && session_->connected() && !session_->expired(); });
   if (caller.stopped()) throw CallStopped{};
-  if (!session_ || session_->expired()) throw BackendUnavailable("the ZooKeeper session at " + settings_.description + " is being replaced");
+  if (!session_ || session_->expired())
+    throw BackendUnavailable("the ZooKeeper session at " + settings_.description + " is being replaced");
   // Still connecting: hand it out, its calls wait for the connection or fail with trouble.
   return session_;
 }

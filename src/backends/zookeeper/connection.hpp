@@ -54,7 +54,6 @@ class PathWatch {
   Waiter waiter_;
 };
 
-
 class Connection {
  public:
   // Connects; throws BackendUnavailable when no server answers in time.
@@ -88,7 +87,6 @@ class Connection {
   void watch_held(const Session& session, const std::vector<std::string>& paths, std::shared_ptr<LossSignal> loss);
   // Before the hold deletes its nodes itself (release), and when it ends: no loss.
   void unwatch_held(const std::vector<std::string>& paths);
-
 
  private:
   friend class Session;

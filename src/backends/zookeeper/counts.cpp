@@ -30,7 +30,8 @@ std::optional<Count> parse_count(const std::string& text) {
 
 std::string count_text(__int128 value) {
   const bool negative = value < 0;
-  unsigned __int128 magnitude = negative ? -static_cast<unsigned __int128>(value) : static_cast<unsigned __int128>(value);
+  unsigned __int128 magnitude =
+      negative ? -static_cast<unsigned __int128>(value) : static_cast<unsigned __int128>(value);
   std::string text;
   do {
     text.insert(text.begin(), static_cast<char>('0' + static_cast<int>(magnitude % 10)));
@@ -53,7 +54,8 @@ Count count_of(const std::string& text, const std::string& name) {
 
 void require_exact(const Count& count, const std::string& name) {
   if (!count.exact) {
-    throw InvalidArgument("PermitCounter '" + name + "' holds a count of more than 38 digits, which cannot be changed " +
+    throw InvalidArgument("PermitCounter '" + name +
+                          "' holds a count of more than 38 digits, which cannot be changed " +
                           "exactly; drain_permits() resets it. Nothing changed");
   }
 }

@@ -15,7 +15,9 @@ bool connection_trouble(int rc) {
          rc == ZSESSIONMOVED || rc == ZTHROTTLEDOP || rc == ZRUNTIMEINCONSISTENCY || rc == ZSSLCONNECTIONERROR;
 }
 
-bool session_gone(int rc) { return rc == ZSESSIONEXPIRED || rc == ZINVALIDSTATE || rc == ZCLOSING || rc == ZAUTHFAILED; }
+bool session_gone(int rc) {
+  return rc == ZSESSIONEXPIRED || rc == ZINVALIDSTATE || rc == ZCLOSING || rc == ZAUTHFAILED;
+}
 
 void check_session(const Session& session, int rc) {
   if (session_gone(rc) || session.expired()) throw SessionGone{};

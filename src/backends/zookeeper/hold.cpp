@@ -2,8 +2,8 @@
 
 namespace turnstile::detail::zookeeper {
 
-ZookeeperHold::ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session> session, std::vector<std::string> paths,
-                             std::uint64_t token, std::shared_ptr<LossSignal> loss)
+ZookeeperHold::ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session> session,
+                             std::vector<std::string> paths, std::uint64_t token, std::shared_ptr<LossSignal> loss)
     : backend_(backend), session_(std::move(session)), paths_(std::move(paths)), token_(token), loss_(std::move(loss)),
       lease_(session_->lease()) {
   lease_->attach(loss_);  // lost at once if the lease is
@@ -20,8 +20,8 @@ ZookeeperHold::~ZookeeperHold() {
 void ZookeeperHold::downgrade() {
   // The entry keeps its place and token: its data now says "shared", which turnstile readers
   // behind it read (their watch on it fires). Curator's readers still wait for it: safe.
-  const int rc = session_->set(paths_.front(), node_data("downgraded", backend_.holder_label()), -1,
-                               session_->short_budget());
+  const int rc =
+      session_->set(paths_.front(), node_data("downgraded", backend_.holder_label()), -1, session_->short_budget());
   if (rc == ZOK) return;
   if (rc == ZNONODE || session_gone(rc)) {
     loss_->lose("its ZooKeeper session expired");

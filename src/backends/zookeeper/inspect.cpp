@@ -27,7 +27,8 @@ void ZookeeperBackend::inspect_lock(Session& session, const std::string& path, c
   }
 }
 
-void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& path, Inspection& result, Deadline deadline) {
+void ZookeeperBackend::inspect_semaphore(Session& session, const std::string& path, Inspection& result,
+                                         Deadline deadline) {
   const auto holders = sorted_entries(list(session, path + "/leases", false, deadline));
   const auto line = sorted_entries(list(session, path + "/locks", false, deadline));
   if (holders.empty() && line.empty()) return;

@@ -17,7 +17,8 @@ class LeasePlace final : public EntryPlace {
   LeasePlace(ZookeeperBackend& backend, std::shared_ptr<Session> session, const QueueRequest& request, bool try_once)
       : EntryPlace(backend, session, request, backend.path_of(request.name) + "/locks", kMutexLabel,
                    node_data("lease", backend.holder_label(), request.permits)),
-        leases_(path_ + "/leases"), lease_prefix_(leases_ + "/" + protected_name(uuid_, kLeaseLabel)), try_once_(try_once) {
+        leases_(path_ + "/leases"), lease_prefix_(leases_ + "/" + protected_name(uuid_, kLeaseLabel)),
+        try_once_(try_once) {
     backend.check_lease_request(request, lease_prefix_, data_);
   }
 
@@ -90,7 +91,8 @@ class LeasePlace final : public EntryPlace {
     version_ = stat.version;
     leases_watch_.reset();
     if (!try_once_) leases_watch_.emplace(backend_.connection(), leases_);  // before the read that sets it
-    const auto held = static_cast<std::int64_t>(sorted_entries(backend_.list(*session_, leases_, !try_once_, bound)).size());
+    const auto held =
+        static_cast<std::int64_t>(sorted_entries(backend_.list(*session_, leases_, !try_once_, bound)).size());
     Standing standing;
     if (held > 0 && recorded_) {
       standing.mode = QueueMode::semaphore;
@@ -171,9 +173,9 @@ class LeasePlace final : public EntryPlace {
   std::string leases_;
   std::string lease_prefix_;
   bool try_once_;
-  Deadline deadline_;                    // the last look's: the admission's calls are bounded by it
-  std::optional<std::int64_t> recorded_; // the limit recorded when we last looked from the head
-  int version_ = -1;                     // of the name's node then
+  Deadline deadline_;                     // the last look's: the admission's calls are bounded by it
+  std::optional<std::int64_t> recorded_;  // the limit recorded when we last looked from the head
+  int version_ = -1;                      // of the name's node then
   std::optional<PathWatch> leases_watch_;
   bool lock_checked_ = false;
   bool limit_checked_ = false;

@@ -132,7 +132,8 @@ NodeInfo parse_node_data(const std::string& data) {
     return info;
   }
   info.host = field(data, "host");
-  if (const auto at = data.find(kLabelField); at != std::string::npos) info.label = data.substr(at + kLabelField.size());
+  if (const auto at = data.find(kLabelField); at != std::string::npos)
+    info.label = data.substr(at + kLabelField.size());
   const auto pid = field(data, "pid");
   std::from_chars(pid.data(), pid.data() + pid.size(), info.pid);
   info.downgraded = field(data, "kind") == "downgraded";
@@ -173,7 +174,8 @@ std::string encode_name(const std::string& name) {
     const auto lead = static_cast<unsigned char>(name[i]);
     const std::size_t length = lead < 0x80 ? 1 : lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
     std::uint32_t code = length == 1 ? lead : lead & (0x7f >> length);
-    for (std::size_t k = 1; k < length && i + k < name.size(); ++k) code = (code << 6) | (static_cast<unsigned char>(name[i + k]) & 0x3f);
+    for (std::size_t k = 1; k < length && i + k < name.size(); ++k)
+      code = (code << 6) | (static_cast<unsigned char>(name[i + k]) & 0x3f);
     const bool refused = lead == '%' || (code >= 0x7f && code <= 0x9f) || (code >= 0xd800 && code <= 0xf8ff) ||
                          (code >= 0xfff0 && code <= 0xffff) || code > 0xffff;
     for (std::size_t k = 0; k < length && i + k < name.size(); ++k) {

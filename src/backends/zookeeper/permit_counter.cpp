@@ -293,17 +293,18 @@ std::int64_t ZookeeperBackend::counter_drain(const std::string& name) {
   auto session = session_for(deadline);
   const auto path = path_of(name) + "/permits";
   const auto what = "PermitCounter::drain_permits() of '" + name + "'";
-  return outside_queue("PermitCounter::drain_permits (the change may or may not have been applied)", [&]() -> std::int64_t {
-    for (;;) {
-      Stat stat{};
-      const auto text = read(*session, path, false, deadline, &stat);
-      if (!text) return 0;
-      const auto count = count_of(*text, name);  // any number: draining resets even a peer's huge count
-      const int rc = change_count(*session, path, {Session::Op::set(path, "0", stat.version)}, what, deadline);
-      if (rc == ZOK) return saturated(count.value);
-      if (rc != kNotApplied && rc != ZNONODE) throw_error("update of '" + path + "'", rc);
-    }
-  });
+  return outside_queue(
+      "PermitCounter::drain_permits (the change may or may not have been applied)", [&]() -> std::int64_t {
+        for (;;) {
+          Stat stat{};
+          const auto text = read(*session, path, false, deadline, &stat);
+          if (!text) return 0;
+          const auto count = count_of(*text, name);  // any number: draining resets even a peer's huge count
+          const int rc = change_count(*session, path, {Session::Op::set(path, "0", stat.version)}, what, deadline);
+          if (rc == ZOK) return saturated(count.value);
+          if (rc != kNotApplied && rc != ZNONODE) throw_error("update of '" + path + "'", rc);
+        }
+      });
 }
 
 }  // namespace turnstile::detail::zookeeper

@@ -142,7 +142,8 @@ void stat_done(int rc, const Stat* stat, const void* data) {
 void data_done(int rc, const char* value, int length, const Stat* stat, const void* data) {
   complete(data, rc, [&](CallState& call) {
     // What a server or peer stores beyond kMaxNodeData reads as empty (a foreign node).
-    if (value && length > 0 && static_cast<std::size_t>(length) <= kMaxNodeData) call.value.assign(value, static_cast<std::size_t>(length));
+    if (value && length > 0 && static_cast<std::size_t>(length) <= kMaxNodeData)
+      call.value.assign(value, static_cast<std::size_t>(length));
     if (stat) call.stat = *stat;
     call.has_stat = stat != nullptr;
   });
@@ -188,7 +189,7 @@ int Session::run(const CallBudget& bound, const std::shared_ptr<CallState>& call
     if (expired_) return ZSESSIONEXPIRED;
     if (bound.passed()) {
       if (!bound.stopped()) silent_ = true;  // a stop says nothing about the link
-      return ZOPERATIONTIMEOUT;  // the completion still comes, to a state that is still alive
+      return ZOPERATIONTIMEOUT;              // the completion still comes, to a state that is still alive
     }
     auto until = SteadyClock::now() + kExpiryPoll;  // to see the session gone
     if (bound.deadline()) until = std::min(until, *bound.deadline());
@@ -229,7 +230,8 @@ int Session::remove(const std::string& path, const CallBudget& bound, int versio
 
 int Session::get(const std::string& path, bool watch, const CallBudget& bound, std::string* data, Stat* stat) {
   auto call = std::make_shared<CallState>();
-  const int rc = run(bound, call, [&](void* context) { return zoo_aget(handle_, path.c_str(), watch ? 1 : 0, data_done, context); });
+  const int rc = run(bound, call,
+                     [&](void* context) { return zoo_aget(handle_, path.c_str(), watch ? 1 : 0, data_done, context); });
   if (rc == ZOK) {
     if (data) *data = std::move(call->value);
     if (stat) *stat = call->stat;
@@ -239,7 +241,9 @@ int Session::get(const std::string& path, bool watch, const CallBudget& bound, s
 
 int Session::exists(const std::string& path, bool watch, const CallBudget& bound, Stat* stat) {
   auto call = std::make_shared<CallState>();
-  const int rc = run(bound, call, [&](void* context) { return zoo_aexists(handle_, path.c_str(), watch ? 1 : 0, stat_done, context); });
+  const int rc = run(bound, call, [&](void* context) {
+    return zoo_aexists(handle_, path.c_str(), watch ? 1 : 0, stat_done, context);
+  });
   if (rc == ZOK && stat) *stat = call->stat;
   return rc;
 }
@@ -275,18 +279,19 @@ int Session::multi(const std::vector<Op>& ops, const CallBudget& bound, std::vec
       case Op::Kind::create:
         call->buffers[i].assign(op.path.size() + 64, '\0');  // room for the sequence suffix
         zoo_create_op_init(&zoo_ops[i], op.path.c_str(), op.data.data(), static_cast<int>(op.data.size()),
-                           connection_.acl(), op.flags, call->buffers[i].data(), static_cast<int>(call->buffers[i].size()));
+                           connection_.acl(), op.flags, call->buffers[i].data(),
+                           static_cast<int>(call->buffers[i].size()));
         break;
-      case Op::Kind::remove:
-        zoo_delete_op_init(&zoo_ops[i], op.path.c_str(), op.version);
-        break;
+      case Op::Kind::remove: zoo_delete_op_init(&zoo_ops[i], op.path.c_str(), op.version); break;
       case Op::Kind::set:
-        zoo_set_op_init(&zoo_ops[i], op.path.c_str(), op.data.data(), static_cast<int>(op.data.size()), op.version, nullptr);
+        zoo_set_op_init(&zoo_ops[i], op.path.c_str(), op.data.data(), static_cast<int>(op.data.size()), op.version,
+                        nullptr);
         break;
     }
   }
   const int rc = run(bound, call, [&](void* context) {
-    return zoo_amulti(handle_, static_cast<int>(zoo_ops.size()), zoo_ops.data(), call->results.data(), void_done, context);
+    return zoo_amulti(handle_, static_cast<int>(zoo_ops.size()), zoo_ops.data(), call->results.data(), void_done,
+                      context);
   });
   if (rc == ZOK && created) {
     created->clear();
@@ -347,7 +352,7 @@ void Session::watch_held_node(const std::string& path) {
   // watch=1: the watcher of the handle, Connection::on_event, hears of the node's next change.
   const int rc = zoo_aexists(handle_, path.c_str(), 1, held_node_watched, context);
   if (rc == ZBADARGUMENTS || rc == ZINVALIDSTATE) in_flight().claim(context);  // see Session::run
-  if (rc != ZOK) held_node_answered(path, ZCONNECTIONLOSS);  // tried again later
+  if (rc != ZOK) held_node_answered(path, ZCONNECTIONLOSS);                    // tried again later
 }
 
 void Session::held_node_answered(const std::string& path, int rc) { connection_.held_node_answered(*this, path, rc); }

@@ -103,9 +103,13 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string data;  // create, set
     int flags = 0;     // create
     int version = -1;  // remove, set
-    static Op create(std::string path, std::string data, int flags) { return {Kind::create, std::move(path), std::move(data), flags, -1}; }
+    static Op create(std::string path, std::string data, int flags) {
+      return {Kind::create, std::move(path), std::move(data), flags, -1};
+    }
     static Op remove(std::string path) { return {Kind::remove, std::move(path), {}, 0, -1}; }
-    static Op set(std::string path, std::string data, int version) { return {Kind::set, std::move(path), std::move(data), 0, version}; }
+    static Op set(std::string path, std::string data, int version) {
+      return {Kind::set, std::move(path), std::move(data), 0, version};
+    }
   };
   // A transaction; `created` receives the paths the creates made, in order.
   int multi(const std::vector<Op>& ops, const CallBudget& bound, std::vector<std::string>* created = nullptr);
@@ -122,7 +126,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void watch_held_node(const std::string& path);
   void held_node_answered(const std::string& path, int rc);
 
-  private:
+ private:
   friend class Connection;
   Connection& connection_;
   zhandle_t* handle_;

@@ -17,7 +17,8 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   settings.description = settings.hosts;
   settings.root = url.path;
   while (!settings.root.empty() && settings.root.back() == '/') settings.root.pop_back();
-  if (settings.root.find("//") != std::string::npos) throw InvalidUrl("empty segment in the chroot of '" + url.text + "'");
+  if (settings.root.find("//") != std::string::npos)
+    throw InvalidUrl("empty segment in the chroot of '" + url.text + "'");
   settings.user = url.user;
   settings.password = url.password;
   if (!settings.user.empty() && settings.user.find(':') != std::string::npos) {

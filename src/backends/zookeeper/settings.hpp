@@ -12,14 +12,14 @@ namespace turnstile::detail::zookeeper {
 using std::chrono::milliseconds;
 
 struct Settings {
-  std::string hosts;          // "host:port,host:port" as the C client takes it
-  std::string root;           // the URL's chroot, "" or "/something" (no trailing '/')
-  std::string user;           // digest credentials, optional
+  std::string hosts;  // "host:port,host:port" as the C client takes it
+  std::string root;   // the URL's chroot, "" or "/something" (no trailing '/')
+  std::string user;   // digest credentials, optional
   std::string password;
   milliseconds session_timeout{30'000};  // asked for; the server may grant another
-  std::string description;    // for messages
-  std::string holder_label;   // ClientOptions::holder_label, kept in our nodes' data
-  milliseconds connect_timeout{0};  // ClientOptions::connect_timeout; 0: see Connection::Connection
+  std::string description;               // for messages
+  std::string holder_label;              // ClientOptions::holder_label, kept in our nodes' data
+  milliseconds connect_timeout{0};       // ClientOptions::connect_timeout; 0: see Connection::Connection
 };
 
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);

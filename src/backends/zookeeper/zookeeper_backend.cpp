@@ -28,7 +28,7 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path, co
 }
 
 ZookeeperBackend::MadeEntry ZookeeperBackend::create_entry(Session& session, const NewEntry& entry,
-                                                            const CallBudget& bound) {
+                                                           const CallBudget& bound) {
   const auto& [parent, label, uuid, data, want_token] = entry;
   const auto own_token = [&](const std::string& path) {
     return want_token ? read_token(session, path, bound, {session.weak_from_this(), path, "", ""}) : 0;
@@ -79,8 +79,8 @@ std::uint64_t ZookeeperBackend::read_token(Session& session, const std::string& 
 // id; nullopt when it was not made. When that stays unknown past the bound (or its stop), hands
 // the look-up to the background removal (which removes the node) and throws BackendUnavailable
 // (CallStopped).
-std::optional<std::string> ZookeeperBackend::find_own(Session& session, const std::string& parent, const std::string& uuid,
-                                                      const CallBudget& bound) {
+std::optional<std::string> ZookeeperBackend::find_own(Session& session, const std::string& parent,
+                                                      const std::string& uuid, const CallBudget& bound) {
   for (;;) {
     std::vector<std::string> mine;
     // Past the bound (the create itself waited that long): the background's job, not the caller's.

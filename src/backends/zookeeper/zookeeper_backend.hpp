@@ -146,8 +146,8 @@ class ZookeeperBackend final : public Backend {
   // within the bound: with `unresolved`, kOutcomeUnknown and the marker's path there (present:
   // applied) for the caller to resolve; without, the background removal removes the marker and
   // it throws BackendUnavailable.
-  int change_count(Session& session, const std::string& count_path, std::vector<Session::Op> ops, const std::string& what,
-                   const CallBudget& bound, std::string* unresolved = nullptr);
+  int change_count(Session& session, const std::string& count_path, std::vector<Session::Op> ops,
+                   const std::string& what, const CallBudget& bound, std::string* unresolved = nullptr);
 
  private:
   // After a failed call: true when another attempt is worth it (connection trouble, and the
