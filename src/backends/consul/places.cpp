@@ -108,6 +108,27 @@ class ConsulPlace final : public QueuePlace {
     if (verdict.index < targets_.size()) backend_.block(targets_[verdict.index], budget);
   }
 
+  // The hold's own operations, after the permit's: the take of the api.Lock key (its index is
+  // returned) or the mark of our entry held, then the reads that come back with it.
+  std::optional<std::size_t> add_take_ops(bool exclusive, nlohmann::json& ops) const {
+    std::optional<std::size_t> lock_op;
+    if (exclusive) {
+      lock_op = ops.size();
+      ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
+      ops.push_back(kv_check_session(entry_key_, session_->id));
+    } else {
+      // Only while the entry is still ours: a late copy of this transaction, delivered after
+      // release_unknown_hold removed the entry, must not bring it back held.
+      ops.push_back(kv_check_session(entry_key_, session_->id));
+      ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
+    }
+    // Read in the same step: whether ours is the queue's only entry, and the occupancy key's
+    // index then, so that our release can end the occupancy if nobody joins meanwhile.
+    ops.push_back(kv_op("get-or-empty", occupancy_key(request_.name)));
+    ops.push_back(kv_op("get-tree", prefix_));
+    return lock_op;
+  }
+
   // An exclusive hold takes the api.Lock key and only checks that our entry is still ours: its
   // entry is left as it is, so the one waiting behind it (blocked on its ModifyIndex) sleeps on
   // until it leaves, and a release wakes exactly one waiter. It reads as held because it heads the
@@ -134,21 +155,7 @@ class ConsulPlace final : public QueuePlace {
       permits.push_back(backend_.sessions().spare(one_shot()));
       add_permit_ops(*permits.front(), ops);
     }
-    std::optional<std::size_t> lock_op;  // the take of the api.Lock key
-    if (exclusive) {
-      lock_op = ops.size();
-      ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
-      ops.push_back(kv_check_session(entry_key_, session_->id));
-    } else {
-      // Only while the entry is still ours: a late copy of this transaction, delivered after
-      // release_unknown_hold removed the entry, must not bring it back held.
-      ops.push_back(kv_check_session(entry_key_, session_->id));
-      ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
-    }
-    // Read in the same step: whether ours is the queue's only entry, and the occupancy key's
-    // index then, so that our release can end the occupancy if nobody joins meanwhile.
-    ops.push_back(kv_op("get-or-empty", occupancy_key(request_.name)));
-    ops.push_back(kv_op("get-tree", prefix_));
+    const auto lock_op = add_take_ops(exclusive, ops);
     std::optional<std::vector<KvEntry>> results;
     Refused refused;
     try {

@@ -134,6 +134,10 @@ void Subscriber::serve(Context& context, std::set<std::string>& sent, std::strin
   if (fds[1].revents & POLLIN) drain(event_fd_);
   if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) return;
   if (!read_available(context.get())) throw BackendUnavailable(context->errstr);
+  handle_replies(context);
+}
+
+void Subscriber::handle_replies(Context& context) {
   for (;;) {
     Reply reply;
     if (!next_reply(context.get(), reply)) throw BackendUnavailable(context->errstr);

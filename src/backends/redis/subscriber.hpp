@@ -42,6 +42,9 @@ class Subscriber {
   bool reconnect(Context& context, std::set<std::string>& sent, std::string& out, std::chrono::milliseconds& backoff);
   // Sends what the waiters want changed; reads and dispatches what arrived.
   void serve(Context& context, std::set<std::string>& sent, std::string& out);
+  // Reads every reply now buffered: messages go to the waiters, SUBSCRIBE confirmations to
+  // wait_subscribed.
+  void handle_replies(Context& context);
   void pause(std::chrono::milliseconds how_long);
 
   Settings settings_;
