@@ -23,19 +23,23 @@ void GuaranteedRemoval::forget_parent_locked() {
   // The thread does not exist in this process: joining it would wait forever. Its object is
   // leaked on purpose, like the parent's items (they hold the parent's connections).
   if (thread_.joinable()) static_cast<void>(new std::jthread(std::move(thread_)));
-  for (auto& item : items_) static_cast<void>(new Attempt(std::move(item.attempt)));
+  for (auto& item : items_) static_cast<void>(new BudgetedAttempt(std::move(item.attempt)));
   items_.clear();
   generation_ = generation;
 }
 
 void GuaranteedRemoval::add(std::string what, Attempt attempt) {
+  add(std::move(what), BudgetedAttempt([attempt = std::move(attempt)](const CallBudget&) { return attempt(); }));
+}
+
+void GuaranteedRemoval::add(std::string what, BudgetedAttempt attempt) {
   std::lock_guard lock(mutex_);
   forget_parent_locked();
   if (closed_) return;  // `attempt` is dropped (after the mutex is released: declared first)
   const auto now = SteadyClock::now();
   const auto give_up = backoff_.give_up ? now + *backoff_.give_up : SteadyClock::time_point::max();
   const auto first_try = now + backoff_.first_try.value_or(backoff_.first_pause);
-  items_.push_back({std::move(what), std::move(attempt), backoff_.first_pause, first_try, give_up});
+  items_.push_back({std::move(what), std::move(attempt), backoff_.first_pause, first_try, give_up, {}});
   ++added_;
   if (driver_ == Driver::own_thread && !thread_.joinable()) {
     thread_ = std::jthread([this](std::stop_token stop) { run(std::move(stop)); });
@@ -51,8 +55,9 @@ std::size_t GuaranteedRemoval::pending() const {
 
 void GuaranteedRemoval::report_given_up(const Item& item) {
   if (!report_) return;
+  const auto why = item.last_error.empty() ? std::string() : ": " + item.last_error;
   report_(item.what,
-          std::make_exception_ptr(BackendUnavailable("gave up removing " + item.what + " in the background")));
+          std::make_exception_ptr(BackendUnavailable("gave up removing " + item.what + " in the background" + why)));
 }
 
 std::optional<SteadyClock::time_point> GuaranteedRemoval::next_due() const {
@@ -63,12 +68,12 @@ std::optional<SteadyClock::time_point> GuaranteedRemoval::next_due() const {
   return due;
 }
 
-bool GuaranteedRemoval::attempt(Item& item) {
+bool GuaranteedRemoval::attempt(Item& item, const CallBudget& budget) {
   std::exception_ptr error;
   try {
-    if (item.attempt() != Removal::again) return true;
-  } catch (const BackendUnavailable&) {
-    // no answer: like `again`
+    if (item.attempt(budget) != Removal::again) return true;
+  } catch (const BackendUnavailable& unavailable) {
+    item.last_error = unavailable.what();  // no answer: like `again`, and the reason is kept
   } catch (...) {
     error = std::current_exception();
   }
@@ -114,12 +119,14 @@ void GuaranteedRemoval::put_back(std::deque<Item>& items) {
   items.clear();
 }
 
-std::size_t GuaranteedRemoval::run_due() {
+std::size_t GuaranteedRemoval::run_due() { return run_due(CallBudget()); }
+
+std::size_t GuaranteedRemoval::run_due(const CallBudget& budget) {
   // Attempts run without the mutex: a removal handed over meanwhile never waits on the network.
   auto due = take_due(SteadyClock::now());
   std::deque<Item> again;
   for (auto& item : due) {
-    if (!attempt(item)) again.push_back(std::move(item));
+    if (!attempt(item, budget)) again.push_back(std::move(item));
   }
   put_back(again);
   return pending();
@@ -139,7 +146,7 @@ void GuaranteedRemoval::run(std::stop_token stop) {
       const auto added = added_;
       if (wake_.wait_until(lock, stop, due, [&] { return added_ != added; }); stop.stop_requested()) return;
     }
-    run_due();
+    run_due(CallBudget(std::nullopt, stop));  // stop_thread() ends an attempt that honours it
   }
 }
 
@@ -168,9 +175,11 @@ void GuaranteedRemoval::close() {
 }
 
 void GuaranteedRemoval::drain(milliseconds within) {
-  // The thread stops first: no attempt of it is still in flight when what is left is given up.
-  stop_thread();
+  // The thread stops first (its attempt in flight is asked to stop and finished): no attempt of
+  // it is still in flight when what is left is given up. The drain's own attempts are told its
+  // end, so a client's end is not held past it by an attempt's own longer limit.
   const auto end = SteadyClock::now() + within;
+  stop_thread();
   {
     std::lock_guard lock(mutex_);
     for (auto& item : items_) {
@@ -178,7 +187,7 @@ void GuaranteedRemoval::drain(milliseconds within) {
       item.give_up = std::min(item.give_up, end);
     }
   }
-  while (run_due() > 0 && SteadyClock::now() < end) {
+  while (run_due(CallBudget(end)) > 0 && SteadyClock::now() < end) {
     std::unique_lock lock(mutex_);
     if (items_.empty()) break;
     auto due = items_.front().next_try;

@@ -38,6 +38,10 @@ class GuaranteedRemoval {
   // One attempt: bounded by its own call limits, safe to repeat. A BackendUnavailable it throws
   // counts as `again`; another turnstile::Error ends the item and is reported.
   using Attempt = std::function<Removal()>;
+  // The same, told the budget it must end by: no deadline in the background (the attempt's own
+  // limits apply) but the thread's stop, which stop_thread() requests; the drain's end during
+  // drain(), so that a client's end is not held past it.
+  using BudgetedAttempt = std::function<Removal(const CallBudget& budget)>;
   // Told of an item that ended in an error or was given up (`what` names it; no credentials).
   using Report = std::function<void(const std::string& what, std::exception_ptr error)>;
   enum class Driver { own_thread, caller };
@@ -51,6 +55,7 @@ class GuaranteedRemoval {
   // pause). Never blocks on the network. In a forked child, what the parent handed over is dropped (it is the
   // parent's).
   void add(std::string what, Attempt attempt);
+  void add(std::string what, BudgetedAttempt attempt);
   // Runs the attempts that are due, in the calling thread (Driver::caller); returns how many
   // items remain.
   std::size_t run_due();
@@ -70,14 +75,16 @@ class GuaranteedRemoval {
  private:
   struct Item {
     std::string what;
-    Attempt attempt;
+    BudgetedAttempt attempt;
     milliseconds pause;
     SteadyClock::time_point next_try;
     SteadyClock::time_point give_up;
+    std::string last_error;  // the last attempt's BackendUnavailable: said when it is given up
   };
   void run(std::stop_token stop);
   // Runs `item` once: true when it is finished (done, abandoned, reported, given up).
-  bool attempt(Item& item);
+  bool attempt(Item& item, const CallBudget& budget);
+  std::size_t run_due(const CallBudget& budget);
   // Takes the due items out (under the mutex); puts back those to try again.
   std::deque<Item> take_due(SteadyClock::time_point now);
   void put_back(std::deque<Item>& items);

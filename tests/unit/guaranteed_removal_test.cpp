@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -192,6 +193,24 @@ TEST(GuaranteedRemoval, AnItemNotDoneByItsBoundIsReportedOnce) {
   EXPECT_NE(log.errors[0].find("gave up removing the hold on 'b'"), std::string::npos) << log.errors[0];
 }
 
+// Red team, issue 23: a release given up at a client's end said only "gave up removing the hold
+// on 'X' in the background", where the old retrier said why (the server did not answer, the
+// connection was refused). The last attempt's reason is kept and said.
+TEST(GuaranteedRemoval, AGivenUpItemSaysWhyItsLastAttemptFailed) {
+  Log log;
+  GuaranteedRemoval removal(Backoff{.first_pause = 5ms, .last_pause = 10ms, .give_up = 60ms}, log.reporter(),
+                            Driver::caller);
+  removal.add("the hold on 'c'",
+              []() -> Removal { throw turnstile::BackendUnavailable("redis at 127.0.0.1:1 did not answer"); });
+  run_until_empty(removal, 3000ms);
+  std::lock_guard lock(log.mutex);
+  ASSERT_EQ(log.errors.size(), 1u);
+  EXPECT_NE(
+      log.errors[0].find("gave up removing the hold on 'c' in the background: redis at 127.0.0.1:1 did not answer"),
+      std::string::npos)
+      << log.errors[0];
+}
+
 TEST(GuaranteedRemoval, DoneAndAbandonedStopWithoutAReport) {
   Log log;
   GuaranteedRemoval removal(Backoff{.first_pause = 5ms, .last_pause = 10ms, .give_up = {}}, log.reporter(),
@@ -339,3 +358,52 @@ TEST(GuaranteedRemoval, AForkedChildDropsTheParentsItems) {
 }
 
 }  // namespace
+
+namespace {
+
+// An attempt that waits on the network as long as its budget lets it (5 s without a deadline),
+// and ends at once on its budget's stop.
+Removal SlowAttempt(const CallBudget& budget) {
+  const auto until = budget.deadline().value_or(SteadyClock::now() + 5s);
+  std::mutex mutex;
+  std::condition_variable_any woken;
+  std::unique_lock lock(mutex);
+  woken.wait_until(lock, budget.stop(), until, [] { return false; });
+  return Removal::again;
+}
+
+}  // namespace
+
+// Red team, issue 23: an etcd or Consul client ending while its server was paused took 2-4 s
+// where the docs say one more second: the drain's own attempts ran by their own longer limits,
+// and the background thread's attempt in flight was waited for to its end. The drain now tells
+// its attempts its end, and stopping the thread requests the stop of the attempt in flight.
+TEST(GuaranteedRemoval, ADrainEndsByItsBoundThoughItsAttemptsAreSlow) {
+  GuaranteedRemoval removal(Backoff{.first_pause = 1ms, .last_pause = 1ms}, {}, Driver::caller);
+  std::atomic<int> attempts{0};
+  for (int i = 0; i < 3; ++i) {
+    removal.add("slow " + std::to_string(i), [&](const CallBudget& budget) {
+      ++attempts;
+      return SlowAttempt(budget);
+    });
+  }
+  std::this_thread::sleep_for(5ms);
+  const auto started = SteadyClock::now();
+  removal.drain(300ms);
+  EXPECT_LT(SteadyClock::now() - started, 1s) << "the drain ran its attempts by their own limits";
+  EXPECT_GE(attempts.load(), 1);
+  EXPECT_EQ(removal.pending(), 0u);
+}
+
+TEST(GuaranteedRemoval, ADrainDoesNotWaitOutTheThreadsAttemptInFlight) {
+  GuaranteedRemoval removal(Backoff{.first_pause = 1ms, .last_pause = 1ms});
+  std::atomic<bool> in_flight{false};
+  removal.add("slow", [&](const CallBudget& budget) {
+    in_flight = true;
+    return SlowAttempt(budget);
+  });
+  while (!in_flight) std::this_thread::sleep_for(1ms);
+  const auto started = SteadyClock::now();
+  removal.drain(300ms);
+  EXPECT_LT(SteadyClock::now() - started, 1s) << "the drain waited for the thread's attempt to end by itself";
+}

@@ -115,10 +115,12 @@ bool ConsulBackend::counter_change_applied(const std::string& key, const Counter
 }
 
 void ConsulBackend::void_in_background(const std::string& key, const CounterSeen& seen, const ChangeMarker& marker) {
-  removals_.add("the marker of a change of " + key, [this, key, index = seen.index, marker] {
+  removals_.add("the marker of a change of " + key, [this, key, index = seen.index, marker](const CallBudget& budget) {
     if (marker.session->lease->lost()) return Removal::done;  // the marker's lock fails in every copy now
+    const auto timeout = removal_timeout(budget);
+    if (!timeout) return Removal::again;
     Refused refused;
-    if (txn(void_ops(marker), kConsulTimes.one_shot.floor, "voiding a change of " + key, &refused)) {
+    if (txn(void_ops(marker), *timeout, "voiding a change of " + key, &refused)) {
       markers_.add(*this, {marker, key, index, true});
       return Removal::done;
     }

@@ -202,8 +202,9 @@ class ConsulPlace final : public QueuePlace {
       if (remove(path, kConsulTimes.leave_try)) return;
     } catch (...) {  // the background tries again
     }
-    backend_.removals().add("the entry " + entry_key_ + " of a queue left", [remove, path] {
-      return remove(path, kConsulTimes.one_shot.floor) ? Removal::done : Removal::again;
+    backend_.removals().add("the entry " + entry_key_ + " of a queue left", [remove, path](const CallBudget& budget) {
+      const auto timeout = removal_timeout(budget);
+      return timeout && remove(path, *timeout) ? Removal::done : Removal::again;
     });
   }
 

@@ -52,4 +52,12 @@ inline constexpr milliseconds kResendBackoffMax{1000};
 // before its caller hears of it: each try follows the pause above.
 inline constexpr int kCasRaces = 32;
 
+// One background removal's call: kConsulTimes.one_shot.floor, or less when the removal service
+// says so (a client's end drains for drain_at_end); nullopt once that has passed (not sent).
+inline std::optional<milliseconds> removal_timeout(const CallBudget& budget) {
+  if (budget.passed()) return std::nullopt;
+  const auto timeout = budget.call_timeout({.floor = milliseconds(0), .cap = kConsulTimes.one_shot.floor});
+  return std::max(timeout, milliseconds(1));
+}
+
 }  // namespace turnstile::detail::consul

@@ -7,9 +7,10 @@ namespace turnstile::detail::etcd {
 void EtcdBackend::schedule(std::string what, Cleanup cleanup) {
   auto item = std::make_shared<Cleanup>(std::move(cleanup));
   // One bounded attempt; a BackendUnavailable tells the service to try again after its pause.
-  removal_.add(std::move(what), [this, item] {
+  // The attempt ends by kBackgroundTry, or sooner when the service says so (a client's end).
+  removal_.add(std::move(what), [this, item](const CallBudget& budget) {
     try {
-      attempt_cleanup(*item, SteadyClock::now() + kBackgroundTry);
+      attempt_cleanup(*item, budget.until(SteadyClock::now() + kBackgroundTry));
       return Removal::done;
     } catch (const BackendUnavailable&) {
       // The turn guards the one key per (lease, name); a lost lease is never used again, so
@@ -20,10 +21,10 @@ void EtcdBackend::schedule(std::string what, Cleanup cleanup) {
   });
 }
 
-void EtcdBackend::attempt_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline) {
+void EtcdBackend::attempt_cleanup(Cleanup& cleanup, const CallBudget& budget) {
   if (!lease_gone(*cleanup.lease)) {  // otherwise its keys went with the lease
     try {
-      cleanup.attempt(deadline);
+      cleanup.attempt(budget);
     } catch (const LeaseGone&) {
       lose_lease(cleanup.lease, "etcd no longer knows the client's lease", true);
     }
@@ -38,12 +39,11 @@ std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<Cl
   const auto shared_txn = std::make_shared<const pb::TxnRequest>(std::move(txn));
   Cleanup cleanup{lease, {}, nullptr, std::move(options.finished)};
   if (!options.first_try.passed()) {
-    cleanup.attempt = [this, shared_txn, answer, stop = options.first_try.stop(),
-                       cap = options.attempt_cap](SteadyClock::time_point deadline) {
-      *answer = connection_.txn(*shared_txn, CallBudget(deadline, stop), Resend::allowed, cap);
+    cleanup.attempt = [this, shared_txn, answer, cap = options.attempt_cap](const CallBudget& budget) {
+      *answer = connection_.txn(*shared_txn, budget, Resend::allowed, cap);
     };
     try {
-      attempt_cleanup(cleanup, options.first_try.call_end(kEtcdTimes.call));
+      attempt_cleanup(cleanup, options.first_try.for_call(kEtcdTimes.call));
       return *answer;
     } catch (...) {
       // Not answered (or refused) in time: the background takes it over (callers are noexcept).
@@ -53,8 +53,8 @@ std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<Cl
     cleanup.turn = std::make_unique<LocalTurn>(this, options.turn->name, true);
     options.turn->held = false;
   }
-  cleanup.attempt = options.later ? std::move(options.later) : [this, shared_txn](SteadyClock::time_point deadline) {
-    connection_.txn(*shared_txn, CallBudget(deadline), Resend::allowed);
+  cleanup.attempt = options.later ? std::move(options.later) : [this, shared_txn](const CallBudget& budget) {
+    connection_.txn(*shared_txn, budget, Resend::allowed);
   };
   schedule("an etcd clean-up on lease " + lease->hex, std::move(cleanup));  // its later answers are nobody's
   return std::nullopt;

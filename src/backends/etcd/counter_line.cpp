@@ -41,8 +41,8 @@ class EtcdCounterLine final : public CounterLine {
   // The take's outcome is known (or no longer matters): its marker is nobody's concern now.
   void resolved();
   // What the background tries for a take that leave() could not settle in time.
-  std::function<void(SteadyClock::time_point)> undo_take(const std::shared_ptr<ClientLease>& lease,
-                                                         std::uint64_t request, pb::TxnRequest settle) const;
+  std::function<void(const CallBudget&)> undo_take(const std::shared_ptr<ClientLease>& lease, std::uint64_t request,
+                                                   pb::TxnRequest settle) const;
 
   EtcdBackend& backend_;
   const std::string counter_key_;
@@ -240,12 +240,11 @@ EtcdCounterLine::TakeOutcome EtcdCounterLine::settle_take(const CallBudget& firs
 // Not settled in time, the acquire reported the take not applied: the background settles it,
 // and a take found applied is undone (its permits given back, its marker set to "returned",
 // in one Txn on the counter's mod revision), so an acquire that did not succeed holds nothing.
-std::function<void(SteadyClock::time_point)> EtcdCounterLine::undo_take(const std::shared_ptr<ClientLease>& lease,
-                                                                        std::uint64_t request,
-                                                                        pb::TxnRequest settle) const {
+std::function<void(const CallBudget&)> EtcdCounterLine::undo_take(const std::shared_ptr<ClientLease>& lease,
+                                                                  std::uint64_t request, pb::TxnRequest settle) const {
   return [&connection = backend_.connection(), lease, request, settle = std::move(settle), counter_key = counter_key_,
-          permits = permits_](SteadyClock::time_point deadline) {
-    const auto settled = connection.txn(settle, CallBudget(deadline), Resend::allowed);
+          permits = permits_](const CallBudget& budget) {
+    const auto settled = connection.txn(settle, budget, Resend::allowed);
     if (!settled.succeeded()) return;  // not applied, and now it never will be
     const auto counter = counter_value(settled.responses(0).response_range());
     pb::TxnRequest give_back;
@@ -253,7 +252,7 @@ std::function<void(SteadyClock::time_point)> EtcdCounterLine::undo_take(const st
     add_compare(give_back, counter_key, pb::Compare::MOD, counter.mod_revision);
     add_put(give_back.mutable_success(), counter_key, std::to_string(counter.value.value_or(0) + permits), 0);
     lease->markers->retire(give_back.mutable_success(), request, kReturned);
-    if (!connection.txn(give_back, CallBudget(deadline), Resend::allowed).succeeded()) {
+    if (!connection.txn(give_back, budget, Resend::allowed).succeeded()) {
       throw BackendUnavailable("the PermitCounter changed while a take was given back: tried again");
     }
   };

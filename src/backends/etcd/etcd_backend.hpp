@@ -107,7 +107,7 @@ struct CleanupOptions {
   // Runs once it is done (or moot: the lease is gone).
   std::function<void()> finished{};
   // What the background tries instead of the Txn, when given (it throws until done).
-  std::function<void(SteadyClock::time_point)> later{};
+  std::function<void(const CallBudget&)> later{};
 };
 
 class EtcdBackend final : public Backend {
@@ -209,9 +209,9 @@ class EtcdBackend final : public Backend {
   // One clean-up, in the caller's thread or the background's.
   struct Cleanup {
     std::shared_ptr<ClientLease> lease;
-    std::function<void(SteadyClock::time_point)> attempt;  // throws until done
-    std::unique_ptr<LocalTurn> turn;                       // a name's local turn kept until done
-    std::function<void()> finished;                        // run once done, or empty
+    std::function<void(const CallBudget&)> attempt;  // throws until done; ends by the budget
+    std::unique_ptr<LocalTurn> turn;                 // a name's local turn kept until done
+    std::function<void()> finished;                  // run once done, or empty
   };
 
   // etcd_backend.cpp
@@ -236,7 +236,7 @@ class EtcdBackend final : public Backend {
   // Hands a clean-up to the background (`what` names it in a report).
   void schedule(std::string what, Cleanup cleanup);
   // One try of a clean-up by `deadline`: done (or moot: the lease is gone) unless it throws.
-  void attempt_cleanup(Cleanup& cleanup, SteadyClock::time_point deadline);
+  void attempt_cleanup(Cleanup& cleanup, const CallBudget& budget);
   // Leaves with an entry whose join may or may not have been applied: the join's marker
   // written (so a join still in flight fails) and the key deleted if it holds the join's value.
   void leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key, std::uint64_t request,

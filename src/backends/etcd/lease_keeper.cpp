@@ -83,13 +83,13 @@ void EtcdBackend::give_up(const std::shared_ptr<ClientLease>& lease) {
   if (revoke) {
     const auto id = lease->id;
     Cleanup cleanup{lease, {}, nullptr, {}};
-    cleanup.attempt = [this, id, pending = lease.get()](SteadyClock::time_point deadline) {
+    cleanup.attempt = [this, id, pending = lease.get()](const CallBudget& budget) {
       {
         std::lock_guard lock(mutex_);
         if (pending->unresolved_takes > 0)
           throw BackendUnavailable("a take's receipt on the lease is still to be read");
       }
-      connection_.lease_revoke(id, CallBudget(deadline));
+      connection_.lease_revoke(id, budget);
     };
     schedule("the revoke of etcd lease " + lease->hex, std::move(cleanup));
   }
