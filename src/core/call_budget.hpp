@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <stop_token>
 #include <utility>
 
@@ -79,5 +81,16 @@ class CallBudget {
   Deadline deadline_;
   std::stop_token stop_;
 };
+
+// Sleeps `how_long`, but not past the budget's deadline, and ends at once on its stop: the one
+// pause before a retry (a lost race, a node that did not answer, a dropped wait).
+inline void pause_within(const CallBudget& budget, milliseconds how_long) {
+  const auto until = *budget.until(SteadyClock::now() + how_long).deadline();
+  if (until <= SteadyClock::now()) return;
+  std::mutex mutex;
+  std::condition_variable_any never_notified;
+  std::unique_lock lock(mutex);
+  never_notified.wait_until(lock, budget.stop(), until, [] { return false; });
+}
 
 }  // namespace turnstile::detail

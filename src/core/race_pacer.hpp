@@ -7,8 +7,6 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 
 #include "core/call_budget.hpp"
 
@@ -28,26 +26,16 @@ class RacePacer {
     if (budget_.stopped()) return false;
     if (try_once_ || budget_.passed()) {
       if (retries_ > kTryOnceRetries) return false;
-      sleep_until(SteadyClock::now() + pause_ / 4, /*honour_deadline=*/false);  // a short, bounded look again
+      pause_within(CallBudget(std::nullopt, budget_.stop()), pause_ / 4);  // past the deadline: short, bounded
     } else {
-      sleep_until(SteadyClock::now() + pause_, /*honour_deadline=*/true);
+      pause_within(budget_, pause_);
       if (budget_.passed()) return false;
     }
     pause_ = pause_ == milliseconds(0) ? kFirstPause : std::min(pause_ * 2, kLastPause);
     return !budget_.stopped();
   }
-  int retries() const { return retries_; }
 
  private:
-  void sleep_until(SteadyClock::time_point until, bool honour_deadline) {
-    if (honour_deadline && budget_.deadline()) until = std::min(until, *budget_.deadline());
-    if (until <= SteadyClock::now()) return;
-    std::mutex mutex;
-    std::condition_variable_any woken;
-    std::unique_lock lock(mutex);
-    woken.wait_until(lock, budget_.stop(), until, [] { return false; });
-  }
-
   CallBudget budget_;
   bool try_once_;
   milliseconds pause_{0};

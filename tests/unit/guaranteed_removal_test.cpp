@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -364,11 +363,7 @@ namespace {
 // An attempt that waits on the network as long as its budget lets it (5 s without a deadline),
 // and ends at once on its budget's stop.
 Removal SlowAttempt(const CallBudget& budget) {
-  const auto until = budget.deadline().value_or(SteadyClock::now() + 5s);
-  std::mutex mutex;
-  std::condition_variable_any woken;
-  std::unique_lock lock(mutex);
-  woken.wait_until(lock, budget.stop(), until, [] { return false; });
+  turnstile::detail::pause_within(budget, 5s);
   return Removal::again;
 }
 

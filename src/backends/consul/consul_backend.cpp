@@ -5,7 +5,6 @@
 #include <curl/curl.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 
@@ -212,15 +211,8 @@ void ConsulBackend::block(const std::vector<WaitTarget>& targets, const CallBudg
 }
 
 bool ConsulBackend::pause_before_retry(const CallBudget& budget, milliseconds& backoff) {
-  auto pause = backoff;
-  if (const auto left = budget.left()) {
-    if (*left <= milliseconds(0)) return false;
-    pause = std::min(pause, *left);
-  }
-  std::mutex mutex;
-  std::condition_variable_any woken;
-  std::unique_lock lock(mutex);
-  woken.wait_for(lock, budget.stop(), pause, [] { return false; });
+  if (passed(budget.deadline())) return false;
+  pause_within(budget, backoff);
   backoff = std::min(backoff * 2, kResendBackoffMax);
   return !budget.passed();
 }

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <condition_variable>
 #include <future>
 #include <limits>
 #include <utility>
@@ -34,15 +33,6 @@ std::uint16_t crc16(std::string_view data) {
     }
   }
   return crc;
-}
-
-// Sleeps `how_long` (by the budget's deadline), ended at once by its stop.
-void pause(milliseconds how_long, const CallBudget& budget) {
-  const auto until = budget.until(SteadyClock::now() + how_long).deadline();
-  std::mutex mutex;
-  std::condition_variable_any never;
-  std::unique_lock lock(mutex);
-  never.wait_until(lock, budget.stop(), *until, [] { return false; });
 }
 
 // One node's share of a call: kNodeAttempt at most, by the caller's deadline; a deadline
@@ -238,7 +228,7 @@ std::string Router::owner_of(int slot, const CallBudget& budget) {
     if (budget.passed()) {
       throw BackendUnavailable("no node of " + settings_.description + " serves hash slot " + std::to_string(slot));
     }
-    pause(kRetryPause, budget);
+    pause_within(budget, kRetryPause);
   }
 }
 
@@ -259,7 +249,7 @@ Result Router::routed(int slot, const CallBudget& budget, bool idempotent, const
       // The node did not answer (down, paused, failing over): the map may name another by now.
       if (!idempotent || budget.passed()) throw;
       refresh_by(budget);
-      pause(kRetryPause, budget);
+      pause_within(budget, kRetryPause);
       continue;
     }
     if (result.ok()) return result;
@@ -283,7 +273,7 @@ Result Router::routed(int slot, const CallBudget& budget, bool idempotent, const
         }
         case Redirected::Kind::again:
           if (passed(budget.deadline())) return result;
-          pause(kRetryPause, budget);
+          pause_within(budget, kRetryPause);
           break;
       }
     } catch (...) {
