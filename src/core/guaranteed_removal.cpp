@@ -63,6 +63,10 @@ void GuaranteedRemoval::report_given_up(const Item& item) {
 std::optional<SteadyClock::time_point> GuaranteedRemoval::next_due() const {
   std::lock_guard lock(mutex_);
   if (generation_ != fork_generation()) return std::nullopt;  // a forked child: the items are the parent's
+  return earliest_due_locked();
+}
+
+std::optional<SteadyClock::time_point> GuaranteedRemoval::earliest_due_locked() const {
   std::optional<SteadyClock::time_point> due;
   for (const auto& item : items_) due = due ? std::min(*due, item.next_try) : item.next_try;
   return due;
@@ -140,8 +144,7 @@ void GuaranteedRemoval::run(std::stop_token stop) {
         wake_.wait(lock, stop, [&] { return !items_.empty(); });
         continue;
       }
-      auto due = items_.front().next_try;
-      for (const auto& item : items_) due = std::min(due, item.next_try);
+      const auto due = *earliest_due_locked();
       // A new item may be due before `due`: it ends the wait, and the earliest is taken again.
       const auto added = added_;
       if (wake_.wait_until(lock, stop, due, [&] { return added_ != added; }); stop.stop_requested()) return;
@@ -190,8 +193,7 @@ void GuaranteedRemoval::drain(milliseconds within) {
   while (run_due(CallBudget(end)) > 0 && SteadyClock::now() < end) {
     std::unique_lock lock(mutex_);
     if (items_.empty()) break;
-    auto due = items_.front().next_try;
-    for (const auto& item : items_) due = std::min(due, item.next_try);
+    const auto due = *earliest_due_locked();
     lock.unlock();
     std::this_thread::sleep_until(std::min(due, end));
   }

@@ -90,6 +90,8 @@ class GuaranteedRemoval {
   void put_back(std::deque<Item>& items);
   // Drops items and thread inherited from the parent, in a forked child (mutex held).
   void forget_parent_locked();
+  // When the earliest pending item is due; nullopt when none (mutex held).
+  std::optional<SteadyClock::time_point> earliest_due_locked() const;
   void stop_thread();
   // Reports that `item` was not done within its bound.
   void report_given_up(const Item& item);
