@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The two set-up commands of the README's Quick start, on a fresh Debian 12 machine:
 #   make demo   installs missing Debian packages, builds, runs the parking-lot demo
 #   make test   the same set-up, then every test through CTest, plain and under the sanitizers
@@ -15,6 +16,14 @@ PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev
             etcd-server etcd-client openssl locales \
             python3 python3-consul python3-requests libcurl4-openssl-dev libsqlite3-dev \
             dpkg-dev file iproute2 clang-format
+# The benchmarks' peers and plots (make bench): Go's etcd client (built offline from Debian's
+# sources), kazoo, matplotlib.
+BENCH_PACKAGES := golang-go golang-etcd-server-dev python3-kazoo python3-matplotlib hyperfine
+BENCH_TARGETS := turnstile_cli turnstile_bench_uncontended turnstile_bench_contention turnstile_bench_growth \
+                 turnstile_bench_async \
+                 turnstile_bench_redis_uncontended turnstile_bench_zookeeper turnstile_bench_etcd \
+                 turnstile_bench_etcd_raw turnstile_bench_consul \
+                 turnstile-redis turnstile-zookeeper turnstile-etcd turnstile-consul
 JOBS := $(shell nproc 2>/dev/null || echo 2)
 # Tests mostly wait (on servers, timers, child processes), so CTest runs four per core; three
 # under ASan and two under TSan, whose tests spend 2 and 5-15 times the processor time. Tests
@@ -30,8 +39,8 @@ CLI := build/tools/turnstile/turnstile
         pipeline-asan-tests pipeline-tsan-build pipeline-tsan-tests
 
 # apt-get only when something is missing; as root it installs, otherwise it prints the command.
-deps:
-	@missing=""; for p in $(PACKAGES); do \
+define install_missing
+	@missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
@@ -43,6 +52,10 @@ deps:
 	  echo "  sudo apt-get update && sudo apt-get install -y$$missing"; \
 	  exit 1; \
 	fi
+endef
+
+deps:
+	$(call install_missing,$(PACKAGES))
 
 build: deps
 	cmake --preset default
@@ -115,8 +128,15 @@ test-tsan: deps
 	cmake --build --preset tsan -j $(JOBS)
 	ctest --preset tsan -j $(TSAN_TEST_JOBS)
 
-bench: build
-	bench/run.sh build
+# Every backend against its peers and limits in one run (bench/all.py): writes the generated part
+# of docs/benchmarks.md, the summary table of README.md and docs/bench/*.png. Builds only what it
+# runs. About 10 minutes on 2 cores; bench/run.sh BUILDDIR [--redis] is the older file:// and
+# redis:// comparison alone.
+bench: deps
+	$(call install_missing,$(BENCH_PACKAGES))
+	cmake --preset default
+	cmake --build --preset default -j $(JOBS) --target $(BENCH_TARGETS)
+	/usr/bin/python3 bench/all.py build
 
 # The full fault suite: every backend under server and client faults, at least 10,000 holds
 # each, one table (build/faults/table.md). `make test` runs a short version (CTest label faults).
@@ -130,7 +150,8 @@ faults: build
 mutants: deps
 	python3 tests/mutants/run.py --jobs $(JOBS)
 
-# Debian packages (libturnstile0, libturnstile-dev, turnstile) in build/, by CPack.
+# Debian packages (libturnstile0, libturnstile-{redis,zookeeper,etcd,consul}0, libturnstile-dev,
+# turnstile) in build/, by CPack.
 package: build
 	cd build && cpack
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Curator's InterProcessMutex, the peer of bench/zookeeper_uncontended.cpp (bench/zookeeper_run.sh
 // runs both against one server and prints the tables).
 //

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The consul:// benchmarks, against one throwaway Consul test stand-in (tests/servers/consul.sh;
 # a Python program built from Consul's documentation, not Consul) in one run:
 #   1. uncontended Mutex lock+unlock per second vs api.Lock's own two requests (PUT ?acquire and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Uncontended lock+unlock per second on the consul:// backend against its limit: api.Lock's own
 // two requests (PUT ?acquire=SESSION, PUT ?release=SESSION, with LockFlagValue) on one
 // kept-alive libcurl connection, against the same server in the same run (bench/consul_run.sh).

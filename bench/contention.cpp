@@ -1,7 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
 // N processes contending for one lock: turnstile's Mutex (on file://, or on any backend URL)
 // versus a bare flock(2); and N processes contending for a turnstile Semaphore.
 //
 //   turnstile_bench_contention (turnstile|flock) [--procs 8] [--seconds 2] [--dir DIR] [--url URL]
+//                              [--cdf FILE]
 //   turnstile_bench_contention semaphore [--limit 3] [--procs 16] [--seconds 2] [--url URL]
 //
 // --url picks the turnstile backend (say redis://127.0.0.1:6379); the default is file://DIR,
@@ -15,7 +17,8 @@
 // while holding the lock, so records are in hold order (for turnstile that is also fencing-token
 // order): {pid, start = first instant after lock() returned, end = last instant before unlock()},
 // CLOCK_MONOTONIC. Handoff latency is next.start - previous.end. Only holds that started within
-// the period count. Prints one JSON object.
+// the period count. Prints one JSON object. --cdf FILE also writes the handoff latencies to
+// another process as a JSON array of 201 quantiles (0, 0.5 %, ..., 100 %), in ns, for a CDF plot.
 //
 // semaphore: each child loops acquire / record / release on one Semaphore(limit). Holds overlap,
 // so there is no hold order and no handoff latency: the output is the acquisition rate, plus
@@ -167,6 +170,20 @@ double percentile(std::vector<std::int64_t>& v, double p) {
   return static_cast<double>(v[k]);
 }
 
+// The 201 quantiles of v (sorted in place) as one JSON array, for bench/all.py's CDF plot.
+void write_quantiles(const std::string& file, std::vector<std::int64_t>& v) {
+  FILE* out = std::fopen(file.c_str(), "w");
+  if (!out) die("fopen --cdf");
+  std::sort(v.begin(), v.end());
+  std::fputc('[', out);
+  for (int q = 0; q <= 200 && !v.empty(); ++q) {
+    const auto k = static_cast<std::size_t>(q / 200.0 * static_cast<double>(v.size() - 1) + 0.5);
+    std::fprintf(out, "%s%lld", q ? "," : "", static_cast<long long>(v[k]));
+  }
+  std::fputs("]\n", out);
+  std::fclose(out);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -183,13 +200,14 @@ int main(int argc, char** argv) {
   int procs = use_semaphore ? 16 : 8;
   std::int64_t limit = 3;
   double seconds = 2.0;
-  std::string dir, url;
+  std::string dir, url, cdf_file;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--procs")) procs = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--seconds")) seconds = std::atof(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--dir")) dir = argv[i + 1];
     else if (!std::strcmp(argv[i], "--url")) url = argv[i + 1];
     else if (!std::strcmp(argv[i], "--limit")) limit = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--cdf")) cdf_file = argv[i + 1];
   }
   bool own_dir = false;
   if (dir.empty()) {
@@ -277,6 +295,7 @@ int main(int argc, char** argv) {
     if (!use_flock && records[i + 1].token <= records[i].token) ++order_errors;
     if (h < 0) ++order_errors;
   }
+  if (!cdf_file.empty()) write_quantiles(cdf_file, cross);
   const double period = static_cast<double>(end - start) / 1e9;
   std::printf(
       "{\"mode\":\"%s\",\"backend\":\"%s\",\"procs\":%d,\"seconds\":%.3f,\"acquisitions\":%zu,\"per_second\":%.1f,"

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The etcd:// benchmarks, against one throwaway etcd (tests/servers/etcd.sh) in one run:
 #   1. uncontended Mutex lock+unlock per second vs the raw Txn + DeleteRange gRPC loop
 #      (turnstile_bench_etcd);

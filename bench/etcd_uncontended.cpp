@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Uncontended lock+unlock per second on the etcd:// backend against its limit: one Txn round
 // trip (put the key if its create revision is 0, read the queue) plus one DeleteRange round
 // trip, sent raw over gRPC, on the same server in the same run (bench/etcd_run.sh).

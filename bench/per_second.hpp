@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How many times per second `body` runs in a loop of `seconds`, after 200 warm-up runs: the
 // uncontended benchmarks' measure (etcd_uncontended.cpp, consul_uncontended.cpp).
 #pragma once

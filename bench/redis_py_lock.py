@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The peer of turnstile's uncontended redis:// Mutex: redis-py's redis.lock.Lock, acquire +
 release in a loop on one connection, for a fixed time. Prints one JSON object: pairs per
 second, and the server commands per pair from the INFO commandstats delta (every call the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Uncontended Mutex lock+unlock on the redis:// backend, next to two bare PING round trips on
 // one hiredis connection (the floor: a lock and an unlock need a round trip each), in the
 // same run against the same redis-server, and two EVALSHA round trips of an empty script.

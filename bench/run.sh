@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Runs every turnstile benchmark against its peer in the same run and prints a markdown table.
 # Builds nothing: build first (the `bench` target builds, then runs this).
 #

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Uncontended acquire/release of each primitive on the embedded file:// backend, next to a bare
 // flock(2) LOCK_EX/LOCK_UN pair on one open file, in the same run.
 //

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # The zk:// benchmarks, Apache Curator 5 as the peer, each section against one throwaway
 # ZooKeeper (tests/servers/zookeeper.sh) shared by turnstile, Curator and the raw loop:
 #   1. uncontended RecursiveMutex lock+unlock per second vs Curator's InterProcessMutex vs the

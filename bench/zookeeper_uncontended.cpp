@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The zk:// backend's benchmarks (bench/zookeeper_run.sh runs them all and prints the tables).
 //
 //   turnstile_bench_zookeeper uncontended (turnstile|raw|raw-data|raw-container|raw-noresolve) zk://127.0.0.1:PORT

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The warnings src/ and tools/ are built with (-Wall -Wextra -Wshadow); with
 # TURNSTILE_WARNINGS_AS_ERRORS=ON (the default preset, whose build `make test` starts with the
 # target turnstile_src_and_tools) any of them fails the build. Excepted: generated code (etcd's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fencing with a real store: a SQLite table that accepts a write only with a fencing token at
 // least as new as the last one it accepted, checked and recorded in the same transaction as the
 // write itself.
@@ -76,7 +77,7 @@ class FencedStore {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   auto client = argc > 1 ? turnstile::Client::connect(argv[1]) : turnstile::Client::connect();
   const std::string path = argc > 2 ? argv[2] : "/tmp/turnstile-fencing-example-" + std::to_string(getpid()) + ".db";
   FencedStore store(path);
@@ -102,4 +103,7 @@ int main(int argc, char** argv) {
               stale_accepted ? "accepted (never happens)" : "rejected, as it must be");
   if (argc <= 2) std::remove(path.c_str());
   return stale_accepted || newer_token <= paused_token ? EXIT_FAILURE : EXIT_SUCCESS;
+} catch (const turnstile::Error& error) {  // a bad URL, a server that cannot be reached, ...
+  std::fprintf(stderr, "%s\n", error.what());
+  return error.code() == turnstile::ErrorCode::invalid_url ? 64 : 69;  // EX_USAGE, EX_UNAVAILABLE
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MultiLock: all or nothing. A transfer between two accounts holds both account locks and one
 // of a limited number of transfer slots; if any of them cannot be had, none is kept.
 //
@@ -31,7 +32,7 @@ void transfer(turnstile::Client& client, int from, int to, long amount) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   auto client = argc > 1 ? turnstile::Client::connect(argv[1]) : turnstile::Client::connect();
 
   std::vector<std::jthread> tellers;
@@ -61,4 +62,7 @@ int main(int argc, char** argv) {
   if (got) both.unlock();
   done.count_down();
   return balances[1] + balances[2] == 200 && !got ? 0 : 1;
+} catch (const turnstile::Error& error) {  // a bad URL, a server that cannot be reached, ...
+  std::fprintf(stderr, "%s\n", error.what());
+  return error.code() == turnstile::ErrorCode::invalid_url ? 64 : 69;  // EX_USAGE, EX_UNAVAILABLE
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Mutex: one job at a time, across threads and processes.
 //
 //   ./example_mutex [file:///some/dir]     (default: Client::connect(), i.e. $TURNSTILE_BACKEND
@@ -16,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   auto client = argc > 1 ? turnstile::Client::connect(argv[1]) : turnstile::Client::connect();
 
   // Storage that accepts a write only with a token at least as new as the last one it saw.
@@ -64,4 +65,7 @@ int main(int argc, char** argv) {
     std::printf("second lock from the same thread: %s\n", e.what());
   }
   return 0;
+} catch (const turnstile::Error& error) {  // a bad URL, a server that cannot be reached, ...
+  std::fprintf(stderr, "%s\n", error.what());
+  return error.code() == turnstile::ErrorCode::invalid_url ? 64 : 69;  // EX_USAGE, EX_UNAVAILABLE
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PermitCounter: Redisson RSemaphore semantics. A shared number of permits that anyone may take
 // and anyone may return. Nothing is owned: a process that dies keeps what it took, so use
 // turnstile::Semaphore when that matters.
@@ -8,7 +9,7 @@
 #include <cstdio>
 #include <thread>
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   auto client = argc > 1 ? turnstile::Client::connect(argv[1]) : turnstile::Client::connect();
   auto budget = client.permit_counter("crawler/budget");
 
@@ -47,4 +48,7 @@ int main(int argc, char** argv) {
   std::printf("drained %lld, now %lld\n", static_cast<long long>(drained),
               static_cast<long long>(budget.available_permits()));
   return 0;
+} catch (const turnstile::Error& error) {  // a bad URL, a server that cannot be reached, ...
+  std::fprintf(stderr, "%s\n", error.what());
+  return error.code() == turnstile::ErrorCode::invalid_url ? 64 : 69;  // EX_USAGE, EX_UNAVAILABLE
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The README's library example, quoted there whole (tests/packaging/docs_test.py checks it is).
 #include <turnstile/turnstile.hpp>
 
@@ -5,7 +6,7 @@
 #include <cstdio>
 #include <mutex>
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   // A URL (file://, redis://, zk://, etcd://, consul://...), else $TURNSTILE_BACKEND, else file://.
   auto client = argc > 1 ? turnstile::Client::connect(argv[1]) : turnstile::Client::connect();
 
@@ -19,4 +20,7 @@ int main(int argc, char** argv) {
   if (auto lease = pool.try_acquire_for(std::chrono::milliseconds(500))) {
     std::puts("got a lease within 0.5 s; it returns when it goes out of scope");
   }
+} catch (const turnstile::Error& error) {  // a bad URL, a server that cannot be reached, ...
+  std::fprintf(stderr, "%s\n", error.what());
+  return error.code() == turnstile::ErrorCode::invalid_url ? 64 : 69;  // EX_USAGE, EX_UNAVAILABLE
 }

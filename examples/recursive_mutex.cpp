@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RecursiveMutex: reentrant per thread, like std::recursive_mutex across processes.
 //
 //   ./example_recursive_mutex [file:///some/dir]
@@ -29,7 +30,7 @@ void transfer_in(turnstile::RecursiveMutex& account, int& balance, int amount, i
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   auto client = argc > 1 ? turnstile::Client::connect(argv[1]) : turnstile::Client::connect();
   auto account = client.recursive_mutex("accounts/42");
 
@@ -49,4 +50,7 @@ int main(int argc, char** argv) {
     other.join();
   }
   return 0;
+} catch (const turnstile::Error& error) {  // a bad URL, a server that cannot be reached, ...
+  std::fprintf(stderr, "%s\n", error.what());
+  return error.code() == turnstile::ErrorCode::invalid_url ? 64 : 69;  // EX_USAGE, EX_UNAVAILABLE
 }

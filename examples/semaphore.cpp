@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Semaphore: at most N concurrent calls to a fragile dependency, across threads and processes.
 //
 //   ./example_semaphore [file:///some/dir]
@@ -30,7 +31,7 @@ void call_fragile_service(int caller) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   auto client = argc > 1 ? turnstile::Client::connect(argv[1]) : turnstile::Client::connect();
   constexpr std::int64_t kLimit = 2;  // every contender must use the same limit
 
@@ -54,4 +55,7 @@ int main(int argc, char** argv) {
   }
   both.release();  // explicit release reports errors as exceptions
   return most_in_flight.load() <= kLimit ? 0 : 1;
+} catch (const turnstile::Error& error) {  // a bad URL, a server that cannot be reached, ...
+  std::fprintf(stderr, "%s\n", error.what());
+  return error.code() == turnstile::ErrorCode::invalid_url ? 64 : 69;  // EX_USAGE, EX_UNAVAILABLE
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SharedMutex: many readers or one writer, with a downgrade from writer to reader.
 //
 //   ./example_shared_mutex [file:///some/dir]
@@ -15,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   auto client = argc > 1 ? turnstile::Client::connect(argv[1]) : turnstile::Client::connect();
 
   std::string catalog = "v1";  // stands for shared state on disk or in a database
@@ -66,4 +67,7 @@ int main(int argc, char** argv) {
     std::printf("upgrade refused: %s\n", e.what());
   }
   return 0;
+} catch (const turnstile::Error& error) {  // a bad URL, a server that cannot be reached, ...
+  std::fprintf(stderr, "%s\n", error.what());
+  return error.code() == turnstile::ErrorCode::invalid_url ? 64 : 69;  // EX_USAGE, EX_UNAVAILABLE
 }

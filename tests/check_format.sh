@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Checks that C++ sources follow .clang-format (Google based, 120 columns), changing nothing.
 #   tests/check_format.sh              every C++ file of the tree (generated and build trees excepted)
 #   tests/check_format.sh FILE...      only these files

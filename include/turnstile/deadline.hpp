@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Converting the standard's timeout forms into one steady-clock deadline.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every failure turnstile reports is a turnstile::Error; the subclass names the kind.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PermitCounter: Redisson RSemaphore semantics. Permits are a number, not owned: anyone may
 // release, nothing returns them when a process dies. Waiters are served in arrival order and
 // wake when permits are added.
@@ -9,6 +10,7 @@
 #include <stop_token>
 #include <string>
 
+#include "turnstile/async.hpp"
 #include "turnstile/deadline.hpp"
 #include "turnstile/error.hpp"
 
@@ -47,6 +49,10 @@ class PermitCounter {
   bool try_acquire_for(const std::chrono::duration<Rep, Period>& timeout, std::int64_t n, std::stop_token stop) {
     return acquire_until(detail::deadline_after(timeout), n, std::move(stop));
   }
+  // Waits for n permits without a thread (turnstile/async.hpp): the Acquiring ends with true
+  // (taken), or false at the options' deadline or stop or on cancel(), after leaving the line
+  // (permits taken just as it was cancelled are returned). Throws InvalidArgument at once.
+  Acquiring<bool> acquire_async(std::int64_t n = 1, AsyncOptions options = {});
   // Returns n permits (no ownership check, as in Redisson). Throws InvalidArgument when n <= 0, n > max_permits
   // or the count would exceed max_permits.
   void release(std::int64_t n = 1);

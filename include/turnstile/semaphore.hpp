@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Semaphore: a counting semaphore whose leases belong to their holder and vanish with it
 // (Curator InterProcessSemaphoreV2, Consul semaphore), served in arrival order.
 #pragma once
@@ -9,45 +10,17 @@
 #include <stop_token>
 #include <string>
 
+#include "turnstile/async.hpp"
 #include "turnstile/client.hpp"
 #include "turnstile/deadline.hpp"
 #include "turnstile/error.hpp"
+#include "turnstile/lease.hpp"
 
 namespace turnstile {
 
 namespace detail {
 class ClientState;
-class HoldRecord;
 }  // namespace detail
-
-// n leases of one Semaphore, held until release() or destruction. Movable, not copyable;
-// may be released from any thread.
-class Lease {
- public:
-  Lease() = default;
-  Lease(Lease&& other) noexcept;
-  Lease& operator=(Lease&& other) noexcept;  // releases what this lease held first
-  Lease(const Lease&) = delete;
-  Lease& operator=(const Lease&) = delete;
-  // Releases; failures go to the client's error handler and are retried in the background.
-  ~Lease();
-
-  bool held() const noexcept { return record_ != nullptr; }
-  explicit operator bool() const noexcept { return held(); }
-  const std::string& name() const;      // throws NotHeld when empty
-  std::int64_t permits() const;         // throws NotHeld when empty
-  std::uint64_t fencing_token() const;  // throws NotHeld when empty
-  std::stop_token lost_token() const;   // throws NotHeld when empty
-  HoldState hold_state() const;         // throws NotHeld when empty
-  // Releases now and reports: NotHeld (empty or already released), BackendUnavailable
-  // (the release is still retried in the background), HoldLost.
-  void release();
-
-  explicit Lease(std::shared_ptr<detail::HoldRecord> record);
-
- private:
-  std::shared_ptr<detail::HoldRecord> record_;
-};
 
 class Semaphore {
  public:
@@ -75,6 +48,11 @@ class Semaphore {
     return acquire_until(detail::deadline_after(timeout), n, std::move(stop));
   }
 
+  // Waits for n leases without a thread (turnstile/async.hpp): the Acquiring ends with the Lease,
+  // or nullopt at the options' deadline or stop or on cancel(), after leaving the queue. Throws
+  // InvalidArgument at once; the other errors above end the Acquiring (its get() rethrows).
+  Acquiring<std::optional<Lease>> acquire_async(std::int64_t n = 1, AsyncOptions options = {});
+
   const std::string& name() const { return name_; }
   std::int64_t limit() const { return limit_; }
 
@@ -88,6 +66,7 @@ class Semaphore {
   Semaphore(std::shared_ptr<detail::ClientState> client, std::string name, std::int64_t limit);
 
   std::optional<Lease> acquire_until(Deadline deadline, std::int64_t n, std::stop_token stop = {});
+  void require_count(std::int64_t n) const;
 
   std::shared_ptr<detail::ClientState> client_;
   std::string name_;
@@ -108,6 +87,10 @@ class Semaphore::Lockable {
   }
   void unlock() noexcept { lease_ = Lease(); }
   const Lease& lease() const { return lease_; }
+  // acquire_async(n): the Lease comes with the Acquiring, not into this view (for MultiLock).
+  Acquiring<std::optional<Lease>> lock_async(AsyncOptions options = {}) {
+    return owner_.acquire_async(n_, std::move(options));
+  }
 
  private:
   friend class Semaphore;

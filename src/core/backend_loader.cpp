@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The scheme table and the loading of backend libraries (backend_loader.hpp).
 #include "core/backend_loader.hpp"
 
@@ -46,6 +47,11 @@ constexpr std::array<BackendKind, 12> kBackends{{
 // own loader lock, which ThreadSanitizer does not see, so it reported a second thread's
 // connect reading a script string the first thread's dlopen was constructing. Found
 // factories are kept: one dlopen per family.
+// RTLD_LAZY: the libraries a module brings (gRPC, protobuf: some 8,000 function slots) bind a
+// function on its first call, as they do in any program linked with them, instead of all at
+// once: eager binding was 17 % of the instructions of a whole `turnstile run` on etcd. The
+// modules themselves are linked with -z now (CMakeLists.txt), so a module that needs a symbol
+// the core lacks still fails here, at load, rather than at a call.
 BackendFactory load_backend(std::string_view family) {
   static std::mutex mutex;
   static std::map<std::string, BackendFactory, std::less<>> loaded;
@@ -61,7 +67,7 @@ BackendFactory load_backend(std::string_view family) {
   }
   candidates.push_back(file);
   for (const auto& path : candidates) {
-    if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+    if (void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL)) {
       if (void* symbol = dlsym(handle, "turnstile_backend_factory_v1")) {
         return loaded[std::string(family)] = reinterpret_cast<BackendFactory>(symbol);
       }
@@ -77,14 +83,21 @@ ConnectedBackend connect_backend(const BackendUrl& url, const ClientOptions& opt
   const auto kind = std::find_if(kBackends.begin(), kBackends.end(),
                                  [&](const BackendKind& entry) { return entry.scheme == url.scheme; });
   if (kind == kBackends.end()) {
-    throw InvalidUrl("unknown backend scheme '" + url.scheme + "' in '" + url.text +
-                     "' (expected file, redis, zk, etcd or consul)");
+    // Every scheme of the table, so the message never falls behind it.
+    std::string expected;
+    for (std::size_t i = 0; i < kBackends.size(); ++i) {
+      expected += std::string(i == 0                      ? ""
+                              : i + 1 == kBackends.size() ? " or "
+                                                          : ", ") +
+                  std::string(kBackends[i].scheme);
+    }
+    throw InvalidUrl("unknown backend scheme '" + url.scheme + "' in '" + url.text + "' (expected " + expected + ")");
   }
   auto factory = kind->built_in ? kind->built_in : load_backend(kind->family);
   if (!factory) {
     const std::string family(kind->family);
     throw BackendNotBuilt("the " + family + " backend for '" + url.scheme + "://' is not installed (libturnstile-" +
-                          family + ".so not found)");
+                          family + ".so not found; Debian: the libturnstile-" + family + "0 package)");
   }
   return {factory(url, options), kind->usable_after_fork};
 }

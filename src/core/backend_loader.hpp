@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // From a URL's scheme to a connected backend: one table of schemes, the embedded file://
 // backend built in, the network ones loaded from their own shared libraries on first use.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How long one network call may wait, decided once for every backend.
 //
 // A caller brings a deadline (none: no limit of its own) and a stop token (a signal, a client's

@@ -1,9 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 // The public Client: connecting (the default URL, the backend by scheme) and making primitives.
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 
+#include "backends/file/directory.hpp"
 #include "core/backend_loader.hpp"
 #include "core/client_state.hpp"
 #include "core/text_escape.hpp"
@@ -31,12 +33,21 @@ const char* to_string(HoldState state) noexcept {
   return "unknown";
 }
 
-// One directory per user that every process of the user agrees on, whatever its session's
+// The host-wide namespace first: the directory the Debian package makes (tmpfiles.d: root's,
+// group turnstile, mode 2770), used by every process that may use it (root and the group's
+// members), so that `sudo turnstile` and a member's `turnstile` exclude each other as flock on
+// one path does. Only a root-owned one counts: a member who owned it could swap it.
+//
+// Else one directory per user that every process of the user agrees on, whatever its session's
 // environment (a cron job has no XDG_RUNTIME_DIR, a login shell does: two defaults would let
 // both hold the same lock). /run/lock is the system's lock directory: a root-owned sticky tmpfs
 // that no tmp cleaner ages and that does not vanish at logout, as /run/user/UID does. Where it
 // is missing (or not root's and sticky), /tmp, which cleaners may age out.
 std::string Client::default_url() {
+  struct stat shared {};
+  if (::lstat(host_wide_directory, &shared) == 0 && shared.st_uid == 0 && detail::file_state::shared_by_group(shared)) {
+    return std::string("file://") + host_wide_directory;
+  }
   const auto uid = std::to_string(::geteuid());
   struct stat lock_dir {};
   const bool run_lock = ::stat("/run/lock", &lock_dir) == 0 && S_ISDIR(lock_dir.st_mode) && lock_dir.st_uid == 0 &&
@@ -49,12 +60,21 @@ Client Client::connect() { return connect(ClientOptions{}); }
 
 Client Client::connect(ClientOptions options) {
   const char* env = std::getenv("TURNSTILE_BACKEND");
-  return connect(env && *env ? std::string(env) : default_url(), std::move(options));
+  if (!env || !*env) return connect(default_url(), std::move(options));
+  try {
+    return connect(std::string(env), std::move(options));
+  } catch (const InvalidUrl& error) {
+    // The caller gave no URL: say where the bad one came from.
+    throw InvalidUrl(std::string(error.what()) + "; the URL came from TURNSTILE_BACKEND");
+  }
 }
 
 const char* version() noexcept { return TURNSTILE_VERSION; }
 
 Client Client::connect(std::string_view url_text, ClientOptions options) {
+  if (options.async_threads == 0 || options.async_threads > 64) {
+    throw InvalidArgument("async_threads must be between 1 and 64, got " + std::to_string(options.async_threads));
+  }
   if (options.holder_label.size() > 256) {
     throw InvalidArgument("the holder label is " + std::to_string(options.holder_label.size()) +
                           " bytes; at most 256 are kept");
@@ -62,7 +82,9 @@ Client Client::connect(std::string_view url_text, ClientOptions options) {
   for (const unsigned char c : options.holder_label) {
     if (c < 0x20 || c == 0x7f) throw InvalidArgument("the holder label contains a control character");
   }
-  const auto url = detail::parse_url(url_text);
+  // "" and a file:// URL without a directory mean the embedded default (not TURNSTILE_BACKEND:
+  // a URL was given).
+  const auto url = detail::parse_url(url_text.empty() || url_text == "file://" ? default_url() : url_text);
   auto connected = detail::connect_backend(url, options);
   return Client(std::make_shared<detail::ClientState>(url.text, std::move(connected.backend), std::move(options),
                                                       connected.usable_after_fork));
@@ -101,6 +123,11 @@ PermitCounter Client::permit_counter(std::string_view name) {
   return PermitCounter(state_, std::string(name));
 }
 
+bool Client::can_release_after(bool semaphore_lease) const {
+  return state_->backend().keeps_released_holds(semaphore_lease ? detail::EntryKind::lease
+                                                                : detail::EntryKind::exclusive);
+}
+
 Inspection Client::inspect(std::string_view name) {
   detail::validate_name(name);
   return state_->backend().inspect(std::string(name), std::nullopt);
@@ -109,6 +136,15 @@ Inspection Client::inspect(std::string_view name) {
 Inspection Client::inspect(std::string_view name, SteadyClock::time_point deadline) {
   detail::validate_name(name);
   return state_->backend().inspect(std::string(name), deadline);
+}
+
+bool Client::release_receipt(std::string_view receipt, SteadyClock::time_point deadline) {
+  if (receipt.empty()) return false;
+  return state_->backend().release_receipt(std::string(receipt), deadline);
+}
+
+std::vector<std::string> Client::collect_unused(std::string_view prefix) {
+  return state_->backend().collect_unused(std::string(prefix));
 }
 
 void Client::set_error_handler(ErrorHandler handler) { state_->set_error_handler(std::move(handler)); }

@@ -1,7 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
 // A Client's shared state (client_state.hpp).
 #include "core/client_state.hpp"
 
+#include <condition_variable>
 #include <cstdio>
+#include <exception>
 
 #include "core/fork_generation.hpp"
 #include "turnstile/error.hpp"
@@ -18,7 +21,64 @@ constexpr Backoff kReleaseRetry{.first_pause = milliseconds(100), .last_pause = 
 // A client's end tries the pending releases for at most this long (the process may be exiting).
 constexpr milliseconds kReleaseDrain{1000};
 
+// What an unlock() cannot throw goes to the error handler.
+void report_failure(ClientState& client, const std::exception_ptr& failure) noexcept {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const Error& error) {
+    client.report(error);
+  } catch (const std::exception& error) {
+    client.report(BackendUnavailable(error.what()));
+  } catch (...) {
+    client.report(BackendUnavailable("the release failed with an unknown error"));
+  }
+}
+
 }  // namespace
+
+// The pipelined releases of one client whose answer is still due. Their completions may come
+// from a backend's thread: they reach the client only until its end has closed this.
+class PendingReleases {
+ public:
+  explicit PendingReleases(ClientState& client) : client_(&client) {}
+  void begin() {
+    std::lock_guard lock(mutex_);
+    ++due_;
+  }
+  // An answer came: `handle` runs with the client, unless the client's end is past its wait
+  // (its sessions, which end with it, take the entry with them).
+  template <class Handle>
+  void finish(Handle handle) noexcept {
+    ClientState* client = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      client = client_;
+      if (client) ++running_;
+    }
+    if (client) handle(*client);
+    {
+      std::lock_guard lock(mutex_);
+      --due_;
+      if (client) --running_;
+    }
+    changed_.notify_all();
+  }
+  // The client's end: waits for the answers still due until `until`, then lets go of the client
+  // (after the handlers running now end).
+  void close(SteadyClock::time_point until) {
+    std::unique_lock lock(mutex_);
+    changed_.wait_until(lock, until, [&] { return due_ == 0; });
+    client_ = nullptr;
+    changed_.wait(lock, [&] { return running_ == 0; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  ClientState* client_;
+  std::size_t due_ = 0;
+  std::size_t running_ = 0;
+};
 
 ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options,
                          bool usable_after_fork)
@@ -28,21 +88,29 @@ ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, Clie
                           ? std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{
                                 .on_lost = options_.on_hold_lost, .on_state = options_.on_hold_state})
                           : nullptr),
-      releases_(kReleaseRetry, [this](const std::string&, std::exception_ptr error) {
-        try {
-          std::rethrow_exception(error);
-        } catch (const Error& failure) {
-          report(failure);  // lost or refused: nothing left to release
-        } catch (const std::exception& failure) {
-          report(BackendUnavailable(failure.what()));
-        }
-      }) {}
+      pending_releases_(std::make_shared<PendingReleases>(*this)),
+      releases_(kReleaseRetry,
+                [this](const std::string&, std::exception_ptr error) {
+                  try {
+                    std::rethrow_exception(error);
+                  } catch (const Error& failure) {
+                    report(failure);  // lost or refused: nothing left to release
+                  } catch (const std::exception& failure) {
+                    report(BackendUnavailable(failure.what()));
+                  }
+                }),
+      async_(options_.async_threads, url_) {}
 
 ClientState::~ClientState() {
+  // The async acquires still pending leave their queues first, while everything they use lives.
+  async_.close();
   // One last try for releases still pending: the process may be about to exit. In a forked
-  // child, the parent's are dropped (they are the parent's), as are its connections.
+  // child, the parent's are dropped (they are the parent's), as are its connections. The
+  // pipelined releases' answers come first: those that fail are retried by the drain.
+  const bool forked = fork_generation_ != fork_generation();
+  pending_releases_->close(forked ? SteadyClock::now() : SteadyClock::now() + kReleaseDrain);
   releases_.drain(kReleaseDrain);
-  if (!usable_after_fork_ && fork_generation_ != fork_generation()) static_cast<void>(backend_.release());
+  if (!usable_after_fork_ && forked) static_cast<void>(backend_.release());
 }
 
 Backend& ClientState::backend() {
@@ -90,6 +158,7 @@ std::shared_ptr<ThreadHolds> ClientState::thread_holds(const std::string& name) 
 
 std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, Deadline deadline) {
   if (request.stop.stop_requested()) return nullptr;  // never joins a queue it would leave at once
+  if (blocking_through_async()) return acquire_through_async(request, deadline);
   auto loss = new_loss_signal(request.name);
   auto hold = acquire_in_queue(backend(), request, deadline, loss);
   if (!hold) return nullptr;
@@ -97,13 +166,34 @@ std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, De
                                       std::move(loss));
 }
 
-void ClientState::retry_release_later(std::string name, std::unique_ptr<BackendHold> hold) {
+void ClientState::retry_release_later(std::string name, std::shared_ptr<BackendHold> hold) {
   // std::function needs a copyable callable: the hold is shared with the attempt.
-  std::shared_ptr<BackendHold> shared = std::move(hold);
-  releases_.add("the hold on '" + name + "'", [shared] {
+  releases_.add("the hold on '" + name + "'", [shared = std::move(hold)] {
     shared->release();  // BackendUnavailable: again later; HoldLost and others: reported once
     return Removal::done;
   });
+}
+
+void ClientState::release_pipelined(const std::string& name, std::uint64_t token, std::unique_ptr<BackendHold> hold,
+                                    std::shared_ptr<LossSignal> loss) noexcept {
+  std::shared_ptr<BackendHold> shared = std::move(hold);
+  BackendHold* sender = shared.get();
+  try {
+    BackendHold::ReleaseDone done = [pending = pending_releases_, name, token, loss = std::move(loss),
+                                     hold = std::move(shared)](std::exception_ptr error) {
+      pending->finish([&](ClientState& client) {
+        try {
+          if (auto failure = release_outcome(client, name, token, *loss, hold, error)) report_failure(client, failure);
+        } catch (...) {
+          report_failure(client, std::current_exception());
+        }
+      });
+    };
+    pending_releases_->begin();
+    sender->release_pipelined(std::move(done));
+  } catch (...) {
+    report_failure(*this, std::current_exception());
+  }
 }
 
 }  // namespace turnstile::detail

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A mutex whose lock can wait until a steady-clock deadline, for std::unique_lock's
 // try_lock_until. std::timed_mutex does that too, but libstdc++ 12 implements it with

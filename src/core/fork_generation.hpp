@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fork(): a child process inherits its parent's memory, holds included, but not its place on the
 // server or in the kernel. The core counts forks so that a child never treats an inherited hold
 // as its own: it neither uses it (a reentrant lock() would otherwise count up without asking the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/guaranteed_removal.hpp"
 
 #include <algorithm>
@@ -25,6 +26,7 @@ void GuaranteedRemoval::forget_parent_locked() {
   if (thread_.joinable()) static_cast<void>(new std::jthread(std::move(thread_)));
   for (auto& item : items_) static_cast<void>(new BudgetedAttempt(std::move(item.attempt)));
   items_.clear();
+  in_flight_ = 0;  // the parent's attempts in flight are not this process's
   generation_ = generation;
 }
 
@@ -33,12 +35,22 @@ void GuaranteedRemoval::add(std::string what, Attempt attempt) {
 }
 
 void GuaranteedRemoval::add(std::string what, BudgetedAttempt attempt) {
+  add_item(std::nullopt, std::move(what), std::move(attempt));
+}
+
+void GuaranteedRemoval::add_at(SteadyClock::time_point first_try, std::string what, BudgetedAttempt attempt) {
+  add_item(first_try, std::move(what), std::move(attempt));
+}
+
+void GuaranteedRemoval::add_item(std::optional<SteadyClock::time_point> at, std::string what, BudgetedAttempt attempt) {
   std::lock_guard lock(mutex_);
   forget_parent_locked();
   if (closed_) return;  // `attempt` is dropped (after the mutex is released: declared first)
   const auto now = SteadyClock::now();
-  const auto give_up = backoff_.give_up ? now + *backoff_.give_up : SteadyClock::time_point::max();
-  const auto first_try = now + backoff_.first_try.value_or(backoff_.first_pause);
+  const auto first_try = at.value_or(now + backoff_.first_try.value_or(backoff_.first_pause));
+  // The bound counts from the hand-over, or from the time asked for (a removal not due before).
+  const auto from = at ? std::max(now, *at) : now;
+  const auto give_up = backoff_.give_up ? from + *backoff_.give_up : SteadyClock::time_point::max();
   items_.push_back({std::move(what), std::move(attempt), backoff_.first_pause, first_try, give_up, {}});
   ++added_;
   if (driver_ == Driver::own_thread && !thread_.joinable()) {
@@ -50,7 +62,7 @@ void GuaranteedRemoval::add(std::string what, BudgetedAttempt attempt) {
 std::size_t GuaranteedRemoval::pending() const {
   std::lock_guard lock(mutex_);
   if (generation_ != fork_generation()) return 0;  // a forked child: the items are the parent's
-  return items_.size();
+  return items_.size() + in_flight_;
 }
 
 void GuaranteedRemoval::report_given_up(const Item& item) {
@@ -109,11 +121,13 @@ std::deque<GuaranteedRemoval::Item> GuaranteedRemoval::take_due(SteadyClock::tim
       ++it;
     }
   }
+  in_flight_ += due.size();
   return due;
 }
 
-void GuaranteedRemoval::put_back(std::deque<Item>& items) {
+void GuaranteedRemoval::put_back(std::deque<Item>& items, std::size_t taken) {
   std::unique_lock lock(mutex_);
+  in_flight_ -= std::min(in_flight_, taken);
   if (closed_) {
     lock.unlock();
     items.clear();
@@ -132,7 +146,7 @@ std::size_t GuaranteedRemoval::run_due(const CallBudget& budget) {
   for (auto& item : due) {
     if (!attempt(item, budget)) again.push_back(std::move(item));
   }
-  put_back(again);
+  put_back(again, due.size());
   return pending();
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Removals that must happen even when the caller could not wait for them (Curator's
 // `guaranteed()` delete): a release or a leave whose reply did not come in time, an entry a
 // given-up join may have created, a marker to void. Every backend hands them here instead of
@@ -56,6 +57,9 @@ class GuaranteedRemoval {
   // parent's).
   void add(std::string what, Attempt attempt);
   void add(std::string what, BudgetedAttempt attempt);
+  // The same, first tried at `first_try` (a removal that is not due yet: the service's thread
+  // is its timer); its give-up bound counts from then.
+  void add_at(SteadyClock::time_point first_try, std::string what, BudgetedAttempt attempt);
   // Runs the attempts that are due, in the calling thread (Driver::caller); returns how many
   // items remain.
   std::size_t run_due();
@@ -81,13 +85,16 @@ class GuaranteedRemoval {
     SteadyClock::time_point give_up;
     std::string last_error;  // the last attempt's BackendUnavailable: said when it is given up
   };
+  // add() (`at` nullopt: after the usual first wait) and add_at().
+  void add_item(std::optional<SteadyClock::time_point> at, std::string what, BudgetedAttempt attempt);
   void run(std::stop_token stop);
   // Runs `item` once: true when it is finished (done, abandoned, reported, given up).
   bool attempt(Item& item, const CallBudget& budget);
   std::size_t run_due(const CallBudget& budget);
-  // Takes the due items out (under the mutex); puts back those to try again.
+  // Takes the due items out (under the mutex); they count as in flight until put back.
   std::deque<Item> take_due(SteadyClock::time_point now);
-  void put_back(std::deque<Item>& items);
+  // Puts back those to try again; `taken` items are no longer in flight.
+  void put_back(std::deque<Item>& items, std::size_t taken);
   // Drops items and thread inherited from the parent, in a forked child (mutex held).
   void forget_parent_locked();
   // When the earliest pending item is due; nullopt when none (mutex held).
@@ -102,6 +109,9 @@ class GuaranteedRemoval {
   mutable std::mutex mutex_;
   std::condition_variable_any wake_;
   std::deque<Item> items_;
+  // Items taken out for an attempt and not yet put back: still pending (an item being tried is
+  // not done), so pending() never reads 0 while an attempt is in flight.
+  std::size_t in_flight_ = 0;
   std::uint64_t generation_;
   std::uint64_t added_ = 0;  // items ever added: a change wakes the thread to take the earliest again
   bool closed_ = false;

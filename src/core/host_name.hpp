@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The machine's host name, as holders record it beside their pid (every backend's entries,
 // Consul's session names), read in one place.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one loss rule for holds on a server-side lease (see loss_clock.hpp).
 #include "core/loss_clock.hpp"
 

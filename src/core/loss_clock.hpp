@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one loss rule for holds that live on a server-side lease: a Redis entry's TTL, an etcd
 // lease, a ZooKeeper session (and later a Consul session).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A hold's state machine and how its holder is told (loss_signal.hpp).
 #include "core/loss_signal.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A hold's state machine (held, suspended, lost) and how its holder is told (loss_signal.cpp).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "turnstile/permit_counter.hpp"
 #include "core/client_state.hpp"
 
@@ -37,7 +38,15 @@ std::int64_t PermitCounter::drain_permits() { return client_->backend().counter_
 bool PermitCounter::acquire_until(Deadline deadline, std::int64_t n, std::stop_token stop) {
   require_positive(name_, n);
   if (stop.stop_requested()) return false;  // never joins a line it would leave at once
+  if (detail::ClientState::blocking_through_async()) {
+    return client_->counter_acquire_through_async(name_, n, deadline, stop);
+  }
   return detail::acquire_from_counter(client_->backend(), name_, n, deadline, stop);
+}
+
+Acquiring<bool> PermitCounter::acquire_async(std::int64_t n, AsyncOptions options) {
+  require_positive(name_, n);
+  return client_->counter_acquire_async(name_, n, std::move(options));
 }
 
 void PermitCounter::release(std::int64_t n) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one queue algorithm behind every primitive: who holds, and whom a waiter waits for.
 #include <algorithm>
 
@@ -54,11 +55,13 @@ const char* to_string(QueueMode mode) {
     case QueueMode::none: return "";
     case QueueMode::lock: return "lock";
     case QueueMode::semaphore: return "semaphore";
+    case QueueMode::election: return "election";
   }
   return "unknown";
 }
 
 QueueMode mode_of(const QueueRequest& request) {
+  if (request.primitive == Primitive::election) return QueueMode::election;
   return request.kind == EntryKind::lease ? QueueMode::semaphore : QueueMode::lock;
 }
 
@@ -67,16 +70,27 @@ CounterWait evaluate_counter_line(std::size_t ahead, std::optional<std::int64_t>
   return value && *value >= permits ? CounterWait::nothing : CounterWait::value;
 }
 
+namespace {
+// How a queue in `mode` is named to a contender that cannot join it.
+std::string in_use_as(QueueMode mode) {
+  switch (mode) {
+    case QueueMode::lock: return "a lock";
+    case QueueMode::semaphore: return "a Semaphore";
+    case QueueMode::election: return "an election";
+    case QueueMode::none: break;
+  }
+  return "something else";
+}
+}  // namespace
+
 void check_queue_mode(const QueueRequest& request, QueueMode mode, std::int64_t limit) {
   if (mode == QueueMode::none) return;
-  const bool wants_semaphore = request.kind == EntryKind::lease;
-  if (wants_semaphore && mode != QueueMode::semaphore) {
-    throw KindMismatch("'" + request.name + "' is in use as a lock; it cannot be a Semaphore at the same time");
+  const auto wanted = mode_of(request);
+  if (wanted != mode) {
+    throw KindMismatch("'" + request.name + "' is in use as " + in_use_as(mode) + "; it cannot be " +
+                       in_use_as(wanted) + " at the same time");
   }
-  if (!wants_semaphore && mode != QueueMode::lock) {
-    throw KindMismatch("'" + request.name + "' is in use as a Semaphore; it cannot be a lock at the same time");
-  }
-  if (wants_semaphore && limit != request.limit) {
+  if (wanted == QueueMode::semaphore && limit != request.limit) {
     throw LimitMismatch("Semaphore '" + request.name + "' is in use with limit " + std::to_string(limit) +
                         "; this contender asked for limit " + std::to_string(request.limit));
   }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one queue algorithm's vocabulary: entry kinds, a contender's request, and the predicate
 // that says who holds and whom a waiter waits for (queue.cpp).
 #pragma once
@@ -18,11 +19,12 @@ const char* to_string(EntryKind kind);
 // carry it). The queue is the same for all; the core's reentrancy rules tell a Mutex from a
 // RecursiveMutex, and a backend that shares its layout with a peer may name entries after it
 // (Curator names a read/write lock's nodes differently from a mutex's, a reentrant one's alike).
-enum class Primitive : std::uint8_t { mutex, recursive_mutex, shared_mutex, semaphore };
+// An election's candidates are exclusive entries (the head leads) with a value each.
+enum class Primitive : std::uint8_t { mutex, recursive_mutex, shared_mutex, semaphore, election };
 
-// What a queue is used as while it has entries: one name is never a lock and a Semaphore at
-// once, nor a Semaphore with two limits.
-enum class QueueMode : std::uint8_t { none, lock, semaphore };
+// What a queue is used as while it has entries: one name is never two of a lock, a Semaphore
+// and an election at once, nor a Semaphore with two limits.
+enum class QueueMode : std::uint8_t { none, lock, semaphore, election };
 
 const char* to_string(QueueMode mode);
 
@@ -33,9 +35,17 @@ struct QueueRequest {
   std::int64_t permits = 1;  // leases only
   std::int64_t limit = 0;    // leases only: the Semaphore's limit
   Primitive primitive = Primitive::mutex;
+  // An election candidate's value (Primitive::election only): at most max_election_value bytes,
+  // checked by the core before any backend call.
+  std::string value{};
   // Requested by the caller (a signal in the CLI, a shutting-down service): the waiter leaves
   // the queue and acquire returns nullptr, as on a deadline. Backends wake on it while waiting.
   std::stop_token stop{};
+  // A try whose "not admitted" may be a guess (an async acquire's try on the calling thread,
+  // ClientState::try_here: the acquire that follows waits properly): the backend need not make
+  // sure those ahead are alive first (file:// skips its sweep of dead entries, which costs a
+  // kernel lock query per entry under the name's mutex). Never admits more than a plain try.
+  bool optimistic_try = false;
 };
 
 // Where a contender stands in a queue, backend-neutral (the Curator insight: one queue

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a backend stores for the one queue algorithm, and the loops that run it (queue_loop.cpp).
 //
 // The core owns the algorithm (Curator's LockInternals, etcd's concurrency.Mutex): join, look
@@ -11,12 +12,14 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stop_token>
 #include <string>
 #include <vector>
 
+#include "core/call_budget.hpp"
 #include "core/loss_signal.hpp"
 #include "core/queue.hpp"
 #include "turnstile/deadline.hpp"
@@ -39,6 +42,16 @@ struct QueueChanged : std::exception {
   const char* what() const noexcept override { return "the queue changed since the look"; }
 };
 
+// A wake-up armed for one acquire that waits without a thread of its own (the async acquires:
+// QueuePlace::arm, CounterLine::arm). Destroying it disarms: once the destructor has returned,
+// the wake is neither running nor will it run (a wake running meanwhile is waited for; a wake
+// never destroys its own arm, it posts the acquire's next step to the core's pool).
+class WakeArm {
+ public:
+  virtual ~WakeArm() = default;
+};
+using Wake = std::function<void()>;
+
 // Where our entry stands, as one read of the storage saw it.
 struct Standing {
   // The live entries up to and including ours (the last), in queue order: the core evaluates.
@@ -60,6 +73,15 @@ class QueuePlace {
   // Sleeps until the event `verdict` names (about the last look's entries) may have happened,
   // the deadline passes or `stop` is requested. May return early: only a look admits.
   virtual void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) = 0;
+  // wait() without a thread: arms a one-shot wake-up for the event `verdict` names and returns
+  // at once. `wake` runs at most once, never inside arm(), from a thread the backend has anyway
+  // (an event, watch or I/O thread: it must not block), when the event may have happened, or
+  // when the backend can no longer watch for it (session or connection lost: the next look
+  // tells). It may run early: only a look admits. The deadline and the stop are the core's (it
+  // destroys the arm on them); `deadline` bounds what arm() itself does now (setting a watch on
+  // the server). Default: wait() on a thread of its own, i.e. a thread per waiter; a backend
+  // overrides it with its events.
+  virtual std::unique_ptr<WakeArm> arm(const Verdict& verdict, Deadline deadline, Wake wake);
   // The entry was admitted: it becomes the hold, which owns it from now on. nullptr when the
   // admission excluded nobody (the state it was in moved away) and the entry has left: the core
   // joins again. Throws QueueChanged when the admission no longer stands (the core looks again).
@@ -67,11 +89,29 @@ class QueuePlace {
   // Leaves the queue. Never throws and does nothing the second time; what it cannot remove now
   // (no answer in time) it removes in the background, never leaving it to hold up the name.
   virtual void leave() noexcept = 0;
+  // leave() waiting for the server no later than `deadline` (passed: not at all; what is not
+  // confirmed goes to the background at once): a client's end leaves all of its pending async
+  // acquires by one deadline, not one leave's patience each. Default: leave(), for a backend
+  // whose leave() never waits on a server that does not answer.
+  virtual void leave_by(Deadline /*deadline*/) noexcept { leave(); }
 };
+
+// How long a leave_by(deadline) may wait for the server: the backend's own leave patience,
+// no longer than what is left before `deadline` (zero once it has passed).
+inline milliseconds leave_patience(Deadline deadline, milliseconds leave_try) {
+  const auto left = CallBudget(deadline).left();
+  return left ? std::min(*left, leave_try) : leave_try;
+}
 
 class QueueStore {
  public:
   virtual ~QueueStore() = default;
+  // True when a try-once join costs no round trip and adds nothing when not admitted (the
+  // embedded backend decides under its mutex): an async acquire started on one of the client's
+  // pool threads is then first tried right there, as try_lock() would, with no state of its
+  // own; only one that must wait becomes an async acquire (ClientState::acquire_async). A
+  // network backend says false: the try would cost a contended acquire one more round trip.
+  virtual bool tries_locally() const { return false; }
   // Adds our entry at the back of `request.name`'s queue and reports where it stands in `first`.
   // `try_once`: the caller will not wait, so a storage that decides at the join may add nothing
   // and return nullptr (not admitted). Throws KindMismatch, LimitMismatch, QueueFull,
@@ -102,6 +142,8 @@ class CounterLine {
   // Enters the line at its back.
   virtual void join(Deadline deadline) = 0;
   virtual void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) = 0;
+  // wait() without a thread, as QueuePlace::arm.
+  virtual std::unique_ptr<WakeArm> arm(CounterWait wait, Deadline deadline, Wake wake);
   // Leaves the line (never throws; idempotent). True when the storage finds that this acquire
   // had taken the permits already (a reply lost on the way): then the acquire succeeded.
   virtual bool leave() noexcept = 0;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hex digits and %XX escapes, written once for every place that keeps arbitrary bytes in a
 // narrower alphabet: state file names, ZooKeeper paths, Redis hash tags, Consul keys and
 // values, URLs, the hold-history format and the CLI's terminal output. Each caller keeps its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The named time limits every backend has, in one vocabulary. A backend fills one TimePolicy
 // (in its own folder, each value with a one-line why); the core and the shared services
 // (guaranteed_removal.hpp) read it. A backend keeps further constants of its own only for

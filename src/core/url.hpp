@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Backend URLs: parsing, credential redaction, and the host:port and seconds parsers every
 // network backend shares (url.cpp).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hold-history checker: holders record when they held what, and check() finds every moment
 // the history breaks a promise of turnstile (mutual exclusion, reader/writer exclusion, a
 // Semaphore's limit, fencing tokens that grow). Plain C++20: it does not depend on the

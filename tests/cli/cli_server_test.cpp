@@ -1,13 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
 // `turnstile run` and `inspect` against the test fixtures' servers (redis, ZooKeeper, etcd): what
 // only a network backend can show — a signal while queued leaves the queue, a holder cut off from
 // the server is stopped before anyone else enters, the command inherits no connection, peers'
 // data is escaped. One test per family, each with its server fixture.
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "cli_support.hpp"
+#include "support/local_port.hpp"
 #include "support/tcp_proxy.hpp"
 
 namespace {
@@ -49,6 +54,8 @@ class CliServerTest : public CliTest, public ::testing::WithParamInterface<std::
     name_ = "cli/" + std::to_string(getpid()) + "-" + std::to_string(std::rand()) + "/job";
   }
 
+  void expect_a_stalled_keep_keeps_its_promise(std::chrono::milliseconds stall);
+
   std::vector<std::string> run_args(const std::string& url, const std::string& ttl,
                                     const std::vector<std::string>& command) {
     std::vector<std::string> args{"run", "--backend", url, "--ttl", ttl, "--lock", name_, "--"};
@@ -65,6 +72,9 @@ class CliServerTest : public CliTest, public ::testing::WithParamInterface<std::
     holder_held_ = !read_line(holder.stdout_fd).empty();
     return holder;
   }
+
+  // See KillNineOfTurnstileReleasesTheHoldAtOnce.
+  void expect_freed_after_kill_nine(const std::vector<std::string>& what);
 
   std::string url_, name_;
   bool holder_held_ = false;
@@ -274,7 +284,10 @@ TEST_P(CliServerTest, VerboseNamesWhatItWaitsForTheHolderAndTheToken) {
   const auto token_file = path("token");
   auto waiter = start({"run", "-v", "--backend", url_, "--ttl", "10", "--lock", name_, "--", "sh", "-c",
                        "echo $TURNSTILE_FENCING_TOKEN > " + token_file});
-  ASSERT_TRUE(wait_until([&] { return waiter_count_is(name_, 1); })) << waiter.err();
+  // A try's own queue entry (zk://) shows as a waiter before -v speaks: wait for the words too.
+  ASSERT_TRUE(wait_until([&] {
+    return waiter.err().find("turnstile: waiting for") != std::string::npos && waiter_count_is(name_, 1);
+  })) << waiter.err();
   const auto waiting = waiter.err();
   EXPECT_NE(waiting.find("turnstile: waiting for the lock '" + name_ + "' on " + url_.substr(0, url_.find("://") + 3)),
             std::string::npos)
@@ -357,6 +370,30 @@ TEST_P(CliServerTest, TimeoutBoundsConnecting) {
   EXPECT_FALSE(fs::exists(ran));
 }
 
+// Issue 24 item 7: `--connect-timeout 0.001` against a live etcd said "no etcd ... answered";
+// what happened is that the connect timed out, and the message says so.
+TEST_P(CliServerTest, ConnectTimeoutSaysTheConnectTimedOut) {
+  if (GetParam() != "etcd") GTEST_SKIP() << "the etcd message only";
+  const auto result = run({"run", "--backend", url_, "--connect-timeout", "0.001", "--lock", name_, "--", "true"});
+  EXPECT_EQ(result.status, 69) << result.err;
+  EXPECT_NE(result.err.find("timed out"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("answered"), std::string::npos) << result.err;
+}
+
+// Red team (issue 24): with a refusing endpoint listed before a live one, every run spent ~2 s
+// on the refusing one, and `--timeout 1.5` failed with 69 though the second endpoint answered.
+// zk:// and redis+cluster:// pass over a refusal at once; so does etcd:// now.
+TEST_P(CliServerTest, ARefusingFirstEndpointIsPassedOver) {
+  if (GetParam() != "etcd") GTEST_SKIP() << "etcd's endpoint list only";
+  turnstile_test::LocalPort refusing(false);
+  const auto hosts = url_.substr(url_.find("://") + 3);
+  const auto url = "etcd://" + refusing.address() + "," + hosts;
+  const auto ran = path("ran");
+  const auto result = run({"run", "--backend", url, "--timeout", "1.5", "--lock", name_, "--", "touch", ran});
+  EXPECT_EQ(result.status, 0) << result.err;
+  EXPECT_TRUE(fs::exists(ran));
+}
+
 // Red team (issue 13): --timeout bounds the wait when the server stalls mid-wait too. The look
 // that names the holder in the timeout message had no deadline: the message came after 8 s
 // (redis) to 34 s (ZooKeeper) for `--timeout 2`. Now: the wait, one bounded leave, a 0.5 s look.
@@ -372,7 +409,8 @@ TEST_P(CliServerTest, TimeoutBoundsTheRunWhenTheServerStallsMidWait) {
   proxy.blackhole();
   // The bound is on the wait, told by the timeout message; closing the client afterwards is
   // not waiting (a ZooKeeper client's close waits a while for the server's answer).
-  EXPECT_TRUE(wait_until([&] { return waiter.err().find("timed out after 1 s") != std::string::npos; }))
+  // 20 s, under CTest's 60: should another message come instead, the test says what it was.
+  EXPECT_TRUE(wait_until([&] { return waiter.err().find("timed out after 1 s") != std::string::npos; }, 20s))
       << waiter.err();
   const auto took = std::chrono::steady_clock::now() - started;
   const int status = wait_exit(waiter);
@@ -506,6 +544,310 @@ TEST_P(CliServerTest, InspectShowsAForeignHolderAsSuch) {
     EXPECT_NE(busy.err.find("held by " + h["foreign"].get<std::string>()), std::string::npos) << busy.err;
   }
   let_go();
+}
+
+// Issue 24 item 9: inspect without NAME lists the names in use under a prefix with their holder
+// and waiter counts, on every backend (the CLI refused a missing NAME); a released name leaves
+// the list.
+TEST_P(CliServerTest, InspectListsTheNamesInUse) {
+  const auto base = name_.substr(0, name_.rfind('/') + 1);  // "cli/<pid>-<n>/", this test's own
+  const auto list = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args{"inspect", "--backend", url_, "--json", "--prefix", base};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto result = run(args);
+    EXPECT_EQ(result.status, 0) << result.err;
+    return nlohmann::json::parse(result.out, nullptr, false);
+  };
+  auto holder = hold_name();
+  ASSERT_TRUE(holder_held_) << holder.err();
+  auto waiter = start(run_args(url_, "10", {"true"}));
+  ASSERT_TRUE(wait_until([&] { return waiter_count_is(name_, 1); })) << waiter.err();  // really queued
+  const auto ready = path("ready"), release = path("release");
+  auto pool = start({"run", "--backend", url_, "--ttl", "10", "--semaphore", base + "pool", "--limit", "2", "--", "sh",
+                     "-c", "touch " + ready + "; while [ ! -e " + release + " ]; do sleep 0.02; done"});
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << pool.err();
+  // A name under another, whose last segment is one of a name's own nodes on zk:// ("locks").
+  const auto nested_ready = path("nested-ready");
+  auto nested = start({"run", "--backend", url_, "--ttl", "10", "--lock", name_ + "/locks", "--", "sh", "-c",
+                       "touch " + nested_ready + "; while [ ! -e " + release + " ]; do sleep 0.02; done"});
+  ASSERT_TRUE(wait_until([&] { return fs::exists(nested_ready); })) << nested.err();
+
+  const auto all = list({});
+  ASSERT_EQ(all["names"].size(), 3u) << all.dump();
+  EXPECT_EQ(all["names"][0],
+            nlohmann::json::parse(R"({"name":")" + name_ + R"(","mode":"lock","limit":null,"holders":1,"waiters":1})"));
+  EXPECT_EQ(all["names"][1], nlohmann::json::parse(R"({"name":")" + name_ +
+                                                   R"(/locks","mode":"lock","limit":null,"holders":1,"waiters":0})"));
+  EXPECT_EQ(all["names"][2], nlohmann::json::parse(R"({"name":")" + base +
+                                                   R"(pool","mode":"semaphore","limit":2,"holders":1,"waiters":0})"));
+  EXPECT_FALSE(all["truncated"].get<bool>());
+  const auto first = list({"--max-names", "1"});
+  ASSERT_EQ(first["names"].size(), 1u) << first.dump();
+  EXPECT_TRUE(first["truncated"].get<bool>());
+  const auto table = run({"inspect", "--backend", url_, "--prefix", base});
+  EXPECT_NE(table.out.find("HOLDERS"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find(base + "pool"), std::string::npos) << table.out;
+
+  close_pipe(holder.stdin_fd);
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0) << holder.err();
+  EXPECT_EQ(wait_exit(waiter), 0) << waiter.err();
+  EXPECT_EQ(wait_exit(pool), 0) << pool.err();
+  EXPECT_EQ(wait_exit(nested), 0) << nested.err();
+  EXPECT_TRUE(wait_until([&] { return list({})["names"].empty(); })) << list({}).dump();
+}
+
+// Issue 24 item 3: after kill -9 of `turnstile run`, its watcher kills the command's group and
+// then releases the hold on the server, so the next holder enters at once instead of after the
+// TTL (30 s here; it waited 29.5 s on zk, 30 s on redis, 44 s on consul). The bound asserted is
+// generous (the goal is < 1 s); the time taken is printed. `what` is the hold's options.
+void CliServerTest::expect_freed_after_kill_nine(const std::vector<std::string>& what) {
+  const auto ready = path("ready"), pid_file = path("pid");
+  const auto run_with = [&](std::vector<std::string> first, const std::vector<std::string>& command) {
+    first.insert(first.end(), what.begin(), what.end());
+    first.push_back("--");
+    first.insert(first.end(), command.begin(), command.end());
+    return first;
+  };
+  // One process in the command's group (exec), an orphan of ours once turnstile dies (we are the
+  // subreaper, as init is for a real turnstile). We reap it only after the next holder got in,
+  // as an init that reaps late would (seconds on some VMs, never in a container whose PID 1 does
+  // not reap): the release waits for the group to be dead, not reaped.
+  auto holder = start(run_with({"run", "--backend", url_, "--ttl", "30"},
+                               {"sh", "-c", "echo $$ > " + pid_file + "; touch " + ready + "; exec sleep 100"}));
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << holder.err();
+  const auto command = static_cast<pid_t>(read_number(pid_file));
+  ASSERT_GT(command, 0);
+  // Really held: a try fails while turnstile lives.
+  const auto busy = run(run_with({"run", "--backend", url_, "--timeout", "0"}, {"true"}));
+  ASSERT_EQ(busy.status, 75) << busy.err;
+  kill(holder.pid, SIGKILL);
+  const auto killed_at = std::chrono::steady_clock::now();
+  EXPECT_EQ(wait_exit(holder), 128 + SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return zombie(command); })) << "the command outlived turnstile";
+  const auto next = run(run_with({"run", "--backend", url_, "--timeout", "5"}, {"true"}));
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - killed_at;
+  EXPECT_TRUE(gone(command));  // reaped only now
+  EXPECT_EQ(next.status, 0) << next.err;
+  EXPECT_LT(took.count(), 5.0) << "the next holder waited for the TTL";
+  std::printf("[ %s %s ] the next holder entered %.3f s after kill -9\n", GetParam().c_str(), what.front().c_str(),
+              took.count());
+}
+
+TEST_P(CliServerTest, KillNineOfTurnstileReleasesTheHoldAtOnce) { expect_freed_after_kill_nine({"--lock", name_}); }
+
+TEST_P(CliServerTest, KillNineOfTurnstileReleasesTheLeaseAtOnce) {
+  expect_freed_after_kill_nine({"--semaphore", name_, "--limit", "1"});
+}
+
+// Issue 24 item 4: the entry's own expiry on the server keeps the name held after turnstile exits.
+// Where the backend cannot keep a hold yet, turnstile says so before it takes the hold or runs
+// anything.
+TEST_P(CliServerTest, HoldAtLeastRunsTheJobOnceAcrossHosts) {
+  if (GetParam() != "zookeeper") expect_hold_at_least_runs_the_job_once(name_);
+  if (GetParam() != "zookeeper" && GetParam() != "consul") return;
+  const auto ran = path("ran");
+  // ZooKeeper keeps nothing yet; Consul keeps locks, not a Semaphore's leases.
+  const std::vector<std::string> refused_args =
+      GetParam() == "consul" ? std::vector<std::string>{"run",
+                                                        "--backend",
+                                                        url_,
+                                                        "--semaphore",
+                                                        name_ + "-pool",
+                                                        "--limit",
+                                                        "2",
+                                                        "--timeout",
+                                                        "30",
+                                                        "--hold-at-least",
+                                                        "5s",
+                                                        "--",
+                                                        "touch",
+                                                        ran}
+                             : lock_sh(name_, "touch " + ran, {"--timeout", "30", "--hold-at-least", "5s"});
+  const auto refused = run(refused_args);
+  EXPECT_EQ(refused.status, 64) << refused.err;
+  EXPECT_NE(refused.err.find("--hold-at-least is not available on"), std::string::npos) << refused.err;
+  EXPECT_FALSE(fs::exists(ran));
+}
+
+// Issue 24: `consul://` names no agent; -v says which one CONSUL_HTTP_ADDR pointed it at.
+TEST_P(CliServerTest, VerboseNamesTheConsulAgentTheEnvironmentChose) {
+  if (GetParam() != "consul") GTEST_SKIP() << "only consul:// takes its agent from the environment";
+  const auto scheme_end = url_.find("://");
+  auto address = url_.substr(scheme_end + 3, url_.find_first_of("/?", scheme_end + 3) - scheme_end - 3);
+  std::optional<std::string> token;  // consul://TOKEN@host:port with an ACL token
+  if (const auto at = address.rfind('@'); at != std::string::npos) {
+    token = address.substr(0, at);
+    address = address.substr(at + 1);
+  }
+  Launch consul_env;
+  consul_env.env = {{"CONSUL_HTTP_ADDR", "http://" + address}, {"CONSUL_HTTP_TOKEN", token}};
+  const auto result = run({"run", "-v", "--backend", "consul://", "--lock", name_, "--", "true"}, consul_env);
+  EXPECT_EQ(result.status, 0) << result.err;
+  EXPECT_NE(result.err.find("on consul:// (the agent at http://" + address + ", from CONSUL_HTTP_ADDR) at "),
+            std::string::npos)
+      << result.err;
+}
+
+// Issue 24: against a server that stopped answering, the release at exit was told as "retried
+// in the background", then at once "gave up removing it": one message now says what happens.
+TEST_P(CliServerTest, AReleaseTheServerDidNotConfirmIsToldOnce) {
+  turnstile_test::TcpProxy proxy(url_);
+  const auto ready = path("ready"), go = path("go");
+  auto holder = start(run_args(proxy.url_through(url_), "10",
+                               {"sh", "-c", "touch " + ready + "; while [ ! -e " + go + " ]; do sleep 0.02; done"}));
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << holder.err();
+  proxy.hold_replies();  // as a SIGSTOPped server: requests arrive, no answer comes
+  write_file(go, "");
+  const int status = wait_exit(holder);
+  proxy.forward();
+  const auto err = holder.err();
+  if (err.find("was not confirmed") == std::string::npos) {
+    // Some clients finish a release without an answer (it is then not this message's case).
+    EXPECT_EQ(err.find("retried in the background"), std::string::npos) << err;
+    GTEST_SKIP() << GetParam() << ": the release did not wait for the server; status " << status << ", " << err;
+  }
+  EXPECT_EQ(status, 0) << err;  // the command ran and exited 0 under the hold
+  EXPECT_EQ(err.find("retried in the background"), std::string::npos) << err;
+  EXPECT_EQ(err.find("gave up"), std::string::npos) << err;
+}
+
+// Issue 24 item 4 (red team F2): the keep of --hold-at-least sent while the server answers
+// nothing for `stall` (its requests wait, as with a SIGSTOPped server, and arrive late). The
+// name stays held until the promised end, and (consul:// aside: its 10 s session minimum) not
+// from the keep's late arrival on; nothing says "released plainly", and the own keep is no loss
+// (etcd said "overwritten by another writer", exit 70).
+void CliServerTest::expect_a_stalled_keep_keeps_its_promise(std::chrono::milliseconds stall) {
+  if (GetParam() == "zookeeper") GTEST_SKIP() << "zk:// keeps nothing (--hold-at-least is refused)";
+  turnstile_test::TcpProxy proxy(url_);
+  const auto ready = path("ready"), go = path("go");
+  const auto started = std::chrono::steady_clock::now();  // before the hold: the promise ends later
+  auto holder = start({"run", "--backend", proxy.url_through(url_), "--ttl", "10", "--hold-at-least", "6s", "--lock",
+                       name_, "--", "sh", "-c", "touch " + ready + "; while [ ! -e " + go + " ]; do sleep 0.02; done"});
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << holder.err();
+  proxy.blackhole();
+  write_file(go, "");
+  std::this_thread::sleep_for(stall);
+  proxy.forward();
+  const int status = wait_exit(holder);
+  const auto err = holder.err();
+  EXPECT_EQ(status, 0) << err;  // the command's
+  EXPECT_EQ(err.find("released plainly"), std::string::npos) << err;
+  EXPECT_EQ(err.find("overwritten"), std::string::npos) << err;
+  if (std::chrono::steady_clock::now() < started + std::chrono::milliseconds(5500)) {
+    const auto busy = run({"run", "--backend", url_, "--timeout", "0", "--lock", name_, "--", "true"});
+    EXPECT_EQ(busy.status, 75) << "freed before the promised end: " << busy.err;
+  }
+  if (GetParam() == "consul") return;  // kept at least 10 s, up to twice that (see below)
+  const auto waited = run({"run", "--backend", url_, "--timeout", "30", "--lock", name_, "--", "true"});
+  const std::chrono::duration<double> free_at = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(waited.status, 0) << waited.err;
+  EXPECT_GE(free_at.count(), 6.0);
+  EXPECT_LT(free_at.count(), 9.0) << "kept from the keep's late arrival on";  // etcd: whole seconds
+  std::printf("[ %s ] free %.3f s after the start (6 s promised, %lld ms stall)\n", GetParam().c_str(), free_at.count(),
+              static_cast<long long>(stall.count()));
+}
+
+TEST_P(CliServerTest, HoldAtLeastKeepsItsPromiseThroughAShortStall) {
+  expect_a_stalled_keep_keeps_its_promise(std::chrono::milliseconds(2500));
+}
+
+TEST_P(CliServerTest, HoldAtLeastKeepsItsPromiseThroughALongStall) {
+  expect_a_stalled_keep_keeps_its_promise(std::chrono::milliseconds(4500));
+}
+
+// Issue 24 item 4 (red team F7): Consul raises a session TTL below its minimum (10 s by default;
+// this fixture's session_ttl_min is 1 s), so a kept lock ends no sooner than that after its
+// keep: inspect must not show an earlier end (it showed the 300 ms asked for).
+TEST_P(CliServerTest, HoldAtLeastShowsConsulsEarliestEnd) {
+  if (GetParam() != "consul") GTEST_SKIP() << "only consul:// raises a kept entry's time";
+  const auto kept = run({"run", "--backend", url_, "--hold-at-least", "300ms", "--lock", name_, "--", "true"});
+  ASSERT_EQ(kept.status, 0) << kept.err;
+  const auto json = inspect_json(name_);
+  ASSERT_EQ(json["holders"].size(), 1u) << json.dump();
+  const auto ms_of = [](const std::string& iso) {  // "YYYY-MM-DDTHH:MM:SS.mmmZ"
+    std::tm parts{};
+    int ms = 0;
+    std::sscanf(iso.c_str(), "%d-%d-%dT%d:%d:%d.%dZ", &parts.tm_year, &parts.tm_mon, &parts.tm_mday, &parts.tm_hour,
+                &parts.tm_min, &parts.tm_sec, &ms);
+    parts.tm_year -= 1900;
+    parts.tm_mon -= 1;
+    return static_cast<long long>(timegm(&parts)) * 1000 + ms;
+  };
+  const auto shown_left = ms_of(json["holders"][0]["kept_until"].get<std::string>()) - ms_of(json["time"]);
+  EXPECT_GE(shown_left, 700) << json.dump();  // the 1 s session, less the time to inspect
+}
+
+// `turnstile elect NAME -- CMD` runs CMD while leader, with its value and token in CMD's
+// environment; `turnstile leader NAME` prints that value (JSON: token too), and nothing with
+// exit 1 once the leader resigned (CMD ended by the signal turnstile forwarded). Backends without
+// an election layout refuse with 64, naming the backend.
+TEST_P(CliServerTest, ElectRunsTheCommandWhileLeaderAndLeaderPrintsItsValue) {
+  const auto seen = path("seen");
+  auto elected = start({"elect", "--backend", url_, "--ttl", "10", "--value", "alpha", name_, "--", "sh", "-c",
+                        "echo \"$TURNSTILE_LEADER_VALUE $TURNSTILE_FENCING_TOKEN\" > " + seen + "; exec sleep 30"});
+  ASSERT_TRUE(wait_until([&] { return !read_file(seen).empty() || zombie(elected.pid); })) << elected.err();
+  if (elected.err().find("leader election is not available") != std::string::npos) {
+    EXPECT_EQ(wait_exit(elected), 64);
+    GTEST_SKIP() << GetParam() << " has no election layout yet (refused, 64)";
+  }
+  const auto line = read_file(seen);
+  ASSERT_EQ(line.rfind("alpha ", 0), 0u) << line;
+  const auto token = std::stoull(line.substr(6));
+  const auto text = run({"leader", "--backend", url_, name_});
+  EXPECT_EQ(text.status, 0) << text.err;
+  EXPECT_EQ(text.out, "alpha\n");
+  const auto json = nlohmann::json::parse(run({"leader", "--backend", url_, "--json", name_}).out);
+  EXPECT_EQ(json["leader"], true) << json.dump();
+  EXPECT_EQ(json["value"], "alpha") << json.dump();
+  EXPECT_EQ(json["fencing_token"].get<std::uint64_t>(), token) << json.dump();
+  const auto q = inspect_json(name_);
+  EXPECT_EQ(q["mode"], "election") << q.dump();
+  ASSERT_EQ(q["holders"].size(), 1u) << q.dump();
+  EXPECT_EQ(q["holders"][0]["value"], "alpha") << q.dump();
+  const auto busy = run({"elect", "--backend", url_, "--timeout", "0", name_, "--", "true"});
+  EXPECT_EQ(busy.status, 75) << busy.err;
+  EXPECT_EQ(run({"run", "--backend", url_, "--timeout", "0", "--lock", name_, "--", "true"}).status, 64)
+      << "a lock on an election's name must be a kind mismatch";
+  kill(elected.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(elected), 128 + SIGTERM) << elected.err();
+  const auto none = run({"leader", "--backend", url_, name_});
+  EXPECT_EQ(none.status, 1) << none.err;
+  EXPECT_EQ(none.out, "");
+}
+
+// kill -9 of a leading `turnstile elect`: its watcher stops the command and removes the entry
+// by its receipt, so the next candidate leads at once, not after the 30 s TTL.
+TEST_P(CliServerTest, KillNineOfALeaderLetsTheNextCandidateLeadAtOnce) {
+  const auto ready = path("ready");
+  auto leader = start({"elect", "--backend", url_, "--ttl", "30", "--value", "doomed", name_, "--", "sh", "-c",
+                       "touch " + ready + "; exec sleep 100"});
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready) || zombie(leader.pid); })) << leader.err();
+  if (!fs::exists(ready)) GTEST_SKIP() << GetParam() << " has no election layout yet: " << leader.err();
+  EXPECT_EQ(run({"leader", "--backend", url_, name_}).out, "doomed\n");
+  kill(leader.pid, SIGKILL);
+  EXPECT_EQ(wait_exit(leader), 128 + SIGKILL);
+  // Within 10 s, a third of the TTL: only the watcher's removal can let it lead (else 75).
+  const auto next = run({"elect", "--backend", url_, "--timeout", "10", "--value", "next", name_, "--", "true"});
+  EXPECT_EQ(next.status, 0) << next.err;
+}
+
+// `turnstile leader --watch` prints the leader now, then each change (etcdctl elect -l).
+TEST_P(CliServerTest, LeaderWatchPrintsEachLeader) {
+  Launch pipes;
+  pipes.stdout_pipe = true;
+  auto watcher = start({"leader", "--backend", url_, "--watch", name_}, pipes);
+  const auto first = read_line(watcher.stdout_fd);
+  if (first.empty() && watcher.err().find("leader election is not available") != std::string::npos) {
+    GTEST_SKIP() << GetParam() << " has no election layout yet";
+  }
+  EXPECT_EQ(first, "(no leader)") << watcher.err();
+  const auto elected = run({"elect", "--backend", url_, "--value", "one", name_, "--", "sleep", "0.2"});
+  EXPECT_EQ(elected.status, 0) << elected.err;
+  EXPECT_EQ(read_line(watcher.stdout_fd), "one");
+  EXPECT_EQ(read_line(watcher.stdout_fd), "(no leader)");
+  kill(watcher.pid, SIGINT);
+  EXPECT_EQ(wait_exit(watcher), 0) << watcher.err();
 }
 
 INSTANTIATE_TEST_SUITE_P(Servers, CliServerTest, ::testing::ValuesIn(families()),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `turnstile` command as users run it: a separate process, exit statuses, the child's
 // environment and signals, loss, and inspect/demo output. Every test uses its own fresh
 // file:// directory. Waits are bounded polls with generous deadlines, never speed assertions.
@@ -90,8 +91,9 @@ TEST_F(CliTest, VersionAndHelpSayWhatTheyShould) {
   EXPECT_NE(top_help.out.find("hold"), std::string::npos) << top_help.out;
   const auto unknown = run({"frobnicate"});
   EXPECT_EQ(unknown.status, 64);
-  EXPECT_NE(unknown.err.find("unknown subcommand 'frobnicate' (expected run, hold, inspect or demo)"),
-            std::string::npos)
+  EXPECT_NE(
+      unknown.err.find("unknown subcommand 'frobnicate' (expected run, hold, elect, leader, inspect, gc or demo)"),
+      std::string::npos)
       << unknown.err;
 }
 
@@ -101,23 +103,15 @@ TEST_F(CliTest, VersionAndHelpSayWhatTheyShould) {
 TEST_F(CliTest, EverySchemeNamedAsSupportedHasABackend) {
   const auto unknown = run({"inspect", "--backend", "nosuch://127.0.0.1:1", "job"});
   EXPECT_EQ(unknown.status, 64);
-  const auto open = unknown.err.find("(expected "), close = unknown.err.find(')', open);
-  ASSERT_NE(open, std::string::npos) << unknown.err;
-  std::string list = unknown.err.substr(open + 10, close - open - 10);
-  for (auto& c : list) {
-    if (c == ',') c = ' ';
-  }
-  std::istringstream words(list);
-  std::vector<std::string> schemes;
-  for (std::string word; words >> word;) {
-    if (word != "or") schemes.push_back(word);
-  }
+  const auto schemes = schemes_listed(unknown.err);
   EXPECT_GE(schemes.size(), 2u) << unknown.err;
   for (const auto& scheme : schemes) {
     if (scheme == "file") continue;  // this test's own backend
     // Nothing listens on port 1: a backend that exists says it cannot reach it (69), or that it
     // is not installed in this build.
-    const auto result = run({"inspect", "--connect-timeout", "1", "--backend", scheme + "://127.0.0.1:1", "job"});
+    // A Sentinel URL names its master.
+    const std::string where = scheme.ends_with("+sentinel") ? "://127.0.0.1:1/master" : "://127.0.0.1:1";
+    const auto result = run({"inspect", "--connect-timeout", "1", "--backend", scheme + where, "job"});
     EXPECT_EQ(result.err.find("unknown backend scheme"), std::string::npos) << scheme << ": " << result.err;
     EXPECT_TRUE(result.status == 69 || result.err.find("not installed") != std::string::npos)
         << scheme << ": " << result.status << " " << result.err;
@@ -879,6 +873,30 @@ TEST_F(CliTest, HolderLabelAndTtlOnTheEmbeddedBackend) {
   EXPECT_EQ(untimed.err.find("--ttl"), std::string::npos) << untimed.err;
 }
 
+// Issue 24 item 4 on file://: the state keeps the released entry until its time; `hold` keeps it
+// from when it was taken; a bad DURATION is a usage error that touches nothing.
+TEST_F(CliTest, HoldAtLeastRunsTheJobOnceAcrossHosts) { expect_hold_at_least_runs_the_job_once("cron/nightly"); }
+
+TEST_F(CliTest, HoldAtLeastKeepsAHoldAfterHoldLetsGo) {
+  Launch pipes;
+  pipes.stdin_pipe = pipes.stdout_pipe = true;
+  const auto taken = std::chrono::steady_clock::now();
+  auto holder = start({"hold", "--backend", backend_, "--hold-at-least", "2500ms", "job"}, pipes);
+  ASSERT_FALSE(read_line(holder.stdout_fd).empty()) << holder.err();
+  close_pipe(holder.stdin_fd);
+  EXPECT_EQ(wait_exit(holder), 0) << holder.err();
+  const auto busy = run({"run", "--backend", backend_, "--timeout", "0", "--lock", "job", "--", "true"});
+  EXPECT_EQ(busy.status, 75) << busy.err;
+  const auto waited = run({"run", "--backend", backend_, "--timeout", "30", "--lock", "job", "--", "true"});
+  EXPECT_EQ(waited.status, 0) << waited.err;
+  EXPECT_GE(std::chrono::steady_clock::now() - taken, 2500ms);
+  for (const std::string bad : {"5x", "-1", "s", "1e10"}) {
+    const auto refused = run(lock_sh("other", "true", {"--hold-at-least", bad}));
+    EXPECT_EQ(refused.status, 64) << bad << ": " << refused.err;
+    EXPECT_NE(refused.err.find("--hold-at-least must be a duration"), std::string::npos) << refused.err;
+  }
+}
+
 // inspect of a file:// directory that does not exist creates nothing: nobody is queued there.
 // Names are still checked as the library checks them, in its words.
 TEST_F(CliTest, InspectOfAMissingDirectoryCreatesNothing) {
@@ -983,6 +1001,60 @@ TEST_F(CliTest, ParkingDemoOnAGivenBackend) {
   EXPECT_TRUE(fs::exists(backend_dir_));
   const auto bad = run({"demo", "parking", "--backend", "nosuch://x"});
   EXPECT_EQ(bad.status, 64) << bad.err;
+}
+
+// file:// elections: `turnstile elect NAME -- CMD` runs CMD while leader, with its value and
+// token in CMD's environment; `turnstile leader` prints the value (JSON: token too, and `since`
+// in ISO-8601, as its help says) and exits 1 once the leader resigned; a lock on the election's
+// name is a kind mismatch (64); kill -9 of a leader lets the next candidate lead at once (the
+// kernel drops the leader's lock bytes).
+TEST_F(CliTest, ElectAndLeaderOnTheEmbeddedBackend) {
+  const auto seen = path("seen");
+  auto elected = start({"elect", "--backend", backend_, "--value", "alpha", "jobs/e", "--", "sh", "-c",
+                        "echo \"$TURNSTILE_LEADER_VALUE $TURNSTILE_FENCING_TOKEN\" > " + seen + "; exec sleep 30"});
+  ASSERT_TRUE(wait_until([&] { return !read_file(seen).empty(); })) << elected.err();
+  const auto line = read_file(seen);
+  ASSERT_EQ(line.rfind("alpha ", 0), 0u) << line;
+  const auto token = std::stoull(line.substr(6));
+  const auto text = run({"leader", "--backend", backend_, "jobs/e"});
+  EXPECT_EQ(text.status, 0) << text.err;
+  EXPECT_EQ(text.out, "alpha\n");
+  const auto json = nlohmann::json::parse(run({"leader", "--backend", backend_, "--json", "jobs/e"}).out);
+  EXPECT_EQ(json["value"], "alpha") << json.dump();
+  EXPECT_EQ(json["fencing_token"].get<std::uint64_t>(), token) << json.dump();
+  // `since` is printed as ISO-8601 in UTC (2026-11-27T16:04:40.123Z), and the help says so.
+  ASSERT_TRUE(json["since"].is_string()) << json.dump();
+  const auto since = json["since"].get<std::string>();
+  EXPECT_TRUE(since.size() == 24 && since[10] == 'T' && since.back() == 'Z') << since;
+  const auto help = run({"leader", "--help"}).out;
+  EXPECT_NE(help.find("since: ISO-8601"), std::string::npos) << help;
+  EXPECT_EQ(help.find("since the epoch"), std::string::npos) << help;
+  EXPECT_EQ(inspect_json("jobs/e")["holders"][0]["value"], "alpha");
+  EXPECT_EQ(run({"elect", "--backend", backend_, "--timeout", "0", "jobs/e", "--", "true"}).status, 75);
+  EXPECT_EQ(run({"run", "--backend", backend_, "--timeout", "0", "--lock", "jobs/e", "--", "true"}).status, 64)
+      << "a lock on an election's name must be a kind mismatch";
+  kill(elected.pid, SIGKILL);
+  EXPECT_EQ(wait_exit(elected), 128 + SIGKILL);
+  const auto next = run({"elect", "--backend", backend_, "--timeout", "10", "--value", "next", "jobs/e", "--", "true"});
+  EXPECT_EQ(next.status, 0) << next.err;
+  const auto none = run({"leader", "--backend", backend_, "jobs/e"});
+  EXPECT_EQ(none.status, 1) << none.err;
+  EXPECT_EQ(none.out, "");
+  EXPECT_EQ(run({"elect", "--backend", backend_, "jobs/e"}).status, 64) << "no command";
+}
+
+// `turnstile leader --watch` prints the leader now, then each change, woken by file events.
+TEST_F(CliTest, LeaderWatchOnTheEmbeddedBackend) {
+  Launch pipes;
+  pipes.stdout_pipe = true;
+  auto watcher = start({"leader", "--backend", backend_, "--watch", "jobs/w"}, pipes);
+  EXPECT_EQ(read_line(watcher.stdout_fd), "(no leader)") << watcher.err();
+  const auto elected = run({"elect", "--backend", backend_, "--value", "one", "jobs/w", "--", "sleep", "0.2"});
+  EXPECT_EQ(elected.status, 0) << elected.err;
+  EXPECT_EQ(read_line(watcher.stdout_fd), "one");
+  EXPECT_EQ(read_line(watcher.stdout_fd), "(no leader)");
+  kill(watcher.pid, SIGINT);
+  EXPECT_EQ(wait_exit(watcher), 0) << watcher.err();
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Run by `turnstile run` in the CLI tests: records the hold it runs under (token and name from
 // the environment turnstile gives it) in a hold-history file.
 // Usage: cli_hold_child HISTORY_FILE KIND PERMITS HOLD_MS

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers the CLI tests run as commands, where a shell would add descriptors or cannot do it.
 //   cli_probe_child fds OUT             writes each open descriptor and its target, one a line
 //   cli_probe_child count-signals READY LOG

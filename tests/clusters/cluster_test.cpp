@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fail-over on real 3-node clusters (issue 14): a ZooKeeper ensemble and an etcd cluster, each
 // started by its CTest fixture (tests/servers/zookeeper_ensemble.sh, etcd_cluster.sh) and
 // driven through the script's control commands: kill -9 of a follower and of the leader, the

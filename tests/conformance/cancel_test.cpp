@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cancellable waits: a stop requested while a contender waits in line makes it leave the queue
 // before the call returns (a signal in `turnstile run`, a service shutting down). The entry must
 // be gone at once, not a TTL later: the next contender is admitted without waiting.

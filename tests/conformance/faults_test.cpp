@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Network faults between a client and its server, made with a loopback proxy
 // (tests/support/tcp_proxy.hpp): a cut link (black hole: no answers, no reset) and lost replies.
 // Issues 10.2, 10.2b, 10.16, 15.5/15.6, 16.11. Only the network backends have a server lease to
@@ -9,76 +10,11 @@
 #include <stdexcept>
 #include <stop_token>
 
-#include "conformance/support.hpp"
-#include "support/tcp_proxy.hpp"
+#include "conformance/fault_support.hpp"
 
 namespace conformance {
-namespace {
 
-using turnstile_test::TcpProxy;
-
-constexpr auto kShortTtl = 3000ms;
-// A TTL no test waits out: an entry gone well within it was removed, not expired.
-constexpr auto kLongTtl = 10000ms;
-// The proxy cuts the link only after this long without a request, so the last renewal the
-// server confirmed was sent at least this long before the cut: room for the loss report's own
-// scheduling, without loosening the bound asserted from the cut.
-constexpr auto kQuiet = 50ms;
-
-#define SKIP_WITHOUT_SERVER()                                                                                          \
-  if (!has_server()) GTEST_SKIP() << "file:// holds live as long as their process: no server lease, no reply to lose"; \
-  if (url().rfind("redis+sentinel:", 0) == 0 || url().rfind("redis+cluster:", 0) == 0)                                 \
-  GTEST_SKIP() << "the proxy would stand between the client and the sentinels or one cluster node, not the nodes "     \
-                  "serving the names (the redis family covers these faults; redis_sentinel_test and "                  \
-                  "redis_cluster_test the failovers)"
-
-// The documented loss rule: reported no later than the send time of the last confirmed renewal
-// + TTL - max(TTL/10, 50 ms).
-std::chrono::milliseconds loss_margin(std::chrono::milliseconds ttl) {
-  return std::max<std::chrono::milliseconds>(ttl / 10, 50ms);
-}
-
-// When a stop token was signalled (the hold reported lost), stamped by the signalling thread.
-class LossTime {
- public:
-  explicit LossTime(std::stop_token token) : callback_(std::move(token), Stamp{&at_}) {}
-  bool reported() const { return at_.load() != 0; }
-  Clock::time_point at() const { return Clock::time_point(Clock::duration(at_.load())); }
-
- private:
-  struct Stamp {
-    std::atomic<Clock::rep>* at;
-    void operator()() const noexcept { at->store(Clock::now().time_since_epoch().count()); }
-  };
-  std::atomic<Clock::rep> at_{0};  // before callback_: it may run in callback_'s constructor
-  std::stop_callback<Stamp> callback_;
-};
-
-long long ms(Clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
-
-turnstile::ClientOptions with_ttl(std::chrono::milliseconds ttl) {
-  turnstile::ClientOptions options;
-  options.ttl = ttl;
-  return options;
-}
-
-// A client whose every connection goes through `proxy`.
-turnstile::Client connect_through(const TcpProxy& proxy, const std::string& url, turnstile::ClientOptions options) {
-  return turnstile::Client::connect(proxy.url_through(url), std::move(options));
-}
-
-// Client options with `ttl` that count every HoldLost reported, by on_hold_lost or the error
-// handler (a background release that "finds its hold gone").
-turnstile::ClientOptions counting_losses(std::chrono::milliseconds ttl, std::atomic<int>& losses) {
-  auto options = with_ttl(ttl);
-  options.on_hold_lost = [&losses](const turnstile::Error&) { ++losses; };
-  options.error_handler = [&losses](const turnstile::Error& error) {
-    if (error.code() == turnstile::ErrorCode::hold_lost) ++losses;
-  };
-  return options;
-}
-
-}  // namespace
+using namespace faults;
 
 // Issue 10.2: while other threads of the same client wait in long timed acquires, a hold whose
 // link to the server is cut is reported lost by the documented bound, and unlock() of the lost
@@ -223,11 +159,12 @@ struct LateRenewal {
 // Holds replies from the next request on (the renewal, or `renew` makes one), delivers the first
 // reply kReplyHeldFor after it was sent, and cuts the link at once (requests sent after the
 // reply came get no answer).
-LateRenewal deliver_a_renewal_late_then_cut(TcpProxy& proxy, const std::function<void()>& renew) {
+LateRenewal deliver_a_renewal_late_then_cut(TcpProxy& proxy, const std::function<void()>& renew,
+                                            std::chrono::milliseconds ttl) {
   hold_replies_after_a_request(proxy, kQuiet);
   const auto held_from = proxy.last_request_at();
   renew();
-  if (!Conformance::eventually([&] { return proxy.last_request_at() != held_from; }, kShortTtl)) {
+  if (!Conformance::eventually([&] { return proxy.last_request_at() != held_from; }, ttl)) {
     throw std::runtime_error("no renewal was sent");
   }
   const auto sent = proxy.last_request_at();
@@ -317,8 +254,12 @@ TEST_P(Conformance, HolderIsToldByItsRenewalsSendTimeNotItsLateReply) {
   SKIP_WITHOUT_SERVER();
   const bool zookeeper = url().rfind("zk:", 0) == 0 || url().rfind("zookeeper:", 0) == 0;
   const bool etcd = url().rfind("etcd", 0) == 0;
+  // Twice the short TTL but on etcd (whose keep-alive timing the etcd helper is built on): with
+  // 3 s, a renewal round that slipped under load let the hold be told lost before the held
+  // reply came (nothing tested; seen in loaded make test runs on redis).
+  const std::chrono::milliseconds ttl = etcd ? kShortTtl : 2 * kShortTtl;
   TcpProxy proxy(url());
-  auto cut_off = connect_through(proxy, url(), with_ttl(kShortTtl));
+  auto cut_off = connect_through(proxy, url(), with_ttl(ttl));
   const auto lock_name = name("m");
   auto held = cut_off.mutex(lock_name);
   held.lock();
@@ -344,15 +285,15 @@ TEST_P(Conformance, HolderIsToldByItsRenewalsSendTimeNotItsLateReply) {
     });
   };
   const auto renewal =
-      etcd ? deliver_a_keep_alive_late_then_cut(proxy, lock_name) : deliver_a_renewal_late_then_cut(proxy, renew);
+      etcd ? deliver_a_keep_alive_late_then_cut(proxy, lock_name) : deliver_a_renewal_late_then_cut(proxy, renew, ttl);
   const auto renewal_sent = renewal.sent;
   const auto last_sent = renewal.last_answerable;
   ASSERT_FALSE(lost.reported()) << "the hold was lost before its renewal's reply came: nothing tested";
 
-  const auto bound = last_sent + kShortTtl - loss_margin(kShortTtl);
+  const auto bound = last_sent + ttl - loss_margin(ttl);
   // Told, or (a backend that believes too long) overtaken by the contender: nothing to wait for
   // after the holder was told, as the contender cannot be admitted earlier than it already was.
-  ASSERT_TRUE(eventually([&] { return lost.reported() || contender.admitted(); }, kShortTtl + 10s))
+  ASSERT_TRUE(eventually([&] { return lost.reported() || contender.admitted(); }, ttl + 10s))
       << "the holder was never told and the server never freed its hold";
   if (contender.admitted()) {
     const auto admitted_at = contender.admitted_at();
@@ -360,14 +301,14 @@ TEST_P(Conformance, HolderIsToldByItsRenewalsSendTimeNotItsLateReply) {
         << "the contender was admitted " << ms(admitted_at - renewal_sent)
         << " ms after the renewal was sent, before the holder was told (two holders)";
   }
-  ASSERT_TRUE(eventually([&] { return lost.reported(); }, kShortTtl + 5s)) << "the cut-off holder was never told";
+  ASSERT_TRUE(eventually([&] { return lost.reported(); }, ttl + 5s)) << "the cut-off holder was never told";
   std::cout << "renewal sent at 0 ms, its reply held " << ms(kReplyHeldFor) << "+ ms, last request answerable "
             << ms(last_sent - renewal_sent) << " ms, holder told " << ms(lost.at() - renewal_sent) << " ms, bound "
             << ms(bound - renewal_sent) << " ms\n";
   EXPECT_LE(lost.at(), bound + kReportAllowance)
       << "told " << ms(lost.at() - renewal_sent) << " ms after the renewal was sent (its reply came "
       << ms(kReplyHeldFor) << " ms later, the last request answerable " << ms(last_sent - renewal_sent)
-      << " ms later); the bound is that last request + " << ms(kShortTtl - loss_margin(kShortTtl))
+      << " ms later); the bound is that last request + " << ms(ttl - loss_margin(ttl))
       << " ms: the renewal confirmed from its reply's receipt?";
   held.unlock();
 }
@@ -459,8 +400,8 @@ namespace {
 // dropped, so the caller can never learn the outcome. The call must give nothing and honour its
 // deadline, and the entry it made must go well within the TTL once replies flow again (found by
 // its request id, uuid or owner and removed).
-void expect_lost_join_leaves_nothing(TcpProxy& proxy, const std::function<bool()>& try_join,
-                                     const std::function<bool()>& queued, const std::function<bool()>& gone) {
+bool lost_join_round(TcpProxy& proxy, const std::function<bool()>& try_join, const std::function<bool()>& queued,
+                     const std::function<bool()>& gone, bool last) {
   proxy.hold_replies();
   std::atomic<bool> returned{false};
   std::atomic<bool> got{false};
@@ -474,20 +415,43 @@ void expect_lost_join_leaves_nothing(TcpProxy& proxy, const std::function<bool()
     }
     returned = true;
   });
-  const bool seen = Conformance::eventually([&] { return queued() || (proxy.pass_one_reply(20ms), false); }, 5s);
+  int passed = 0;
+  // A reply is let through only if it is there within 2 ms of a look that found no entry: the
+  // longer that wait, the likelier the join is applied during it and its own reply let through
+  // (then the client is rightly admitted: "admitted without a reply" once failed so on redis in
+  // a loaded run with a 20 ms wait). A race the proxy cannot close; this narrows it.
+  const bool seen =
+      Conformance::eventually([&] { return queued() || (passed += proxy.pass_one_reply(2ms) ? 1 : 0, false); }, 5s);
+  const bool returned_before_seen = returned.load();
   proxy.drop_replies();
   const bool ended = Conformance::eventually([&] { return returned.load(); }, 20s);
   const auto took = Clock::now() - start;
   proxy.forward();
   joiner.join();
-  ASSERT_TRUE(seen) << "the request never reached the server: nothing tested";
-  ASSERT_TRUE(ended);
+  // Admitted through its own reply (let through in the 2 ms window above) and released before
+  // a look saw it: a round that tested nothing, played again.
+  if (!seen && returned_before_seen && got && !last) return false;
+  EXPECT_TRUE(seen) << "the request never reached the server: nothing tested (" << passed << " replies passed; "
+                    << (returned_before_seen
+                            ? "the call had returned " + std::string(got ? "admitted" : "not admitted: ") + error
+                            : std::string("still waiting"))
+                    << ", " << proxy.open_connections() << " connections)";
+  if (!seen) return true;
+  EXPECT_TRUE(ended);
   EXPECT_FALSE(got) << "admitted without a reply from the server";
   EXPECT_LT(took, 2s + 3s) << "a 2 s acquire took " << ms(took) << " ms (" << error << ")";
   EXPECT_TRUE(Conformance::eventually(gone, 4s))
       << "the entry of a join whose reply was lost stayed after the call returned ("
       << (error.empty() ? "timed out" : error) << "): it would lock others out for the " << kLongTtl.count()
       << " ms TTL";
+  return true;
+}
+
+void expect_lost_join_leaves_nothing(TcpProxy& proxy, const std::function<bool()>& try_join,
+                                     const std::function<bool()>& queued, const std::function<bool()>& gone) {
+  for (int round = 1;; ++round) {
+    if (lost_join_round(proxy, try_join, queued, gone, /*last=*/round == 5)) return;
+  }
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fencing tokens strictly increase for successive holders of a name: threads, clients,
 // processes, every kind of hold.
 #include <algorithm>

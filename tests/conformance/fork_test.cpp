@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fork(): a child inherits its parent's memory, holds included, but not its place in the queue.
 // The child must neither use an inherited hold (a reentrant lock() counted up on the parent's
 // entry used to grant the child the lock beside the parent) nor release it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one place the suite meets its backends: every TEST_P of Conformance runs once per URL.
 #include "conformance/support.hpp"
 

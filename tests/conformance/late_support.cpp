@@ -1,8 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "conformance/late_support.hpp"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <thread>
 
 namespace conformance {
@@ -54,6 +57,21 @@ LatePatterns late_patterns(const std::string& url, const std::string& label, con
     patterns = {"PUT /v1/txn", 1, "PUT /v1/txn", 2, line, 2, "PUT /v1/txn", 1, "PUT /v1/txn", 1, true};
   }
   return patterns;
+}
+
+std::string late_value_pattern(const std::string& url, const std::string& value) {
+  if (!starts_with(url, "consul")) return value;
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string encoded;
+  for (std::size_t at = 0; at < value.size(); at += 3) {
+    std::uint32_t group = 0;
+    const auto bytes = std::min<std::size_t>(3, value.size() - at);
+    for (std::size_t i = 0; i < 3; ++i) {
+      group = group << 8 | (i < bytes ? static_cast<unsigned char>(value[at + i]) : 0u);
+    }
+    for (std::size_t i = 0; i < 4; ++i) encoded += i <= bytes ? kAlphabet[group >> (18 - 6 * i) & 63] : '=';
+  }
+  return encoded;
 }
 
 std::string late_skip_reason(const std::string& url) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Late requests for the conformance suite (late_test.cpp): a client whose connections pass
 // through test proxies (tests/support/tcp_proxy.hpp), and, per backend, which bytes of its
 // requests identify the write under test.
@@ -41,6 +42,10 @@ struct LatePatterns {
 
 // The table: `label` is the test client's holder label, `counter` the PermitCounter's name.
 LatePatterns late_patterns(const std::string& url, const std::string& label, const std::string& counter);
+
+// How a request that writes `value` (an election's proclaim) carries it on the wire of `url`'s
+// backend, for a pattern: as it is, or base64-encoded in Consul's /v1/txn bodies.
+std::string late_value_pattern(const std::string& url, const std::string& value);
 
 // Why the late-request tests cannot run on `url` (empty when they can).
 std::string late_skip_reason(const std::string& url);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Late and repeated requests (issue 22; docs/architecture.md, "Late and repeated requests"):
 // a write its sender gave up on changes nothing. A proxy holds the write back until the call
 // that sent it has returned (timed out, thrown, or succeeded by a resend and released), then
@@ -284,6 +285,54 @@ TEST_P(Conformance, LateCopyOfACounterAddIsAppliedAtMostOnce) {
   if (late.hold) late.deliver();
   EXPECT_FALSE(count_moves(late.direct, expected))
       << "the late copy of add(3) changed the count to " << late.direct.available_permits() << ", not " << expected;
+}
+
+// (e) An election candidate whose join is held gives up; the join lands after its clean-up: no
+// candidate appears, and another leads at once. Where elections exist (redis:// and consul:// so far).
+TEST_P(Conformance, LateJoinOfAGivenUpCandidateCreatesNoEntry) {
+  SKIP_WITHOUT_PROXY();
+  const auto election_name = name("e");
+  LateCase late(url(), election_name);
+  std::optional<turnstile::Election> election;
+  try {
+    election.emplace(late.rig.client().election(election_name));
+  } catch (const turnstile::InvalidArgument& error) {
+    GTEST_SKIP() << error.what();
+  }
+  // The value carries the holder label as an entry's data does (" label=…"), so the join
+  // pattern finds the join where the value is the entry's whole data (zk://, etcd://).
+  const auto value = "ghost label=" + late.label;
+  const auto outcome = late.hold_while(late.patterns.join, late.patterns.join_nth,
+                                       [&] { return election->campaign_for(value, kGiveUp); });
+  ASSERT_FALSE(outcome.succeeded) << "led with its join held";
+  late.deliver_after_cleanup(client(), election_name);
+  EXPECT_FALSE(entry_shows(client(), election_name)) << "the late join made a candidate (" << outcome.error << ")";
+  auto other = connect().election(election_name);
+  EXPECT_TRUE(other.campaign_for("real", 0ms)) << "a ghost leads";
+}
+
+// (f) A proclaim is applied at most once: its copy, sent again after a newer proclaim, never
+// brings the older value back. Where a copy can be replayed and elections exist (redis://).
+TEST_P(Conformance, LateCopyOfAProclaimDoesNotUndoANewerOne) {
+  SKIP_WITHOUT_PROXY();
+  const auto election_name = name("e");
+  LateCase late(url(), election_name);
+  if (!late.patterns.replays) GTEST_SKIP() << "no copy can be replayed here";
+  std::optional<turnstile::Election> election;
+  try {
+    election.emplace(late.rig.client().election(election_name));
+  } catch (const turnstile::InvalidArgument& error) {
+    GTEST_SKIP() << error.what();
+  }
+  election->campaign("start");
+  const std::string older = "older-" + late.label;
+  auto copy = late.rig.duplicate(late_value_pattern(url(), older), 1);
+  election->proclaim(older);
+  ASSERT_TRUE(copy.wait_seen(1s)) << "the proclaim never passed the proxy: nothing tested";
+  election->proclaim("newer");
+  copy.replay();
+  EXPECT_FALSE(shows_within([&] { return election->leader()->value != "newer"; }, kWindow))
+      << "the copy of an older proclaim changed the value to " << election->leader()->value;
 }
 
 }  // namespace conformance

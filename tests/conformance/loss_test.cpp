@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Holders that die: a process killed with SIGKILL releases what it held (and its place in a
 // queue) at once; a hold that was not lost never signals its stop token.
 #include <signal.h>

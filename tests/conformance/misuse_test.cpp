@@ -1,9 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bad input and misuse: typed errors that change nothing, unlock() that never throws and
 // reports to the error handler, release() that reports as a typed error, bad URLs.
 #include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <mutex>
+#include <shared_mutex>
 
 #include "conformance/support.hpp"
 
@@ -160,6 +162,56 @@ TEST_P(Conformance, UnlockWithoutHoldingGoesToTheErrorHandler) {
   auto recursive = own.recursive_mutex(name("r"));
   EXPECT_NO_THROW(recursive.unlock());
   EXPECT_EQ(reports.size(), 6u);
+}
+
+// Issue 24: release() inside a guard (to see its errors as exceptions) must not make the
+// guard's destructor report "does not hold"; a stray unlock after that still is misuse.
+TEST_P(Conformance, ReleaseInsideAGuardLeavesTheGuardNothingToReport) {
+  Reports reports;
+  auto own = connect();
+  own.set_error_handler(reports.handler());
+  auto mutex = own.mutex(name("m"));
+  {
+    std::lock_guard guard(mutex);
+    mutex.release();
+    EXPECT_FALSE(mutex.owns_lock());
+  }
+  {
+    std::unique_lock guard(mutex);
+    mutex.release();
+  }
+  auto shared = own.shared_mutex(name("rw"));
+  {
+    std::shared_lock guard(shared);
+    shared.release_shared();
+  }
+  {
+    std::lock_guard guard(shared);
+    shared.release();
+  }
+  auto recursive = own.recursive_mutex(name("r"));
+  {
+    std::lock_guard guard(recursive);
+    recursive.release();
+  }
+  // release() is unlock() that reports: at a nested level it leaves the outer one held.
+  recursive.lock();
+  recursive.lock();
+  recursive.release();
+  EXPECT_TRUE(recursive.owns_lock());
+  recursive.unlock();
+  EXPECT_FALSE(recursive.owns_lock());
+  EXPECT_EQ(reports.size(), 0u) << "a guard's unlock after release() was reported as misuse";
+  mutex.unlock();  // nothing held and no release() before it: misuse
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports.last(), ErrorCode::not_held);
+  // Each was really released: another client takes them at once.
+  auto other = connect();
+  for (const auto& lock_name : {name("m"), name("rw"), name("r")}) {
+    auto contender = other.mutex(lock_name);
+    EXPECT_TRUE(contender.try_lock()) << lock_name;
+    contender.unlock();
+  }
 }
 
 TEST_P(Conformance, UnlockFromAThreadThatDoesNotHoldIsReported) {

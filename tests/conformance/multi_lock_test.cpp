@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MultiLock: all or nothing, over any mix of lockables; gives back in reverse order.
 #include <mutex>
 

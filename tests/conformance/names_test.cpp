@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every name the core accepts works on every backend, whatever a backend's own key rules are
 // (issue 22, item 15): names with dots where paths have them ("x..", "a/b..", "..x"), bytes a
 // key format escapes ('%', '+', ',', spaces, UTF-8), and names whose escaped forms could meet.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PermitCounter (Redisson RSemaphore semantics): arithmetic, waking, FIFO, bad arguments.
 #include <future>
 #include <mutex>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Regressions of the safety reviews that every backend must pass the same way: the largest
 // permit counts carried exactly and one more refused with nothing written (issue 10.5, 10.6),
 // names that look like another name's entries or keys (10.11, 10.12), and a PermitCounter

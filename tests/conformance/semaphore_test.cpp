@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Semaphore and Lease: the limit is never exceeded (threads and processes), leases return on
 // release, destruction and move, FIFO without barging, and every bad argument is refused.
 #include <atomic>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared scaffolding of the conformance suite: the backend parameter, the fixture, child
 // processes, pipes and bounded waits. The suite uses only the public API of turnstile.
 #pragma once
@@ -18,6 +19,7 @@
 
 #include <turnstile/turnstile.hpp>
 
+#include "conformance/backend_param.hpp"
 #include "testing/hold_history.hpp"
 
 namespace conformance {
@@ -26,20 +28,6 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 namespace th = turnstile::testing;
 
-// One backend the suite runs against. An empty url means "a fresh file:// directory per test";
-// "@path" means "the URL written in that file" (by the CTest fixture that starts the server).
-struct BackendParam {
-  std::string label;
-  std::string url;
-};
-
-// How gtest shows the parameter (in test names listed by CTest, too).
-inline void PrintTo(const BackendParam& param, std::ostream* out) {
-  *out << (param.url.empty() ? std::string("fresh file:// directory") : param.url);
-}
-
-// The embedded backend, then every URL of TURNSTILE_CONFORMANCE_URLS (comma-separated).
-std::vector<BackendParam> backend_params();
 std::string param_label(const ::testing::TestParamInfo<BackendParam>& info);
 
 class Conformance : public ::testing::TestWithParam<BackendParam> {

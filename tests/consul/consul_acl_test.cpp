@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ACL denials as real Consul answers them (issue 22, item 11), against the Consul test stand-in
 // with a token whose key-prefix rules allow only some keys: a txn op the token may not do is a
 // 409 {"Errors":[{"OpIndex":i,"What":"Permission denied"}]}, a plain KV call a 403. Every such

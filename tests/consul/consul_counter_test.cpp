@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PermitCounter changes on Consul applied at most once (counter_markers.hpp): a change whose
 // reply was lost is told applied by its own request marker, however many other changes came
 // between, and the markers of settled changes do not pile up. Against the Consul test stand-in.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Consul keys of turnstile names (issue 22, item 15), against the Consul test stand-in
 // (tests/servers/consul_server.py; not Consul): a name Consul takes as it is stays its own key
 // (api.Lock peers share it); no key holds ".." (Consul 1.21.5 refuses it anywhere); and no name

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Checks the Consul HTTP API test stand-in (tests/servers/consul_server.py) with a Consul client
 nobody here wrote: Debian's python3-consul (python-consul 0.7), plus requests for what it does
 not cover (headers, txn). Run with /usr/bin/python3 (Debian's python3-consul lives there).
@@ -14,6 +15,7 @@ import base64
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -488,6 +490,60 @@ class RestartPauseTest(unittest.TestCase):
         finally:
             subprocess.run([SCRIPT, "resume", self.dir], check=True)
         self.assertEqual(self.c.kv.get("held")[1]["Session"], sid)
+
+
+    def test_restart_keeps_every_commit(self):
+        """The data dir keeps a snapshot and a line per commit: all of them come back."""
+        sid = self.c.session.create(name="kept", ttl=30)
+        gone = self.c.session.create(name="gone", ttl=30)
+        for i in range(40):  # a third of them deleted again
+            self.assertTrue(self.c.kv.put("many/%02d" % i, b"%d" % i))
+            self.assertTrue(i % 3 or self.c.kv.delete("many/%02d" % i))
+        self.assertTrue(self.c.kv.put("many/held", b"h", acquire=sid))
+        self.assertTrue(self.c.kv.put("many/went", b"w", acquire=gone))
+        self.c.session.destroy(gone)
+        before = self.c.kv.get("many/", recurse=True)[1]
+        subprocess.run([SCRIPT, "restart", self.dir], check=True)
+        self.c = consul.Consul(host="127.0.0.1", port=self.port)
+        self.assertEqual(self.c.kv.get("many/", recurse=True)[1], before)
+        self.assertEqual(self.c.session.info(sid)[1]["ID"], sid)
+        self.assertIsNone(self.c.session.info(gone)[1])
+
+
+class ConnectionLimitTest(unittest.TestCase):
+    """limits.http_max_conns_per_client, as hashicorp/go-connlimit answers it."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="consul-conns-")
+        os.environ["CONSUL_TEST_HTTP_MAX_CONNS_PER_CLIENT"] = "3"
+        try:
+            self.port = start_server(self.dir)
+        finally:
+            del os.environ["CONSUL_TEST_HTTP_MAX_CONNS_PER_CLIENT"]
+
+    def tearDown(self):
+        subprocess.run([SCRIPT, "stop", self.dir], check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_one_connection_over_the_limit_gets_429_and_is_closed(self):
+        held = [socket.create_connection(("127.0.0.1", self.port)) for _ in range(3)]
+        try:
+            time.sleep(0.2)  # accepted and counted
+            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as over:
+                answer = chunk = over.recv(4096)  # no request sent: answered, then closed
+                while chunk:
+                    chunk = over.recv(4096)
+                    answer += chunk
+            self.assertTrue(answer.startswith(b"HTTP/1.1 429 Too Many Requests\r\n"), answer)
+            self.assertIn(b"Connection: close\r\n", answer)
+            self.assertTrue(answer.endswith(b"\r\n\r\nYour IP is issuing too many concurrent connections, "
+                                            b"please rate limit your calls\n"), answer)
+        finally:
+            for connection in held:
+                connection.close()
+        time.sleep(0.2)  # their handlers end: the address is under the limit again
+        stats = requests.get("http://127.0.0.1:%d/v1/test-stand-in/stats" % self.port, timeout=5).json()
+        self.assertEqual(stats["http connections over the limit"], 1)
 
 
 class SessionTtlTest(Base):

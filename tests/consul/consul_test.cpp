@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What only the Consul backend promises, against the Consul test stand-in (tests/servers/
 // consul_server.py, built from Consul's documentation and sources; not Consul): Consul's own
 // clients' layouts (api.Lock, api.Semaphore), written by hand with curl as their code does.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers of the Consul backend's own tests (tests/consul): the suite's stand-in and requests
 // to it by hand with curl, as Consul's own clients would make them.
 #pragma once

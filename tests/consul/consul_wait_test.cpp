@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Consul waiters wake on every change that can admit them (issue 22, item 12), against the
 // Consul test stand-in (tests/servers/consul_server.py; not Consul).
 #include <gtest/gtest.h>

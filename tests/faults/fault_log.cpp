@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "fault_log.hpp"
 
 #include <fcntl.h>
@@ -9,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 #include <system_error>
+
+#include "testing/hold_history.hpp"
 
 namespace turnstile::faults {
 
@@ -32,23 +35,24 @@ struct Fd {
 
 FencedStore::FencedStore(std::string dir) : dir_(std::move(dir)) { std::filesystem::create_directories(dir_); }
 
-bool FencedStore::write(const std::string& name, std::uint64_t token) {
+FencedStore::Outcome FencedStore::write(const std::string& name, std::uint64_t token) {
   const auto path = dir_ + "/" + file_name_for(name);
   Fd file{::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)};
   if (file.fd < 0) throw std::system_error(errno, std::generic_category(), "open " + path);
   while (::flock(file.fd, LOCK_EX) != 0) {
     if (errno != EINTR) throw std::system_error(errno, std::generic_category(), "flock " + path);
   }
+  const std::int64_t ordered_ns = testing::monotonic_ns();
   std::uint64_t highest = 0;
   const auto got = ::pread(file.fd, &highest, sizeof highest, 0);
   if (got != 0 && got != static_cast<ssize_t>(sizeof highest)) {
     throw std::system_error(EIO, std::generic_category(), "read " + path);
   }
-  if (token < highest) return false;
+  if (token < highest) return {false, ordered_ns};
   if (::pwrite(file.fd, &token, sizeof token, 0) != static_cast<ssize_t>(sizeof token)) {
     throw std::system_error(errno, std::generic_category(), "write " + path);
   }
-  return true;  // the lock goes with the descriptor
+  return {true, ordered_ns};  // the lock goes with the descriptor
 }
 
 EventLog::EventLog(const std::string& path) {
@@ -100,10 +104,12 @@ std::vector<std::string> run_names(const std::string& prefix, int per_kind) {
     names.push_back(prefix + "/mutex" + std::to_string(i));
     names.push_back(prefix + "/sem" + std::to_string(i));
     names.push_back(prefix + "/rw" + std::to_string(i));
+    names.push_back(prefix + "/elect" + std::to_string(i));
   }
   return names;
 }
 
 bool is_semaphore_name(const std::string& name) { return name.find("/sem") != std::string::npos; }
+bool is_election_name(const std::string& name) { return name.find("/elect") != std::string::npos; }
 
 }  // namespace turnstile::faults

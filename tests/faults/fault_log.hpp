@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the processes of a fault run share: the fenced store, the event log each client keeps
 // beside its hold history, and the names of a run. See faults_main.cpp for the run itself.
 #pragma once
@@ -14,8 +15,14 @@ namespace turnstile::faults {
 class FencedStore {
  public:
   explicit FencedStore(std::string dir);
-  // True when accepted (token >= the highest accepted so far for `name`).
-  bool write(const std::string& name, std::uint64_t token);
+  struct Outcome {
+    bool accepted = false;        // token >= the highest accepted so far for `name`
+    std::int64_t ordered_ns = 0;  // monotonic_ns() once the store's lock was taken
+  };
+  // The write's place in the store's order is the moment its lock is taken: a writer stopped
+  // (SIGSTOP) while holding it is ahead of every later writer, which waits for the lock, so a
+  // time read after the call returns would put it after holds that began while it was stopped.
+  Outcome write(const std::string& name, std::uint64_t token);
 
  private:
   std::string dir_;
@@ -24,7 +31,8 @@ class FencedStore {
 // One client's events, one line per event written with one write(2) (O_APPEND):
 //   lost    NAME TOKEN START_NS NOTICE_NS   a hold the client was told it lost
 //   timeout NAME REQUEST_NS GAVE_UP_NS      an acquire that timed out
-//   write   NAME TOKEN AT_NS ACCEPTED       a write to the fenced store (ACCEPTED 0 or 1)
+//   write   NAME TOKEN AT_NS ACCEPTED       a write to the fenced store (ACCEPTED 0 or 1), AT_NS
+//                                           the moment the store ordered it (Outcome)
 //   error   NAME AT_NS TEXT                 an acquire or release that failed
 class EventLog {
  public:
@@ -55,5 +63,7 @@ std::vector<Event> load_events(const std::string& dir);
 inline constexpr std::int64_t kSemaphoreLimit = 2;
 std::vector<std::string> run_names(const std::string& prefix, int per_kind);
 bool is_semaphore_name(const std::string& name);
+// An election's name (leaderships are recorded as exclusive holds: one leader at a time).
+bool is_election_name(const std::string& name);
 
 }  // namespace turnstile::faults

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The servers, network namespaces and client processes of a fault run (fault_setup.hpp).
 #include "fault_setup.hpp"
 

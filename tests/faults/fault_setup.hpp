@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a fault run sets up and drives (faults_main.cpp runs it): the servers through their test
 // scripts, the network namespaces partitions need, and the client processes.
 #pragma once

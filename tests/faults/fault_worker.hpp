@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The client processes of a fault run (fault_worker.cpp).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // turnstile-faults: a Jepsen-style run of turnstile under injected faults (issue 14).
 //
 //   turnstile-faults run --backend LABEL --url URL | --server SCRIPT  --work DIR
@@ -146,6 +147,38 @@ std::size_t leaked_entries(const std::string& url, const std::vector<std::string
     if (left == 0 || std::chrono::steady_clock::now() > until)
       return left == static_cast<std::size_t>(-1) ? names.size() : left;
     std::this_thread::sleep_for(500ms);
+  }
+}
+
+// The election row (issue 27): leaderships are recorded as exclusive holds of the names with
+// "/elect" (fault_worker.cpp), so "no two leaders at once" is the exclusive no-overlap check on
+// those names; the row counts them apart from the run's other names.
+struct ElectionTally {
+  bool offered = false;  // the backend has an election layout (else its names were passed over)
+  std::size_t leaderships = 0, overlaps = 0, stale = 0, starved = 0, timeouts = 0, losses = 0;
+
+  std::string row(const std::string& backend, const std::string& kinds) const {
+    std::ostringstream out;
+    out << "| " << backend << ": elections | ";
+    if (!offered) {
+      out << "passed over (no election layout) | | | | | | | | |";
+      return out.str();
+    }
+    out << leaderships << " leaderships | " << kinds << " | " << overlaps << " (no two leaders at once) | " << stale
+        << " | - | " << starved << " of " << timeouts << " | " << losses << " | - | - |";
+    return out.str();
+  }
+};
+
+bool has_elections(const std::string& url, const std::string& prefix) {
+  try {
+    static_cast<void>(Client::connect(url).election(prefix + "/elect0"));
+    return true;
+  } catch (const InvalidArgument&) {
+    return false;
+  } catch (const Error& error) {
+    std::cerr << "elections: " << error.what() << "\n";
+    return true;  // counted as offered: a row with no leaderships fails the run
   }
 }
 
@@ -318,6 +351,10 @@ int run(const RunOptions& options, const std::string& self) {
   const auto violations = testing::check(
       records, [](const std::string& name) -> std::int64_t { return is_semaphore_name(name) ? kSemaphoreLimit : 0; });
   const auto events = load_events(clients_dir);
+  ElectionTally elections;
+  elections.offered = has_elections(url, base.prefix);
+  for (const auto& record : records) elections.leaderships += is_election_name(record.name);
+  for (const auto& violation : violations) elections.overlaps += is_election_name(violation);
 
   // Stale writes: accepted after a hold with a greater token had begun on the name.
   std::map<std::string, std::vector<std::pair<std::int64_t, std::uint64_t>>> exclusive_starts;
@@ -337,6 +374,7 @@ int run(const RunOptions& options, const std::string& self) {
       if (start >= event.a_ns) break;
       if (token > event.token) {
         ++stale;
+        elections.stale += is_election_name(event.name);
         std::cerr << "stale write accepted: " << event.name << " token " << event.token << " at " << event.a_ns
                   << " after token " << token << " began at " << start << "\n";
         break;
@@ -365,11 +403,13 @@ int run(const RunOptions& options, const std::string& self) {
   for (const auto& event : events) {
     if (event.type != "timeout") continue;
     ++timeouts;
+    elections.timeouts += is_election_name(event.name);
     auto busy = held[event.name];
     busy.insert(busy.end(), recovering.begin(), recovering.end());
     busy = merge(busy);
     if (longest_gap(busy, event.a_ns, event.b_ns) > free_bound_ns) {
       ++starved;
+      elections.starved += is_election_name(event.name);
       std::cerr << "starved waiter on " << event.name << ": waited " << (event.b_ns - event.a_ns) / 1000000
                 << " ms, the name free with no fault for " << longest_gap(busy, event.a_ns, event.b_ns) / 1000000
                 << " ms\n";
@@ -382,6 +422,7 @@ int run(const RunOptions& options, const std::string& self) {
   for (const auto& event : events) {
     if (event.type != "lost") continue;
     ++losses;
+    elections.losses += is_election_name(event.name);
     std::int64_t cause = 0;
     for (const auto& fault : faults) {
       if (fault.start_ns <= event.b_ns && fault.start_ns > cause) cause = fault.start_ns;
@@ -429,15 +470,19 @@ int run(const RunOptions& options, const std::string& self) {
   std::cout << "| backend | holds | faults | overlaps | stale writes accepted | leaked entries | starved waiters "
                "| losses told | loss report ms p50 / p99 | availability in faults / overall |\n"
                "|---|---|---|---|---|---|---|---|---|---|\n"
-            << row.str() << "\n";
+            << row.str() << "\n"
+            << elections.row(options.backend, kinds.str().empty() ? "none" : kinds.str()) << "\n";
   std::cout << "(" << (run_end_ns - run_start_ns) / 1000000000 << " s, " << errors << " client errors, " << crashed
             << " clients crashed, " << stuck << " did not stop in time)\n";
   for (std::size_t i = 0; i < violations.size() && i < 20; ++i) std::cout << "  " << violations[i] << "\n";
   if (!options.table_path.empty()) {
-    std::ofstream(options.table_path, std::ios::app) << row.str() << "\n";
+    std::ofstream(options.table_path, std::ios::app)
+        << row.str() << "\n"
+        << elections.row(options.backend, kinds.str().empty() ? "none" : kinds.str()) << "\n";
   }
-  const bool failed =
-      unexplained > 0 || stale > 0 || leaked > 0 || starved > 0 || crashed > 0 || stuck > 0 || records.empty();
+  // A backend with elections must have elected someone: the election row really ran.
+  const bool failed = unexplained > 0 || stale > 0 || leaked > 0 || starved > 0 || crashed > 0 || stuck > 0 ||
+                      records.empty() || (elections.offered && elections.leaderships == 0);
   if (g_interrupted) {
     std::cerr << "faults: the run was interrupted: its figures cover only what ran\n";
     return 2;

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # The full fault suite (`make faults`): every backend, every fault kind it can take, at least
 # MIN_HOLDS holds each (default 10000), one table (BUILD/faults/table.md) printed at the end.
 #   tests/faults/run_all.sh BUILD_DIR [BACKEND...]

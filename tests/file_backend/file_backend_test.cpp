@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What only the embedded file:// backend promises: a private directory, refusal of foreign or
 // symlinked directories, safe mapping of any valid name to files, and loss signalled when the
 // directory is removed under a holder.
@@ -128,7 +129,8 @@ TEST_F(FileBackend, ProcessesWithAndWithoutXdgRuntimeDirShareTheDefaultDirectory
   EnvOverride runtime("XDG_RUNTIME_DIR", nullptr);
   EXPECT_EQ(with_runtime, Client::default_url());
   struct stat lock_dir {};
-  if (stat("/run/lock", &lock_dir) == 0 && lock_dir.st_uid == 0 && (lock_dir.st_mode & S_ISVTX)) {
+  if (stat("/run/lock", &lock_dir) == 0 && lock_dir.st_uid == 0 && (lock_dir.st_mode & S_ISVTX) &&
+      !fs::exists(Client::host_wide_directory)) {
     EXPECT_EQ(Client::default_url(), "file:///run/lock/turnstile-" + std::to_string(geteuid()));
   }
 
@@ -308,10 +310,11 @@ TEST_F(FileBackend, RefusesAStateFileReplacedByASymlink) {
   const auto victim = path("victim");
   { std::ofstream(victim) << "precious"; }
   std::set<std::string> before;
+  // Kept open, so the name's state file stays (its last user removes it).
+  auto first = Client::connect(url_of(root));
+  before = listing(root);
   {
-    auto client = Client::connect(url_of(root));
-    before = listing(root);
-    auto mutex = client.mutex("target");
+    auto mutex = first.mutex("target");
     mutex.lock();
     mutex.unlock();
   }
@@ -436,7 +439,12 @@ TEST_F(FileBackend, UrlForms) {
   EXPECT_THROW(Client::connect("file://otherhost" + root), turnstile::InvalidUrl);
   EXPECT_THROW(Client::connect(url_of(root) + "?ttl=5"), turnstile::InvalidUrl);
   EXPECT_THROW(Client::connect("file:"), turnstile::InvalidUrl);
-  EXPECT_THROW(Client::connect("file://"), turnstile::InvalidUrl);
+  // "" and "file://" name the embedded default (issue 24), even with TURNSTILE_BACKEND set.
+  {
+    EnvOverride backend("TURNSTILE_BACKEND", url_of(root).c_str());
+    EXPECT_EQ(Client::connect("file://").url(), Client::default_url());
+    EXPECT_EQ(Client::connect("").url(), Client::default_url());
+  }
   // Percent-encoded paths decode.
   EXPECT_NO_THROW(Client::connect(url_of(path("with%20space"))));
   EXPECT_TRUE(fs::is_directory(path("with space")));

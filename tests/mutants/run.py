@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Plants the safety mutants of tests/mutants/mutants.ini one at a time and runs the tests that
 should catch each (make mutants). A mutant is caught when at least one of its tests fails.
 

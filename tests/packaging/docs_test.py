@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The docs stay true to the tree.
 
   docs_test.py SOURCE_DIR [CLI]
@@ -9,6 +10,13 @@ Fails (exit 1, one line per problem) when, in README.md, CHANGELOG.md or docs/**
   * README.md is longer than its front-page budget (250 lines);
   * a code block the README says is quoted from a file (a line `<!-- quoted from PATH -->` just
     before it) differs from that file, so the README's example is one that CI builds;
+  * a path relative to the document (../x) names nothing in the repository, or a document names
+    a path in the developers' machine (/work/...): the docs refer only to the repository;
+  * README.md's and docs/cli.md's exit-status tables, or the man page's EXIT STATUS, lack a status
+    the CLI defines (tools/turnstile/common.hpp, kExit...);
+  * the man page's OPTIONS lack an entry for --backend or a hold option (--lock, --read, --write,
+    --semaphore, --limit), or its backend list lacks a scheme the library knows
+    (src/core/backend_loader.cpp);
 and, given the built CLI, when the man page (docs/turnstile.1) has no entry (a .TP paragraph)
 for an option that `turnstile --help` or a subcommand's --help lists: the man page is the
 complete CLI reference.
@@ -97,8 +105,71 @@ def check_readme(root, problems):
         block = "\n".join(lines[index + 2:end]).strip("\n") if end else ""
         if not quoted.is_file():
             problems.append(f"README.md:{index + 1}: quotes {match.group(1)}, which does not exist")
-        elif block != quoted.read_text(encoding="utf-8").strip("\n"):
+        elif block != without_license_line(quoted.read_text(encoding="utf-8")).strip("\n"):
             problems.append(f"README.md:{index + 1}: the code block differs from {match.group(1)}")
+
+
+def without_license_line(text):
+    """A source file as the README quotes it: without its SPDX line (tools/dev/license_headers.py)."""
+    return "".join(line for line in text.splitlines(keepends=True) if "SPDX-License-Identifier:" not in line)
+
+
+def check_paths(root, doc, problems):
+    """A relative path mentioned anywhere (link or not) exists in the repository; no /work/ path."""
+    for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        where = f"{doc.relative_to(root)}:{number}"
+        for match in re.finditer(r"(?<![\w.])((?:\.\./)+[\w.+/-]*)", line):
+            target = (doc.parent / match.group(1).split("#")[0]).resolve()
+            if not target.is_relative_to(root) or not target.exists():
+                problems.append(f"{where}: {match.group(1)} is not a path in the repository")
+        if re.search(r"(?<![\w.])/work/", line):
+            problems.append(f"{where}: names a path outside the repository (/work/...)")
+
+
+def exit_statuses(root):
+    header = (root / "tools" / "turnstile" / "common.hpp").read_text(encoding="utf-8")
+    return sorted(set(re.findall(r"kExit\w+\s*=\s*(\d+)", header)), key=int)
+
+
+def table_statuses(text):
+    """The statuses a Markdown exit-status table lists: numbers in the rows' first cells."""
+    found = set()
+    for line in text.splitlines():
+        cell = re.match(r"^\|\s*([^|]*)\|", line)
+        if cell:
+            found.update(re.findall(r"\b(\d+)\b", cell.group(1)))
+    return found
+
+
+def check_exit_statuses(root, problems):
+    statuses = exit_statuses(root)
+    if not statuses:
+        problems.append("tools/turnstile/common.hpp: no kExit... statuses found")
+    for doc in ["README.md", "docs/cli.md"]:
+        listed = table_statuses((root / doc).read_text(encoding="utf-8"))
+        for status in statuses:
+            if status not in listed:
+                problems.append(f"{doc}: the exit-status table lacks {status}")
+    man = (root / "docs" / "turnstile.1").read_text(encoding="utf-8")
+    section = man.split(".SH EXIT STATUS", 1)[-1].split("\n.SH ", 1)[0]
+    tagged = set(re.findall(r"\b(\d+)\b", "\n".join(l for l in section.splitlines() if l.startswith(".B "))))
+    for status in statuses:
+        if status not in tagged:
+            problems.append(f"docs/turnstile.1: EXIT STATUS lacks {status}")
+
+
+def check_man_page_lists(root, problems):
+    man = (root / "docs" / "turnstile.1").read_text(encoding="utf-8")
+    options = man.split(".SH OPTIONS", 1)[-1].split("\n.SH ", 1)[0]
+    documented = documented_options(options)
+    for option in ["--backend", "--lock", "--read", "--write", "--semaphore", "--limit"]:
+        if option not in documented:
+            problems.append(f"docs/turnstile.1: OPTIONS has no .TP entry for {option}")
+    loader = (root / "src" / "core" / "backend_loader.cpp").read_text(encoding="utf-8")
+    plain = man.replace("\\-", "-").replace("\\fB", "").replace("\\fR", "")
+    for scheme in re.findall(r'^\s*\{"([a-z+]+)", "[a-z]+",', loader, re.M):
+        if f"{scheme}://" not in plain:
+            problems.append(f"docs/turnstile.1: the backend list lacks {scheme}://")
 
 
 def long_options(help_text):
@@ -114,7 +185,7 @@ def documented_options(man_text):
 
 def check_man_page(root, cli, problems):
     documented = documented_options((root / "docs" / "turnstile.1").read_text(encoding="utf-8"))
-    for command in [[], ["run"], ["hold"], ["inspect"], ["demo"], ["demo", "parking"]]:
+    for command in [[], ["run"], ["hold"], ["inspect"], ["gc"], ["demo"], ["demo", "parking"]]:
         args = [cli] + command + ["--help"]
         out = subprocess.run(args, capture_output=True, text=True, check=False)
         text = out.stdout + out.stderr
@@ -137,7 +208,10 @@ def main():
             problems.append(f"{doc.relative_to(root)}: missing")
             continue
         check_links(root, doc, problems)
+        check_paths(root, doc, problems)
     check_readme(root, problems)
+    check_exit_statuses(root, problems)
+    check_man_page_lists(root, problems)
     if len(sys.argv) == 3:
         check_man_page(root, sys.argv[2], problems)
     for problem in problems:

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # An installed turnstile as another project sees it: `cmake --install` into a temporary prefix,
 # a consumer built with find_package(turnstile) and one with pkg-config, both run; then the tree
 # is moved elsewhere (the build tree's libraries out of reach) and the installed CLI runs and
@@ -16,7 +17,7 @@ libdir=$(dirname "$(find "$work/prefix" -name libturnstile.so -type l | head -n 
 [ -n "$libdir" ] || fail "no libturnstile.so installed"
 for module in "$libdir"/turnstile/libturnstile-*.so; do [ -f "$module" ] || fail "no backend modules in $libdir/turnstile"; done
 [ -x "$work/prefix/bin/turnstile" ] || fail "no CLI installed"
-[ -f "$work/prefix/share/man/man1/turnstile.1" ] || fail "no man page installed"
+gzip -t "$work/prefix/share/man/man1/turnstile.1.gz" || fail "no gzipped man page installed"
 
 # find_package
 cmake -S "$source/tests/packaging/consumer" -B "$work/cmake-consumer" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A redis-server of a test's own (tests/redis), for tests that configure, freeze (SIGSTOP) or
 // restart it; the others use the suite's fixture server.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backend's connection layer (src/backends/redis/connection.cpp and below, subscriber.cpp),
 // against real redis-servers configured as operators run them (maxmemory, replicas, ACL users,
 // `timeout`), a loopback proxy that cuts the link, and a test peer that answers like a hostile
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "backends/redis/connection.hpp"
@@ -360,13 +362,15 @@ TEST(RedisConnectionPeer, OversizedRepliesAreRefused) {
 TEST_F(RedisConnection, SubscriberThreadSurvivesThrowingCallbacks) {
   const auto channel = "turnstile:{" + unique_name("sub") + "}:w";
   std::atomic<int> messages{0};
-  redis::Subscriber subscriber(
-      settings_for(url_),
-      [&](const std::string&, const std::string&) {
-        ++messages;
-        throw std::runtime_error("a waiter table in trouble");
-      },
-      [] { throw std::runtime_error("reset in trouble"); });
+  redis::Subscriber subscriber(settings_for(url_),
+                               {.on_message =
+                                    [&](const std::string&, const std::string&) {
+                                      ++messages;
+                                      throw std::runtime_error("a waiter table in trouble");
+                                    },
+                                .on_reset = [] { throw std::runtime_error("reset in trouble"); },
+                                .on_confirmed = [](const std::string&) { throw std::runtime_error("confirmed"); },
+                                .on_turn = [] { throw std::runtime_error("turn in trouble"); }});
   ASSERT_TRUE(subscriber.subscribe(channel, Clock::now() + 5s));
   redis_cli(url_, "PUBLISH " + quoted(channel) + " 1");
   ASSERT_TRUE(eventually([&] { return messages == 1; }));
@@ -411,6 +415,88 @@ TEST(RedisConnectionPeer, ErrorCodesMapToTypedErrors) {
   EXPECT_EQ(kind("*2\r\n:1\r\n-OOM nested\r\n"), "unavailable");
   EXPECT_EQ(kind("*2\r\n:1\r\n$2\r\nok\r\n"), "none");
   EXPECT_EQ(redis::redacted(settings, "a hunter22 b\x1b[31m"), "a *** b?[31m");
+}
+
+// Issue 25: a script call sent without waiting (a pipelined release) is answered exactly once,
+// in order: the next call on the connection goes out after it and reads its reply first, so
+// that call sees what it did; with no next call, collect_pending() reads it.
+struct Answers {
+  std::mutex mutex;
+  std::vector<long long> values;  // -1 for an error
+  std::vector<std::string> errors;
+  redis::Answer answer() {
+    return [this](redis::Result result) {
+      std::lock_guard lock(mutex);
+      if (result.ok()) {
+        values.push_back(result.reply->integer);
+        return;
+      }
+      values.push_back(-1);
+      try {
+        std::rethrow_exception(result.error);
+      } catch (const turnstile::BackendUnavailable& error) {
+        errors.push_back(error.what());
+      } catch (...) {
+        errors.push_back("not BackendUnavailable");
+      }
+    };
+  }
+  std::vector<long long> seen() {
+    std::lock_guard lock(mutex);
+    return values;
+  }
+};
+
+TEST_F(RedisConnection, PipelinedCallsAreAnsweredInOrderBeforeTheNextCall) {
+  redis::Connection connection(settings_for(url_), kScripts, {});
+  const auto key = key_for("pipelined");
+  const redis::CallOptions options{.budget = turnstile::Deadline(Clock::now() + 5s), .idempotent = true};
+  ASSERT_EQ(connection.eval(kIncr, {key}, {}, options)->integer, 1);  // loads the scripts
+  Answers answers;
+  ASSERT_TRUE(connection.send_pipelined(kIncr, {key}, {}, answers.answer()));
+  ASSERT_TRUE(connection.send_pipelined(kIncr, {key}, {}, answers.answer()));
+  // Sent, not waited for: the next call on the connection reads both replies before its own.
+  const auto value = connection.eval(kGet, {key}, {}, options);
+  ASSERT_EQ(value->type, REDIS_REPLY_STRING);
+  EXPECT_EQ(std::string(value->str, value->len), "3") << "the pipelined calls ran before the next call";
+  EXPECT_EQ(answers.seen(), (std::vector<long long>{2, 3})) << "each answered once, in order, by then";
+  connection.collect_pending(Clock::now() + 1s);
+  EXPECT_EQ(answers.seen().size(), 2u) << "answered exactly once";
+}
+
+TEST_F(RedisConnection, CollectPendingAnswersAPipelinedCallWithoutAnotherCall) {
+  redis::Connection connection(settings_for(url_), kScripts, {});
+  const auto key = key_for("collected");
+  ASSERT_EQ(connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 5s)})->integer, 1);
+  Answers answers;
+  ASSERT_TRUE(connection.send_pipelined(kIncr, {key}, {}, answers.answer()));
+  connection.collect_pending(Clock::now() + 5s);
+  EXPECT_EQ(answers.seen(), (std::vector<long long>{2}));
+}
+
+// A pipelined call whose reply never comes (the link cut after it went out) is an unknown
+// outcome (BackendUnavailable), answered once, by collect_pending's deadline; and a Connection
+// ending with a reply owed answers it too.
+TEST_F(RedisConnection, PipelinedCallOnABrokenLinkIsAnsweredAsUnknownOnce) {
+  turnstile_test::TcpProxy proxy(url_);
+  const auto key = key_for("pipelined-cut");
+  Answers answers;
+  {
+    redis::Connection connection(settings_for(proxy.url_through(url_)), kScripts, {});
+    ASSERT_EQ(connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 5s)})->integer, 1);
+    proxy.drop_replies();
+    ASSERT_TRUE(connection.send_pipelined(kIncr, {key}, {}, answers.answer()));
+    connection.collect_pending(Clock::now() + 300ms);
+    ASSERT_EQ(answers.seen(), (std::vector<long long>{-1}));
+    EXPECT_NE(answers.errors.front().find("outcome is unknown"), std::string::npos) << answers.errors.front();
+    proxy.forward();
+    ASSERT_EQ(connection.eval(kIncr, {key}, {}, {.budget = turnstile::Deadline(Clock::now() + 5s)})->integer, 3);
+    proxy.hold_replies();
+    ASSERT_TRUE(connection.send_pipelined(kIncr, {key}, {}, answers.answer()));
+    ASSERT_EQ(answers.seen().size(), 1u) << "not answered before its reply or its connection's end";
+  }
+  EXPECT_EQ(answers.seen(), (std::vector<long long>{-1, -1})) << "the Connection's end answers what it owed";
+  proxy.forward();
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 22 (Redis): requests that reach the server after their sender gave up, left, released
 // or went on, and entries rewritten under their owner. A request is held back by the test proxy
 // (tests/support/tcp_proxy.hpp) or by a frozen server (SIGSTOP), then delivered; it must change
 // nothing. Every counter change is applied at most once, however many calls came between.
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <future>
 #include <map>
 #include <sstream>
@@ -350,6 +353,146 @@ TEST_F(RedisLateRequests, ALongWaiterDoesNotMakeItsClientsRecordGrow) {
   EXPECT_FALSE(waiter.get());
   EXPECT_EQ(counter.available_permits(), 200);
   redis_cli(url_, "DEL " + quoted(name) + " " + quoted(line));
+}
+
+// INFO commandstats: the HGETs the server has run (a script's count too; the tests here read
+// entries with HGETALL).
+long long hget_calls(const RedisServer& server) {
+  const auto stats = server.cli("INFO commandstats");
+  const std::string counter = "cmdstat_hget:calls=";
+  const auto at = stats.find(counter);
+  return at == std::string::npos ? 0 : std::atoll(stats.c_str() + at + counter.size());
+}
+
+// The lease end (server ms) of the name's one entry, -1 when it has none. An entry's field is
+// its seq; its text "<kind><admitted> <permits> <limit> <request> <until ms> ..." (see
+// queue_prelude.lua).
+std::int64_t lone_entry_end(const std::string& url, const std::string& name) {
+  std::istringstream lines(redis_cli(url, "HGETALL " + quoted(state_key(name))));
+  for (std::string field, value; std::getline(lines, field) && std::getline(lines, value);) {
+    if (field.empty() || !std::all_of(field.begin(), field.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    std::istringstream words(value);
+    std::string word;
+    for (int i = 0; i < 5; ++i) words >> word;
+    return std::stoll(word);
+  }
+  return -1;
+}
+
+// A lock() of the name on a thread of its own that records when it returned and when the hold
+// was reported lost, and keeps the hold until finish() (or until it is destroyed).
+class RecordedWaiter {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr Clock::time_point kNever{};
+
+  RecordedWaiter(Client& client, const std::string& name) {
+    run_ = std::async(std::launch::async, [this, &client, name, done = finished_.get_future()] {
+      auto mutex = client.mutex(name);
+      if (!mutex.try_lock_for(30s, stop_.get_token())) return;
+      admitted_at_ = Clock::now();
+      const std::stop_callback on_loss(mutex.lost_token(), [this] { lost_at_ = Clock::now(); });
+      done.wait_for(30s);
+      try {
+        mutex.unlock();
+      } catch (const turnstile::Error&) {
+        // Lost: nothing left to release.
+      }
+    });
+  }
+  ~RecordedWaiter() { finish(); }
+  RecordedWaiter(const RecordedWaiter&) = delete;
+  RecordedWaiter& operator=(const RecordedWaiter&) = delete;
+
+  Clock::time_point admitted_at() const { return admitted_at_; }
+  Clock::time_point lost_at() const { return lost_at_; }
+  // Releases the hold, or gives the wait up.
+  void finish() {
+    if (std::exchange(finishing_, true)) return;
+    stop_.request_stop();
+    finished_.set_value();
+    run_.wait();
+  }
+
+ private:
+  std::atomic<Clock::time_point> admitted_at_{kNever};
+  std::atomic<Clock::time_point> lost_at_{kNever};
+  std::stop_source stop_;
+  std::promise<void> finished_;
+  bool finishing_ = false;
+  std::future<void> run_;
+};
+
+// Waits until the name's one entry has run out by the server's clock (false by `timeout`).
+bool entry_expires(const std::string& url, const std::string& name, std::chrono::milliseconds timeout) {
+  return eventually(
+      [&] {
+        const auto end = lone_entry_end(url, name);
+        return end > 0 && server_ms(url) > end + 50;
+      },
+      timeout);
+}
+
+// Red team, issue 25 (rt25b): a waiter a message names checks its admission with one plain
+// HGET (no script). That HGET held back until the entry's lease had run out (its renewals held
+// too), the server read the expired entry as admitted: the waiter was admitted on it and told
+// lost as another client got the name, not TTL/10 before (the loss rule). An answer that comes
+// TTL/2 or more after the last renewal's send counts for nothing now: the script looks.
+TEST(RedisLateRequestsOwnServer, ANamedWaitersLateHgetDoesNotAdmitItOnItsExpiredEntry) {
+  using Clock = RecordedWaiter::Clock;
+  constexpr auto kTtl = 2000ms;
+  RedisServer server("--save '' --appendonly no");
+  turnstile_test::TcpProxy proxy(server.url());
+  auto direct = Client::connect(server.url(), with_ttl(kTtl));
+  auto other = Client::connect(server.url(), with_ttl(kTtl));
+  auto through = Client::connect(proxy.url_through(server.url()), with_ttl(kTtl));
+  const auto name = unique_name("late-hget");
+  auto holder = direct.mutex(name);
+  holder.lock();
+  RecordedWaiter waiter(through, name);
+  ASSERT_TRUE(eventually([&] { return direct.inspect(name).waiters.size() == 1; }, 3s)) << "the waiter never queued";
+  ASSERT_EQ(waiter.admitted_at(), RecordedWaiter::kNever) << "admitted while the name was held";
+  // Released just after a renewal of the waiter's entry: its client checks with an HGET only
+  // within TTL/2 of one (its first comes up to TTL/3 after it queued).
+  const auto queued_end = lone_entry_end(server.url(), name);
+  ASSERT_TRUE(eventually([&] { return lone_entry_end(server.url(), name) > queued_end; }, kTtl))
+      << "the waiter's entry was never renewed";
+  std::this_thread::sleep_for(50ms);  // its client has read the renewal's answer
+  auto hget = proxy.hold_request("$4\r\nHGET\r\n");
+  holder.unlock();
+  ASSERT_TRUE(hget->wait_held(2s)) << "the message's waiter never sent its HGET: nothing tested";
+  // Every later call naming the entry is held too (the watchdog's renewals, the waiter's
+  // look): nothing renews it, and no script drops it once expired.
+  std::vector<std::shared_ptr<turnstile_test::HeldRequest>> renewals;
+  for (int i = 1; i <= 40; ++i) renewals.push_back(proxy.hold_request(state_key(name), i));
+  ASSERT_TRUE(entry_expires(server.url(), name, kTtl + 2s)) << "the waiter's entry did not run out";
+  const auto hgets = hget_calls(server);
+  hget->deliver();
+  ASSERT_TRUE(eventually([&] { return hget_calls(server) > hgets; }, 2s)) << "the late HGET never ran";
+  // At once another client tries: its script drops the expired entry and admits it.
+  auto next = other.mutex(name);
+  const auto next_at = Clock::now();
+  ASSERT_TRUE(next.try_lock()) << "the expired entry still held the name";
+  std::this_thread::sleep_for(300ms);  // the waiter acts on the late answer
+  const auto next_released_at = Clock::now();
+  next.unlock();
+  for (auto& held : renewals) held->drop();
+  EXPECT_TRUE(eventually([&] { return waiter.admitted_at() != RecordedWaiter::kNever; }, 5s))
+      << "the waiter never got the free name";
+  const auto admitted = waiter.admitted_at(), lost = waiter.lost_at();
+  const auto at = [&](Clock::time_point t) {
+    if (t == RecordedWaiter::kNever) return std::string("never");
+    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(t - next_at).count()) + " ms";
+  };
+  if (admitted != RecordedWaiter::kNever && admitted < next_released_at) {
+    EXPECT_TRUE(lost != RecordedWaiter::kNever && lost <= next_at - kTtl / 10)
+        << "admitted on its expired entry (at " << at(admitted) << ") and told lost at " << at(lost)
+        << ", counted from when another client asked for the name; the loss rule needs -" << (kTtl / 10).count()
+        << " ms or earlier";
+  }
+  waiter.finish();
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backend's safety under the conditions operators really run it in: a message only
 // wakes a waiter (never admits it; database-scoped channels), a name's state evicted, deleted
 // or restored from an older snapshot (the holder is told, fencing tokens keep growing), a

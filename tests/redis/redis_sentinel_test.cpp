@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // redis+sentinel://: the primary found through the sentinels, holds reported lost when the primary
 // changes (SENTINEL FAILOVER, kill -9), waiters served by the new primary, and ?min_replicas=N.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What only the Redis backend promises: a server that restarts without its data makes holds
 // lost, a lost wake-up message strands nobody, bad
 // credentials fail at connect time, PermitCounter shares Redisson's layout, every key of a name
@@ -17,7 +18,9 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <random>
+#include <vector>
 
 #include "conformance/support.hpp"
 #include "support/server_tests.hpp"
@@ -131,6 +134,85 @@ TEST_F(Redis, LostWakeUpMessageDoesNotStrandAWaiter) {
   // And the holder whose entry vanished is told.
   EXPECT_TRUE(eventually([&] { return holder_lost.stop_requested(); }, 15s));
   holder.unlock();  // reports HoldLost to the error handler, never throws
+}
+
+// Issue 25: the release's script admits the next waiter and publishes its seq; the waiter
+// named by that message checks its admission in the server's state with one HGET on its
+// command connection, not another script call. What that connection sends after the release
+// is read from MONITOR (redis-cli's, in its own process).
+TEST_F(Redis, AWaiterNamedByTheReleaseChecksItsAdmissionWithoutAScript) {
+  const auto name = unique_name("handoff");
+  const auto channel = "\"turnstile:{" + name + "}:w:0\"";
+  auto holder_client = Client::connect(url_);
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  const auto holder_seq = std::to_string(holder.fencing_token());
+  std::unique_ptr<FILE, decltype(&pclose)> monitor(
+      popen(("stdbuf -oL redis-cli -u " + server_tests::quoted(url_) + " monitor | sed -u '/handoff-monitor-end/q'")
+                .c_str(),
+            "r"),
+      pclose);
+  ASSERT_TRUE(monitor);
+  std::string first_line(256, '\0');
+  ASSERT_TRUE(fgets(first_line.data(), static_cast<int>(first_line.size()), monitor.get())) << "no MONITOR";  // OK
+  auto waiter_client = Client::connect(url_);
+  auto waiter = waiter_client.mutex(name);
+  // The waiter keeps its hold until MONITOR has been read: its release is no look.
+  std::promise<void> read;
+  auto got = std::async(std::launch::async, [&, done = read.get_future()] {
+    const bool ok = waiter.try_lock_for(20s);
+    done.wait();
+    if (ok) waiter.unlock();
+    return ok;
+  });
+  struct LetGo {  // on every way out, before `got` waits for the thread
+    std::promise<void>& read;
+    bool done = false;
+    void now() {
+      if (!std::exchange(done, true)) read.set_value();
+    }
+    ~LetGo() { now(); }
+  } let_go{read};
+  ASSERT_TRUE(eventually([&] { return holder_client.inspect(name).waiters.size() == 1; }));
+  std::this_thread::sleep_for(1s);  // its look after subscribing, if any, is done by now
+  holder.unlock();
+  EXPECT_TRUE(eventually(
+      [&] {
+        const auto queue = holder_client.inspect(name);
+        return queue.waiters.empty() && queue.holders.size() == 1;
+      },
+      15s))
+      << "the waiter was not admitted";
+  const auto marker = "handoff-marker-" + name;
+  redis_cli(url_, "ECHO " + marker);
+  // The waiter's command connection: the one that sent its acquire (the queue's first "x" join
+  // seen here: the holder joined before MONITOR began). Then, after the holder's release (the
+  // channel followed by the holder's seq), what that connection sent.
+  std::string waiter_port, line(64 * 1024, '\0');
+  const auto release = channel + " \"" + holder_seq + "\"";
+  bool released = false;
+  int scripts_after = 0, hgets_after = 0;
+  while (fgets(line.data(), static_cast<int>(line.size()), monitor.get())) {
+    const std::string text(line.c_str());
+    if (text.find(marker) != std::string::npos) break;
+    const auto open = text.find(" 127.0.0.1:"), close = text.find(']');
+    if (open == std::string::npos || close == std::string::npos) continue;  // inside a script: "[0 lua]"
+    const auto port = text.substr(open, close - open);
+    if (waiter_port.empty() && text.find(channel + " \"x\"") != std::string::npos) waiter_port = port;
+    if (text.find(release) != std::string::npos) released = true;
+    if (!released || port != waiter_port) continue;
+    scripts_after += text.find("\"EVALSHA\"") != std::string::npos || text.find("\"EVAL\"") != std::string::npos;
+    hgets_after += text.find("\"HGET\"") != std::string::npos;
+  }
+  // sed ends at the end marker, and redis-cli at its next line (so pclose returns).
+  redis_cli(url_, "ECHO handoff-monitor-end");
+  redis_cli(url_, "ECHO handoff-monitor-end");
+  let_go.now();
+  EXPECT_TRUE(got.get());
+  ASSERT_FALSE(waiter_port.empty()) << "the waiter's acquire was not seen";
+  ASSERT_TRUE(released) << "the holder's release was not seen";
+  EXPECT_EQ(scripts_after, 0) << "the waiter ran a script to learn it was admitted";
+  EXPECT_EQ(hgets_after, 1);
 }
 
 TEST_F(Redis, BadCredentialsAndWrongServersFailAtConnect) {
@@ -259,6 +341,60 @@ TEST(RedisOwnServer, UncontendedLockUnlockCostsTwoCommands) {
     mutex.unlock();
   }
   EXPECT_EQ(calls() - before, 20);
+}
+
+// The server's count of one command, scripts' calls included (INFO commandstats).
+long long command_calls(const std::string& url, const std::string& command) {
+  const auto stats = redis_cli(url, "INFO commandstats");
+  const std::string counter = "cmdstat_" + command + ":calls=";
+  const auto at = stats.find(counter);
+  return at == std::string::npos ? 0 : std::stoll(stats.substr(at + counter.size()));
+}
+
+// Issue 26: joining behind many waiters, leaving from the middle, a refused try-once and a
+// release that admits the next are each O(1) in the queue's length: none reads the name's whole
+// hash (HGETALL: every script walked the queue before the index in queue_prelude.lua).
+TEST(RedisOwnServer, JoinLeaveAndReleaseBehindManyWaitersReadNoWholeQueue) {
+  OwnServer server(TURNSTILE_REDIS_SCRIPT);
+  auto client = Client::connect(server.url());
+  const auto name = unique_name("index");
+  auto holder_client = Client::connect(server.url());  // get() refuses on a thread holding the name
+  auto holder = holder_client.mutex(name);
+  holder.lock();
+  constexpr std::size_t kWaiters = 200;
+  std::vector<turnstile::Mutex> mutexes;
+  std::vector<turnstile::Acquiring<std::optional<turnstile::Lease>>> waiters;
+  mutexes.reserve(kWaiters + 1);
+  for (std::size_t i = 0; i < kWaiters; ++i) {
+    mutexes.push_back(client.mutex(name));
+    waiters.push_back(mutexes.back().lock_async());
+    if (i == 0) {
+      ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == 1; }, 10s));
+    }
+  }
+  ASSERT_TRUE(eventually([&] { return client.inspect(name).waiters.size() == kWaiters; }, 60s));
+  const auto key = quoted("turnstile:{" + name + "}:q");
+  const auto fields = [&] { return std::stoll(redis_cli(server.url(), "HLEN " + key)); };
+  const auto walks_before = command_calls(server.url(), "hgetall");
+
+  auto other = client.mutex(name);
+  EXPECT_FALSE(other.try_lock());  // a refused try-once
+  const auto fields_before = fields();
+  waiters.push_back(other.lock_async());  // a join at the back
+  ASSERT_TRUE(eventually([&] { return fields() > fields_before; }, 10s)) << "the last waiter never joined";
+  const auto fields_queued = fields();
+  waiters[kWaiters / 2].cancel();  // a leave from the middle
+  EXPECT_FALSE(waiters[kWaiters / 2].get().has_value());
+  ASSERT_TRUE(eventually([&] { return fields() < fields_queued; }, 10s)) << "the cancelled waiter never left";
+  EXPECT_FALSE(waiters[0].ready()) << "admitted while the name was held";
+  holder.unlock();  // a release admitting the first waiter
+  ASSERT_TRUE(waiters[0].wait_for(10s));
+  auto lease = waiters[0].get();
+  ASSERT_TRUE(lease.has_value());
+  EXPECT_FALSE(waiters[1].ready()) << "two admitted by one release";
+  EXPECT_EQ(command_calls(server.url(), "hgetall") - walks_before, 0) << "a script read the whole queue";
+  lease->release();
+  for (auto& waiter : waiters) waiter.cancel();
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the test-server scripts beside it (POSIX sh): the one set of helpers they share.
 #   wait_until TENTHS COMMAND...      COMMAND every 0.1 s until it succeeds, up to TENTHS times
 #   process_gone PID                  PID has exited, or is a zombie (it has let go of its ports;

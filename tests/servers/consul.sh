@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Starts or stops the Consul HTTP API TEST STAND-IN (consul_server.py beside this script, not
 # Consul: none can be installed here) on a free port of 127.0.0.1, for tests.
 #   consul.sh start DIR     state, log and pid under DIR; writes consul://127.0.0.1:PORT to DIR/url

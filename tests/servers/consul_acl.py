@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ACL policies of the Consul test stand-in (consul_server.py beside this file). NOT Consul.
 
 Decided as Consul's acl package decides them (acl/policy_authorizer.go, with default_policy

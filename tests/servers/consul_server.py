@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """A TEST STAND-IN for a Consul agent's HTTP API. It is NOT Consul.
 
 No Consul can be installed on the machines this project is built on, so the consul:// backend is
@@ -18,7 +19,8 @@ Implemented (one datacenter, one server that is always the leader):
   * X-Consul-Index (never 0), X-Consul-KnownLeader: true, X-Consul-LastContact: 0 on reads.
   * Blocking queries (?index=N&wait=D) on KV GET (one key, ?recurse, ?keys) and on session
     info/list: answered at once while the index is above N; otherwise the query is run again
-    each time something it watches changes (the key; the prefix; the session; the session table)
+    each time something it watches changes (the key; the prefix; the session; the session table;
+    a write wakes only the queries that watch what it changed, as Consul's watch sets do)
     and answers once its index is above N, or when wait (default 5 min, at most 10 min, plus a
     random jitter of up to wait/16) runs out, with the same index. An index that went backwards
     is simply above nothing: the client resets, as Consul's documentation says.
@@ -68,10 +70,17 @@ Implemented (one datacenter, one server that is always the leader):
     index moves on by one (a new leader's barrier) and every session's TTL timer starts again
     (initializeSessionTimers). Lock-delays are in memory only.
   * Pausing: send SIGSTOP / SIGCONT to the process (tests/servers/consul.sh pause|resume).
+  * limits.http_max_conns_per_client (--http-max-conns-per-client, env
+    CONSUL_TEST_HTTP_MAX_CONNS_PER_CLIENT; 200 as Consul's default): a connection from an IP that
+    has that many open gets "HTTP/1.1 429 Too Many Requests" (Connection: close, Consul's text)
+    before its request is read, and is closed (hashicorp/go-connlimit, agent/agent.go); counted
+    in the stats as "http connections over the limit".
   * Tombstones are reaped after --tombstone-ttl (Consul's tombstone_ttl, 15 min; env
     CONSUL_TEST_TOMBSTONE_TTL), so a prefix's index may go back to its live keys' highest.
   * GET /v1/test-stand-in/stats (NOT a Consul API): requests answered per method and endpoint,
-    blocking queries by how they ended; for the benchmarks (bench/consul_run.sh).
+    blocking queries by how they ended, HTTP connections open now, KV entries returned by
+    prefix reads (?recurse, get-tree: "kv entries listed"); for the benchmarks
+    (bench/consul_run.sh) and the tests.
   * PUT /v1/test-stand-in/delay?path=P&seconds=S (NOT a Consul API; TEST-ONLY): every later
     request whose path starts with P is answered S seconds late (each in its own thread, so
     concurrent ones overlap, as a slow server's would); seconds=0 removes it. For the tests of
@@ -92,11 +101,13 @@ Standard library only; run it with /usr/bin/python3.
 import argparse
 import collections
 import base64
+import bisect
 import http.server
 import json
 import os
 import random
 import re
+import select
 import signal
 import socket
 import sys
@@ -212,6 +223,49 @@ class TxnAbort(Exception):
     pass
 
 
+class Watcher:
+    """One blocking query waiting: what it watches, and its own condition on the state's lock."""
+
+    def __init__(self, watches, cond):
+        self.watches = watches
+        self.cond = cond
+        self.fired = False
+
+
+class PrefixIndexed(dict):
+    """A dict that also keeps its keys sorted, so a prefix read finds its keys by bisection
+    instead of scanning the whole store (the suite's shared stand-in holds every test's keys,
+    and a queue of thousands is read on every change). Answers are the same as a scan's."""
+
+    def __init__(self):
+        super().__init__()
+        self.order = []
+
+    def __setitem__(self, key, value):
+        if key not in self:
+            bisect.insort(self.order, key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        del self.order[bisect.bisect_left(self.order, key)]
+
+    def pop(self, key, *default):
+        if key in self:
+            value = self[key]
+            del self[key]
+            return value
+        return super().pop(key, *default)
+
+    def prefixed(self, prefix):
+        """The keys starting with `prefix`, sorted."""
+        start = bisect.bisect_left(self.order, prefix)
+        end = start
+        while end < len(self.order) and self.order[end].startswith(prefix):
+            end += 1
+        return self.order[start:end]
+
+
 class State:
     """The Raft state of one server (always the leader), guarded by one lock.
 
@@ -221,15 +275,22 @@ class State:
 
     def __init__(self, args):
         self.args = args
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)  # the reaper's: every commit wakes it
+        # Blocking queries waiting now, each with its own condition on the state's lock: a
+        # commit wakes only those that watch something it changed, as Consul's watch sets do
+        # (a thousand waiting queries are not a thousand threads woken by every write).
+        self.watchers = set()
+        self.notified = 0        # changes (absolute, as changes_base) the watchers were told of
         self.stats_lock = threading.Lock()
         self.undo = None         # inside a transaction: key -> (entry, tombstone) before it
         self.stats = {}
         self.delays = {}         # TEST-ONLY: path prefix -> seconds (/v1/test-stand-in/delay)
         self.raced = set()       # TEST-ONLY: keys changed after every read (/v1/test-stand-in/race)
         self.raft_index = args.initial_index
-        self.kvs = {}            # key -> entry dict (Value: bytes or None)
-        self.tombstones = {}     # key -> index of its deletion (the graveyard)
+        self.kvs = PrefixIndexed()         # key -> entry dict (Value: bytes or None)
+        self.texts = {}                    # key -> (entry, its JSON text): entry_text's
+        self.tombstones = PrefixIndexed()  # key -> index of its deletion (the graveyard)
         self.buried = collections.deque()  # (monotonic time, key, index): for the reaper
         self.kvs_index = 0       # max of the kvs and tombstones table indexes
         self.sessions = {}       # id -> session dict
@@ -240,6 +301,8 @@ class State:
         self.changes = []
         self.changes_base = 0
         self.data_file = None
+        self.saved_changes = 0   # changes (absolute, as changes_base) written to the data file
+        self.log_lines = None    # commits appended after its snapshot (None: write a snapshot)
         if args.data_dir:
             os.makedirs(args.data_dir, exist_ok=True)
             self.data_file = os.path.join(args.data_dir, "raft.json")
@@ -248,40 +311,81 @@ class State:
     # ---- persistence -------------------------------------------------------------------------
 
     def _load(self):
+        """The data file: a snapshot line, then a line per commit with what it changed (a torn
+        last line, from a kill in the middle of its write, is left out)."""
         try:
             with open(self.data_file) as f:
-                saved = json.load(f)
+                lines = f.read().splitlines()
         except FileNotFoundError:
             return
+        saved = json.loads(lines[0])
+        # Tombstones are not kept (as if reaped on the restart): a prefix's index may go back to
+        # its live keys' highest; the table index does not.
+        self.tombstones = PrefixIndexed()
+        for e in saved["kvs"]:
+            self._load_entry(e["Key"], e)
+        self.sessions = {s["ID"]: s for s in saved["sessions"]}
+        for line in lines[1:]:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                break
+            saved = record
+            for key, e in record["kv"].items():
+                self._load_entry(key, e)
+            for sid, s in record["sessions"].items():
+                if s is None:
+                    self.sessions.pop(sid, None)
+                else:
+                    self.sessions[sid] = s
         self.raft_index = saved["raft_index"] + 1   # the new leader's barrier entry
         self.kvs_index = saved["kvs_index"]
         self.sessions_index = saved["sessions_index"]
-        # Tombstones are not kept (as if reaped on the restart): a prefix's index may go back to
-        # its live keys' highest; the table index does not.
-        self.tombstones = {}
-        for e in saved["kvs"]:
-            e = dict(e)
-            e["Value"] = None if e["Value"] is None else base64.b64decode(e["Value"])
-            e.setdefault("Session", "")   # entry_json leaves it out when unlocked
-            self.kvs[e["Key"]] = e
-        self.sessions = {s["ID"]: s for s in saved["sessions"]}
         now = time.monotonic()
         for s in self.sessions.values():
             self._reset_timer(s, now)
 
+    def _load_entry(self, key, e):
+        if e is None:
+            self.kvs.pop(key, None)
+            return
+        e = dict(e)
+        e["Value"] = None if e["Value"] is None else base64.b64decode(e["Value"])
+        e.setdefault("Session", "")   # entry_json leaves it out when unlocked
+        self.kvs[key] = e
+
+    def _indexes(self):
+        return {"raft_index": self.raft_index, "kvs_index": self.kvs_index,
+                "sessions_index": self.sessions_index}
+
     def _save(self):
+        """After every commit, as Raft's log: a line with what the commit changed, appended (a
+        rewrite of the whole state made every write cost the size of the store: a queue of ten
+        thousand took hours); the whole state again once the lines outnumber its entries."""
         if not self.data_file:
             return
-        saved = {
-            "raft_index": self.raft_index, "kvs_index": self.kvs_index,
-            "sessions_index": self.sessions_index,
-            "kvs": [self.entry_json(e) for e in self.kvs.values()],
-            "sessions": list(self.sessions.values()),
-        }
-        tmp = self.data_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(saved, f)
-        os.replace(tmp, self.data_file)
+        start = self.saved_changes - self.changes_base
+        entries = len(self.kvs) + len(self.sessions)
+        if self.log_lines is None or start < 0 or self.log_lines >= max(1000, entries):
+            saved = dict(self._indexes(), kvs=[self.entry_json(e) for e in self.kvs.values()],
+                         sessions=list(self.sessions.values()))
+            tmp = self.data_file + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(json.dumps(saved) + "\n")
+            os.replace(tmp, self.data_file)
+            self.log_lines = 0
+        else:
+            kv, sessions = {}, {}
+            for kind, name in self.changes[start:]:
+                if kind == "kv":
+                    e = self.kvs.get(name)
+                    kv[name] = None if e is None else self.entry_json(e)
+                else:
+                    sessions[name] = self.sessions.get(name)
+            with open(self.data_file, "a") as f:
+                f.write(json.dumps(dict(self._indexes(), kv=kv, sessions=sessions)) + "\n")
+            self.log_lines += 1
+        self.saved_changes = self.changes_base + len(self.changes)
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -297,6 +401,17 @@ class State:
         out["ModifyIndex"] = e["ModifyIndex"]
         return out
 
+    def entry_text(self, e):
+        """entry_json(e) as compact JSON text, kept while e is the key's entry (an entry is never
+        changed in place): a queue of thousands is read on every change, and encoding each entry
+        again for every read made the stand-in, not the client, the bottleneck. Under the lock."""
+        cached = self.texts.get(e["Key"])
+        if cached is not None and cached[0] is e:
+            return cached[1]
+        text = json.dumps(self.entry_json(e), separators=(",", ":"))
+        self.texts[e["Key"]] = (e, text)
+        return text
+
     def _changed(self, kind, name):
         self.changes.append((kind, name))
         if len(self.changes) > 20000:
@@ -305,9 +420,25 @@ class State:
             self.changes_base += drop
 
     def _commit(self):
-        """After a Raft write: persist and wake every blocking query and the reaper."""
+        """After a Raft write: persist and wake the reaper and the blocking queries it concerns."""
         self._save()
+        self._wake_watchers()
         self.cond.notify_all()
+
+    def _wake_watchers(self):
+        end = self.changes_base + len(self.changes)
+        start = self.notified - self.changes_base
+        self.notified = end
+        if start < 0:
+            new = None                 # trimmed before they were told: every query runs again
+        else:
+            new = self.changes[start:]
+            if not new:
+                return
+        for w in self.watchers:
+            if not w.fired and (new is None or any(w.watches(k, n) for k, n in new)):
+                w.fired = True
+                w.cond.notify()
 
     def _next_index(self):
         self.raft_index += 1
@@ -343,6 +474,7 @@ class State:
             return
         self._remember(key)
         del self.kvs[key]
+        self.texts.pop(key, None)
         self.tombstones[key] = idx
         self.buried.append((time.monotonic(), key, idx))
         self.kvs_index = idx
@@ -356,12 +488,13 @@ class State:
         return True
 
     def _delete_tree(self, idx, prefix):
-        doomed = [k for k in self.kvs if k.startswith(prefix)]
+        doomed = self.kvs.prefixed(prefix)
         if not doomed:
             return
         for k in doomed:
             self._remember(k)
             del self.kvs[k]
+            self.texts.pop(k, None)
             self._changed("kv", k)
         self._remember(prefix)
         self.tombstones[prefix] = idx
@@ -452,11 +585,11 @@ class State:
         return e["ModifyIndex"], e
 
     def kv_list(self, prefix):
-        entries = sorted((e for k, e in self.kvs.items() if k.startswith(prefix)),
-                         key=lambda e: e["Key"])
+        entries = [self.kvs[k] for k in self.kvs.prefixed(prefix)]
+        self.count("kv entries listed", len(entries))
         if prefix:
             lindex = max([e["ModifyIndex"] for e in entries] +
-                         [i for k, i in self.tombstones.items() if k.startswith(prefix)] + [0])
+                         [self.tombstones[k] for k in self.tombstones.prefixed(prefix)] + [0])
         else:
             lindex = self.kvs_index
         idx = lindex if lindex else self.kvs_index
@@ -567,13 +700,15 @@ class State:
         for k in raced:
             self.race(k)
 
-    def count(self, what):
+    def count(self, what, amount=1):
         """Test-only counters (GET /v1/test-stand-in/stats; not a Consul API)."""
         with self.stats_lock:
-            self.stats[what] = self.stats.get(what, 0) + 1
+            self.stats[what] = self.stats.get(what, 0) + amount
 
-    def blocking(self, min_index, wait, run, watches):
-        """run() -> (index, result) under the lock; watches(kind, name) -> bool."""
+    def blocking(self, min_index, wait, run, watches, client_gone=lambda: False):
+        """run() -> (index, result) under the lock; watches(kind, name) -> bool. A query woken
+        after its client closed the connection (a client that stopped waiting) is counted apart
+        from one woken for a waiting client: the counts say how many waiters a change woke."""
         with self.cond:
             index, result = run()
             index = max(index, 1)
@@ -587,25 +722,25 @@ class State:
                 wait = DEFAULT_QUERY_TIME
             wait += random.uniform(0, wait / JITTER_FRACTION)
             deadline = time.monotonic() + wait
-            seen = self.changes_base + len(self.changes)
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self.count("blocking timed out")
-                    return index, result
-                self.cond.wait(remaining)
-                start = seen - self.changes_base
-                now_seen = self.changes_base + len(self.changes)
-                if now_seen == seen:
-                    continue
-                fired = start < 0 or any(watches(k, n) for k, n in self.changes[start:])
-                seen = now_seen
-                if fired:
+            watcher = Watcher(watches, threading.Condition(self.lock))
+            self.watchers.add(watcher)
+            try:
+                while True:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        self.count("blocking timed out")
+                        return index, result
+                    watcher.cond.wait(remaining)
+                    if not watcher.fired:
+                        continue
+                    watcher.fired = False
                     index, result = run()
                     index = max(index, 1)
                     if index > min_index:
-                        self.count("blocking woken")
+                        self.count("blocking woken, client gone" if client_gone() else "blocking woken")
                         return index, result
+            finally:
+                self.watchers.discard(watcher)
 
     # ---- transactions (as agent/txn_endpoint.go, agent/consul/txn_endpoint.go, state/txn.go) -
 
@@ -776,6 +911,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
 
+    def client_gone(self):
+        """Whether the client closed this connection (EOF waiting on it), as Go's net/http notices
+        with its background read while a handler runs."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def meta(self, index):
         return {"X-Consul-Index": str(index), "X-Consul-KnownLeader": "true",
                 "X-Consul-LastContact": "0"}
@@ -867,7 +1011,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             # Not a Consul API: what the stand-in has answered so far (requests by method and
             # endpoint, blocking queries by how they ended), for the benchmarks. No ACL.
             with self.state.stats_lock:
-                return self.send_json(200, dict(self.state.stats))
+                stats = dict(self.state.stats)
+            with self.server.conns_lock:  # a gauge: connections open now, from every client
+                stats["http connections open"] = sum(self.server.conns.values())
+            return self.send_json(200, stats)
         if path == "/v1/test-stand-in/delay" and method == "PUT":
             # Not a Consul API, TEST-ONLY: answer requests under ?path= ?seconds= late. No ACL.
             prefix, seconds = self.param("path", ""), float(self.param("seconds", "0"))
@@ -970,7 +1117,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         keys.append(k)
                 return idx, keys
             index, keys = state.blocking(min_index, wait, run,
-                                         lambda kind, n: kind == "kv" and n.startswith(key))
+                                         lambda kind, n: kind == "kv" and n.startswith(key), self.client_gone)
             headers = self.meta(index)
             if self.filtered:
                 headers["X-Consul-Results-Filtered-By-ACLs"] = "true"
@@ -980,9 +1127,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.has("recurse"):
             def run():
                 idx, entries = state.kv_list(key)
-                return idx, [state.entry_json(e) for e in self.readable(entries)]
+                return idx, [state.entry_text(e) for e in self.readable(entries)]
             index, entries = state.blocking(min_index, wait, run,
-                                            lambda kind, n: kind == "kv" and n.startswith(key))
+                                            lambda kind, n: kind == "kv" and n.startswith(key), self.client_gone)
             if min_index == 0:
                 state.race_under(key, prefix=True)  # TEST-ONLY: /v1/test-stand-in/race
             headers = self.meta(index)
@@ -990,7 +1137,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 headers["X-Consul-Results-Filtered-By-ACLs"] = "true"
             if not entries:
                 return self.send(404, headers=headers)
-            return self.send_json(200, entries, headers)
+            # The same text as send_json of the entries: each is its compact JSON already.
+            return self.send(200, "[" + ",".join(entries) + "]", headers=headers)
         if not key:
             raise ConsulError(400, "Missing key name")
 
@@ -1000,7 +1148,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         # KVS.Get: refused by the query's first run, so a blocking one is refused at once too.
         self.require(self.may_read_key(key))
         index, e = state.blocking(min_index, wait, run,
-                                  lambda kind, n: kind == "kv" and n == key)
+                                  lambda kind, n: kind == "kv" and n == key, self.client_gone)
         if e is None:
             return self.send(404, headers=self.meta(index))
         if self.has("raw"):
@@ -1226,10 +1374,56 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return self.send_json(200, {"Results": results, "Errors": None}, headers)
 
 
+# What Consul answers a connection over limits.http_max_conns_per_client (hashicorp/go-connlimit's
+# HTTPConnStateFuncWithDefault429Handler, as agent/agent.go installs it on the HTTP server's
+# ConnState): written at once, before the request is read, then the connection is closed.
+TOO_MANY_CONNS_MSG = b"Your IP is issuing too many concurrent connections, please rate limit your calls\n"
+TOO_MANY_CONNS = (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                  b"Connection: close\r\n\r\n%s" % (len(TOO_MANY_CONNS_MSG), TOO_MANY_CONNS_MSG))
+
+
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 256
+    max_conns_per_client = 0   # limits.http_max_conns_per_client (0: none), set by main()
+    # Consul's HTTP server is Go's net/http, whose listener takes the kernel's somaxconn (4096 on
+    # Debian 12) as its backlog: a burst of a thousand waiters' connections queues there instead
+    # of being dropped (a SYN dropped waits a second or more for its resend).
+    request_queue_size = 4096
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.conns_lock = threading.Lock()
+        self.conns = {}  # client IP -> connections open now (go-connlimit's Limiter, by IP)
+
+    def process_request(self, request, client_address):
+        """go-connlimit's Accept at StateNew: over the limit, the 429 and the connection closed."""
+        ip = client_address[0]
+        with self.conns_lock:
+            open_now = self.conns.get(ip, 0)
+            over = 0 < self.max_conns_per_client <= open_now
+            if not over:
+                self.conns[ip] = open_now + 1
+        if not over:
+            return super().process_request(request, client_address)
+        self.state.count("http connections over the limit")
+        try:
+            request.settimeout(0.01)  # Consul's write deadline: 10 ms
+            request.sendall(TOO_MANY_CONNS)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.conns_lock:  # StateClosed: freeConn
+                left = self.conns.get(client_address[0], 1) - 1
+                if left > 0:
+                    self.conns[client_address[0]] = left
+                else:
+                    self.conns.pop(client_address[0], None)
 
 
 def main():
@@ -1253,6 +1447,10 @@ def main():
     # benchmarks lower it, so that the graveyard of many short-lived keys stays small.
     parser.add_argument("--tombstone-ttl", type=parse_go_duration,
                         default=parse_go_duration(os.environ.get("CONSUL_TEST_TOMBSTONE_TTL", "15m")))
+    # Consul's limits.http_max_conns_per_client (default 200): connections open at once from one
+    # client IP; one more is answered 429 and closed (0: no limit).
+    parser.add_argument("--http-max-conns-per-client", type=int,
+                        default=int(os.environ.get("CONSUL_TEST_HTTP_MAX_CONNS_PER_CLIENT", "200")))
     parser.add_argument("--lax-keys", action="store_true",
                         help="accept any key, as Consul before its key validation did")
     parser.add_argument("--verbose", action="store_true", help="log every request")
@@ -1262,6 +1460,7 @@ def main():
     server = Server((args.bind, args.port), Handler)
     server.state = state
     server.args = args
+    server.max_conns_per_client = args.http_max_conns_per_client
     consul_acl.tokens(args.acl_tokens)  # refused at start when malformed
     threading.Thread(target=state.reaper, daemon=True, name="session-ttl").start()
 

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Starts or stops a throwaway etcd (Debian's etcd-server) on free 127.0.0.1 client and peer
 # ports, for tests.
 #   etcd.sh start DIR     data, log and pid under DIR; writes etcd://127.0.0.1:PORT to DIR/url

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # A throwaway 3-member etcd cluster (Debian's etcd-server) for tests of fail-over.
 #   etcd_cluster.sh start DIR    members 1..3 (named n1..n3) on free ports, data/log/pid under
 #                                DIR/n1..n3; returns once every member serves with one leader;

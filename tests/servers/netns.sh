@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Network namespaces for partition tests (as root; `ip netns` and veth pairs, nothing else):
 #   netns.sh up PREFIX N     namespaces PREFIX-hub (a bridge br0) and PREFIX-1..N, each with lo
 #                            up and a veth "eth0" into the bridge, address 10.213.0.(10+i)/24

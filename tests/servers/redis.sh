@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Starts or stops a throwaway redis-server (Debian's) on a free port of 127.0.0.1, for tests.
 #   redis.sh start DIR   data, log and pid under DIR; writes the URL to DIR/url
 #   redis.sh stop DIR

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # A throwaway Redis Cluster on free 127.0.0.1 ports, for tests: three primaries (n1 n2 n3) with
 # one replica each (n4 n5 n6), cluster-node-timeout 1000 ms so a failover takes seconds.
 #   redis_cluster.sh start DIR         writes DIR/url (redis+cluster://n1,n2,n3) and DIR/nodes

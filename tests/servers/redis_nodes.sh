@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by redis_sentinel.sh and redis_cluster.sh (POSIX sh): their nodes' bookkeeping in
 # $dir/nodes ("ID ROLE HOST PORT PID ..." lines) and $dir/ID.pid, and the node actions they share.
 # The sourcing script defines `healthy` (for wait_healthy) and $nodes_all (every node's ID).

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # A throwaway Redis Sentinel set-up on free 127.0.0.1 ports, for tests: a primary (p1), one
 # replica (p2) and three sentinels (s1 s2 s3, quorum 2) watching the master "turnstile".
 #   redis_sentinel.sh start DIR        writes DIR/url (redis+sentinel://…/turnstile) and DIR/nodes

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Starts or stops a throwaway ZooKeeper server (Debian's zookeeper package, standalone) on a
 # free port of 127.0.0.1, for tests.
 #   zookeeper.sh start DIR   config, data, log and pid under DIR; writes the URL to DIR/url

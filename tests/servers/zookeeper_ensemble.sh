@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # A throwaway 3-node ZooKeeper ensemble (Debian's zookeeper package) for tests of fail-over.
 #   zookeeper_ensemble.sh start DIR    nodes 1..3 on free ports, config/data/log/pid under
 #                                      DIR/n1..n3; returns once every node serves in the quorum;

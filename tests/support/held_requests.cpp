@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "support/held_requests.hpp"
 
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Late requests for the test proxy (tests/support/tcp_proxy.hpp): a request held back and
 // delivered after its sender gave up, and a request copied and sent again, as a client's resend
 // would be. Obtained from TcpProxy::hold_request and TcpProxy::duplicate_request; they stay

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One connection through the test proxy (tests/support/tcp_proxy.cpp): its two sockets, the
 // bytes waiting in each direction, and the socket steps the proxy's thread takes on it.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers shared by the tests of the network backends (tests/redis, tests/zookeeper,
 // tests/etcd): the server's URL from its fixture's file, shell commands for the peers' own
 // tools (redis-cli, etcdctl, a Curator JVM), bounded waits, and unique names.
@@ -73,6 +74,15 @@ inline bool eventually(const std::function<bool()>& predicate, std::chrono::mill
 }
 
 // A name unique to this test run: tests sharing a fixture server never see each other's state.
+// Waits up to `bound` for `mutex` on another thread: true when it got it (released at once).
+inline std::future<bool> lock_in_background(turnstile::Mutex& mutex, std::chrono::milliseconds bound) {
+  return std::async(std::launch::async, [&mutex, bound] {
+    const bool got = mutex.try_lock_for(bound);
+    if (got) mutex.unlock();
+    return got;
+  });
+}
+
 inline std::string unique_name(const std::string& leaf) {
   return "test/" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()) + "/" + leaf;
 }
@@ -188,9 +198,9 @@ inline void expect_handover(turnstile::Client& client, turnstile::Client& other,
   // Holds belong to threads: the waiter takes, reads its token and unlocks in its own.
   auto waiter = std::async(std::launch::async, [&]() -> std::uint64_t {
     if (!theirs.try_lock_for(20s)) return 0;
-    const auto token = theirs.fencing_token();
+    const auto their_token = theirs.fencing_token();
     theirs.unlock();
-    return token;
+    return their_token;
   });
   EXPECT_EQ(waiter.wait_for(300ms), std::future_status::timeout) << "a waiter got in while the lock was held";
   mutex.unlock();
@@ -222,9 +232,9 @@ inline void expect_failover_reported(const std::string& url, const std::string& 
   auto waiter = std::async(std::launch::async, [&]() -> std::uint64_t {
     if (!theirs.try_lock_for(60s)) return 0;
     lost_at_admission = lost.stop_requested();
-    const auto token = theirs.fencing_token();
+    const auto their_token = theirs.fencing_token();
     theirs.unlock();
-    return token;
+    return their_token;
   });
   ASSERT_EQ(waiter.wait_for(500ms), std::future_status::timeout) << "a waiter got in while the lock was held";
   const auto before = primary();

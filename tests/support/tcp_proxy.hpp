@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A loopback TCP proxy for tests of network failures: it listens on 127.0.0.1:<free port> and
 // forwards every connection to one target, with modes switched at run time to simulate a cut
 // link (black hole), lost replies, and connection resets. One poll() thread serves all

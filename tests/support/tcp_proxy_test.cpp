@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The test proxy itself, against a local echo server: each mode does what the failure tests
 // rely on it to do.
 #include "support/tcp_proxy.hpp"

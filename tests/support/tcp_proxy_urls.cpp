@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TcpProxy's URL helpers: which server a backend URL names, and the URL that goes through the
 // proxy instead.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A client's background release (ClientState over GuaranteedRemoval), through the internal
 // headers, with a backend whose release answers as told: no server involved.
 #include <atomic>
@@ -54,6 +55,7 @@ struct Reports {
   std::vector<std::string> messages;
   turnstile::ClientOptions options() {
     turnstile::ClientOptions options;
+    options.unlock_without_waiting = true;
     options.error_handler = [this](const turnstile::Error& error) {
       std::lock_guard lock(mutex);
       messages.push_back(error.what());
@@ -122,6 +124,74 @@ TEST(ClientStateRelease, ALossFoundByTheBackgroundReleaseIsReportedOnce) {
   std::lock_guard lock(reports.mutex);
   ASSERT_EQ(reports.messages.size(), 1u);
   EXPECT_NE(reports.messages[0].find("someone else's"), std::string::npos) << reports.messages[0];
+}
+
+// A hold whose pipelined release is answered later, from another thread, by answer(): as a
+// backend that sends the release and hears back on its own thread. Its plain release()
+// (the background retry's) succeeds.
+class DeferredHold final : public BackendHold {
+ public:
+  DeferredHold(std::atomic<int>& plain_releases, std::shared_ptr<ReleaseDone> pending)
+      : plain_releases_(plain_releases), pending_(std::move(pending)) {}
+  std::uint64_t fencing_token() const override { return 11; }
+  void downgrade() override {}
+  void release() override { ++plain_releases_; }
+  void release_pipelined(ReleaseDone done) override { *pending_ = std::move(done); }
+
+ private:
+  std::atomic<int>& plain_releases_;
+  std::shared_ptr<ReleaseDone> pending_;
+};
+
+// Runs the pending `done` on another thread after `delay`, with `error`.
+std::thread answer_later(std::shared_ptr<BackendHold::ReleaseDone> pending, std::chrono::milliseconds delay,
+                         std::exception_ptr error) {
+  return std::thread([pending, delay, error] {
+    std::this_thread::sleep_for(delay);
+    auto done = std::move(*pending);
+    done(error);
+  });
+}
+
+// unlock()'s release (a hold record's end) does not wait: its failure comes later, from the
+// backend's thread, is reported and retried by the background release. (Before issue 25 the
+// record's end called release() and waited.)
+TEST(ClientStateRelease, AnUnlocksReleaseIsSentAndItsLaterFailureReportedAndRetried) {
+  Reports reports;
+  auto state = make_state(reports);
+  std::atomic<int> plain{0};
+  auto pending = std::make_shared<BackendHold::ReleaseDone>();
+  { HoldRecord record(state, "p", 1, std::make_unique<DeferredHold>(plain, pending), state->new_loss_signal("p")); }
+  ASSERT_TRUE(*pending) << "the record's end did not send a pipelined release";
+  EXPECT_EQ(plain, 0) << "the record's end waited for a plain release";
+  answer_later(pending, 0ms, std::make_exception_ptr(turnstile::BackendUnavailable("link cut"))).join();
+  const auto end = std::chrono::steady_clock::now() + 5s;
+  while (plain < 1 && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(plain, 1) << "the failed pipelined release was not retried";
+  std::lock_guard lock(reports.mutex);
+  ASSERT_EQ(reports.messages.size(), 1u);
+  EXPECT_NE(reports.messages[0].find("retried in the background"), std::string::npos) << reports.messages[0];
+}
+
+// The client's end waits (bounded) for the answers still due, so a release answered just after
+// unlock() is handled (here: a failure, reported) before the client is gone.
+TEST(ClientStateRelease, TheClientsEndWaitsForAPipelinedReleasesAnswer) {
+  Reports reports;
+  std::atomic<int> plain{0};
+  auto pending = std::make_shared<BackendHold::ReleaseDone>();
+  std::thread answer;
+  {
+    auto state = make_state(reports);
+    { HoldRecord record(state, "q", 1, std::make_unique<DeferredHold>(plain, pending), state->new_loss_signal("q")); }
+    ASSERT_TRUE(*pending);
+    answer = answer_later(pending, 300ms, std::make_exception_ptr(turnstile::HoldLost("gone")));
+  }  // the state's end: the answer comes during its wait
+  {
+    std::lock_guard lock(reports.mutex);
+    ASSERT_EQ(reports.messages.size(), 1u) << "the client ended before its release's answer";
+    EXPECT_NE(reports.messages[0].find("gone"), std::string::npos) << reports.messages[0];
+  }
+  answer.join();
 }
 
 }  // namespace

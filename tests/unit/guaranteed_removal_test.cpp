@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The core's background removal service (GuaranteedRemoval) and the one call-budget clamp rule
 // (CallBudget), through their internal headers.
 #include <dirent.h>
@@ -278,6 +279,47 @@ TEST(GuaranteedRemoval, ItsOwnThreadRetriesUntilDone) {
   while (removal.pending() > 0 && SteadyClock::now() < end) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(removal.pending(), 0u);
   EXPECT_EQ(calls, 3);
+}
+
+// add_at: an item that is not due yet (Consul's sweep of old markers) is first tried at its
+// time, never before, and its give-up bound counts from then: it is tried again, not given up
+// at its first answer.
+TEST(GuaranteedRemoval, AnItemAddedForLaterIsFirstTriedThen) {
+  Log log;
+  GuaranteedRemoval removal(Backoff{.first_pause = 10ms, .last_pause = 20ms, .give_up = 100ms}, log.reporter(),
+                            Driver::caller);
+  const auto first_try = SteadyClock::now() + 300ms;
+  removal.add_at(first_try, "'later'", [&](const CallBudget&) { return log.answering(Removal::again)(); });
+  EXPECT_EQ(removal.next_due(), first_try);
+  run_for(removal, 200ms);
+  EXPECT_EQ(log.attempt_count(), 0u) << "tried before its time";
+  run_until_empty(removal, 3000ms);
+  std::lock_guard lock(log.mutex);
+  ASSERT_FALSE(log.attempts.empty());
+  EXPECT_GE(log.attempts.front(), first_try);
+  EXPECT_GE(log.attempts.size(), 2u) << "given up at its first answer: the bound counted from the add";
+  EXPECT_EQ(log.reported.size(), 1u);
+}
+
+// An item being tried is still pending: a caller waiting for pending() == 0 must not go on while
+// the attempt is in flight (CI saw pending() read 0 before the first attempt had even counted).
+TEST(GuaranteedRemoval, AnItemBeingTriedIsStillPending) {
+  Log log;
+  GuaranteedRemoval removal(Backoff{.first_pause = 5ms, .last_pause = 10ms, .give_up = {}}, log.reporter());
+  std::atomic<bool> in_attempt{false};
+  std::atomic<bool> let_go{false};
+  removal.add("'h'", [&] {
+    in_attempt = true;
+    while (!let_go) std::this_thread::sleep_for(1ms);
+    return Removal::done;
+  });
+  const auto end = SteadyClock::now() + 5s;
+  while (!in_attempt && SteadyClock::now() < end) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(in_attempt);
+  EXPECT_EQ(removal.pending(), 1u);
+  let_go = true;
+  while (removal.pending() > 0 && SteadyClock::now() < end) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(removal.pending(), 0u);
 }
 
 // An item that waits a long pause must not hold up the first attempt of one added meanwhile:

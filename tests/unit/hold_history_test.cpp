@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The hold-history checker must itself be right: hand-made histories that must pass and
 // histories that must fail, plus the recorders and the file format.
 #include "testing/hold_history.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The core's hold-state machine (LossSignal): held and suspended alternate until lost, which is
 // final; every change is told once, in order, and a callback may release the hold it is told of.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The core's one loss rule for holds on a server lease (LossClock / ServerLease): a hold is told
 // it is lost at (send time of the last confirmed renewal + TTL - margin), by the clock's own
 // thread, never earlier, and never later than a scheduling slack; confirmations move the

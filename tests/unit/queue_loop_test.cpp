@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The core's one queue algorithm (queue_loop.cpp) over an in-memory storage: the rules every
 // backend now shares (try-once, deadline and stop leave the queue, errors leave, a vanished
 // entry joins again at the back, mode checks after the join, the counter's line) and, with
@@ -12,223 +13,16 @@
 #include <mutex>
 #include <thread>
 
-#include "core/backend.hpp"
-#include "core/queue_store.hpp"
 #include "core/race_pacer.hpp"
 #include "turnstile/error.hpp"
+#include "unit/memory_queue.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using turnstile::SteadyClock;
 using namespace turnstile::detail;
-
-// A queue of entries in memory, with counters of what the loop asked for and faults to inject.
-class MemoryQueue : public QueueStore, public CounterStore {
- public:
-  struct Item {
-    std::uint64_t id;
-    EntryKind kind;
-    std::int64_t permits;
-  };
-
-  // Faults, each used once.
-  std::atomic<int> vanish_on_look{0};        // the next looks throw QueueEntryGone
-  std::atomic<int> fail_on_look{0};          // the next looks throw BackendUnavailable
-  std::atomic<int> hold_excludes_nobody{0};  // the next holds leave and return nullptr
-  std::atomic<int> hold_finds_change{0};     // the next holds throw QueueChanged (entry kept)
-  QueueMode foreign_mode = QueueMode::none;  // what the others set the queue to
-  std::int64_t foreign_limit = 0;
-
-  std::atomic<int> joins{0}, looks{0}, waits{0}, leaves{0}, holds{0};
-
-  std::uint64_t add(EntryKind kind, std::int64_t permits = 1) {
-    std::lock_guard lock(mutex_);
-    items_.push_back({++next_id_, kind, permits});
-    changed();
-    return next_id_;
-  }
-  void remove(std::uint64_t id) {
-    std::lock_guard lock(mutex_);
-    std::erase_if(items_, [&](const Item& item) { return item.id == id; });
-    changed();
-  }
-  void set_value(std::int64_t permits) {
-    std::lock_guard lock(mutex_);
-    value = permits;
-    changed();
-  }
-  // Sleeps until something changes, at most until `deadline` and never more than 100 ms (a
-  // change between the loop's look and this wait is then seen late, not missed).
-  void sleep(turnstile::Deadline deadline, const std::stop_token& stop) {
-    ++sleeping_;
-    std::unique_lock lock(mutex_);
-    auto until = SteadyClock::now() + 100ms;
-    if (deadline) until = std::min(until, *deadline);
-    const auto seen = version_;
-    changed_.wait_until(lock, stop, until, [&] { return version_ != seen; });
-    --sleeping_;
-  }
-  std::size_t size() {
-    std::lock_guard lock(mutex_);
-    return items_.size();
-  }
-  // How many threads are inside wait() right now: proof that a waiter really waits.
-  int sleeping() { return sleeping_.load(); }
-
-  std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool, turnstile::Deadline, Standing& first) override;
-  std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
-                                            const std::stop_token& stop) override;
-
-  // PermitCounter state.
-  std::optional<std::int64_t> value;
-  std::atomic<int> lose_take_reply{0};    // the next take applies but "loses its reply"
-  std::atomic<int> take_finds_change{0};  // the next takes find the value changed (nothing taken)
-  std::atomic<int> takes{0};
-
- private:
-  friend class MemoryPlace;
-  friend class MemoryLine;
-  Standing standing_of(std::uint64_t id) {
-    std::lock_guard lock(mutex_);
-    Standing standing;
-    standing.mode = foreign_mode;
-    standing.limit = foreign_limit;
-    for (const auto& item : items_) {
-      standing.entries.push_back({item.kind, item.permits});
-      if (item.id == id) return standing;
-    }
-    throw QueueEntryGone{};
-  }
-
-  std::mutex mutex_;
-  std::condition_variable_any changed_;
-  std::vector<Item> items_;
-  std::uint64_t next_id_ = 0;
-  std::uint64_t version_ = 0;
-  std::atomic<int> sleeping_{0};
-  void changed() {
-    ++version_;
-    changed_.notify_all();
-  }
-  std::vector<std::uint64_t> line_;  // counter waiters
-};
-
-class MemoryHold : public BackendHold {
- public:
-  MemoryHold(MemoryQueue& queue, std::uint64_t id) : queue_(queue), id_(id) {}
-  std::uint64_t fencing_token() const override { return id_; }
-  void downgrade() override {}
-  void release() override { queue_.remove(id_); }
-
- private:
-  MemoryQueue& queue_;
-  std::uint64_t id_;
-};
-
-class MemoryPlace : public QueuePlace {
- public:
-  MemoryPlace(MemoryQueue& queue, std::uint64_t id) : queue_(queue), id_(id) {}
-  Standing look(turnstile::Deadline) override {
-    ++queue_.looks;
-    if (queue_.vanish_on_look.fetch_sub(1) > 0) {
-      queue_.remove(id_);
-      throw QueueEntryGone{};
-    }
-    if (queue_.fail_on_look.fetch_sub(1) > 0) throw turnstile::BackendUnavailable("no answer (injected)");
-    return queue_.standing_of(id_);
-  }
-  void wait(const Verdict&, turnstile::Deadline deadline, const std::stop_token& stop) override {
-    ++queue_.waits;
-    queue_.sleep(deadline, stop);
-  }
-  std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal>) override {
-    ++queue_.holds;
-    if (queue_.hold_finds_change.fetch_sub(1) > 0) throw QueueChanged{};
-    if (queue_.hold_excludes_nobody.fetch_sub(1) > 0) {
-      leave();
-      return nullptr;
-    }
-    return std::make_unique<MemoryHold>(queue_, id_);
-  }
-  void leave() noexcept override {
-    ++queue_.leaves;
-    queue_.remove(id_);
-  }
-
- private:
-  MemoryQueue& queue_;
-  std::uint64_t id_;
-};
-
-std::unique_ptr<QueuePlace> MemoryQueue::join(const QueueRequest& request, bool, turnstile::Deadline, Standing& first) {
-  ++joins;
-  const auto id = add(request.kind, request.permits);
-  first = standing_of(id);
-  return std::make_unique<MemoryPlace>(*this, id);
-}
-
-class MemoryLine : public CounterLine {
- public:
-  MemoryLine(MemoryQueue& queue, std::int64_t permits) : queue_(queue), permits_(permits) {}
-  CounterStanding look(bool, turnstile::Deadline) override {
-    ++queue_.looks;
-    std::lock_guard lock(queue_.mutex_);
-    CounterStanding standing;
-    standing.value = queue_.value;
-    standing.in_line = id_ != 0;
-    const auto& line = queue_.line_;
-    if (!standing.in_line) {
-      standing.ahead = line.size();
-    } else {
-      const auto at = std::find(line.begin(), line.end(), id_);
-      if (at == line.end()) throw QueueEntryGone{};
-      standing.ahead = static_cast<std::size_t>(at - line.begin());
-    }
-    return standing;
-  }
-  bool take(const CounterStanding& seen, turnstile::Deadline) override {
-    ++queue_.takes;
-    if (queue_.take_finds_change.fetch_sub(1) > 0) return false;
-    {
-      std::lock_guard lock(queue_.mutex_);
-      if (queue_.value != seen.value) return false;
-      *queue_.value -= permits_;
-      std::erase(queue_.line_, id_);
-      taken_ = true;
-      queue_.changed();
-    }
-    if (queue_.lose_take_reply.fetch_sub(1) > 0) throw turnstile::BackendUnavailable("reply lost (injected)");
-    return true;
-  }
-  void join(turnstile::Deadline) override {
-    std::lock_guard lock(queue_.mutex_);
-    id_ = ++queue_.next_id_;
-    queue_.line_.push_back(id_);
-  }
-  void wait(CounterWait, turnstile::Deadline deadline, const std::stop_token& stop) override {
-    ++queue_.waits;
-    queue_.sleep(deadline, stop);
-  }
-  bool leave() noexcept override {
-    ++queue_.leaves;
-    std::lock_guard lock(queue_.mutex_);
-    std::erase(queue_.line_, id_);
-    queue_.changed();
-    return taken_;
-  }
-
- private:
-  MemoryQueue& queue_;
-  std::int64_t permits_;
-  std::uint64_t id_ = 0;
-  bool taken_ = false;
-};
-
-std::unique_ptr<CounterLine> MemoryQueue::counter_line(const std::string&, std::int64_t permits,
-                                                       const std::stop_token&) {
-  return std::make_unique<MemoryLine>(*this, permits);
-}
+using turnstile::testing::MemoryQueue;
 
 QueueRequest lock_request(EntryKind kind = EntryKind::exclusive) { return {.name = "n", .kind = kind}; }
 
@@ -327,18 +121,32 @@ TEST(QueueLoop, AWaiterIsAdmittedWhenTheEntryAheadLeaves) {
   EXPECT_NE(waiter.get(), nullptr);
 }
 
-TEST(QueueLoop, AnEntryThatVanishedWhileWaitingJoinsAgainAtTheBack) {
-  MemoryQueue queue;
-  const auto holder = queue.add(EntryKind::exclusive);
-  queue.vanish_on_look = 1;
+// A waiter behind `holder` whose entry vanishes once (as `queue` is set up to make it): it joins
+// again, waits again (never admitted meanwhile), and is admitted when the holder leaves.
+void expect_rejoin_then_admission(MemoryQueue& queue, std::uint64_t holder) {
   auto waiter = std::async(std::launch::async,
                            [&] { return acquire_in_queue(queue, lock_request(), std::nullopt, no_signal()); });
-  // It waits, looks, finds its entry gone, joins again and waits again: never admitted meanwhile.
   while (queue.joins < 2 || queue.sleeping() == 0) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(queue.size(), 2u);
   queue.remove(holder);
   ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
   EXPECT_NE(waiter.get(), nullptr);
+}
+
+TEST(QueueLoop, AnEntryThatVanishedWhileWaitingJoinsAgainAtTheBack) {
+  MemoryQueue queue;
+  const auto holder = queue.add(EntryKind::exclusive);
+  queue.vanish_on_look = 1;  // it waits, looks, finds its entry gone
+  expect_rejoin_then_admission(queue, holder);
+}
+
+// A backend's wait may find our entry gone (a session that ended while we slept): nothing was
+// held, so the loop joins again, as after a look that found it gone.
+TEST(QueueLoop, AnEntryThatVanishedDuringTheWaitJoinsAgainAtTheBack) {
+  MemoryQueue queue;
+  const auto holder = queue.add(EntryKind::exclusive);
+  queue.vanish_on_wait = 1;
+  expect_rejoin_then_admission(queue, holder);
 }
 
 TEST(QueueLoop, AnAdmissionThatExcludedNobodyJoinsAgain) {

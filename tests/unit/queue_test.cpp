@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The core's queue predicate (evaluate_queue) at the edges of its arithmetic: limits and permit
 // counts up to INT64_MAX, and nonsense counts a peer may have written, never overflow into an
 // admission.
@@ -125,7 +126,7 @@ TEST(QueueMode, LocksSemaphoresAndLimitsDoNotMix) {
   const auto lock = request(EntryKind::exclusive, 0);
   const auto reader = request(EntryKind::shared, 0);
   const auto lease = request(EntryKind::lease, 5);
-  for (const auto* request : {&lock, &reader, &lease}) EXPECT_NO_THROW(check_queue_mode(*request, QueueMode::none, 0));
+  for (const auto* each : {&lock, &reader, &lease}) EXPECT_NO_THROW(check_queue_mode(*each, QueueMode::none, 0));
   EXPECT_NO_THROW(check_queue_mode(lock, QueueMode::lock, 0));
   EXPECT_NO_THROW(check_queue_mode(reader, QueueMode::lock, 0));
   EXPECT_NO_THROW(check_queue_mode(lease, QueueMode::semaphore, 5));
@@ -133,6 +134,24 @@ TEST(QueueMode, LocksSemaphoresAndLimitsDoNotMix) {
   EXPECT_THROW(check_queue_mode(reader, QueueMode::semaphore, 5), turnstile::KindMismatch);
   EXPECT_THROW(check_queue_mode(lease, QueueMode::lock, 0), turnstile::KindMismatch);
   EXPECT_THROW(check_queue_mode(lease, QueueMode::semaphore, 4), turnstile::LimitMismatch);
+}
+
+TEST(QueueMode, AnElectionIsNeitherALockNorASemaphore) {
+  const QueueRequest candidate{.name = "n", .primitive = turnstile::detail::Primitive::election, .value = "v"};
+  const QueueRequest lock{.name = "n"};
+  const QueueRequest lease{.name = "n", .kind = EntryKind::lease, .limit = 5};
+  EXPECT_EQ(turnstile::detail::mode_of(candidate), QueueMode::election);
+  EXPECT_NO_THROW(check_queue_mode(candidate, QueueMode::none, 0));
+  EXPECT_NO_THROW(check_queue_mode(candidate, QueueMode::election, 0));
+  EXPECT_THROW(check_queue_mode(candidate, QueueMode::lock, 0), turnstile::KindMismatch);
+  EXPECT_THROW(check_queue_mode(candidate, QueueMode::semaphore, 5), turnstile::KindMismatch);
+  EXPECT_THROW(check_queue_mode(lock, QueueMode::election, 0), turnstile::KindMismatch);
+  EXPECT_THROW(check_queue_mode(lease, QueueMode::election, 0), turnstile::KindMismatch);
+  try {
+    check_queue_mode(lock, QueueMode::election, 0);
+  } catch (const turnstile::KindMismatch& error) {
+    EXPECT_STREQ(error.what(), "'n' is in use as an election; it cannot be a lock at the same time");
+  }
 }
 
 }  // namespace

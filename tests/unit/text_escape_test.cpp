@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shared hex and %XX spelling (core/text_escape.hpp) and the host name (core/host_name.hpp):
 // every byte round-trips, malformed escapes are refused (or kept, by the lenient decoder), and
 // the results match the snprintf spellings the layouts used before, so no stored key changes.

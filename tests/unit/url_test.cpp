@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // URLs: every part parsed, malformed ones refused with InvalidUrl, and credentials never in a
 // message: parse errors, connect errors of every network scheme and Client::url() show ***.
 #include <gtest/gtest.h>

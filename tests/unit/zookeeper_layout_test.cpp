@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ZooKeeper node paths and node data as they are stored (src/backends/zookeeper/nodes.cpp,
 // compiled in): a change of spelling would move every name's nodes away from its Curator peers
 // and from the nodes of clients already running, so each escape is pinned here byte for byte.

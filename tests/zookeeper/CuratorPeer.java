@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A Curator 5 contender driven line by line from stdin, for the interop tests: it holds
 // Curator's own recipes while turnstile contends, and contends while turnstile holds.
 //   acquire mutex|read|write|semmutex PATH TIMEOUT_MS      -> "acquired" | "timeout"
@@ -5,6 +6,13 @@
 //   release                                                -> "released" (the latest hold) | "not held"
 //   release mutex|read|write|semmutex|semaphore PATH       -> "released" (the latest hold of that
 //                                                             kind on PATH) | "not held"
+//   latch start PATH ID                                    -> "started" (a LeaderLatch with
+//                                                             that id; replaces PATH's latch)
+//   latch await PATH MS                                    -> "leader" | "timeout"
+//   latch has PATH                                         -> "true" | "false" (hasLeadership)
+//   latch leader PATH                                      -> "leader <id>" | "none" (getLeader)
+//   latch participants PATH                                -> the ids in order, space-separated
+//   latch close PATH                                       -> "closed"
 //   quit
 // "read" and "write" on one PATH share one InterProcessReadWriteLock instance (kept per path),
 // as one thread of one Java process would use it: so "acquire write P", "acquire read P",
@@ -20,6 +28,8 @@ import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
+import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreMutex;
@@ -44,13 +54,16 @@ public class CuratorPeer {
     client.blockUntilConnected();
     Deque<Held> holds = new ArrayDeque<>();  // latest first
     Map<String, InterProcessReadWriteLock> readWriteLocks = new HashMap<>();
+    Map<String, LeaderLatch> latches = new HashMap<>();
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
     System.out.println("ready");
     System.out.flush();
     for (String line; (line = in.readLine()) != null;) {
       String[] word = line.trim().split(" ");
       if (word[0].equals("quit")) break;
-      if (word[0].equals("release") && word.length == 1) {
+      if (word[0].equals("latch")) {
+        System.out.println(latch(client, latches, word));
+      } else if (word[0].equals("release") && word.length == 1) {
         Held latest = holds.poll();
         if (latest != null) latest.hold.release();
         System.out.println(latest != null ? "released" : "not held");
@@ -88,6 +101,38 @@ public class CuratorPeer {
       }
       System.out.flush();
     }
+    for (LeaderLatch latch : latches.values()) latch.close();
     client.close();
+  }
+
+  static String latch(CuratorFramework client, Map<String, LeaderLatch> latches, String[] word) throws Exception {
+    String path = word[2];
+    LeaderLatch latch = latches.get(path);
+    switch (word[1]) {
+      case "start":
+        latch = new LeaderLatch(client, path, word[3]);
+        latches.put(path, latch);
+        latch.start();
+        return "started";
+      case "await":
+        return latch.await(Long.parseLong(word[3]), TimeUnit.MILLISECONDS) ? "leader" : "timeout";
+      case "has":
+        return latch.hasLeadership() ? "true" : "false";
+      case "leader":
+        Participant leader = latch.getLeader();
+        return leader.isLeader() ? "leader " + leader.getId() : "none";
+      case "participants":
+        StringBuilder ids = new StringBuilder();
+        for (Participant participant : latch.getParticipants()) {
+          if (ids.length() > 0) ids.append(' ');
+          ids.append(participant.getId());
+        }
+        return ids.toString();
+      case "close":
+        latches.remove(path).close();
+        return "closed";
+      default:
+        return "unknown latch command";
+    }
   }
 }

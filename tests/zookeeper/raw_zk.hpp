@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A raw ZooKeeper C-client handle for the tests, to look at (and tamper with) the nodes
 // themselves, beside the turnstile client under test.
 #pragma once

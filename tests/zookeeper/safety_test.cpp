@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ZooKeeper backend's safety promises under network trouble and hostile input: loss told
 // by the GRANTED session timeout before the server can expire the session (a black-holed link,
 // through tests/support/tcp_proxy), entries whose create reply was lost never left behind, a

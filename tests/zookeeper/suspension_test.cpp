@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A ZooKeeper connection lost while the session lives on suspends the holds of that session
 // (Curator's SUSPENDED): they are not to be trusted until the same session reconnects, when
 // they are held again, or until it may have expired, when they are lost.

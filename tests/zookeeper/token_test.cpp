@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fencing tokens for the life of the ensemble (issue 22, item 16). A name's nodes live under
 // container parents, which the server deletes once they are empty (every minute by default;
 // here every 200 ms, TURNSTILE_ZK_CONTAINER_CHECK_MS), and a new parent's sequence numbers

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What only the ZooKeeper backend promises: nodes named and laid out as Apache Curator 5 lays
 // them out; exclusion, fairness and semaphore limits shared with Curator's own recipes (a Java
 // peer, CuratorPeer.java, run with Debian's jars); a holder killed with -9 frees its hold within
@@ -18,6 +19,7 @@
 #include <regex>
 
 #include "conformance/support.hpp"
+#include "curator_peer.hpp"
 #include "raw_zk.hpp"
 #include "support/server_tests.hpp"
 #include "support/tcp_proxy.hpp"
@@ -28,86 +30,10 @@ using namespace std::chrono_literals;
 using conformance::Clock;
 using turnstile::Client;
 using namespace server_tests;
+using zookeeper_tests::CuratorPeer;
+using zookeeper_tests::host_port;
 using zookeeper_tests::RawZk;
-
-std::string server_url() { return read_first_line(TURNSTILE_ZOOKEEPER_URL_FILE); }
-
-std::string host_port() { return server_url().substr(std::strlen("zk://")); }
-
-// CuratorPeer.java in a JVM, driven through its stdin and stdout.
-class CuratorPeer {
- public:
-  CuratorPeer() {
-    int to_child[2], from_child[2];
-    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return;
-    const std::string classpath = TURNSTILE_CURATOR_CLASSPATH;
-    const std::string connect = host_port();
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      execlp("java", "java", "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", classpath.c_str(), "CuratorPeer",
-             connect.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    in_ = to_child[1];
-    out_ = from_child[0];
-    ready_ = next_line(30s) == "ready";
-  }
-  ~CuratorPeer() {
-    send("quit");
-    if (in_ >= 0) close(in_);
-    if (out_ >= 0) close(out_);
-    if (pid_ > 0) {
-      for (int i = 0; i < 100 && waitpid(pid_, nullptr, WNOHANG) == 0; ++i) std::this_thread::sleep_for(20ms);
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool ready() const { return ready_; }
-  void send(const std::string& line) {
-    const auto text = line + "\n";
-    if (in_ >= 0) (void)!write(in_, text.data(), text.size());
-  }
-  // The next line the peer prints, or "" when none comes in time.
-  std::string next_line(std::chrono::milliseconds timeout = 15s) {
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      if (const auto end = buffer_.find('\n'); end != std::string::npos) {
-        auto line = buffer_.substr(0, end);
-        buffer_.erase(0, end + 1);
-        return line;
-      }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) return "";
-      pollfd pfd{out_, POLLIN, 0};
-      if (poll(&pfd, 1, static_cast<int>(left)) <= 0) continue;
-      char chunk[256];
-      const auto got = read(out_, chunk, sizeof chunk);
-      if (got <= 0) return "";
-      buffer_.append(chunk, static_cast<std::size_t>(got));
-    }
-  }
-  // Sends a command and returns the peer's answer.
-  std::string ask(const std::string& line, std::chrono::milliseconds timeout = 15s) {
-    send(line);
-    return next_line(timeout);
-  }
-
- private:
-  pid_t pid_ = -1;
-  int in_ = -1;
-  int out_ = -1;
-  bool ready_ = false;
-  std::string buffer_;
-};
-
-#define REQUIRE_CURATOR()                                                                      \
-  if (std::string(TURNSTILE_CURATOR_CLASSPATH).empty()) GTEST_SKIP() << "no javac or Curator"; \
-  CuratorPeer curator;                                                                         \
-  ASSERT_TRUE(curator.ready()) << "the Curator peer did not start"
+using zookeeper_tests::server_url;
 
 // ---- Curator's node names and layout ----
 

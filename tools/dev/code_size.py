@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Prints the C++ files of src/ and tools/ over 600 lines and the functions over 60 lines.
 
 The house rule (issue 23): no source file over 600 lines, no function over 60 lines, a function

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "acquire.hpp"
 
 #include <algorithm>
@@ -6,9 +7,41 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 #include "common.hpp"
+#include "run_options.hpp"
 
 namespace turnstile::cli {
+
+namespace {
+
+// `elect`: the value defaults to HOST:PID, which names this candidate to whoever reads the leader.
+std::string leader_value(const RunOptions& options) {
+  if (options.leader_value) return *options.leader_value;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return std::string(host) + ":" + std::to_string(getpid());
+}
+
+std::optional<Hold> campaign(Client& client, const std::string& name, const RunOptions& options, const Wait& wait,
+                             std::stop_token stop) {
+  auto election = std::make_shared<Election>(client.election(name));
+  const auto value = leader_value(options);
+  const bool leads = !wait ? election->campaign_until(value, std::chrono::steady_clock::now())
+                           : election->campaign_until(value, *wait, std::move(stop));
+  if (!leads) return std::nullopt;
+  return Hold{election->fencing_token(),
+              election->lost_token(),
+              [election] { election->resign(); },
+              election->release_receipt(),
+              [](std::chrono::milliseconds) {
+                throw InvalidArgument("--hold-at-least does not apply to an election: its leader resigns");
+              },
+              value};
+}
+
+}  // namespace
 
 std::optional<Hold> acquire(Client& client, Kind kind, const std::string& name, const RunOptions& options,
                             const Wait& wait, std::stop_token stop) {
@@ -19,11 +52,13 @@ std::optional<Hold> acquire(Client& client, Kind kind, const std::string& name, 
     return std::max(std::chrono::steady_clock::duration::zero(), **wait - std::chrono::steady_clock::now());
   };
   switch (kind) {
+    case Kind::election: return campaign(client, name, options, wait, std::move(stop));
     case Kind::lock: {
       auto mutex = std::make_shared<Mutex>(client.mutex(name));
       const bool got = once ? mutex->try_lock() : forever ? mutex->lock(stop) : mutex->try_lock_for(left(), stop);
       if (!got) return std::nullopt;
-      return Hold{mutex->fencing_token(), mutex->lost_token(), [mutex] { mutex->release(); }};
+      return Hold{mutex->fencing_token(), mutex->lost_token(), [mutex] { mutex->release(); }, mutex->release_receipt(),
+                  [mutex](std::chrono::milliseconds keep_for) { mutex->release_after(keep_for); }};
     }
     case Kind::read:
     case Kind::write: {
@@ -37,7 +72,12 @@ std::optional<Hold> acquire(Client& client, Kind kind, const std::string& name, 
       if (!got) return std::nullopt;
       auto release = kind == Kind::read ? std::function<void()>([rw] { rw->release_shared(); })
                                         : std::function<void()>([rw] { rw->release(); });
-      return Hold{rw->fencing_token(), rw->lost_token(), std::move(release)};
+      using KeepFor = std::chrono::milliseconds;
+      auto release_after = kind == Kind::read
+                               ? std::function<void(KeepFor)>([rw](KeepFor keep) { rw->release_shared_after(keep); })
+                               : std::function<void(KeepFor)>([rw](KeepFor keep) { rw->release_after(keep); });
+      return Hold{rw->fencing_token(), rw->lost_token(), std::move(release), rw->release_receipt(),
+                  std::move(release_after)};
     }
     case Kind::semaphore: {
       auto semaphore = client.semaphore(name, *options.limit);
@@ -46,14 +86,29 @@ std::optional<Hold> acquire(Client& client, Kind kind, const std::string& name, 
                                              : semaphore.try_acquire_for(left(), 1, stop);
       if (!lease) return std::nullopt;
       auto shared = std::make_shared<Lease>(std::move(*lease));
-      return Hold{shared->fencing_token(), shared->lost_token(), [shared] { shared->release(); }};
+      return Hold{shared->fencing_token(), shared->lost_token(), [shared] { shared->release(); },
+                  shared->release_receipt(),
+                  [shared](std::chrono::milliseconds keep_for) { shared->release_after(keep_for); }};
     }
   }
   return std::nullopt;
 }
 
+void give_back(Hold& hold, const RunOptions& options, std::chrono::steady_clock::time_point held_from) {
+  const auto at_least = options.hold_at_least ? parse_duration(*options.hold_at_least) : std::nullopt;
+  if (!at_least) return hold.release();
+  const auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(held_from + *at_least - std::chrono::steady_clock::now());
+  if (left <= std::chrono::milliseconds::zero()) return hold.release();
+  try {
+    hold.release_after(left);
+  } catch (const BackendUnavailable& error) {
+    throw KeepUnconfirmed(error.what());
+  }
+}
+
 const std::string& hold_name(const RunOptions& o) {
-  return o.lock ? *o.lock : o.read ? *o.read : o.write ? *o.write : *o.semaphore;
+  return o.lock ? *o.lock : o.read ? *o.read : o.write ? *o.write : o.elect ? *o.elect : *o.semaphore;
 }
 
 std::string what_is_held(Kind kind, const std::string& name, const RunOptions& options) {
@@ -64,6 +119,7 @@ std::string what_is_held(Kind kind, const std::string& name, const RunOptions& o
     case Kind::write: return "the write side of " + quoted;
     case Kind::semaphore:
       return "a lease of the semaphore " + quoted + " (limit " + std::to_string(*options.limit) + ")";
+    case Kind::election: return "the leadership of " + quoted;
   }
   return quoted;
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What `turnstile run` and `turnstile hold` hold, whichever primitive it is, and how they take,
 // name and (when lost) give it back.
 #pragma once
@@ -19,9 +20,24 @@ struct Hold {
   std::uint64_t token = 0;
   std::stop_token lost;
   std::function<void()> release;  // throws HoldLost when the hold was lost meanwhile
+  std::string receipt;            // names the entry for a release by another process ("" on file://)
+  // Releases, leaving the name held that much longer (--hold-at-least; release_after).
+  std::function<void(std::chrono::milliseconds)> release_after;
+  std::string leader_value{};  // `elect`: the value this leader campaigned with ("" otherwise)
 };
 
-enum class Kind { lock, read, write, semaphore };
+// Releases `hold` after its use: with --hold-at-least, the name stays held until DURATION after
+// `held_from` (the command's start) where that is still ahead. Throws as Hold::release.
+// Throws KeepUnconfirmed when the keep was not confirmed (the entry is left to expire).
+void give_back(Hold& hold, const RunOptions& options, std::chrono::steady_clock::time_point held_from);
+
+// --hold-at-least's keep went unconfirmed: nothing is released or retried; its text says so.
+class KeepUnconfirmed : public turnstile::BackendUnavailable {
+ public:
+  using BackendUnavailable::BackendUnavailable;
+};
+
+enum class Kind { lock, read, write, semaphore, election };
 
 // How long acquire() may wait: nothing (one try), until a deadline, or forever.
 using Wait = std::optional<std::optional<std::chrono::steady_clock::time_point>>;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The command turnstile runs: its environment, its start in a process group of its own, its
 // exit status, and that group with the terminal it gets while turnstile is in the foreground.
 #pragma once
@@ -8,6 +9,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,10 +18,16 @@
 namespace turnstile::cli {
 
 // The child's environment: ours with TURNSTILE_FENCING_TOKEN and TURNSTILE_NAME set.
-std::vector<std::string> child_environment(std::uint64_t token, const std::string& name);
+std::vector<std::string> child_environment(std::uint64_t token, const std::string& name,
+                                           const std::optional<std::string>& leader_value = std::nullopt);
 
 // The argv/envp form of `strings`, which must outlive it.
 std::vector<char*> pointers(std::vector<std::string>& strings);
+
+// Notes the descriptors turnstile was started with (called first thing in main): the command
+// inherits those and 0-2, and none of the library's (spawn marks every other one close-on-exec
+// in the child: a library that sets FD_CLOEXEC after socket(), as gRPC does, races our fork).
+void note_inherited_descriptors();
 
 // vfork: the child shares our memory until it execs, so no page tables are copied and we
 // take no copy-on-write faults afterwards (most of a fork's cost here). That is safe because

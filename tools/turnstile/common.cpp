@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "common.hpp"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <ctime>
 #include <string_view>
 
+#include "acquire.hpp"
 #include "core/text_escape.hpp"
 
 namespace turnstile::cli {
@@ -128,6 +130,41 @@ std::string printable(std::string_view text) {
 }
 
 std::string describe_errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+std::string backend_shown(const Client& client) {
+  const std::string& url = client.url();
+  const auto scheme_end = url.find("://");
+  const auto scheme = url.substr(0, scheme_end);
+  if ((scheme != "consul" && scheme != "consuls") || scheme_end == std::string::npos) return url;
+  const auto after = url.substr(scheme_end + 3);
+  if (!after.empty() && after.front() != '/' && after.front() != '?') return url;  // it names its agent
+  const char* env = std::getenv("CONSUL_HTTP_ADDR");
+  if (!env || !*env) return url + " (the agent at 127.0.0.1:8500, Consul's default)";
+  std::string address = env;
+  // A user:password@ in it is no one's business on a terminal.
+  if (const auto at = address.rfind('@'); at != std::string::npos) {
+    const auto scheme_part = address.find("://");
+    address = (scheme_part != std::string::npos && scheme_part < at ? address.substr(0, scheme_part + 3) : "") +
+              address.substr(at + 1);
+  }
+  return url + " (the agent at " + printable(address) + ", from CONSUL_HTTP_ADDR)";
+}
+
+void say_release_unconfirmed(Client& client, const std::string& what, const Error& error) {
+  if (dynamic_cast<const KeepUnconfirmed*>(&error) != nullptr) {  // the library's words are the whole story
+    complain("the hold on " + what + " (--hold-at-least): " + error.what());
+    return;
+  }
+  // The library's words are for a client that lives on ("retried in the background"); this one
+  // is exiting, so only the cause is kept.
+  std::string cause = error.what();
+  const std::string retried = "retried in the background: ";
+  if (const auto at = cause.find(retried); at != std::string::npos) cause = cause.substr(at + retried.size());
+  complain("the release of " + what + " was not confirmed (" + cause +
+           "); it is tried once more as turnstile exits, and otherwise the server frees it when the hold's TTL "
+           "or session runs out");
+  client.set_error_handler([](const Error&) {});  // that last try's give-up was just told
+}
 
 Client connect_backend(const std::optional<std::string>& url, ClientOptions options) {
   return url ? Client::connect(*url, std::move(options)) : Client::connect(std::move(options));

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the subcommands of the `turnstile` command share: exit statuses, error reporting,
 // connecting to a backend.
 #pragma once
@@ -42,6 +43,16 @@ void complain(const std::string& message);
 
 // The exit status for a library error: the caller's fault (64) or the backend's (69).
 int exit_status_for(const Error& error);
+
+// The backend as messages name it: client.url(), and for a consul:// URL without an agent the
+// agent Consul's environment names (CONSUL_HTTP_ADDR, else Consul's default 127.0.0.1:8500).
+std::string backend_shown(const Client& client);
+
+// A release at the end that the server did not confirm (BackendUnavailable), as turnstile is
+// about to exit: says once what happens next (the client's end tries it once more, for up to
+// a second; otherwise the server's expiry frees the name), and keeps that last try from
+// reporting a give-up on top of it.
+void say_release_unconfirmed(Client& client, const std::string& what, const Error& error);
 
 // Client::connect(url) with options; without a URL, what Client::connect() would use
 // (TURNSTILE_BACKEND, else the embedded default), so options such as the TTL still apply.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `turnstile demo parking`: cars are processes, the parking lot is a Semaphore with one lease
 // per space. Every car records its hold; at the end the history is checked for a moment with
 // more cars parked than spaces.

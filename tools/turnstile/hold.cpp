@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `turnstile hold`: take a hold and keep it for a shell script until told to let go.
 #include <poll.h>
 #include <sys/signalfd.h>
@@ -123,14 +124,18 @@ LetGo keep_until_let_go(int signal_fd, const LossAlarm& alarm, StateChanges& cha
 }
 
 // Releases the hold kept until `ended_by`; the exit status.
-int release_kept(Hold& hold, const std::string& what, const RunOptions& options, const std::string& ended_by) {
+int release_kept(Client& client, Hold& hold, const std::string& what, const RunOptions& options,
+                 const std::string& ended_by, std::chrono::steady_clock::time_point taken) {
   int status = ended_by == "error" ? kExitOsError : 0;
   try {
-    hold.release();
+    give_back(hold, options, taken);
     if (options.verbose) complain("released " + what + " (" + ended_by + ")");
   } catch (const HoldLost& error) {
     complain(error.what());
     status = kExitHoldLost;
+  } catch (const BackendUnavailable& error) {
+    say_release_unconfirmed(client, what, error);
+    status = exit_status_for(error);
   } catch (const Error& error) {
     complain(std::string("releasing the hold failed: ") + error.what());
     status = exit_status_for(error);
@@ -141,8 +146,10 @@ int release_kept(Hold& hold, const std::string& what, const RunOptions& options,
 // `turnstile hold`: prints the token and keeps the hold until told to let go (see
 // keep_until_let_go); then releases it. Returns 0 when it was kept until then; _exits 70 when
 // it was lost meanwhile.
-int keep(Hold& hold, const std::string& what, const RunOptions& options, int signal_fd, StateChanges& changes) {
+int keep(Client& client, Hold& hold, const std::string& what, const RunOptions& options, int signal_fd,
+         StateChanges& changes) {
   const LossAlarm alarm(hold.lost);
+  const auto taken = std::chrono::steady_clock::now();  // --hold-at-least counts from here
   std::string ended_by;
   if (!write_all(STDOUT_FILENO, std::to_string(hold.token) + "\n")) {
     complain(describe_errno("cannot write the fencing token to stdout") + "; releasing");
@@ -151,7 +158,7 @@ int keep(Hold& hold, const std::string& what, const RunOptions& options, int sig
   const auto let_go = keep_until_let_go(signal_fd, alarm, changes, hold_name(options), ended_by);
   // Lost while kept, or as we were told to let go.
   if (let_go.lost || hold.lost.stop_requested()) exit_lost(hold, hold_name(options));
-  return release_kept(hold, what, options, let_go.ended_by);
+  return release_kept(client, hold, what, options, let_go.ended_by, taken);
 }
 
 }  // namespace
@@ -163,8 +170,9 @@ int hold_command(const RunOptions& options) {
   }
   // A reader of stdout that went away is an error on write, not a signal that kills us.
   ::signal(SIGPIPE, SIG_IGN);
-  return take_hold_then(options, [&](Client&, Hold& hold, const std::string& what, int signal_fd, const sigset_t&,
-                                     StateChanges& changes) { return keep(hold, what, options, signal_fd, changes); });
+  return take_hold_then(options,
+                        [&](Client& client, Hold& hold, const std::string& what, int signal_fd, const sigset_t&,
+                            StateChanges& changes) { return keep(client, hold, what, options, signal_fd, changes); });
 }
 
 }  // namespace turnstile::cli

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `turnstile inspect`: the holders and waiters of a name, as a table or one JSON object (schema:
 // docs/inspect-json.md), once or again whenever they change (--watch).
 #include <sys/stat.h>
@@ -22,6 +23,8 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "core/text_escape.hpp"
+#include "inspect_list.hpp"
+#include "namespace_notice.hpp"
 
 namespace turnstile::cli {
 namespace {
@@ -34,7 +37,8 @@ constexpr int kJsonSchemaVersion = 1;
 // as 1970-01-01 (and pid 0 likewise).
 bool known(std::chrono::system_clock::time_point since) { return since.time_since_epoch().count() != 0; }
 
-nlohmann::ordered_json entries_json(const std::vector<EntryInfo>& entries) {
+// `election`: the queue is an election's, whose entries carry their candidates' values.
+nlohmann::ordered_json entries_json(const std::vector<EntryInfo>& entries, bool election) {
   auto out = nlohmann::ordered_json::array();
   for (const auto& e : entries) {
     const bool foreign = !e.foreign.empty();
@@ -46,33 +50,49 @@ nlohmann::ordered_json entries_json(const std::vector<EntryInfo>& entries) {
                    {"since", foreign || !known(e.since) ? nlohmann::ordered_json(nullptr)
                                                         : nlohmann::ordered_json(iso8601(e.since))},
                    {"label", e.label.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(e.label)},
-                   {"foreign", foreign ? nlohmann::ordered_json(e.foreign) : nlohmann::ordered_json(nullptr)}});
+                   {"foreign", foreign ? nlohmann::ordered_json(e.foreign) : nlohmann::ordered_json(nullptr)},
+                   {"kept_until",
+                    e.kept_until ? nlohmann::ordered_json(iso8601(*e.kept_until)) : nlohmann::ordered_json(nullptr)},
+                   {"value", election ? nlohmann::ordered_json(e.value) : nlohmann::ordered_json(nullptr)}});
   }
   return out;
 }
 
-std::string render_json(const std::string& backend, const Inspection& q) {
+// `time`: when the look was made (every --watch --json line carries it), else null.
+std::string render_json(const std::string& backend, const Inspection& q,
+                        std::optional<std::chrono::system_clock::time_point> time) {
   nlohmann::ordered_json out = {
       {"schema_version", kJsonSchemaVersion},
       {"backend", backend},
+      {"time", time ? nlohmann::ordered_json(iso8601(*time)) : nlohmann::ordered_json(nullptr)},
       {"name", q.name},
       {"mode", q.mode},
       {"limit", q.mode == "semaphore" ? nlohmann::ordered_json(q.limit) : nlohmann::ordered_json(nullptr)},
       {"permits", q.permits ? nlohmann::ordered_json(*q.permits) : nlohmann::ordered_json(nullptr)},
-      {"holders", entries_json(q.holders)},
-      {"waiters", entries_json(q.waiters)}};
+      {"holders", entries_json(q.holders, q.mode == "election")},
+      {"waiters", entries_json(q.waiters, q.mode == "election")}};
   // Bytes that are not UTF-8 (a peer may write anything) become U+FFFD instead of an exception;
   // control characters are escaped by JSON itself.
   return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 // What one look found: the backend read (URL with credentials redacted, and a note on where it
-// came from), and the queue.
+// came from), and the queue, or without NAME the names in use.
 struct Look {
   std::string url;
   std::string note;  // " (the default)", " (TURNSTILE_BACKEND)", ", no such directory ..."
   Inspection queue;
+  std::optional<NamesInUse> names;  // set when listing
 };
+
+// The HOST column of a row: a holder that is not turnstile's has no pid, host or start time we
+// could know, only what its foreign note says.
+std::string host_cell(const EntryInfo& e) {
+  auto host = e.foreign.empty() ? printable(e.host) : "foreign: " + printable(e.foreign);
+  // Released with --hold-at-least: its holder may be gone, the entry holds on until then.
+  if (e.kept_until) host += " (kept until " + iso8601(*e.kept_until) + ")";
+  return host;
+}
 
 std::string render_table(const std::string& backend, const Inspection& q) {
   std::string out;
@@ -92,18 +112,25 @@ std::string render_table(const std::string& backend, const Inspection& q) {
   }
   if (q.permits) add("permits  %lld\n", static_cast<long long>(*q.permits));
   if (q.holders.empty() && q.waiters.empty()) return out;
-  add("%-8s %-10s %-10s %-8s %-25s %-8s %s\n", "ROLE", "TOKEN", "KIND", "PERMITS", "SINCE", "PID", "HOST");
+  // TOKEN fits any 64-bit token (20 digits), PERMITS any count (at most 10^12); HOST is as wide
+  // as the widest host shown, so LABEL keeps a column of its own.
+  int host_width = 4;
+  for (const auto* entries : {&q.holders, &q.waiters}) {
+    for (const auto& e : *entries) host_width = std::max(host_width, static_cast<int>(host_cell(e).size()));
+  }
+  host_width = std::min(host_width, 300);
+  add("%-8s %-20s %-10s %-13s %-25s %-8s %-*s %s\n", "ROLE", "TOKEN", "KIND", "PERMITS", "SINCE", "PID", host_width,
+      "HOST", "LABEL");
   const auto rows = [&](const char* role, const std::vector<EntryInfo>& entries) {
     for (const auto& e : entries) {
-      // A holder that is not turnstile's has no pid, host or start time we could know.
       const bool foreign = !e.foreign.empty();
-      std::string host = foreign ? "foreign: " + printable(e.foreign) : printable(e.host);
-      if (!e.label.empty()) host += " \"" + printable(e.label) + "\"";
-      add("%-8s %-10llu %-10s %-8lld %-25s %-8s ", role, static_cast<unsigned long long>(e.fencing_token),
+      add("%-8s %-20llu %-10s %-13lld %-25s %-8s ", role, static_cast<unsigned long long>(e.fencing_token),
           printable(e.kind).c_str(), static_cast<long long>(e.permits),
           foreign || !known(e.since) ? "-" : iso8601(e.since).c_str(),
           foreign || e.pid == 0 ? "-" : std::to_string(e.pid).c_str());
-      out += host + "\n";
+      auto host = host_cell(e);
+      host.resize(std::max(host.size(), static_cast<std::size_t>(host_width)), ' ');
+      out += host + " " + (e.label.empty() ? "-" : "\"" + printable(e.label) + "\"") + "\n";
     }
   };
   rows("holder", q.holders);
@@ -137,17 +164,22 @@ std::optional<std::string> plain_file_directory(std::string_view url) {
 // failed connect). On file:// it never creates the directory (connecting would): a directory
 // that does not exist has nobody queued in it, and is looked at each time until it appears.
 class Reader {
+  static constexpr const char* kFromEnvironment = " (TURNSTILE_BACKEND)";
+
  public:
-  explicit Reader(const InspectOptions& options) : name_(options.name) {
+  explicit Reader(const InspectOptions& options)
+      : name_(options.name), prefix_(options.prefix.value_or("")), max_names_(options.max_names.value_or(100)) {
     const char* env = std::getenv("TURNSTILE_BACKEND");
     if (options.backend) {
-      url_ = *options.backend;
+      // file:// names the default: looked at without creating it, as the default is.
+      url_ = *options.backend == "file://" ? Client::default_url() : *options.backend;
     } else if (env && *env) {
       url_ = env;
-      from_ = " (TURNSTILE_BACKEND)";
+      from_ = kFromEnvironment;
     } else {
       url_ = Client::default_url();
       from_ = " (the default)";
+      tell_namespace(url_, false);
     }
     directory_ = plain_file_directory(url_);
     client_options_.connect_timeout = std::max(
@@ -160,25 +192,47 @@ class Reader {
     struct stat st {};
     if (directory_ && lstat(directory_->c_str(), &st) != 0 && errno == ENOENT) {
       client_.reset();  // it went away: connecting again later must not make it again
-      if (const auto problem = name_problem(name_); !problem.empty()) throw InvalidArgument(problem);
+      if (const auto problem = listing() ? "" : name_problem(name_); !problem.empty()) throw InvalidArgument(problem);
       Inspection nobody;
       nobody.name = name_;
       // A file:// URL carries no credentials: shown as given.
-      return {url_, from_ + ", a directory that does not exist (not created)", nobody};
+      return {url_, from_ + ", a directory that does not exist (not created)", nobody,
+              listing() ? std::optional<NamesInUse>(NamesInUse{}) : std::nullopt};
     }
-    if (!client_) client_.emplace(Client::connect(url_, client_options_));
-    return {client_->url(), from_, client_->inspect(name_)};
+    if (!client_) {
+      try {
+        client_.emplace(Client::connect(url_, client_options_));
+      } catch (const InvalidUrl& error) {
+        if (from_ != kFromEnvironment) throw;
+        throw InvalidUrl(std::string(error.what()) + "; the URL came from TURNSTILE_BACKEND");
+      }
+    }
+    if (listing()) {
+      return {client_->url(), from_, {}, client_->names_in_use(prefix_, max_names_, SteadyClock::now() + kListingTime)};
+    }
+    return {client_->url(), from_, client_->inspect(name_), std::nullopt};
   }
 
+  bool listing() const { return name_.empty(); }
+
  private:
-  std::string name_, url_, from_;
+  std::string name_, prefix_;
+  std::size_t max_names_;
+  std::string url_, from_;
   std::optional<std::string> directory_;
   ClientOptions client_options_;
   std::optional<Client> client_;
 };
 
-std::string render(const InspectOptions& options, const Look& look) {
-  return options.json ? render_json(look.url, look.queue) : render_table(look.url + look.note, look.queue);
+// `time` goes into JSON only (a table shows it in --watch's footer on a terminal).
+std::string render(const InspectOptions& options, const Look& look,
+                   std::optional<std::chrono::system_clock::time_point> time) {
+  if (look.names) {
+    const auto prefix = options.prefix.value_or("");
+    return options.json ? render_names_json(look.url, prefix, *look.names, kJsonSchemaVersion, time)
+                        : render_names_table(look.url + look.note, prefix, *look.names);
+  }
+  return options.json ? render_json(look.url, look.queue, time) : render_table(look.url + look.note, look.queue);
 }
 
 bool print(const std::string& text) {
@@ -195,9 +249,12 @@ int watch(const InspectOptions& options, Reader& reader, const sigset_t& stop_si
   const auto interval = std::chrono::duration<double>(options.interval_sec);
   std::optional<std::string> shown;
   for (;;) {
-    std::string text, error;
+    std::string text, error, timed;
     try {
-      text = render(options, reader.look());
+      // What changed is judged without the time; what is printed carries it (JSON).
+      const auto look = reader.look();
+      text = render(options, look, std::nullopt);
+      timed = options.json ? render(options, look, std::chrono::system_clock::now()) : text;
     } catch (const Error& e) {
       if (exit_status_for(e) == kExitUsage) {
         complain(e.what());
@@ -216,7 +273,7 @@ int watch(const InspectOptions& options, Reader& reader, const sigset_t& stop_si
         ok = print("\x1b[H\x1b[2J" + text + "\n(looked at every " + every + " s; last change " +
                    iso8601(std::chrono::system_clock::now()) + "; Ctrl-C ends)\n");
       } else {
-        ok = print(shown && !options.json ? "\n" + text : text);
+        ok = print(shown && !options.json ? "\n" + text : timed);
       }
       if (!ok) return 0;  // nobody reads any more
       shown = text;
@@ -239,6 +296,14 @@ int inspect_command(const InspectOptions& options) {
     complain("--interval must be a number of seconds, 0.01 to 3600");
     return kExitUsage;
   }
+  if (!options.name.empty() && (options.prefix || options.max_names)) {
+    complain("--prefix and --max-names list the names in use: give them without NAME");
+    return kExitUsage;
+  }
+  if (options.max_names && (*options.max_names < 1 || *options.max_names > 10'000)) {
+    complain("--max-names must be 1 to 10000");
+    return kExitUsage;
+  }
   // Blocked before any thread exists (a network client starts some), so that they all arrive
   // in watch()'s sigtimedwait.
   sigset_t stop_signals;
@@ -251,7 +316,7 @@ int inspect_command(const InspectOptions& options) {
   try {
     Reader reader(options);
     if (options.watch) return watch(options, reader, stop_signals);
-    print(render(options, reader.look()));
+    print(render(options, reader.look(), std::chrono::system_clock::now()));
     return 0;
   } catch (const Error& error) {
     complain(error.what());

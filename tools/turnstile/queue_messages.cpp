@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "queue_messages.hpp"
 
 #include <unistd.h>
@@ -26,6 +27,8 @@ std::string holder_text(const EntryInfo& holder) {
     text += "an unidentified holder";
   }
   if (holder.since.time_since_epoch().count() != 0) text += " since " + iso8601(holder.since);
+  // --hold-at-least: its run may be over, and the name is still held until then.
+  if (holder.kept_until) text += ", kept until " + iso8601(*holder.kept_until);
   while (text.ends_with(' ')) text.pop_back();
   return text;
 }

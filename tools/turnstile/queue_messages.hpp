@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What turnstile says about a name's queue: who holds it, how many wait, and what became of
 // this process's entry after a signal.
 #pragma once

@@ -1,10 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
 // `turnstile run`: hold a lock or semaphore while a command runs.
 //
 // Signals: SIGINT/SIGTERM/SIGHUP/SIGQUIT, SIGCHLD and the job-control signals are blocked before
 // any thread exists (so no library thread ever takes them) and read from a signalfd. Until the
 // command starts, such a signal means it will not run: while we wait for the hold, a small
 // thread reads them and cancels the wait, which leaves the queue; a hold taken meanwhile is
-// given back. Once the command runs, the main thread forwards them to its process group.
+// given back. On a network backend that thread starts before connecting, and a signal while
+// connecting exits at once (nothing is held yet; a silent server could hold a connect for
+// seconds). Once the command runs, the main thread forwards them to its process group.
 // An uncontended hold is taken by one try first; on file:// without that thread (the try is
 // quick, and signals that came meanwhile are read right after it).
 //
@@ -13,7 +16,8 @@
 // signals and --pause-when-suspended act on the whole group. In the foreground of a terminal
 // the command's group gets the terminal, and its job-control stops are passed on to the shell
 // by stopping turnstile too. A watcher process kills the group if turnstile dies, SIGKILL
-// included, and stops it while turnstile is stopped (nobody renews the hold then). The main
+// included, then releases the hold on the server, and stops the group while turnstile is
+// stopped (nobody renews the hold then). The main
 // thread forks and stays alive until the command is reaped, because PR_SET_PDEATHSIG fires when
 // the forking *thread* exits.
 //
@@ -71,7 +75,9 @@ struct StartedCommand {
 StartedCommand start_command(const Hold& hold, const std::string& name, const RunOptions& options,
                              const sigset_t& original_mask, GroupWatcher& watcher) {
   auto argv_strings = options.command;
-  auto env_strings = child_environment(hold.token, name);
+  // `elect`: the command also sees the value it leads with.
+  auto env_strings =
+      child_environment(hold.token, name, options.elect ? std::optional<std::string>(hold.leader_value) : std::nullopt);
   auto argv = pointers(argv_strings);
   auto envp = pointers(env_strings);
   StartedCommand started;
@@ -165,6 +171,8 @@ struct Supervision {
   // After the leader exited: whether the group is gone (or given up on); else stops what is left.
   bool group_done(Clock::time_point now) {
     if (!group.alive() || (give_up_at && now >= *give_up_at)) return true;
+    // -o: what the command left runs on without the hold, as flock -o's children do.
+    if (options.release_at_command_exit && !lost) return true;
     if (!kill_at && !killed) {
       if (!lost) complain("the command exited but left processes in its process group; stopping them");
       terminate_group(grace());
@@ -272,12 +280,16 @@ int command_status(const StartedCommand& started, int wait_status, const RunOpti
 
 // Releases the hold after the command; false when it turned out lost before the release
 // (perhaps while the command ran: it may have run unprotected).
-bool released_as_held(Hold& hold, const std::string& what, const RunOptions& options) {
+bool released_as_held(Client& client, Hold& hold, const std::string& what, const RunOptions& options,
+                      Clock::time_point started) {
   try {
-    hold.release();
+    give_back(hold, options, started);
   } catch (const HoldLost& error) {
     complain(error.what());
     return false;
+  } catch (const BackendUnavailable& error) {
+    say_release_unconfirmed(client, what, error);
+    return true;
   } catch (const Error& error) {
     complain(std::string("releasing the hold failed: ") + error.what());
   }
@@ -287,13 +299,17 @@ bool released_as_held(Hold& hold, const std::string& what, const RunOptions& opt
 
 // Runs the command under the hold; returns turnstile's exit status, or _exits with it when the
 // hold was lost (no clean-up may wait on the network then). Releases the hold.
-int supervise(Hold& hold, const std::string& name, const std::string& what, const RunOptions& options, int signal_fd,
-              const sigset_t& original_mask, const LossBounds& loss, StateChanges& changes) {
+int supervise(Client& client, Hold& hold, const std::string& name, const std::string& what, const RunOptions& options,
+              int signal_fd, const sigset_t& original_mask, const LossBounds& loss, StateChanges& changes) {
   const LossAlarm alarm(hold.lost);
   // Our descendants that lose their parent come to us, so leftovers of the command's group are
   // reaped here and the group empties.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
-  GroupWatcher watcher;
+  // Should turnstile die holding, the watcher gives the hold back (see GroupWatcher); not with
+  // --hold-at-least, whose hold must outlive the command: the TTL ends it then.
+  const bool watcher_releases = !hold.receipt.empty() && !options.hold_at_least;
+  GroupWatcher watcher(watcher_releases ? release_order(options.backend, hold.receipt) : std::string());
+  const auto command_started = Clock::now();  // --hold-at-least counts from here
   const auto started = start_command(hold, name, options, original_mask, watcher);
   CommandGroup group(started.child, started.interactive);
   Supervision supervision{.hold = hold,
@@ -312,7 +328,7 @@ int supervise(Hold& hold, const std::string& name, const std::string& what, cons
 
   const int status = command_status(started, supervision.wait_status, options);
   if (!supervision.lost) {
-    if (released_as_held(hold, what, options)) return status;
+    if (released_as_held(client, hold, what, options, command_started)) return status;
   } else {
     release_within(hold, std::max(Clock::duration::zero(), clean_up_until - Clock::now()));
   }
@@ -333,7 +349,7 @@ int run_command(const RunOptions& given) {
   if (options.shell) options.command = {"/bin/sh", "-c", *options.shell};
   return take_hold_then(options, [&](Client& client, Hold& hold, const std::string& what, int signal_fd,
                                      const sigset_t& original_mask, StateChanges& changes) {
-    return supervise(hold, hold_name(options), what, options, signal_fd, original_mask,
+    return supervise(client, hold, hold_name(options), what, options, signal_fd, original_mask,
                      loss_bounds(options, client.url()), changes);
   });
 }

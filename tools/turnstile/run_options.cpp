@@ -1,4 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "run_options.hpp"
+
+#include <turnstile/turnstile.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -39,6 +42,23 @@ std::optional<std::chrono::milliseconds> known_ttl(const RunOptions& options, st
 
 }  // namespace
 
+std::optional<std::chrono::milliseconds> parse_duration(std::string_view text) {
+  static constexpr std::pair<std::string_view, double> kUnits[] = {{"ms", 0.001}, {"s", 1},     {"m", 60},
+                                                                   {"h", 3600},   {"d", 86400}, {"", 1}};
+  const std::string number_text(text);
+  char* end = nullptr;
+  const double number = std::strtod(number_text.c_str(), &end);
+  if (end == number_text.c_str()) return std::nullopt;
+  const std::string_view unit = std::string_view(number_text).substr(end - number_text.c_str());
+  for (const auto& [name, seconds] : kUnits) {
+    if (unit != name) continue;
+    const double total = number * seconds;
+    if (!(std::isfinite(total) && total >= 0 && total <= 1e9)) return std::nullopt;
+    return std::chrono::ceil<std::chrono::milliseconds>(std::chrono::duration<double>(total));
+  }
+  return std::nullopt;
+}
+
 LossBounds loss_bounds(const RunOptions& options, std::string_view url) {
   using namespace std::chrono_literals;
   const auto ttl = known_ttl(options, url);
@@ -46,12 +66,35 @@ LossBounds loss_bounds(const RunOptions& options, std::string_view url) {
   return {margin / 2};
 }
 
+std::string adopt_flock_forms(const FlockForms& forms, RunOptions& o) {
+  if (forms.shared && forms.exclusive) return "give -s/--shared or -x/--exclusive, not both";
+  if (forms.nonblock + forms.wait_sec.has_value() + o.timeout_sec.has_value() > 1) {
+    return "give one of -n/--nonblock, -w/--wait and --timeout";
+  }
+  if (forms.wait_sec && !(std::isfinite(*forms.wait_sec) && *forms.wait_sec >= 0 && *forms.wait_sec <= 1e9)) {
+    return "-w/--wait must be a number of seconds, 0 to 1e9";
+  }
+  const bool named = o.lock || o.read || o.write || o.semaphore;
+  if (forms.name && named) return "give NAME or one of --lock, --read, --write, --semaphore, not both";
+  if (!forms.name && forms.shared && !o.read) return "-s/--shared goes with a bare NAME (or --read NAME)";
+  if (!forms.name && forms.exclusive && !o.write && !o.lock) {
+    return "-x/--exclusive goes with a bare NAME (or --write NAME, --lock NAME)";
+  }
+  if (forms.nonblock) o.timeout_sec = 0;
+  if (forms.wait_sec) o.timeout_sec = forms.wait_sec;
+  if (forms.name) (forms.shared ? o.read : forms.exclusive ? o.write : o.lock) = *forms.name;
+  return {};
+}
+
 std::string usage_problem(const RunOptions& o, bool needs_command) {
-  const int chosen = !!o.lock + !!o.read + !!o.write + !!o.semaphore;
-  if (chosen != 1) return "give exactly one of --lock, --read, --write, --semaphore";
+  const int chosen = !!o.lock + !!o.read + !!o.write + !!o.semaphore + !!o.elect;
+  if (chosen != 1) return "give a NAME, or exactly one of --lock, --read, --write, --semaphore";
   if (o.semaphore && !o.limit) return "--semaphore needs --limit N";
   if (!o.semaphore && o.limit) return "--limit goes only with --semaphore";
-  if (o.limit && *o.limit < 1) return "--limit must be at least 1, got " + std::to_string(*o.limit);
+  if (o.limit && (*o.limit < 1 || *o.limit > max_permits)) {
+    return "--limit must be a whole number from 1 to " + std::to_string(max_permits) + ", got " +
+           std::to_string(*o.limit);
+  }
   // Up to ~30 years: larger values would overflow the clocks' arithmetic.
   const auto bad_seconds = [](const std::optional<double>& value) {
     return value && !(std::isfinite(*value) && *value >= 0 && *value <= 1e9);
@@ -64,6 +107,13 @@ std::string usage_problem(const RunOptions& o, bool needs_command) {
   }
   if (o.conflict_exit_code && (*o.conflict_exit_code < 0 || *o.conflict_exit_code > 255)) {
     return "--conflict-exit-code must be 0 to 255, got " + std::to_string(*o.conflict_exit_code);
+  }
+  if (o.leader_value && o.leader_value->size() > max_election_value) {
+    return "--value is at most " + std::to_string(max_election_value) + " bytes";
+  }
+  if (o.hold_at_least && !parse_duration(*o.hold_at_least)) {
+    return "--hold-at-least must be a duration such as 30s, 5m or 1h (a plain number is seconds), 0 to 1e9 s; got '" +
+           *o.hold_at_least + "'";
   }
   if (!needs_command) return {};
   if (o.shell && !o.command.empty()) return "give either -c 'COMMAND LINE' or a COMMAND after '--', not both";

@@ -1,8 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
 // The options of `turnstile run` and `turnstile hold` checked before anything is touched, and
 // the bounds they set on a lost hold.
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -25,6 +27,24 @@ struct LossBounds {
 // max(TTL/10, 50 ms), is the fallback should it not arrive. Without a known TTL: half the margin
 // of the shortest default TTL (etcd's 10 s).
 LossBounds loss_bounds(const RunOptions& options, std::string_view url);
+
+// What flock(1) users type, as given: a bare NAME (as `hold NAME`), -s/--shared,
+// -x/-e/--exclusive, -n/--nonblock and -w/--wait SECONDS.
+struct FlockForms {
+  std::optional<std::string> name;
+  bool shared = false, exclusive = false, nonblock = false;
+  std::optional<double> wait_sec;
+};
+
+// Sets in `o` what the flock forms stand for: NAME is --lock NAME, with -s --read NAME, with -x
+// --write NAME (-s and -x are the two sides of one SharedMutex, as flock's shared and exclusive
+// locks on one file); -n is --timeout 0, -w is --timeout. The problem when they contradict the
+// other options (nothing is set then), else "".
+std::string adopt_flock_forms(const FlockForms& forms, RunOptions& o);
+
+// --hold-at-least DURATION: a number of seconds, or one with a unit (ms, s, m, h, d); none
+// when it is not a duration (0 to 1e9 s).
+std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);
 
 // Bad usage found before anything is touched; empty when the options are fine. `run` needs a
 // command; `hold` takes none.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "signals.hpp"
 
 #include <poll.h>
@@ -64,6 +65,10 @@ void AcquisitionGuard::watch() {
       continue;
     }
     std::lock_guard lock(mutex_);
+    if (connecting_) {
+      std::fprintf(stderr, "turnstile: %s while connecting; %s\n", strsignal(sig), connecting_note_.c_str());
+      _exit(128 + sig);
+    }
     if (cancelled_by_ != 0) {
       std::fprintf(stderr, "turnstile: %s again; exiting without waiting to leave the queue\n", strsignal(sig));
       _exit(128 + sig);

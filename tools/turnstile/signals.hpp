@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The signals turnstile reads from its signalfd before the command runs: a job-control stop
 // applied to turnstile itself, and a terminating signal that cancels the acquisition.
 #pragma once
@@ -39,9 +40,14 @@ bool ignored_while_waiting(int sig);
 // meanwhile. A second signal while the wait is being left exits at once, and so does the first
 // when leaving takes too long. `disarm()` stops it once the acquisition has returned; signals
 // that come later are read by the caller (see cancelling_signal).
+//
+// Started before connecting (`connecting_note` given), a signal until connected() exits at once:
+// nothing is held yet, and a connect may wait for seconds on a server that does not answer.
 class AcquisitionGuard {
  public:
-  AcquisitionGuard(int signal_fd, std::string name) : signal_fd_(signal_fd), name_(std::move(name)) {
+  AcquisitionGuard(int signal_fd, std::string name, std::string connecting_note = {})
+      : signal_fd_(signal_fd), name_(std::move(name)), connecting_note_(std::move(connecting_note)) {
+    connecting_ = !connecting_note_.empty();
     stop_fd_ = eventfd(0, EFD_CLOEXEC);
     if (stop_fd_ < 0) throw std::runtime_error(describe_errno("eventfd"));
     thread_ = std::thread([this] { watch(); });
@@ -51,6 +57,12 @@ class AcquisitionGuard {
   AcquisitionGuard& operator=(const AcquisitionGuard&) = delete;
 
   std::stop_token token() const { return stop_.get_token(); }
+
+  // Connected: from now on a signal cancels the acquisition instead.
+  void connected() {
+    std::lock_guard lock(mutex_);
+    connecting_ = false;
+  }
 
   // The signal that cancelled the acquisition, 0 if none did.
   int disarm() {
@@ -73,6 +85,8 @@ class AcquisitionGuard {
   int signal_fd_;
   int stop_fd_ = -1;
   std::string name_;
+  std::string connecting_note_;  // what exiting while connecting means ("the command was not run")
+  bool connecting_ = false;      // guarded by mutex_
   std::stop_source stop_;
   std::mutex mutex_;
   int cancelled_by_ = 0;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A hold's suspensions, recoveries and loss, from the library's thread to the loop that
 // supervises the command (run) or keeps the hold (hold).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "take_hold.hpp"
 
 #include <sys/signalfd.h>
@@ -5,10 +6,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string_view>
 
 #include "common.hpp"
+#include "namespace_notice.hpp"
 #include "queue_messages.hpp"
 #include "signals.hpp"
 
@@ -27,6 +31,7 @@ Wanted wanted_by(const RunOptions& options) {
   const Kind kind = options.lock    ? Kind::lock
                     : options.read  ? Kind::read
                     : options.write ? Kind::write
+                    : options.elect ? Kind::election
                                     : Kind::semaphore;
   const std::string& name = hold_name(options);
   return {kind, name, what_is_held(kind, name, options)};
@@ -72,7 +77,7 @@ ClientOptions client_options_for(const RunOptions& options, StateChanges& change
 // -v: what it waits for, how long at most, who holds it and how many wait ahead.
 void say_waiting(Client& client, const Wanted& wanted, const RunOptions& options) {
   const auto queue = look_at_queue(client, wanted.name);
-  std::string text = "waiting for " + wanted.what + " on " + client.url();
+  std::string text = "waiting for " + wanted.what + " on " + backend_shown(client);
   if (options.timeout_sec) text += " (at most " + seconds_text(*options.timeout_sec) + " s in all)";
   text += held_by(queue);
   if (queue.known && queue.waiters > 0) text += "; " + std::to_string(queue.waiters) + " waiting ahead";
@@ -85,9 +90,25 @@ void say_waiting(Client& client, const Wanted& wanted, const RunOptions& options
 // `wait` allows, unless a signal came during the try.
 std::optional<Hold> try_then_wait(Client& client, const Wanted& wanted, const RunOptions& options, const Wait& wait,
                                   int signal_fd, std::optional<AcquisitionGuard>& guard) {
-  if (!client.url().starts_with("file:")) guard.emplace(signal_fd, wanted.name);
-  auto hold = acquire(client, wanted.kind, wanted.name, options, kTryOnce);
+  if (guard) {
+    guard->connected();
+  } else if (!client.url().starts_with("file:")) {
+    guard.emplace(signal_fd, wanted.name);
+  }
+  std::optional<Hold> hold;
+  try {
+    hold = acquire(client, wanted.kind, wanted.name, options, kTryOnce);
+  } catch (const BackendUnavailable&) {
+    // A refusal that may pass (a Redis Cluster's CLUSTERDOWN just after a node restarted):
+    // with time left, the wait below tries again until the deadline, as lock() does. Not with
+    // less than a second left: a backend gives an acquire's call about that much even past the
+    // deadline (to hear the server's answer), and a server that did not answer the try would
+    // take the run past its --timeout.
+    if (!wait || (*wait && std::chrono::steady_clock::now() + std::chrono::seconds(1) > **wait)) throw;
+  }
   if (hold || !wait || (guard && guard->token().stop_requested())) return hold;
+  // The try used up the time (a server slow to answer it): a wait now would only overrun it.
+  if (*wait && std::chrono::steady_clock::now() >= **wait) return hold;
   if (options.verbose) say_waiting(client, wanted, options);
   if (!guard) guard.emplace(signal_fd, wanted.name);
   return acquire(client, wanted.kind, wanted.name, options, wait, guard->token());
@@ -99,8 +120,8 @@ struct Taken {
   int cancelled_by = 0;
 };
 
-Taken take(Client& client, const Wanted& wanted, const RunOptions& options, const Wait& wait, int signal_fd) {
-  std::optional<AcquisitionGuard> guard;
+Taken take(Client& client, const Wanted& wanted, const RunOptions& options, const Wait& wait, int signal_fd,
+           std::optional<AcquisitionGuard>& guard) {
   Taken taken;
   taken.hold = try_then_wait(client, wanted, options, wait, signal_fd, guard);
   // Any signal until now came before the hold was used: the command is not run.
@@ -111,6 +132,8 @@ Taken take(Client& client, const Wanted& wanted, const RunOptions& options, cons
 
 // Says why the hold was not taken (busy, or the timeout ran out) and who holds it.
 int not_held_status(Client& client, const std::string& name, const RunOptions& options) {
+  const auto status = options.conflict_exit_code.value_or(kExitTimeout);
+  if (options.quiet && !options.verbose) return status;  // -q: cron mails nothing for a skipped run
   const auto holder = held_by(look_at_queue(client, name));
   if (*options.timeout_sec == 0) {
     complain("'" + name + "' is busy" + holder);
@@ -119,19 +142,38 @@ int not_held_status(Client& client, const std::string& name, const RunOptions& o
     std::snprintf(seconds, sizeof seconds, "%g", *options.timeout_sec);
     complain("timed out after " + std::string(seconds) + " s waiting for '" + name + "'" + holder);
   }
-  return options.conflict_exit_code.value_or(kExitTimeout);
+  return status;
+}
+
+// Whether connecting may wait on a network: the URL given, else TURNSTILE_BACKEND's, else the
+// embedded default.
+bool connects_over_network(const RunOptions& options) {
+  if (options.backend) return !options.backend->starts_with("file:");
+  const char* from_environment = std::getenv("TURNSTILE_BACKEND");  // used when set and not empty
+  return from_environment && *from_environment && !std::string_view(from_environment).starts_with("file:");
 }
 
 int connect_take_then(const RunOptions& options, const HeldBody& body, int signal_fd, const sigset_t& original_mask) {
   const auto wanted = wanted_by(options);
   StateChanges changes;
   const auto started = std::chrono::steady_clock::now();
+  // A signal while connecting ends turnstile at once (128 + N), as one while waiting does.
+  std::optional<AcquisitionGuard> guard;
+  if (connects_over_network(options)) {
+    guard.emplace(signal_fd, wanted.name, options.command.empty() ? "nothing was held" : "the command was not run");
+  }
   auto client = connect_backend(options.backend, client_options_for(options, changes));
+  if (default_backend_used(options.backend)) tell_namespace(client.url(), options.verbose);
   if (options.ttl_sec && *options.ttl_sec > 0 && client.url().starts_with("file:")) {
     complain("note: --ttl has no effect on " + client.url() +
              ": a hold on the embedded backend lasts exactly as long as its process");
   }
-  auto [hold, cancelled_by] = take(client, wanted, options, wait_for(options, started), signal_fd);
+  if (options.hold_at_least && !client.can_release_after(options.semaphore.has_value())) {
+    complain("--hold-at-least is not available on " + client.url() + (options.semaphore ? " for a Semaphore" : "") +
+             " (file://, redis and etcd keep any hold after turnstile exits, consul:// a lock)");
+    return kExitUsage;
+  }
+  auto [hold, cancelled_by] = take(client, wanted, options, wait_for(options, started), signal_fd, guard);
   if (cancelled_by != 0) {
     const bool run = !options.command.empty();
     complain(std::string(strsignal(cancelled_by)) + (run ? " before the command started; " : " before it was held; ") +
@@ -141,8 +183,9 @@ int connect_take_then(const RunOptions& options, const HeldBody& body, int signa
   if (!hold) return not_held_status(client, wanted.name, options);
   if (options.verbose) {
     const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - started;
-    complain("got " + wanted.what + " on " + client.url() + " at " + iso8601(std::chrono::system_clock::now()) +
-             " after " + seconds_text(waited.count()) + " s; fencing token " + std::to_string(hold->token));
+    complain("got " + wanted.what + " on " + backend_shown(client) + " at " +
+             iso8601(std::chrono::system_clock::now()) + " after " + seconds_text(waited.count()) +
+             " s; fencing token " + std::to_string(hold->token));
   }
   return body(client, *hold, wanted.what, signal_fd, original_mask, changes);
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What `turnstile run` and `turnstile hold` share: the signals blocked and read from a
 // signalfd, the connection, the hold taken (one try, then the wait --timeout allows), and what
 // is said when it is not.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/consul/consul_backend.hpp"
 
 #include <unistd.h>
@@ -5,7 +6,9 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 
 #include "core/host_name.hpp"
@@ -45,7 +48,15 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
     if (env("CONSUL_HTTP_SSL") == "true" || env("CONSUL_HTTP_SSL") == "1") tls = true;
     if (address.empty()) address = "127.0.0.1:8500";
   }
-  const auto host = parse_host_port(address, 8500, url);
+  const auto host = [&] {
+    if (!url.hosts.empty()) return parse_host_port(address, 8500, url);
+    try {
+      return parse_host_port(address, 8500, url);
+    } catch (const InvalidUrl& error) {
+      // The URL names no agent: the bad address is the environment's, and says so.
+      throw InvalidUrl(std::string(error.what()) + "; the address came from CONSUL_HTTP_ADDR");
+    }
+  }();
   if (!url.path.empty() && url.path != "/") {
     throw InvalidUrl("Consul URLs take no path, got '" + url.path + "' in '" + url.text + "'");
   }
@@ -102,7 +113,7 @@ nlohmann::json kv_check_session(const std::string& key, const std::string& sessi
 }
 
 ConsulBackend::ConsulBackend(Settings settings)
-    : http_(settings.endpoint), sessions_(settings.endpoint, http_, settings.session) {
+    : http_(settings.endpoint), sessions_(settings.endpoint, http_, settings.session), queries_(settings.endpoint) {
   host_ = host_name();
   label_ = settings.label;
   // Reaches Consul once, so a wrong address or token is reported by connect.
@@ -119,7 +130,7 @@ std::vector<KvEntry> ConsulBackend::read(const std::string& key, bool recurse, m
   if (index) *index = reply.index;
   if (reply.status == 404) return {};
   if (reply.status != 200) throw_error("reading " + key, reply, http_.endpoint());
-  return parse_entries(nlohmann::json::parse(reply.body, nullptr, false));
+  return parse_entries(std::string_view(reply.body));
 }
 
 std::optional<std::vector<KvEntry>> ConsulBackend::txn(const nlohmann::json& ops, milliseconds timeout,
@@ -153,6 +164,22 @@ void ConsulBackend::note_released_lock(const std::string& name, std::optional<st
   released_locks_[name] = *index;
 }
 
+bool ConsulBackend::crowded(const std::string& name) {
+  std::lock_guard lock(released_mutex_);
+  return crowded_.count(name) > 0;
+}
+
+void ConsulBackend::note_crowded(const std::string& name, bool crowded) {
+  constexpr std::size_t kRemembered = 4096;  // names; past this, forgotten (the take is tried again)
+  std::lock_guard lock(released_mutex_);
+  if (!crowded) {
+    crowded_.erase(name);
+    return;
+  }
+  if (crowded_.size() >= kRemembered) crowded_.clear();
+  crowded_.insert(name);
+}
+
 bool ConsulBackend::write(const char* method, const std::string& path, const std::string& body, milliseconds timeout,
                           const std::string& context) {
   const auto reply = http_.call(method, path, body, timeout);
@@ -167,47 +194,95 @@ void ConsulBackend::block(const WaitTarget& target, const CallBudget& budget) {
   block(std::vector<WaitTarget>{target}, budget);
 }
 
-void ConsulBackend::block(const std::vector<WaitTarget>& targets, const CallBudget& budget) {
-  if (budget.stopped() || targets.empty()) return;
+namespace {
+
+// A wait on one entry of turnstile's queues (a lock's or a counter line's) may share its
+// client's query on the whole queue (blocking_queries.hpp); a wait on anything else (a peer's
+// key, NAME/ of api.Semaphore, a whole queue's change) keeps its own query.
+bool shareable(const WaitTarget& target) {
+  if (target.recurse || target.retry || target.index == 0) return false;
+  for (const char* root : {"turnstile/q/", "turnstile/cq/"}) {
+    if (target.key.rfind(root, 0) == 0 && target.key.back() != '/') return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// What a wait on `targets` sends: a blocking query per target (Consul's wait within the
+// deadline), or a timer when an index is not known (at once; after a lock-delay, a while).
+BlockingPlan ConsulBackend::plan_block(const std::vector<WaitTarget>& targets, const Deadline& deadline) const {
+  BlockingPlan plan;
   for (const auto& target : targets) {
     if (target.index != 0) continue;
     // A lock-delay on a key that is gone (its session's Behavior delete took it): nothing in
     // the store will change when the delay ends, so look again after a while, as api.Lock does.
-    if (target.retry) {
-      auto pause = kLockDelayRetry;
-      pause_before_retry(budget, pause);
-    }
-    return;  // an index not known: look again at once
+    if (target.retry) plan.pause = kLockDelayRetry;
+    return plan;  // an index not known: look again at once
   }
   const bool retry = std::any_of(targets.begin(), targets.end(), [](const WaitTarget& t) { return t.retry; });
   auto wait = retry ? kLockDelayRetry : kBlockingWaitMax;
   auto timeout = wait + wait / 16 + kBlockingSlack;
-  if (const auto left = budget.left()) {
-    if (*left <= milliseconds(0)) return;
+  if (const auto left = CallBudget(deadline).left()) {
+    if (*left <= milliseconds(0)) return plan;
     // Consul may add wait/16 of jitter: asked for 16/17 of what is left, it answers in time.
     wait = std::min(wait, std::max(*left * 16 / 17, milliseconds(1)));
     timeout = std::min(timeout, *left + kDeadlineGrace);
   }
-  std::vector<Request> queries;
+  plan.wait = wait;
   for (const auto& target : targets) {
-    queries.push_back({"GET",
-                       "/v1/kv/" + url_escape(target.key) + "?index=" + std::to_string(target.index) +
-                           "&wait=" + std::to_string(wait.count()) + "ms" + (target.recurse ? "&recurse" : ""),
-                       ""});
+    if (targets.size() == 1 && shareable(target)) {
+      plan.shared =
+          SharedTarget{target.key.substr(0, target.key.rfind('/') + 1), target.key, target.index, 0, target.first_look};
+    }
+    // A first look's own query (sent only while it waits alone): answered at once, then it reads.
+    const auto query = target.first_look
+                           ? std::string()
+                           : "?index=" + std::to_string(target.index) + "&wait=" + std::to_string(wait.count()) + "ms" +
+                                 (target.recurse ? "&recurse" : "");
+    plan.queries.push_back({"GET", "/v1/kv/" + url_escape(target.key) + query, ""});
+    plan.keys.push_back(target.key);
   }
-  // One query per target, at once: the first to answer ends the wait (the others are cut).
-  const auto outcomes =
-      http_.call_each(queries, queries.size(), timeout, SteadyClock::time_point::max(), budget.stop(), true);
-  for (std::size_t i = 0; i < outcomes.size(); ++i) {
-    if (outcomes[i].stopped) return;
-    if (!outcomes[i].reply) continue;
-    if (outcomes[i].reply->status == 200 || outcomes[i].reply->status == 404) return;
-    throw_error("waiting on " + targets[i].key, *outcomes[i].reply, http_.endpoint());
+  plan.timeout = timeout;
+  return plan;
+}
+
+std::unique_ptr<WakeArm> ConsulBackend::arm_block(const std::vector<WaitTarget>& targets, const Deadline& deadline,
+                                                  QueryWake wake) {
+  return queries_.arm(plan_block(targets, deadline), std::move(wake));
+}
+
+// An arm and a condition variable: the blocking waits share the async ones' queries and I/O
+// thread. The first query to answer ends the wait (the others are cut); one dropped (a restart,
+// a cut link) or ended at the deadline returns after a short pause: the caller looks again, and
+// its look resends until the server answers, the deadline or a stop.
+std::uint64_t ConsulBackend::block(const std::vector<WaitTarget>& targets, const CallBudget& budget) {
+  if (budget.passed() || targets.empty()) return 0;
+  auto plan = plan_block(targets, budget.deadline());
+  if (plan.queries.empty() && plan.pause <= milliseconds(0)) return 0;  // look again at once
+  struct {
+    std::mutex mutex;
+    std::condition_variable_any changed;
+    bool woken = false;
+    std::exception_ptr error;
+    std::uint64_t answer = 0;
+  } ended;
+  auto armed = queries_.arm(std::move(plan), [&ended](std::exception_ptr error, std::uint64_t answer) {
+    std::lock_guard lock(ended.mutex);
+    ended.woken = true;
+    ended.error = std::move(error);
+    ended.answer = answer;
+    ended.changed.notify_all();
+  });
+  {
+    std::unique_lock lock(ended.mutex);
+    const auto woken = [&] { return ended.woken; };
+    if (budget.deadline()) ended.changed.wait_until(lock, budget.stop(), *budget.deadline(), woken);
+    else ended.changed.wait(lock, budget.stop(), woken);
   }
-  // Dropped (a restart, a cut link) or ended at the deadline: the caller looks again, and its
-  // look resends until the server answers, the deadline or a stop.
-  auto backoff = kResendBackoffMax / 4;
-  pause_before_retry(budget, backoff);
+  armed.reset();  // disarmed: the wake is not running any more, `ended` may go
+  if (ended.error) std::rethrow_exception(ended.error);
+  return ended.answer;
 }
 
 bool ConsulBackend::pause_before_retry(const CallBudget& budget, milliseconds& backoff) {
@@ -226,11 +301,14 @@ EntryValue ConsulBackend::new_value(const QueueRequest& request) const {
   value.host = host_;
   value.since_ms = now_ms();
   value.label = label_;
+  value.election = request.primitive == Primitive::election;
+  value.proposal = request.value;
   return value;
 }
 
-std::unique_ptr<QueuePlace> ConsulBackend::join(const QueueRequest& request, bool, Deadline deadline, Standing& first) {
-  return make_place(*this, request, deadline, first);
+std::unique_ptr<QueuePlace> ConsulBackend::join(const QueueRequest& request, bool try_once, Deadline deadline,
+                                                Standing& first) {
+  return make_place(*this, request, try_once, deadline, first);
 }
 
 std::unique_ptr<CounterLine> ConsulBackend::counter_line(const std::string& name, std::int64_t permits,

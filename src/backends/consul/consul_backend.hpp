@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Consul backend (consul_backend.cpp, places.cpp, inspection.cpp): storage for the core's queue loop in
 // Consul's KV store, on the layouts of api.Lock (Mutex) and api.Semaphore (Semaphore).
 //
@@ -13,14 +14,17 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <stop_token>
 #include <string>
 
+#include "backends/consul/blocking_queries.hpp"
 #include "backends/consul/counter_markers.hpp"
 #include "backends/consul/http.hpp"
 #include "backends/consul/keys.hpp"
 #include "backends/consul/layout.hpp"
 #include "backends/consul/refusals.hpp"
+#include "backends/consul/retired_joins.hpp"
 #include "backends/consul/sessions.hpp"
 #include "backends/consul/timeouts.hpp"
 #include "core/backend.hpp"
@@ -49,16 +53,26 @@ class ConsulBackend final : public Backend {
   std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
                                             const std::stop_token& stop) override;
   Inspection inspect(const std::string& name, Deadline deadline) override;  // inspection.cpp
+  QueueNames queue_names(const std::string& prefix, std::size_t max_names,
+                         Deadline deadline) override;  // inspection.cpp
+  // Locks, not leases (holds.cpp).
+  bool keeps_released_holds(EntryKind kind) const override { return kind != EntryKind::lease; }
+  // The leader-election guide's key NAME, with api.Lock's flags (election.hpp).
+  bool has_elections() const override { return true; }
+  std::unique_ptr<LeaderWatch> watch_leader(const std::string& name) override;  // election.cpp
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
   std::int64_t counter_drain(const std::string& name) override;
+  bool release_receipt(const std::string& receipt, Deadline deadline) override;  // holds.cpp
 
   // --- for the places, holds and lines (places.cpp) ---
   Http& http() { return http_; }
   Sessions& sessions() { return sessions_; }
   // Removals the caller's thread could not finish (leaves, given-up joins, unknown outcomes).
   GuaranteedRemoval& removals() { return removals_; }
+  // The markers of ended joins, removed after kRetiredKeep (retired_joins.hpp).
+  RetiredJoins& retired_joins() { return retired_; }
   std::string next_id(const std::string& session_id) { return session_id + "-" + std::to_string(++entries_); }
   EntryValue new_value(const QueueRequest& request) const;
   // GET a key or (recurse) a prefix: its entries (none when 404) and X-Consul-Index.
@@ -75,6 +89,11 @@ class ConsulBackend final : public Backend {
   // (forgotten when a join finds it moved on).
   std::optional<std::uint64_t> released_lock_index(const std::string& name);
   void note_released_lock(const std::string& name, std::optional<std::uint64_t> index);
+  // Whether an exclusive join of `name` last found others in line (its one-step take refused
+  // by the occupancy key): the next join then skips that take, which would only be refused
+  // again, until a join finds itself alone in line.
+  bool crowded(const std::string& name);
+  void note_crowded(const std::string& name, bool crowded);
   // After a call found no server, or a CAS lost a race: sleeps `backoff` (then doubles it, up
   // to kResendBackoffMax) within the budget; false when its deadline or stop ended it (the
   // caller gives up).
@@ -97,8 +116,13 @@ class ConsulBackend final : public Backend {
   // A blocking query on `target` until it changes, the deadline or a stop. One that found no
   // server pauses a little and returns: the caller's look resends (an outage is waited through).
   void block(const WaitTarget& target, const CallBudget& budget);
-  // The same on several targets at once, until any of them changes.
-  void block(const std::vector<WaitTarget>& targets, const CallBudget& budget);
+  // The same on several targets at once, until any of them changes. Returns the index of the
+  // client's shared answer that ended it (QueryWake's `answer`), else 0.
+  std::uint64_t block(const std::vector<WaitTarget>& targets, const CallBudget& budget);
+  // block() without a thread (QueuePlace::arm, CounterLine::arm): the queries run on the
+  // client's one I/O thread, whose wake gets the typed error of an unexpected answer, if any.
+  std::unique_ptr<WakeArm> arm_block(const std::vector<WaitTarget>& targets, const Deadline& deadline, QueryWake wake);
+  BlockingQueries& blocking_queries() { return queries_; }
   // A PermitCounter's key as one read saw it (index 0: absent).
   struct CounterSeen {
     std::optional<CounterValue> value;
@@ -136,14 +160,20 @@ class ConsulBackend final : public Backend {
              const std::string& context);
 
  private:
+  // What a wait on `targets` sends (consul_backend.cpp).
+  BlockingPlan plan_block(const std::vector<WaitTarget>& targets, const Deadline& deadline) const;
+
   Http http_;
   Sessions sessions_;
+  BlockingQueries queries_;  // the waits' I/O thread: stopped before the sessions end
   SettledMarkers markers_;
+  RetiredJoins retired_;  // before removals_: its batches' jobs use it
   std::atomic<std::uint64_t> entries_{0};
   std::string host_;
   std::string label_;
   std::mutex released_mutex_;
   std::map<std::string, std::uint64_t> released_locks_;  // name -> ModifyIndex, bounded
+  std::set<std::string> crowded_;                        // names, bounded (see crowded)
   // Last: destroyed (its thread joined) before everything its attempts use.
   GuaranteedRemoval removals_{kConsulTimes.background};
 };
@@ -155,8 +185,8 @@ nlohmann::json kv_lock(const std::string& key, const std::string& value, std::ui
 nlohmann::json kv_unlock(const std::string& key, std::uint64_t flags, const std::string& session);
 nlohmann::json kv_check_session(const std::string& key, const std::string& session);
 
-std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueRequest& request, Deadline deadline,
-                                       Standing& first);
+std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueRequest& request, bool try_once,
+                                       Deadline deadline, Standing& first);
 std::unique_ptr<CounterLine> make_counter_line(ConsulBackend& backend, const std::string& name, std::int64_t permits,
                                                const std::stop_token& stop);
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A PermitCounter's changes (try_set, add, drain, and the line's takes): each a CAS on the
 // counter key in one transaction with its own request marker (counter_markers.hpp), applied at
 // most once however many copies of it reach the server, whenever they do, and however many

@@ -1,5 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
 // The PermitCounter's line in Consul's KV store: its waiters, and the takes that leave it.
 #include <algorithm>
+#include <exception>
 
 #include "backends/consul/consul_backend.hpp"
 #include "backends/consul/given_up.hpp"
@@ -21,6 +23,8 @@ class ConsulCounterLine final : public CounterLine {
   // the acquire ends not taken (shown as a wait for permits, which ends at once). Every call of
   // the line ends on the acquire's stop; what it may have written is settled or retired after.
   CounterStanding look(bool, Deadline deadline) override {
+    // An armed wait's query got an answer nobody expects: thrown here, as wait() throws it.
+    if (auto error = std::exchange(wait_error_, nullptr)) std::rethrow_exception(error);
     CounterStanding not_taken;
     not_taken.in_line = true;
     const CallBudget budget(deadline, stop_);
@@ -55,10 +59,15 @@ class ConsulCounterLine final : public CounterLine {
   // so that a copy still on its way never applies.
   bool take(const CounterStanding&, Deadline deadline) override {
     if (stop_.stop_requested()) return false;  // nothing sent: the core ends the acquire
-    nlohmann::json extra = nlohmann::json::array();
-    if (!entry_key_.empty()) extra.push_back(kv_op("delete", entry_key_));
     const auto timeout = CallBudget(deadline).call_timeout(kConsulTimes.one_shot);
     take_marker_ = backend_.new_marker(timeout);
+    nlohmann::json extra = nlohmann::json::array();
+    if (!entry_key_.empty()) extra.push_back(kv_op("delete", entry_key_));
+    // Its join's marker too, so that a late copy of the join adds no waiter after the take
+    // (retired_joins.hpp); not when our waiter's session was lost (a copy then fails its lock).
+    if (!entry_key_.empty() && take_marker_->session == session_) {
+      extra.push_back(retire_op(entry_key_, session_->id));
+    }
     bool taken = false;
     try {
       taken = backend_.change_counter(counter_, seen_, seen_.value.value_or(CounterValue{}).n - permits_, extra,
@@ -69,7 +78,7 @@ class ConsulCounterLine final : public CounterLine {
       throw;
     }
     take_marker_.reset();  // told: leave() need not ask
-    if (taken) entry_key_.clear();
+    if (taken) retired(std::exchange(entry_key_, std::string()));
     return taken;
   }
 
@@ -108,13 +117,22 @@ class ConsulCounterLine final : public CounterLine {
     backend_.block(wait == CounterWait::predecessor ? predecessor_ : counter_target_, CallBudget(deadline, stop));
   }
 
+  // The same query on the client's I/O thread: no thread waits.
+  std::unique_ptr<WakeArm> arm(CounterWait wait, Deadline deadline, Wake wake) override {
+    return backend_.arm_block({wait == CounterWait::predecessor ? predecessor_ : counter_target_}, deadline,
+                              [this, wake = std::move(wake)](std::exception_ptr error, std::uint64_t) {
+                                wait_error_ = std::move(error);  // the next look throws it
+                                wake();
+                              });
+  }
+
   bool leave() noexcept override {
     // A take whose outcome is still unknown took the permits (and our entry) if its marker says so.
     if (auto marker = std::exchange(take_marker_, std::nullopt)) {
       try {
         if (backend_.counter_change_applied(counter_, seen_, *marker,
                                             SteadyClock::now() + kConsulTimes.one_shot.floor)) {
-          entry_key_.clear();
+          retired(std::exchange(entry_key_, std::string()));
           return true;
         }
       } catch (...) {
@@ -128,27 +146,22 @@ class ConsulCounterLine final : public CounterLine {
       // leaves the line before it returns), so no copy delivered after the return can land.
       try {
         nlohmann::json undo = nlohmann::json::array({kv_op("delete", key)});
-        retire_join(backend_, session_, entry_id_, std::move(undo), true);
+        retire_join(backend_, session_, entry_id_, std::move(undo), kConsulTimes.one_shot.floor);
       } catch (...) {
         // No memory for the job: the entry goes with the session.
       }
       return false;
     }
-    const auto path = "/v1/kv/" + url_escape(key);
-    auto& backend = backend_;
-    const auto remove = [&backend, path] {
-      return backend.write("DELETE", path, "", kConsulTimes.one_shot.floor, "leaving a line");
-    };
-    try {
-      if (remove()) return false;
-    } catch (...) {
-    }
-    backend_.removals().add("the entry " + key + " of a line left",
-                            [remove] { return remove() ? Removal::done : Removal::again; });
+    leave_queue(backend_, session_, "", key, kConsulTimes.one_shot.floor);  // with its join's marker
     return false;
   }
 
  private:
+  // A take removed our waiter, and wrote its join's marker: kept for a while (retired_joins.hpp).
+  void retired(const std::string& entry_key) {
+    if (!entry_key.empty()) backend_.retired_joins().add(backend_, retired_marker_of(entry_key));
+  }
+
   ConsulBackend& backend_;
   std::string name_;
   std::int64_t permits_;
@@ -163,6 +176,7 @@ class ConsulCounterLine final : public CounterLine {
   WaitTarget predecessor_;
   std::optional<ChangeMarker> take_marker_;  // a take whose outcome is unknown (its reply never came)
   std::stop_token stop_;                     // the acquire's
+  std::exception_ptr wait_error_;            // from an armed wait, for the next look
 };
 
 }  // namespace

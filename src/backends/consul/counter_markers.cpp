@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Removing the request markers of settled PermitCounter changes (counter_markers.hpp).
 #include "backends/consul/counter_markers.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Request markers of PermitCounter changes (counter_changes.cpp, counter_markers.cpp).
 //
 // Every change (try_set, add, drain, a line's take) is one transaction: [check-not-exists M,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A hold of a queue entry (holds.cpp): what a granted place leaves behind. Its release takes the
 // peers' key back (api.Lock's Unlock, or our holders out of api.Semaphore's `.lock`) and removes
 // the entry in one transaction that first checks the entry is still ours.

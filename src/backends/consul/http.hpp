@@ -1,8 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
 // Consul's HTTP API over libcurl (http.cpp): kept-alive connections in a small pool of handles,
-// a deadline on every call, stop tokens that end a blocking query at once, close-on-exec
+// a deadline on every call, stop tokens that end a call at once, close-on-exec
 // sockets, the ACL token in a header only, and the one place where answers become errors.
 // Several requests may run at once (call_each, on libcurl's multi interface): renewals of many
-// sessions, or blocking queries on several prefixes of which the first answer counts.
+// sessions. Blocking queries run on the client's I/O thread instead (blocking_queries.hpp).
 #pragma once
 
 #include <chrono>
@@ -59,11 +60,10 @@ class Http {
 
   // `requests` at once, each on a connection of its own, at most `parallel` at a time (the rest
   // start as others end); each gets `timeout` from when it starts, and none starts or runs past
-  // `until`. With `first_only` the batch ends at the first answer (the others are cut). A stop
-  // ends it at once. Throws nothing for a request that got no answer: its Outcome says so.
+  // `until`. A stop ends it at once. Throws nothing for a request that got no answer: its Outcome says so.
   std::vector<Outcome> call_each(const std::vector<Request>& requests, std::size_t parallel,
                                  std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point until,
-                                 const std::stop_token& stop = {}, bool first_only = false);
+                                 const std::stop_token& stop = {});
 
   const Endpoint& endpoint() const { return endpoint_; }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/consul/keys.hpp"
 
 #include <algorithm>
@@ -143,6 +144,79 @@ std::vector<KvEntry> parse_entries(const nlohmann::json& array) {
     if (kv.is_object()) entries.push_back(entry_of(kv));
   }
   return entries;
+}
+
+namespace {
+
+// The entries of a GET /v1/kv answer as nlohmann's SAX parser reads them: the fields of each
+// object directly in the top-level array; anything nested deeper is skipped.
+class EntriesReader {
+ public:
+  using json = nlohmann::json;
+  std::vector<KvEntry> entries;
+
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t value) {
+    if (value >= 0) number(static_cast<std::uint64_t>(value));
+    return true;
+  }
+  bool number_unsigned(json::number_unsigned_t value) {
+    number(value);
+    return true;
+  }
+  bool number_float(json::number_float_t, const json::string_t&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool string(json::string_t& text) {
+    if (!in_entry()) return true;
+    if (field_ == "Key") entry_.key = std::move(text);
+    else if (field_ == "Value") entry_.value = base64_decode(text);
+    else if (field_ == "Session") entry_.session = std::move(text);
+    return true;
+  }
+  bool start_object(std::size_t) {
+    if (++depth_ == 2 && top_is_array_) entry_ = KvEntry{};
+    return true;
+  }
+  bool end_object() {
+    if (depth_-- == 2 && top_is_array_) entries.push_back(std::move(entry_));
+    return true;
+  }
+  bool start_array(std::size_t) {
+    if (++depth_ == 1) top_is_array_ = true;
+    return true;
+  }
+  bool end_array() {
+    --depth_;
+    return true;
+  }
+  bool key(json::string_t& name) {
+    if (depth_ == 2) field_ = std::move(name);
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+
+ private:
+  bool in_entry() const { return depth_ == 2 && top_is_array_; }
+  void number(std::uint64_t value) {
+    if (!in_entry()) return;
+    if (field_ == "Flags") entry_.flags = value;
+    else if (field_ == "CreateIndex") entry_.create_index = value;
+    else if (field_ == "ModifyIndex") entry_.modify_index = value;
+  }
+
+  int depth_ = 0;
+  bool top_is_array_ = false;
+  std::string field_;
+  KvEntry entry_;
+};
+
+}  // namespace
+
+std::vector<KvEntry> parse_entries(std::string_view text) {
+  EntriesReader reader;
+  if (!nlohmann::json::sax_parse(text, &reader)) return {};
+  return std::move(reader.entries);
 }
 
 std::vector<KvEntry> parse_txn_results(const nlohmann::json& answer) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Consul's KV layout for turnstile names: key encoding, the peers' flag values, and the KV
 // entries as Consul's JSON answers them (keys.cpp).
 #pragma once
@@ -52,6 +53,9 @@ struct KvEntry {
 };
 
 std::vector<KvEntry> parse_entries(const nlohmann::json& array);
+// The same from the answer's text, without building its JSON document first (a queue of
+// thousands is a few MB of document for a few hundred KB of text). Not JSON: no entries.
+std::vector<KvEntry> parse_entries(std::string_view text);
 // The KV results of a /v1/txn answer.
 std::vector<KvEntry> parse_txn_results(const nlohmann::json& answer);
 // Entries directly under `prefix` (not in nested names), by CreateIndex.

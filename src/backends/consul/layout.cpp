@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/consul/layout.hpp"
 
 #include <cstdlib>
@@ -11,7 +12,8 @@ namespace turnstile::detail::consul {
 namespace {
 
 // A host name is whatever bytes its holder's kernel has (not always UTF-8, which JSON needs):
-// bytes past ASCII and '%' are stored as %XX and read back exactly, for inspect to escape.
+// bytes past ASCII and '%' are stored as %XX and read back exactly, for inspect to escape. So
+// are a label and an election candidate's value.
 bool kept_in_a_value(unsigned char c) { return c < 0x80 && c != '%'; }
 
 std::string host_text(const std::string& host) { return percent_encode(host, kept_in_a_value); }
@@ -28,6 +30,11 @@ std::string to_json(const EntryValue& value) {
                          {"since", value.since_ms}};
   if (!value.sessions.empty()) json["sessions"] = value.sessions;
   if (!value.label.empty()) json["label"] = host_text(value.label);
+  if (value.kept_until_ms != 0) json["kept_until"] = value.kept_until_ms;
+  if (value.election) {
+    json["election"] = true;
+    json["value"] = host_text(value.proposal);  // any bytes, as JSON text
+  }
   return json.dump();
 }
 
@@ -45,6 +52,9 @@ EntryValue entry_value(const std::string& text) {
     value.host = percent_decode_lenient(json.value("host", std::string()));
     value.since_ms = json.value("since", std::int64_t{0});
     value.label = percent_decode_lenient(json.value("label", std::string()));
+    value.kept_until_ms = json.value("kept_until", std::int64_t{0});
+    value.election = json.value("election", false);
+    value.proposal = percent_decode_lenient(json.value("value", std::string()));
     if (const auto sessions = json.find("sessions"); sessions != json.end() && sessions->is_array()) {
       for (const auto& session : *sessions) {
         if (session.is_string()) value.sessions.push_back(session.get<std::string>());

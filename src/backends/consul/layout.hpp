@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What turnstile writes into Consul's KV store besides the peers' own layouts (layout.cpp): a
 // queue entry's value, the api.Semaphore `.lock` document, and where a waiter sleeps.
 #pragma once
@@ -25,6 +26,13 @@ struct EntryValue {
   std::string host;
   std::int64_t since_ms = 0;
   std::string label;  // ClientOptions::holder_label
+  // Kept after its release (release_after) on a session nobody renews: the writer's estimate
+  // of its end, for inspect. 0: not kept.
+  std::int64_t kept_until_ms = 0;
+  // An election candidate (Primitive::election): its proposal, the leader's value once it leads
+  // (the leader's current value is the one in the api.Lock key NAME: election.hpp).
+  bool election = false;
+  std::string proposal;
 };
 
 std::string to_json(const EntryValue& value);
@@ -63,6 +71,9 @@ struct WaitTarget {
   std::uint64_t index = 0;  // 0: unknown, look again at once
   bool recurse = false;
   bool retry = false;  // a lock-delay: wake after a short while even if nothing changes
+  // A queue entry not looked at yet (a join that read nothing): woken by the client's shared
+  // query's first answer at `index` or later, or at once when it has none.
+  bool first_look = false;
 };
 
 }  // namespace turnstile::detail::consul

@@ -1,12 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/consul/occupancy.hpp"
 
 #include "backends/consul/consul_backend.hpp"
 
 namespace turnstile::detail::consul {
 
+namespace {
+
+// Whether the last one to join (the occupancy key's value: its entry's id) is still in line:
+// then the queue is not empty, told by one key instead of a read of the whole queue (a long
+// queue's every release asks).
+bool last_joiner_in_line(ConsulBackend& backend, const std::string& name, std::chrono::milliseconds timeout) {
+  const auto occupancy = backend.read(occupancy_key(name), false, timeout);
+  if (occupancy.empty() || occupancy.front().value.empty()) return false;
+  const auto entry = backend.read(queue_prefix(name) + occupancy.front().value, false, timeout);
+  return !entry.empty();
+}
+
+}  // namespace
+
 void end_occupancy_if_last(ConsulBackend& backend, const std::string& name,
                            std::chrono::milliseconds timeout) noexcept {
   try {
+    if (last_joiner_in_line(backend, name, timeout)) return;
     const auto prefix = queue_prefix(name);
     const auto key = occupancy_key(name);
     const auto context = "ending the occupancy of '" + name + "'";

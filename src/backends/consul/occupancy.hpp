@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The end of a name's occupancy key (turnstile/o/NAME, keys.hpp): whoever leaves the queue last
 // removes it, so that no key outlives the queue it marks.
 #pragma once

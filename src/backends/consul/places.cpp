@@ -1,11 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
 // Queue entries in Consul's KV store: joining, looking, waiting, taking the hold, leaving.
 #include <algorithm>
+#include <exception>
 #include <set>
 
 #include "backends/consul/consul_backend.hpp"
+#include "backends/consul/election.hpp"
 #include "backends/consul/given_up.hpp"
 #include "backends/consul/holds.hpp"
-#include "backends/consul/occupancy.hpp"
 #include "turnstile/error.hpp"
 
 namespace turnstile::detail::consul {
@@ -15,11 +17,10 @@ bool is_lease(const QueueRequest& request) { return request.kind == EntryKind::l
 
 // What one read of a name saw: our queue and the peers' keys.
 struct Snapshot {
-  std::vector<KvEntry> queue;          // turnstile's entries, by CreateIndex
-  std::optional<KvEntry> lock_key;     // Mutex: the api.Lock key NAME
-  std::vector<KvEntry> under_name;     // Semaphore: NAME/... (.lock and contender keys)
-  std::uint64_t under_name_index = 0;  // its X-Consul-Index (0: not read by a GET)
-  std::uint64_t queue_index = 0;       // the queue's X-Consul-Index (0: not read by a GET)
+  std::shared_ptr<const QueueView> queue;  // turnstile's entries, by CreateIndex
+  std::optional<KvEntry> lock_key;         // Mutex: the api.Lock key NAME
+  std::vector<KvEntry> under_name;         // Semaphore: NAME/... (.lock and contender keys)
+  std::uint64_t under_name_index = 0;      // its X-Consul-Index (0: not read by a GET)
 };
 
 class ConsulPlace final : public QueuePlace {
@@ -36,24 +37,34 @@ class ConsulPlace final : public QueuePlace {
   // uncontended lock costs one round trip, and the occupancy key keeps it from ever jumping a
   // queue or a reader. Otherwise one transaction adds our entry (unless this join was given up:
   // its marker), marks the name occupied, and reads the queue and the peers' keys.
-  Standing join(Deadline deadline) {
+  //
+  // A lock's join while this client's other waiters on the name share a query on its queue
+  // reads nothing: its first look is that query's first answer that includes our entry (the
+  // queue read once for all of the client's joins, not once by each: thousands of waiters).
+  Standing join(Deadline deadline, bool try_once) {
     budget_ = CallBudget(deadline);
-    if (request_.kind == EntryKind::exclusive) {
+    backend_.retired_joins().sweep_due(backend_);  // old markers of ended joins, in the background
+    const bool exclusive = request_.kind == EntryKind::exclusive;
+    if (exclusive && !backend_.crowded(request_.name)) {
       if (auto taken = take_at_once()) return *taken;
     }
+    const bool read_later = !try_once && !is_lease(request_) && backend_.blocking_queries().view(prefix_, 0);
     nlohmann::json ops = nlohmann::json::array();
     ops.push_back(kv_op("check-not-exists", marker_key(id_)));
     ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
     ops.push_back(occupy());
-    ops.push_back(kv_op("get-tree", prefix_));
-    ops.push_back(is_lease(request_) ? kv_op("get-tree", key_ + "/") : kv_op("get-or-empty", key_));
+    if (!read_later) {
+      ops.push_back(kv_op("get-tree", prefix_));
+      ops.push_back(is_lease(request_) ? kv_op("get-tree", key_ + "/") : kv_op("get-or-empty", key_));
+    }
     std::optional<std::vector<KvEntry>> results;
     Refused refused;
     const auto context = "joining the queue of '" + request_.name + "'";
     try {
-      results = backend_.txn(ops, one_shot(), context, &refused);
+      results = backend_.txn(ops, one_shot(), context, &refused, request_.stop);
     } catch (const BackendUnavailable&) {
       give_up_join();
+      throw_gone_if_stopped();
       throw;
     }
     if (!results) {
@@ -64,24 +75,50 @@ class ConsulPlace final : public QueuePlace {
       throw BackendUnavailable(context + ": Consul refused it: " + refused.describe());
     }
     joined_ = true;
-    Snapshot snapshot;
+    if (read_later) return first_look_later(*results);
     // The first two results are the writes' own (no value); the reads follow.
+    const auto written = results->empty() ? 0 : results->front().modify_index;
     results->erase(results->begin(), results->begin() + std::min<std::size_t>(2, results->size()));
-    for (auto& entry : *results) {
-      if (entry.key == key_) snapshot.lock_key = entry;
-      else if (entry.key.rfind(prefix_, 0) == 0) snapshot.queue.push_back(entry);
-      else if (entry.key.rfind(key_ + "/", 0) == 0) snapshot.under_name.push_back(entry);
+    auto standing = stand(snapshot_of(*results, written));
+    if (exclusive && standing.entries.size() == 1) backend_.note_crowded(request_.name, false);  // alone in line
+    return standing;
+  }
+
+  // A join that read nothing waits for the shared query's first answer at our entry's index or
+  // later (the core arms that wait: any verdict, take_wait_targets knows).
+  Standing first_look_later(const std::vector<KvEntry>& written) {
+    for (const auto& entry : written) {
+      if (entry.key == entry_key_) first_look_at_ = entry.modify_index;
     }
-    if (snapshot.lock_key && snapshot.lock_key->create_index == 0) snapshot.lock_key.reset();
-    return stand(snapshot);
+    if (first_look_at_ == 0)
+      throw BackendUnavailable("joining the queue of '" + request_.name + "': no entry in the answer");
+    Standing standing;
+    standing.decided = Verdict{WaitFor::leave, 0};
+    return standing;
+  }
+
+  // A join's write ended by the acquire's stop (a cancel while Consul does not answer) has been
+  // given up (its marker, give_up_join): the acquire then ends not admitted, as a stop does,
+  // rather than with the unanswered call's error.
+  void throw_gone_if_stopped() const {
+    if (request_.stop.stop_requested()) throw QueueEntryGone();
   }
 
   // Reads are resent while no server answers (a restart), until the deadline or a stop: then
   // the acquire ends not admitted, as a wait that ran out does.
   Standing look(Deadline deadline) override {
+    // An armed wait's query got an answer nobody expects: thrown here, as wait() throws it.
+    if (auto error = std::exchange(wait_error_, nullptr)) std::rethrow_exception(error);
     Standing not_admitted;
     not_admitted.decided = Verdict{WaitFor::admission, 0};
     budget_ = CallBudget(deadline);
+    // Woken by the client's shared query: its answer (at least as new as the wake) is the queue.
+    if (const auto answer = std::exchange(answer_, 0); answer && !is_lease(request_)) {
+      if (auto view = backend_.blocking_queries().view(prefix_, answer)) {
+        return backend_.look_resending(
+            CallBudget(deadline, request_.stop), [&] { return stand(read_lock_key(view)); }, not_admitted);
+      }
+    }
     return backend_.look_resending(
         CallBudget(deadline, request_.stop), [&] { return look_once(); }, not_admitted);
   }
@@ -94,18 +131,89 @@ class ConsulPlace final : public QueuePlace {
     // between is seen in the queue but its leave is already behind the index: a lost wake-up).
     // It blocks on the queue from its own read's index as well: a lease ahead that was admitted
     // but leaves before holding changes only the queue.
-    if (is_lease(request_)) snapshot.under_name = backend_.read(key_ + "/", true, timeout, &snapshot.under_name_index);
-    snapshot.queue = backend_.read(prefix_, true, timeout, &snapshot.queue_index);
-    if (!is_lease(request_)) {
-      if (auto keys = backend_.read(key_, false, timeout); !keys.empty()) snapshot.lock_key = keys.front();
-    }
+    if (!is_lease(request_)) return stand(read_lock_queue(timeout));
+    snapshot.under_name = backend_.read(key_ + "/", true, timeout, &snapshot.under_name_index);
+    std::uint64_t queue_index = 0;
+    const auto queue = backend_.read(prefix_, true, timeout, &queue_index);
+    snapshot.queue = std::make_shared<const QueueView>(make_queue_view(queue, prefix_, queue_index));
     return stand(snapshot);
   }
 
+  // The api.Lock key alone, beside a queue read before it (a shared query's answer): safe, as
+  // entries join at the back, an older queue only shows more ahead of us (a wait), never fewer.
+  Snapshot read_lock_key(std::shared_ptr<const QueueView> view) {
+    const auto context = "reading the lock of '" + request_.name + "'";
+    Refused refused;
+    const auto results = backend_.txn(nlohmann::json::array({kv_op("get-or-empty", key_)}), one_shot(), context,
+                                      &refused, request_.stop);
+    if (!results) throw BackendUnavailable(context + ": Consul refused it: " + refused.describe());
+    auto snapshot = snapshot_of(*results);
+    snapshot.queue = std::move(view);
+    return snapshot;
+  }
+
+  // A lock's queue and the api.Lock key in one read-only transaction: one round trip, and one
+  // snapshot of both (a lock's waits need no X-Consul-Index: they block on an entry's or the
+  // key's ModifyIndex).
+  Snapshot read_lock_queue(milliseconds timeout) {
+    const auto ops = nlohmann::json::array({kv_op("get-tree", prefix_), kv_op("get-or-empty", key_)});
+    const auto context = "reading the queue of '" + request_.name + "'";
+    Refused refused;
+    const auto results = backend_.txn(ops, timeout, context, &refused, request_.stop);
+    // Reads refuse nothing (a missing key is an empty result): a refusal is a server we do not know.
+    if (!results) throw BackendUnavailable(context + ": Consul refused it: " + refused.describe());
+    return snapshot_of(*results);
+  }
+
+  // The reads of a transaction, sorted: our queue's entries, the api.Lock key (absent when
+  // get-or-empty found none), the keys under NAME/. `index`: the state they were read at, if known.
+  Snapshot snapshot_of(const std::vector<KvEntry>& results, std::uint64_t index = 0) const {
+    Snapshot snapshot;
+    snapshot.queue = std::make_shared<const QueueView>(make_queue_view(results, prefix_, index));
+    for (const auto& entry : results) {
+      if (entry.key == key_) snapshot.lock_key = entry;
+      else if (entry.key.rfind(prefix_, 0) != 0 && entry.key.rfind(key_ + "/", 0) == 0) {
+        snapshot.under_name.push_back(entry);
+      }
+    }
+    if (snapshot.lock_key && snapshot.lock_key->create_index == 0) snapshot.lock_key.reset();
+    return snapshot;
+  }
+
   void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override {
-    const CallBudget budget(deadline, stop);
-    if (verdict.wait == WaitFor::any_holder_leave) return backend_.block({holders_target_, queue_target_}, budget);
-    if (verdict.index < targets_.size()) backend_.block(targets_[verdict.index], budget);
+    answer_ = backend_.block(take_wait_targets(verdict), CallBudget(deadline, stop));
+  }
+
+  // The same queries on the client's I/O thread: no thread waits.
+  std::unique_ptr<WakeArm> arm(const Verdict& verdict, Deadline deadline, Wake wake) override {
+    return backend_.arm_block(take_wait_targets(verdict), deadline,
+                              [this, wake = std::move(wake)](std::exception_ptr error, std::uint64_t answer) {
+                                wait_error_ = std::move(error);  // the next look throws it
+                                answer_ = answer;                // ... or decides on that answer
+                                wake();
+                              });
+  }
+
+  // What the event `verdict` names is watched on: any holder's leave on NAME/ and our queue (a
+  // lease ahead may leave before it held), else the entry (or peer's key) it waits for; a join
+  // that read nothing, the shared query's answer that includes it. The last look's view goes
+  // (the next look reads it again): a waiter's memory stays the same however long the queue
+  // ahead, as the core's (thousands of waiters on one name).
+  std::vector<WaitTarget> take_wait_targets(const Verdict& verdict) {
+    std::vector<WaitTarget> watched;
+    if (const auto at = std::exchange(first_look_at_, 0)) {
+      watched = {{entry_key_, at, false, false, true}};
+    } else if (verdict.wait == WaitFor::any_holder_leave) {
+      watched = {holders_target_, queue_target_};
+    } else if (verdict.index < front_targets_.size()) {
+      watched = {front_targets_[verdict.index]};
+    } else if (view_ && verdict.index - front_targets_.size() < view_->entries.size()) {
+      const auto& entry = view_->entries[verdict.index - front_targets_.size()];
+      watched = {{entry.key, entry.modify_index, false, false}};
+    }
+    std::vector<WaitTarget>().swap(front_targets_);
+    view_.reset();
+    return watched;
   }
 
   // The hold's own operations, after the permit's: the take of the api.Lock key (its index is
@@ -114,18 +222,19 @@ class ConsulPlace final : public QueuePlace {
     std::optional<std::size_t> lock_op;
     if (exclusive) {
       lock_op = ops.size();
-      ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
+      ops.push_back(kv_lock(key_, lock_key_value(request_), kLockFlags, session_->id));
       ops.push_back(kv_check_session(entry_key_, session_->id));
+      // A leader's entry marked held: its ModifyIndex is then its token, which a proclaim keeps.
+      if (value_.election) ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
     } else {
       // Only while the entry is still ours: a late copy of this transaction, delivered after
       // release_unknown_hold removed the entry, must not bring it back held.
       ops.push_back(kv_check_session(entry_key_, session_->id));
       ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
     }
-    // Read in the same step: whether ours is the queue's only entry, and the occupancy key's
-    // index then, so that our release can end the occupancy if nobody joins meanwhile.
+    // Read in the same step: the occupancy key's index then, so that our release can end the
+    // occupancy if nobody joins meanwhile (last_in_line).
     ops.push_back(kv_op("get-or-empty", occupancy_key(request_.name)));
-    ops.push_back(kv_op("get-tree", prefix_));
     return lock_op;
   }
 
@@ -148,7 +257,7 @@ class ConsulPlace final : public QueuePlace {
                                   .last_in = last_in_});
     }
     const bool exclusive = request_.kind == EntryKind::exclusive;
-    value_.held = !exclusive;
+    value_.held = !exclusive || value_.election;
     std::vector<std::shared_ptr<Session>> permits;
     nlohmann::json ops = nlohmann::json::array();
     if (is_lease(request_)) {
@@ -170,11 +279,9 @@ class ConsulPlace final : public QueuePlace {
     if (!results) refused_hold(refused, lock_op, std::move(permits));
     std::uint64_t token = 0;
     std::uint64_t occupancy = 0;
-    std::set<std::string> in_queue;  // our entry comes twice: written, then read with the queue
     for (const auto& entry : *results) {
       if (entry.key == (exclusive ? key_ : entry_key_)) token = std::max(token, entry.modify_index);
-      if (entry.key == occupancy_key(request_.name)) occupancy = entry.modify_index;
-      if (!children({entry}, prefix_).empty()) in_queue.insert(entry.key);  // not a nested name's
+      if (entry.key == occupancy_key(request_.name) && entry.create_index != 0) occupancy = entry.modify_index;
     }
     left_ = true;  // the hold owns the entry now
     return make_hold(backend_, {.name = request_.name,
@@ -184,28 +291,20 @@ class ConsulPlace final : public QueuePlace {
                                 .permits = std::move(permits),
                                 .token = token,
                                 .loss = std::move(loss),
-                                .last_in = in_queue.size() == 1 ? occupancy : 0});
+                                // Ours alone in line now: the last look saw it alone and nobody
+                                // joined since (every join writes the occupancy key; Raft indexes
+                                // are one sequence for every key). Else 0 (the queue is not read).
+                                .last_in = alone_at_ && occupancy && occupancy <= alone_at_ ? occupancy : 0});
   }
 
-  void leave() noexcept override {
+  void leave() noexcept override { leave_within(kConsulTimes.leave_try); }
+  // A client's end: its pending acquires leave by one deadline (what is left goes to the
+  // background at once, drained by drain_at_end as the backend ends).
+  void leave_by(Deadline deadline) noexcept override { leave_within(leave_patience(deadline, kConsulTimes.leave_try)); }
+  void leave_within(milliseconds patience) noexcept {
     if (left_) return;
     left_ = true;
-    if (!joined_) return;
-    const auto path = "/v1/kv/" + url_escape(entry_key_);
-    // The last one out of the queue (a waiter that gave up, a hold refused) ends its occupancy.
-    const auto remove = [&backend = backend_, name = request_.name](const std::string& entry, milliseconds timeout) {
-      if (!backend.write("DELETE", entry, "", timeout, "leaving a queue")) return false;
-      end_occupancy_if_last(backend, name, timeout);
-      return true;
-    };
-    try {
-      if (remove(path, kConsulTimes.leave_try)) return;
-    } catch (...) {  // the background tries again
-    }
-    backend_.removals().add("the entry " + entry_key_ + " of a queue left", [remove, path](const CallBudget& budget) {
-      const auto timeout = removal_timeout(budget);
-      return timeout && remove(path, *timeout) ? Removal::done : Removal::again;
-    });
+    if (joined_) leave_queue(backend_, session_, request_.name, entry_key_, patience);
   }
 
  private:
@@ -296,15 +395,16 @@ class ConsulPlace final : public QueuePlace {
       ops.push_back(kv_op("check-not-exists", key_));
     }
     ops.push_back(occupy());
-    ops.push_back(kv_lock(key_, "", kLockFlags, session_->id));
+    ops.push_back(kv_lock(key_, lock_key_value(request_), kLockFlags, session_->id));
     ops.push_back(kv_lock(entry_key_, to_json(value_), 0, session_->id));
     std::optional<std::vector<KvEntry>> results;
     Refused refused;
     try {
-      results = backend_.txn(ops, one_shot(), "taking '" + request_.name + "'", &refused);
+      results = backend_.txn(ops, one_shot(), "taking '" + request_.name + "'", &refused, request_.stop);
     } catch (const BackendUnavailable&) {
       joined_ = true;
       give_up_join(true);
+      throw_gone_if_stopped();
       throw;
     }
     if (!results && refused.at(1, Refusal::exists)) results = applied_before();  // our own earlier delivery
@@ -314,6 +414,7 @@ class ConsulPlace final : public QueuePlace {
         left_ = true;
         throw QueueEntryGone();
       }
+      if (refused.at(2, Refusal::exists)) backend_.note_crowded(request_.name, true);  // others in line
       // The key is not as we left it: forgotten, so the next join reads it first.
       if (refused.at(3, Refusal::check_failed) || refused.at(3, Refusal::exists)) {
         backend_.note_released_lock(request_.name, {});
@@ -344,7 +445,8 @@ class ConsulPlace final : public QueuePlace {
   }
 
   // A join whose answer never came may still be applied: its marker (on our session, so it
-  // goes with it) keeps a late delivery from adding the entry, and the entry goes if it came.
+  // goes with it) keeps a late delivery from adding the entry, and the entry goes if it came,
+  // and with it the occupancy it wrote, when nobody else is in line.
   // `took_key`: the join may also have taken the api.Lock key (take_at_once), which is then
   // released with the entry, by the transaction that checks the entry is ours.
   void give_up_join(bool took_key = false) noexcept {
@@ -354,67 +456,64 @@ class ConsulPlace final : public QueuePlace {
       undo.push_back(kv_check_session(entry_key_, session_->id));
       if (took_key) undo.push_back(kv_unlock(key_, kLockFlags, session_->id));
       undo.push_back(kv_op("delete", entry_key_));
-      retire_join(backend_, session_, id_, std::move(undo));
+      retire_join(backend_, session_, id_, std::move(undo), kConsulTimes.leave_try, request_.name);
     } catch (...) {
       // No memory for the job: the entry goes with the session.
     }
   }
 
   Standing stand(const Snapshot& snapshot) {
-    const auto queue = children(snapshot.queue, prefix_);
-    const auto mine = std::find_if(queue.begin(), queue.end(), [&](const KvEntry& e) { return e.key == entry_key_; });
+    const auto& queue = snapshot.queue->entries;
+    const auto mine =
+        std::find_if(queue.begin(), queue.end(), [&](const QueuedEntry& e) { return e.key == entry_key_; });
     if (mine == queue.end()) {
       left_ = true;
       throw QueueEntryGone();
     }
+    // Ours alone in line: as of which index (a hold then reads whether anyone joined since).
+    alone_at_ = queue.size() == 1 ? std::max(snapshot.queue->index, mine->modify_index) : 0;
     Standing standing;
-    targets_.clear();
-    if (is_lease(request_)) add_semaphore_holders(snapshot, queue, standing);
-    else add_lock_holder(snapshot, queue, standing);
+    front_targets_.clear();
+    if (is_lease(request_)) add_semaphore_holders(snapshot, standing);
+    else add_lock_holder(snapshot, standing);
+    standing.entries.reserve(standing.entries.size() + static_cast<std::size_t>(mine - queue.begin()) + 1);
     for (auto it = queue.begin(); it <= mine; ++it) {
-      const auto value = entry_value(it->value);
-      standing.entries.push_back({value.kind, value.permits});
-      targets_.push_back({it->key, it->modify_index, false, false});
+      standing.entries.push_back({it->kind, it->permits});
       if (it != mine && standing.mode == QueueMode::none) {
-        standing.mode = value.kind == EntryKind::lease ? QueueMode::semaphore : QueueMode::lock;
-        standing.limit = value.limit;
+        standing.mode = queue_mode_of(*it);
+        standing.limit = it->limit;
       }
     }
+    view_ = snapshot.queue;  // the entries' wait targets, until the wait takes one
     return standing;
   }
 
   // An api.Lock holder that is not our queue's head goes in front; so does a lock-delay we ran into.
-  void add_lock_holder(const Snapshot& snapshot, const std::vector<KvEntry>& queue, Standing& standing) {
+  void add_lock_holder(const Snapshot& snapshot, Standing& standing) {
     const bool retry = std::exchange(retry_soon_, false);
     if (!snapshot.lock_key) {
       // Refused with the key absent: a lock-delay (a session invalidated with it deleted the
       // key). Wait that out in front of our entry rather than try again at once.
       if (retry) {
         standing.entries.push_back({EntryKind::exclusive, 1});
-        targets_.push_back({key_, 0, false, true});
+        front_targets_.push_back({key_, 0, false, true});
       }
       return;
     }
     const auto& key = *snapshot.lock_key;
-    if (key.flags != kLockFlags) {
-      char flags[32];
-      std::snprintf(flags, sizeof flags, "0x%016llx", static_cast<unsigned long long>(key.flags));
-      throw KindMismatch("'" + request_.name + "': Consul key " + key.key + " has flags " + flags +
-                         ", not api.Lock's (0x2ddccbc058a50c18): it is someone else's");
-    }
-    // A released key (api.Lock leaves it behind) says nothing: only a held one makes the name a lock.
-    if (!key.session.empty()) standing.mode = QueueMode::lock;
-    const bool foreign = !key.session.empty() && key.session != queue.front().session;
+    const bool foreign = !key.session.empty() && key.session != snapshot.queue->entries.front().session;
+    // A released key (api.Lock leaves it behind) says nothing, nor ours (our entries do).
+    standing.mode = lock_key_mode(request_, key, foreign);
     if (!foreign && !(retry && key.session.empty())) return;
     standing.entries.push_back({EntryKind::exclusive, 1});
-    targets_.push_back({key.key, key.modify_index, false, !foreign});
+    front_targets_.push_back({key.key, key.modify_index, false, !foreign});
   }
 
   // api.Semaphore holders in `.lock` (dead ones pruned) that are not our queue's go in front.
-  void add_semaphore_holders(const Snapshot& snapshot, const std::vector<KvEntry>& queue, Standing& standing) {
+  void add_semaphore_holders(const Snapshot& snapshot, Standing& standing) {
     semaphore_ = SemaphoreLock{request_.limit, {}, 0};
     holders_target_ = {key_ + "/", snapshot.under_name_index, true, false};
-    queue_target_ = {prefix_, snapshot.queue_index, true, false};
+    queue_target_ = {prefix_, snapshot.queue->index, true, false};
     std::set<std::string> alive;
     for (const auto& entry : snapshot.under_name) {
       if (!entry.session.empty()) alive.insert(entry.session);
@@ -435,13 +534,13 @@ class ConsulPlace final : public QueuePlace {
       semaphore_.limit = request_.limit;
     }
     std::set<std::string> ours;
-    for (const auto& entry : queue) {
-      for (const auto& session : entry_value(entry.value).sessions) ours.insert(session);
+    for (const auto& entry : snapshot.queue->entries) {
+      for (const auto& session : entry.sessions) ours.insert(session);
     }
     for (const auto& [session, permits] : semaphore_.holders) {
       if (permits <= 0 || ours.count(session)) continue;
       standing.entries.push_back({EntryKind::lease, permits});
-      targets_.push_back(holders_target_);
+      front_targets_.push_back(holders_target_);
     }
   }
 
@@ -453,26 +552,31 @@ class ConsulPlace final : public QueuePlace {
   std::string id_;
   std::string entry_key_;
   EntryValue value_;
-  std::vector<WaitTarget> targets_;  // what each entry of the last look is waited on by
-  WaitTarget holders_target_;        // any holder's leave: NAME/ (api.Semaphore's and ours) ...
-  WaitTarget queue_target_;          // ... and our queue (a lease ahead leaving before it held)
-  SemaphoreLock semaphore_;          // `.lock` as the last look saw it, pruned
-  CallBudget budget_;                // the acquire's deadline, for hold()
-  bool taken_at_once_ = false;       // take_at_once took the name: hold() has nothing left to write
-  std::uint64_t token_ = 0;          // then: its fencing token
-  std::uint64_t last_in_ = 0;        // then: the occupancy key's index (we are the only one in)
-  bool joined_ = false;
-  bool left_ = false;
-  bool retry_soon_ = false;
+  // What each entry of the last look is waited on by: the ones put in front of the queue, then
+  // the queue's (view_'s, shared with the client's other waiters that looked at it).
+  std::vector<WaitTarget> front_targets_;
+  std::shared_ptr<const QueueView> view_;
+  WaitTarget holders_target_;   // any holder's leave: NAME/ (api.Semaphore's and ours) ...
+  WaitTarget queue_target_;     // ... and our queue (a lease ahead leaving before it held)
+  SemaphoreLock semaphore_;     // `.lock` as the last look saw it, pruned
+  CallBudget budget_;           // the acquire's deadline, for hold()
+  bool taken_at_once_ = false;  // take_at_once took the name: hold() has nothing left to write
+  std::uint64_t token_ = 0;     // then: its fencing token
+  std::uint64_t last_in_ = 0;   // then: the occupancy key's index (we are the only one in)
+  bool joined_ = false, left_ = false, retry_soon_ = false;
+  std::exception_ptr wait_error_;    // from an armed wait, for the next look
+  std::uint64_t answer_ = 0;         // the shared answer that woke the wait (0: none), for the next look
+  std::uint64_t first_look_at_ = 0;  // a join that read nothing: our entry's index, for its wait
+  std::uint64_t alone_at_ = 0;       // the last look saw ours alone in line, as of this index
 };
 
 }  // namespace
 
-std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueRequest& request, Deadline deadline,
-                                       Standing& first) {
+std::unique_ptr<QueuePlace> make_place(ConsulBackend& backend, const QueueRequest& request, bool try_once,
+                                       Deadline deadline, Standing& first) {
   const auto session = backend.sessions().main(CallBudget(deadline).call_timeout(kConsulTimes.one_shot));
   auto place = std::make_unique<ConsulPlace>(backend, request, session);
-  first = place->join(deadline);
+  first = place->join(deadline, try_once);
   return place;
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Consul's answers as turnstile errors (refusals.cpp), the backend's one translation point: an
 // HTTP status, and why Consul refused a transaction: a 409's
 // {"Errors":[{"OpIndex":i,"What":"..."}]} is read by each failed operation's reason as Consul

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/consul/sessions.hpp"
 
 #include <algorithm>
@@ -40,17 +41,16 @@ Sessions::~Sessions() {
   destroy(ids, {});
 }
 
-std::shared_ptr<Session> Sessions::create(milliseconds timeout) {
+std::string Sessions::create_id(milliseconds ttl, milliseconds lock_delay, milliseconds timeout) {
   const nlohmann::json request = {{"Name", settings_.name},
-                                  {"TTL", go_duration(settings_.ttl)},
+                                  {"TTL", go_duration(ttl)},
                                   {"Behavior", "delete"},
                                   // No node health check (Consul adds serfHealth unless told): its
                                   // failure would end the session at once, before the holder's own
                                   // clock could tell it, and readers and leases have no lock-delay.
                                   // The TTL, which the holder tracks, is the session's only end.
                                   {"Checks", nlohmann::json::array()},
-                                  {"LockDelay", go_duration(settings_.lock_delay)}};
-  const auto sent_at = SteadyClock::now();
+                                  {"LockDelay", go_duration(lock_delay)}};
   // The name is for people (inspect, Consul's UI): a host name that is not UTF-8 is shown with
   // U+FFFD rather than refused.
   const auto body = request.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -58,7 +58,7 @@ std::shared_ptr<Session> Sessions::create(milliseconds timeout) {
   // The caller's setting, not an outage.
   if (refused_session_ttl(reply)) {
     throw InvalidArgument("Consul at " + calls_.endpoint().shown + " refused the session TTL of " +
-                          std::to_string(settings_.ttl.count()) + " ms (" + reply.body.substr(0, 200) +
+                          std::to_string(ttl.count()) + " ms (" + reply.body.substr(0, 200) +
                           "); set ttl= within the server's session_ttl_min (10 s by default) and 24 h");
   }
   if (reply.status != 200) throw_error("creating a session", reply, calls_.endpoint());
@@ -66,13 +66,33 @@ std::shared_ptr<Session> Sessions::create(milliseconds timeout) {
   if (!answer.is_object() || !answer.contains("ID") || !answer["ID"].is_string()) {
     throw BackendUnavailable("Consul at " + calls_.endpoint().shown + " answered a session create without an ID");
   }
+  return answer["ID"].get<std::string>();
+}
+
+std::shared_ptr<Session> Sessions::create(milliseconds timeout) {
+  const auto sent_at = SteadyClock::now();
   auto session = std::make_shared<Session>();
-  session->id = answer["ID"].get<std::string>();
+  session->id = create_id(settings_.ttl, settings_.lock_delay, timeout);
   session->lease = clock_.watch(settings_.ttl, sent_at);
   std::lock_guard lock(mutex_);
   all_.push_back(session);
   wake_.notify_all();
   return session;
+}
+
+std::string Sessions::create_unrenewed(milliseconds ttl, milliseconds timeout, milliseconds& applied) {
+  constexpr milliseconds kDefaultMinimum{10000};  // Consul's session_ttl_min
+  const auto whole = std::chrono::ceil<std::chrono::seconds>(ttl);
+  try {
+    auto id = create_id(whole, milliseconds::zero(), timeout);
+    applied = whole;
+    return id;
+  } catch (const InvalidArgument&) {
+    if (whole >= kDefaultMinimum) throw;
+    auto id = create_id(kDefaultMinimum, milliseconds::zero(), timeout);
+    applied = kDefaultMinimum;
+    return id;
+  }
 }
 
 std::shared_ptr<Session> Sessions::main(milliseconds timeout) {

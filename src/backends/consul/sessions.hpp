@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Consul sessions (sessions.cpp): the client's main session, which holds its queue entries and
 // api.Lock keys, and spare sessions, one per Semaphore permit held (api.Semaphore counts one
 // holder per session). All are renewed every TTL/2 by one thread on connections of its own, so
@@ -44,8 +45,19 @@ class Sessions {
 
   const SessionSettings& settings() const { return settings_; }
 
+  // A session nobody renews, for an entry kept after its release (release_after): TTL `ttl`
+  // (10 s, Consul's default minimum, when the server refuses a shorter one), no lock-delay, its
+  // end deletes what it holds. Consul ends a TTL session up to 2 x TTL after its last renewal.
+  // `applied`: the TTL the server took.
+  std::string create_unrenewed(std::chrono::milliseconds ttl, std::chrono::milliseconds timeout,
+                               std::chrono::milliseconds& applied);
+
  private:
   std::shared_ptr<Session> create(std::chrono::milliseconds timeout);
+  // PUT /v1/session/create; the new session's id. Throws InvalidArgument when the server refuses
+  // the TTL.
+  std::string create_id(std::chrono::milliseconds ttl, std::chrono::milliseconds lock_delay,
+                        std::chrono::milliseconds timeout);
   // One round: every session of `due` at once; true when all were confirmed (a lost one too:
   // it needs no retry). A stop ends it at once.
   bool renew(const std::vector<std::shared_ptr<Session>>& due, const std::stop_token& stop);

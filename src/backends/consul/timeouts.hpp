@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Consul backend's waits, each in one place with why: its values of the core's TimePolicy
 // (core/time_policy.hpp), then the few only Consul has (blocking queries, lock-delays, resends).
 #pragma once

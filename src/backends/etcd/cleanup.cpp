@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Clean-ups: leaves and settles tried once in the caller's thread, then handed to the core's
 // GuaranteedRemoval, which retries them with its backoff until done or moot.
 #include "backends/etcd/etcd_backend.hpp"
@@ -49,9 +50,9 @@ std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<Cl
       // Not answered (or refused) in time: the background takes it over (callers are noexcept).
     }
   }
-  if (options.turn && options.turn->held && !lease_lost(*lease)) {
-    cleanup.turn = std::make_unique<LocalTurn>(this, options.turn->name, true);
-    options.turn->held = false;
+  if (options.turn && options.turn->in_line && !lease_lost(*lease)) {
+    cleanup.turn = std::make_unique<LocalTurn>(this, options.turn->name, options.turn->ticket, true);
+    options.turn->in_line = false;
   }
   cleanup.attempt = options.later ? std::move(options.later) : [this, shared_txn](const CallBudget& budget) {
     connection_.txn(*shared_txn, budget, Resend::allowed);
@@ -61,10 +62,12 @@ std::optional<pb::TxnResponse> EtcdBackend::run_cleanup(const std::shared_ptr<Cl
 }
 
 void EtcdBackend::leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key,
-                                    std::uint64_t request, const std::string& value, LocalTurn* turn) {
+                                    std::uint64_t request, const std::string& value, LocalTurn* turn,
+                                    const std::string& side_key) {
   pb::TxnRequest txn;
   add_value_compare(txn, key, value);
   add_delete(txn.mutable_success(), key);
+  if (!side_key.empty()) add_delete(txn.mutable_success(), side_key);
   lease->markers->retire(txn.mutable_success(), request);
   lease->markers->retire(txn.mutable_failure(), request);
   run_cleanup(lease, std::move(txn),

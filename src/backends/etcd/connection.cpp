@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/etcd/connection.hpp"
 
 #include <grpc/fork.h>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "backends/etcd/timeouts.hpp"
+#include "core/refusal_probe.hpp"
 
 namespace turnstile::detail::etcd {
 namespace {
@@ -80,6 +82,23 @@ void enable_fork_support() {
   });
 }
 
+// --- process exit ----------------------------------------------------------------------------
+// A channel's last subchannel is destroyed after the channel, on a thread of gRPC's event
+// engine, and with it the channel arguments that hold the last reference to that engine: the
+// engine's destructor then shuts its poller down through the poll poller's list, a static of
+// libgrpc. A client that failed to connect (or was destroyed) just before the process exited
+// had that teardown run after exit had destroyed the list: a SEGV on the engine's thread (and,
+// under ASan, a hang: its report waited for the loader's lock that exit held). One idle channel,
+// never connected and never destroyed, keeps a reference to the engine for the process's life,
+// so no channel's teardown ever destroys it.
+const grpc::Channel& keep_event_engine_for_process() {
+  // Made before any channel of ours: every later channel shares its engine (gRPC keeps the
+  // default engine while anything refers to it). Never destroyed; the static keeps it reachable.
+  static const auto* const anchor =
+      new std::shared_ptr<grpc::Channel>(grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()));
+  return **anchor;
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream file(path);
   if (!file) throw InvalidUrl("cannot read the CA certificate file '" + path + "'");
@@ -98,7 +117,39 @@ std::chrono::system_clock::time_point system_deadline(SteadyClock::time_point de
          std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - SteadyClock::now());
 }
 
+// gRPC reconnects to a port that refuses until the call's deadline: the first call would only
+// fail at connect_by, and with a later endpoint up, the first calls would spend their time on
+// the refusing one before moving on. A channel that is not up at once (failed, or still
+// connecting after kRefusalProbeAfter) asks the refusal probe instead: every endpoint refusing
+// is a definite answer (BackendUnavailable); else the calls start at the first endpoint that
+// does not refuse. Returns that endpoint's index.
+std::size_t first_endpoint_that_may_answer(grpc::Channel& first, const Settings& settings,
+                                           SteadyClock::time_point connect_by) {
+  {
+    GrpcScope scope;
+    const auto soon = system_deadline(std::min(connect_by, SteadyClock::now() + kRefusalProbeAfter));
+    auto state = first.GetState(true);
+    while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
+           first.WaitForStateChange(state, soon)) {
+      state = first.GetState(false);
+    }
+    if (state == GRPC_CHANNEL_READY) return 0;
+  }
+  // One bound for all: an endpoint that neither accepts nor refuses uses it up, and the calls
+  // then start where they would have (the first endpoint not known to refuse).
+  const auto until = std::min(connect_by, SteadyClock::now() + kRefusalProbeBound);
+  for (std::size_t i = 0; i < settings.endpoints.size(); ++i) {
+    if (!every_server_refuses({settings.endpoints[i]}, until)) return i;
+  }
+  throw BackendUnavailable("every etcd endpoint refused the connection (connection refused) at " +
+                           settings.description);
+}
+
 }  // namespace
+
+milliseconds connect_timeout(const Settings& settings) {
+  return settings.connect_timeout.count() > 0 ? settings.connect_timeout : kEtcdTimes.call.cap;
+}
 
 GrpcScope::GrpcScope(grpc::ClientContext* stream_context) : stream_context_(stream_context) {
   auto& state = fork_state();
@@ -146,6 +197,11 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   for (const auto& [key, value] : url.query) {
     if (key == "ttl") {
       settings.ttl = parse_seconds("ttl (etcd leases count whole seconds)", value, 1, 86400);
+      // A fraction would be rounded up by the lease grant: refused, as the README promises.
+      if (settings.ttl.count() % 1000 != 0) {
+        throw InvalidUrl("ttl must be a whole number of seconds on etcd (its leases count whole seconds), got '" +
+                         value + "'");
+      }
     } else if (key == "cacert") {
       if (!settings.tls) throw InvalidUrl("cacert= needs etcds:// (TLS) in '" + url.text + "'");
       settings.root_certificates = read_file(value);
@@ -155,6 +211,10 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   }
   if (options.ttl.count() > 0) {
     check_ttl_option(options.ttl, 1);  // etcd lease TTLs are whole seconds
+    if (options.ttl.count() % 1000 != 0) {
+      throw InvalidArgument("ttl must be a whole number of seconds on etcd (its leases count whole seconds), got " +
+                            std::to_string(options.ttl.count()) + " ms");
+    }
     settings.ttl = options.ttl;
   }
   return settings;
@@ -163,10 +223,9 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
 // --- Connection ----------------------------------------------------------------------------
 
 Connection::Connection(Settings settings)
-    : settings_(std::move(settings)),
-      connect_by_(SteadyClock::now() +
-                  (settings_.connect_timeout.count() > 0 ? settings_.connect_timeout : kEtcdTimes.call.cap)) {
+    : settings_(std::move(settings)), connect_by_(SteadyClock::now() + connect_timeout(settings_)) {
   enable_fork_support();
+  [[maybe_unused]] const auto& kept = keep_event_engine_for_process();
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (settings_.tls) {
     grpc::SslCredentialsOptions tls;
@@ -194,6 +253,7 @@ Connection::Connection(Settings settings)
     endpoint.key_watch = pb::Watch::NewStub(endpoint.key_watch_channel);
     endpoints_.push_back(std::move(endpoint));
   }
+  current_ = first_endpoint_that_may_answer(*endpoints_.front().channel, settings_, connect_by_);
   if (!settings_.user.empty()) authenticate(std::min(SteadyClock::now() + kConnectAuthentication, connect_by_));
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The etcd v3 API over gRPC (Debian's libgrpc++): endpoints with fail-over, etcd
 // authentication, retries of idempotent calls, watch and keep-alive streams, and the fork
 // handling gRPC needs so that a forked child can open its own client.
@@ -70,6 +71,9 @@ struct Settings {
 // etcd[s]://[user:password@]host:port[,host:port...][?ttl=SECONDS][&cacert=PATH];
 // ClientOptions::ttl wins when set. Throws InvalidUrl, InvalidArgument.
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);
+
+// How long Client::connect may take: the settings' connect_timeout, else kEtcdTimes.call.cap.
+milliseconds connect_timeout(const Settings& settings);
 
 // The key range [key, prefix_end(key)) holds every key starting with `key`.
 std::string prefix_end(std::string key);

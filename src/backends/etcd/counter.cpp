@@ -1,5 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
 // Inspection, and the PermitCounter's plain operations (try_set, add, get, drain).
 #include "backends/etcd/etcd_backend.hpp"
+
+#include <algorithm>
+#include <set>
 
 namespace turnstile::detail::etcd {
 
@@ -9,19 +13,39 @@ constexpr int kCounterChangeTries = 3;
 
 // --- inspection and the PermitCounter's plain operations -----------------------------------
 
+namespace {
+
+// The entry that tells what a name is used as: turnstile's first own entry, else the head (or
+// none). An etcdctl lock's key and an empty etcdctl elect proposal read alike, and etcd's lock
+// and election are one algorithm: a foreign entry counts as none (design27.md §2.1), so that
+// one at the head never makes an election's reads fail.
+const EntryKey* use_telling_entry(const std::vector<EntryKey>& entries) {
+  if (entries.empty()) return nullptr;
+  const auto own = std::find_if(entries.begin(), entries.end(), [](const EntryKey& entry) { return !entry.foreign; });
+  return own != entries.end() ? &*own : &entries.front();
+}
+
+}  // namespace
+
 Inspection EtcdBackend::inspect(const std::string& name, Deadline deadline) {
   const auto prefix = name + "/";
   pb::TxnRequest read;
   add_range(read.mutable_success(), queue_range(prefix));
   add_range(read.mutable_success(), key_range(kCounterPrefix + name));
   add_range(read.mutable_success(), queue_range(kCounterWaiterPrefix + name + "/"));
+  add_range(read.mutable_success(), queue_range(candidate_key(prefix)));
   const auto answer = connection_.txn(read, CallBudget(deadline).for_call(kEtcdTimes.call), Resend::allowed);
   Inspection result;
   result.name = name;
-  const auto entries = entries_of(answer.responses(0).response_range(), prefix);
-  if (!entries.empty()) {
-    result.mode = to_string(queue_mode(entries[0]));
-    if (result.mode == "semaphore") result.limit = entries[0].limit;
+  auto entries = entries_of(answer.responses(0).response_range(), prefix);
+  mark_candidates(entries, answer.responses(3).response_range(), prefix);
+  if (const auto* telling = use_telling_entry(entries)) {
+    result.mode = to_string(queue_mode(*telling));
+    if (result.mode == "semaphore") result.limit = telling->limit;
+  }
+  // An election's keys are one candidate each, whatever their values read as.
+  if (result.mode == "election") {
+    for (auto& entry : entries) entry.kind = EntryKind::exclusive, entry.permits = 1;
   }
   for (std::size_t i = 0; i < entries.size(); ++i) {
     EntryInfo info;
@@ -32,8 +56,16 @@ Inspection EtcdBackend::inspect(const std::string& name, Deadline deadline) {
     info.host = entries[i].host;
     info.since = std::chrono::system_clock::time_point(milliseconds(entries[i].since_ms));
     info.label = entries[i].label;
+    if (result.mode == "election") info.value = entries[i].value;
+    if (entries[i].kept_until_ms != 0) {
+      info.kept_until = std::chrono::system_clock::time_point(milliseconds(entries[i].kept_until_ms));
+    }
     // Its key is NAME/<lease id in hex>, as etcdctl lock and concurrency.Mutex write it.
-    if (entries[i].foreign) info.foreign = "etcd client (etcdctl lock), lease " + entries[i].key.substr(prefix.size());
+    if (entries[i].foreign) {
+      info.foreign =
+          std::string(result.mode == "election" ? "etcd client (etcdctl elect)" : "etcd client (etcdctl lock)") +
+          ", lease " + entries[i].key.substr(prefix.size());
+    }
     info.holding = evaluate_queue(views_of(entries, i), i, entries[0].limit).admitted();
     (info.holding ? result.holders : result.waiters).push_back(info);
   }
@@ -50,6 +82,39 @@ Inspection EtcdBackend::inspect(const std::string& name, Deadline deadline) {
     info.since = std::chrono::system_clock::time_point(milliseconds(since_ms));
     result.waiters.push_back(info);
   }
+  return result;
+}
+
+// Keys a page of the listing's range reads: a few round trips for most keyspaces, a small reply.
+constexpr std::int64_t kNamesPage = 1000;
+
+// A range over the keys with the prefix, keys only, a page at a time, in key order: each entry
+// key NAME/<lease hex>[_<n>] names a name in use (an etcd key space may hold anything else too).
+QueueNames EtcdBackend::queue_names(const std::string& prefix, std::size_t max_names, Deadline deadline) {
+  const CallBudget budget(deadline);
+  pb::RangeRequest page;
+  page.set_key(prefix.empty() ? std::string(1, '\0') : prefix);  // "\0" to "\0": every key
+  page.set_range_end(prefix_end(prefix));
+  page.set_keys_only(true);
+  page.set_limit(kNamesPage);
+  std::set<std::string> names;
+  QueueNames result;
+  for (;;) {
+    const auto range = connection_.range(page, budget.for_call(kEtcdTimes.call));
+    for (const auto& kv : range.kvs()) {
+      const auto& key = kv.key();
+      const auto slash = key.rfind('/');
+      if (slash == std::string::npos || !is_entry_suffix(std::string_view(key).substr(slash + 1))) continue;
+      if (!names.contains(key.substr(0, slash)) && names.size() == max_names) {
+        result.complete = false;
+        break;
+      }
+      names.insert(key.substr(0, slash));
+    }
+    if (!result.complete || !range.more() || range.kvs().empty()) break;
+    page.set_key(range.kvs(range.kvs_size() - 1).key() + '\0');  // the next key after the page's last
+  }
+  result.names.assign(names.begin(), names.end());
   return result;
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A PermitCounter acquire's line: its waiter key, its take (guarded by a request marker), its leave.
 #include "backends/etcd/etcd_backend.hpp"
 
@@ -30,9 +31,12 @@ class EtcdCounterLine final : public CounterLine {
   bool take(const CounterStanding& seen, Deadline deadline) override;
   void join(Deadline deadline) override;
   void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) override;
+  std::unique_ptr<WakeArm> arm(CounterWait wait, Deadline deadline, Wake wake) override;
   bool leave() noexcept override;
 
  private:
+  // From the last look's revision on: the waiter just ahead leaving, or the counter changing.
+  pb::WatchCreateRequest watch_for(CounterWait wait) const;
   enum class TakeOutcome { taken, not_taken, unknown };
   bool take_reply_lost(Deadline deadline);
   // A take whose reply was lost: tells it by its marker within `first_try` (its deadline or
@@ -190,6 +194,14 @@ void EtcdCounterLine::join(Deadline deadline) {
 
 void EtcdCounterLine::wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) {
   if (stop.stop_requested()) return;
+  backend_.wait_for_change(*lease_, watch_for(wait), CallBudget(deadline, stop));
+}
+
+std::unique_ptr<WakeArm> EtcdCounterLine::arm(CounterWait wait, Deadline, Wake wake) {
+  return backend_.arm_watch(*lease_, watch_for(wait), std::move(wake));
+}
+
+pb::WatchCreateRequest EtcdCounterLine::watch_for(CounterWait wait) const {
   pb::WatchCreateRequest watch;
   watch.set_start_revision(read_revision_ + 1);
   if (wait == CounterWait::predecessor) {
@@ -198,7 +210,7 @@ void EtcdCounterLine::wait(CounterWait wait, Deadline deadline, const std::stop_
   } else {
     watch.set_key(counter_key_);  // the counter changing
   }
-  backend_.wait_for_change(*lease_, watch, CallBudget(deadline, stop));
+  return watch;
 }
 
 bool EtcdCounterLine::leave() noexcept {

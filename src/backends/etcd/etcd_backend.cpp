@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The etcd backend: its life (made, ended, ended at exit) and this client's local turns.
 #include "backends/etcd/etcd_backend.hpp"
 
@@ -74,31 +75,67 @@ void EtcdBackend::end_at_exit() noexcept {
 }
 
 LocalTurn::~LocalTurn() {
-  if (held) backend->leave_local_turn(name);
+  if (in_line) backend->leave_local_turn(name, ticket);
 }
 
-bool EtcdBackend::enter_local_turn(const std::string& name, const CallBudget& budget) {
-  std::unique_lock lock(mutex_);
-  const auto ticket = next_ticket_++;
-  turns_[name].push_back(ticket);
-  const auto mine = [&] { return turns_[name].front() == ticket; };
-  const bool got = budget.deadline() ? turns_cv_.wait_until(lock, budget.stop(), *budget.deadline(), mine)
-                                     : turns_cv_.wait(lock, budget.stop(), mine);
-  if (got) return true;
-  auto& waiting = turns_[name];
-  waiting.remove(ticket);
-  if (waiting.empty()) turns_.erase(name);
-  turns_cv_.notify_all();
-  return false;
-}
-
-void EtcdBackend::leave_local_turn(const std::string& name) {
+std::uint64_t EtcdBackend::queue_local_turn(const std::string& name) {
   std::lock_guard lock(mutex_);
-  auto it = turns_.find(name);
-  if (it == turns_.end()) return;
-  it->second.pop_front();
-  if (it->second.empty()) turns_.erase(it);
+  const auto ticket = ++next_ticket_;
+  turns_[name].push_back(ticket);
+  return ticket;
+}
+
+bool EtcdBackend::has_local_turn(const std::string& name, std::uint64_t ticket) {
+  std::lock_guard lock(mutex_);
+  const auto line = turns_.find(name);
+  return line != turns_.end() && line->second.front() == ticket;
+}
+
+bool EtcdBackend::wait_local_turn(const std::string& name, std::uint64_t ticket, const CallBudget& budget) {
+  std::unique_lock lock(mutex_);
+  const auto mine = [&] {
+    const auto line = turns_.find(name);
+    return line != turns_.end() && line->second.front() == ticket;
+  };
+  return budget.deadline() ? turns_cv_.wait_until(lock, budget.stop(), *budget.deadline(), mine)
+                           : turns_cv_.wait(lock, budget.stop(), mine);
+}
+
+std::unique_ptr<WakeArm> EtcdBackend::arm_local_turn(const std::string& name, std::uint64_t ticket, Wake wake) {
+  auto armed = key_watcher_.arm_unwatched(std::move(wake));
+  bool now = false;
+  {
+    std::lock_guard lock(mutex_);
+    const auto line = turns_.find(name);
+    now = line == turns_.end() || line->second.front() == ticket;
+    if (!now) turn_wakes_[ticket] = armed;
+  }
+  if (now) key_watcher_.fire(armed);  // on the worker, never inside arm()
+  return std::make_unique<ArmedWake>(key_watcher_, std::move(armed), [this, ticket] {
+    std::lock_guard lock(mutex_);
+    turn_wakes_.erase(ticket);
+  });
+}
+
+void EtcdBackend::leave_local_turn(const std::string& name, std::uint64_t ticket) {
+  std::shared_ptr<KeyWatcher::Watched> next;
+  {
+    std::lock_guard lock(mutex_);
+    const auto found = turns_.find(name);
+    if (found == turns_.end()) return;
+    auto& line = found->second;
+    const bool had_turn = line.front() == ticket;
+    line.remove(ticket);
+    if (line.empty()) {
+      turns_.erase(found);
+    } else if (had_turn) {
+      // The next ticket's turn: one wake-up, for it alone.
+      const auto armed = turn_wakes_.find(line.front());
+      if (armed != turn_wakes_.end()) next = armed->second;
+    }
+  }
   turns_cv_.notify_all();
+  if (next) key_watcher_.fire(next);
 }
 
 void EtcdBackend::shut_down() noexcept {
@@ -140,5 +177,16 @@ void end_backends_at_exit() {
 extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v1(
     const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options) {
   using namespace turnstile::detail::etcd;
-  return std::make_unique<EtcdBackend>(parse_settings(url, options));
+  auto settings = parse_settings(url, options);
+  const auto timeout = connect_timeout(settings);
+  const auto connect_by = turnstile::SteadyClock::now() + timeout;
+  try {
+    return std::make_unique<EtcdBackend>(settings);
+  } catch (const turnstile::BackendUnavailable&) {
+    // Whatever step ran out of time (authenticating, the lease grant): the connect timed out,
+    // which is what the message must say (a live etcd given 1 ms did not fail to answer).
+    if (turnstile::SteadyClock::now() < connect_by) throw;
+    throw turnstile::BackendUnavailable("connecting to etcd at " + settings.description + " timed out after " +
+                                        std::to_string(timeout.count()) + " ms");
+  }
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The etcd backend: storage for the core's queue algorithm on etcd's concurrency.Mutex layout,
 // generalised to every queue primitive. A client's lease (ClientLease) is one etcd lease, kept
 // alive every TTL/3. A contender of NAME puts the key NAME/<lease id in hex> (exclusive
@@ -7,7 +8,9 @@
 // NAME/x/..., are never counted), the create revision is the fencing token, and a waiter
 // watches the one key it depends on (or, for Semaphore leases, the deletions under the
 // prefix). So `etcdctl lock NAME` and turnstile exclude each other both ways; an entry written
-// by anyone else (etcdctl's empty value) is an exclusive one.
+// by anyone else (etcdctl's empty value) is an exclusive one. Elections use
+// concurrency.Election's layout on the same queue (the value raw in the key, and a side key of
+// turnstile's beside it: layout.hpp kCandidatePrefix; election.cpp).
 //
 // Beyond etcd 3.4's Mutex: after every wait the own key is read again, and a waiter whose lease
 // ended is never admitted on it (etcd-io/etcd#11456, #19597: the core joins again on a new
@@ -83,14 +86,16 @@ struct ClientLease {
 
 class EtcdBackend;
 
-// This client's turn for a name's exclusive key (one per lease and name), left on
-// destruction unless handed on (to the hold, or to a clean-up still removing the key).
+// A ticket in this client's local line for a name's exclusive key (one per lease and name; the
+// line's front has the turn), left on destruction unless handed on (to the hold, or to a
+// clean-up still removing the key).
 struct LocalTurn {
   EtcdBackend* backend = nullptr;
   std::string name;
-  bool held = false;
-  LocalTurn(EtcdBackend* owner, std::string turn_name, bool is_held)
-      : backend(owner), name(std::move(turn_name)), held(is_held) {}
+  std::uint64_t ticket = 0;
+  bool in_line = false;
+  LocalTurn(EtcdBackend* owner, std::string turn_name, std::uint64_t turn_ticket, bool is_in_line)
+      : backend(owner), name(std::move(turn_name)), ticket(turn_ticket), in_line(is_in_line) {}
   LocalTurn(const LocalTurn&) = delete;
   LocalTurn& operator=(const LocalTurn&) = delete;
   ~LocalTurn();
@@ -110,6 +115,14 @@ struct CleanupOptions {
   std::function<void(const CallBudget&)> later{};
 };
 
+// What a queue's join does with the election candidates' side keys (kCandidatePrefix): none
+// (a PermitCounter's line), reads them with the queue (a lock's), or puts ours too (a
+// candidate's, with this "<pid> <host> <since ms>").
+struct SideKeys {
+  bool read = false;
+  std::optional<std::string> put{};
+};
+
 class EtcdBackend final : public Backend {
  public:
   // --- its life (etcd_backend.cpp) ----------------------------------------------------------
@@ -127,10 +140,17 @@ class EtcdBackend final : public Backend {
                                             const std::stop_token& stop) override;
   // counter.cpp: inspection and the PermitCounter's plain operations.
   Inspection inspect(const std::string& name, Deadline deadline) override;
+  QueueNames queue_names(const std::string& prefix, std::size_t max_names, Deadline deadline) override;
+  bool keeps_released_holds(EntryKind) const override { return true; }  // a lease of its own (places.cpp)
+  // election.cpp: concurrency.Election's layout (places.cpp joins and proclaims).
+  bool has_elections() const override { return true; }
+  std::unique_ptr<LeaderWatch> watch_leader(const std::string& name) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
   std::int64_t counter_drain(const std::string& name) override;
+  // places.cpp: removes a dead holder's entry by its key and create revision.
+  bool release_receipt(const std::string& receipt, Deadline deadline) override;
 
   // --- what places, holds and lines use ----------------------------------------------------
   Connection& connection() { return connection_; }
@@ -144,8 +164,15 @@ class EtcdBackend final : public Backend {
   std::vector<std::string> receipts_to_delete();
   void receipts_deleted(const std::vector<std::string>& keys);
   void receipt_done(std::string key);
-  // This client's turn for a name's exclusive key (etcd_backend.cpp; see LocalTurn).
-  void leave_local_turn(const std::string& name);
+  // This client's turns for a name's exclusive key (etcd_backend.cpp; see LocalTurn): a ticket
+  // at the back of the name's local line, whether it has the turn (is the front), the blocking
+  // wait for it (false on the budget's deadline or stop), a wake-up when it comes (async
+  // waiters), and leaving the line (which gives the turn to the next ticket).
+  std::uint64_t queue_local_turn(const std::string& name);
+  bool has_local_turn(const std::string& name, std::uint64_t ticket);
+  bool wait_local_turn(const std::string& name, std::uint64_t ticket, const CallBudget& budget);
+  std::unique_ptr<WakeArm> arm_local_turn(const std::string& name, std::uint64_t ticket, Wake wake);
+  void leave_local_turn(const std::string& name, std::uint64_t ticket);
 
   // --- the lease (lease_keeper.cpp) --------------------------------------------------------
   // This client's lease for new keys (a new one when the current one is lost), granted within
@@ -180,10 +207,13 @@ class EtcdBackend final : public Backend {
     std::shared_ptr<ClientLease> lease;
     std::string key;
     std::string value;
-    std::int64_t created = 0;   // the entry's create revision
-    pb::RangeResponse range;    // the line's entries
-    std::int64_t revision = 0;  // the store's revision when the entry was seen
+    std::int64_t created = 0;      // the entry's create revision
+    pb::RangeResponse range;       // the line's entries
+    std::int64_t revision = 0;     // the store's revision when the entry was seen
+    pb::RangeResponse candidates;  // the queue's candidates' side keys (SideKeys::read, put)
+    std::uint64_t request = 0;     // the join's number (its marker's, its side key's)
   };
+
   // The key and value of an entry on `lease` for request number `request`.
   using EntryMaker =
       std::function<std::pair<std::string, std::string>(const ClientLease& lease, std::uint64_t request)>;
@@ -191,12 +221,18 @@ class EtcdBackend final : public Backend {
   // lease when etcd no longer knew the current one. Throws BackendUnavailable with the entry
   // left in the background, holding on to `turn` until it is gone; CallStopped on the budget's
   // stop.
-  Joined join_line(const std::string& prefix, const EntryMaker& entry, const CallBudget& budget, LocalTurn* turn);
-  // Waits for an event of the watch (or its end, the budget's deadline or stop, or the lease's
-  // loss). `changed_already`, when given, is asked once the watch exists: true means what we
-  // wait for happened before the watch began, so no wait.
+  Joined join_line(const std::string& prefix, const EntryMaker& entry, const CallBudget& budget, LocalTurn* turn,
+                   const SideKeys& side = {});
+  // Waits for `after`'s events of the watch (or its end, the budget's deadline or stop, or the
+  // lease's loss). `changed_already`, when given, is asked once the watch exists: how many of
+  // those events happened before the watch began.
   void wait_for_change(ClientLease& lease, const pb::WatchCreateRequest& watch, const CallBudget& budget,
-                       const std::function<bool()>& changed_already = {});
+                       const WakeAfter& after = {}, const std::function<std::int64_t()>& changed_already = {});
+  // wait_for_change without a thread (QueuePlace::arm, CounterLine::arm): `wake` runs once on
+  // the key watcher's worker after `after`'s events of `watch` (give it a start revision), the
+  // watch's end (compacted) or the lease's loss.
+  std::unique_ptr<WakeArm> arm_watch(ClientLease& lease, const pb::WatchCreateRequest& watch, Wake wake,
+                                     WakeAfter after = {});
 
   // --- clean-ups: a leave or a settle that must happen (cleanup.cpp) -------------------------
   // Runs a clean-up Txn (a leave): once here, then in the background (GuaranteedRemoval) until
@@ -215,8 +251,6 @@ class EtcdBackend final : public Backend {
   };
 
   // etcd_backend.cpp
-  // A place in this client's local line for a name (one exclusive key per lease and name).
-  bool enter_local_turn(const std::string& name, const CallBudget& budget);
   // Stops the threads, tries the pending clean-ups and revokes the lease (unless it is lost,
   // or this process is a forked child: the lease is its parent's).
   void shut_down() noexcept;
@@ -238,15 +272,16 @@ class EtcdBackend final : public Backend {
   // One try of a clean-up by `deadline`: done (or moot: the lease is gone) unless it throws.
   void attempt_cleanup(Cleanup& cleanup, const CallBudget& budget);
   // Leaves with an entry whose join may or may not have been applied: the join's marker
-  // written (so a join still in flight fails) and the key deleted if it holds the join's value.
+  // written (so a join still in flight fails) and the key deleted if it holds the join's value
+  // (with a candidate's `side_key`).
   void leave_unconfirmed(const std::shared_ptr<ClientLease>& lease, const std::string& key, std::uint64_t request,
-                         const std::string& value, LocalTurn* turn);
+                         const std::string& value, LocalTurn* turn, const std::string& side_key = "");
 
   // lines.cpp
   // Puts `key` (created at most once, guarded by the request's marker) and reads `prefix`'s
   // entries in the same Txn.
   Joined put_entry(const std::shared_ptr<ClientLease>& lease, std::string key, std::uint64_t request, std::string value,
-                   const std::string& prefix, const CallBudget& budget, LocalTurn* turn);
+                   const std::string& prefix, const CallBudget& budget, LocalTurn* turn, const SideKeys& side);
 
   // counter.cpp
   // The counter key `key` changed at most once: `change` makes the Txn from the value read
@@ -273,7 +308,8 @@ class EtcdBackend final : public Backend {
   std::set<std::string> receipt_garbage_;
 
   std::condition_variable_any turns_cv_;
-  std::map<std::string, std::list<std::uint64_t>> turns_;  // name -> tickets, the front holds
+  std::map<std::string, std::list<std::uint64_t>> turns_;                     // name -> tickets, the front holds
+  std::map<std::uint64_t, std::shared_ptr<KeyWatcher::Watched>> turn_wakes_;  // ticket -> armed wake-up
   std::uint64_t next_ticket_ = 0;
 
   std::condition_variable_any keeper_cv_;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/etcd/layout.hpp"
 
 #include <chrono>
@@ -58,17 +59,28 @@ std::string label_after(std::istringstream& text) {
   return rest.size() > 1 && rest[0] == ' ' ? rest.substr(1) : std::string();
 }
 
+namespace {
+const std::string kMagic = "turnstile";
+const std::string kKeptMagic = "turnstile-kept";
+}  // namespace
+
+std::string kept_value(const std::string& value, std::int64_t until_ms) {
+  if (!value.starts_with(kMagic + " ")) return value;
+  return kKeptMagic + " " + std::to_string(until_ms) + value.substr(kMagic.size());
+}
+
 EntryKey parse_entry(const mvccpb::KeyValue& kv) {
   EntryKey entry;
   entry.key = kv.key();
   entry.create_revision = kv.create_revision();
+  entry.value = kv.value();
   std::istringstream text(kv.value());
   std::string magic, kind;
   std::uint64_t request = 0;
   EntryKey parsed = entry;
-  if (text >> magic >> kind >> parsed.permits >> parsed.limit >> parsed.pid >> parsed.host >> parsed.since_ms >>
-          request &&
-      magic == "turnstile") {
+  if (text >> magic && magic == kKeptMagic && !(text >> parsed.kept_until_ms)) return entry;
+  if (text >> kind >> parsed.permits >> parsed.limit >> parsed.pid >> parsed.host >> parsed.since_ms >> request &&
+      (magic == kMagic || magic == kKeptMagic)) {
     parsed.label = label_after(text);
     if (kind == "shared") parsed.kind = EntryKind::shared;
     else if (kind == "lease") parsed.kind = EntryKind::lease;
@@ -80,7 +92,44 @@ EntryKey parse_entry(const mvccpb::KeyValue& kv) {
 }
 
 QueueMode queue_mode(const EntryKey& head) {
+  if (head.candidate || (head.foreign && !head.value.empty())) return QueueMode::election;
   return head.kind == EntryKind::lease ? QueueMode::semaphore : QueueMode::lock;
+}
+
+QueueMode queue_mode_for(const EntryKey& head, Primitive primitive) {
+  if (head.candidate) return QueueMode::election;
+  if (head.foreign) return primitive == Primitive::election ? QueueMode::election : QueueMode::lock;
+  return head.kind == EntryKind::lease ? QueueMode::semaphore : QueueMode::lock;
+}
+
+std::string candidate_key(const std::string& prefix, const std::string& lease_hex, std::uint64_t request) {
+  return kCandidatePrefix + prefix + (lease_hex.empty() ? "" : lease_hex + "_" + std::to_string(request));
+}
+
+std::string candidate_info(const std::string& identity) { return identity + " " + std::to_string(now_ms()); }
+
+void mark_candidates(std::vector<EntryKey>& entries, const pb::RangeResponse& side, const std::string& prefix) {
+  const auto side_prefix = candidate_key(prefix);
+  for (const auto* kv : children(side, side_prefix)) {
+    const auto suffix = kv->key().substr(side_prefix.size());
+    const auto hex = suffix.substr(0, suffix.find('_'));
+    for (auto& entry : entries) {
+      // The key is NAME/<hex>, or NAME/<hex>_<n> for a client's second candidate (its side
+      // key's own suffix).
+      const bool same_key = entry.key == prefix + hex || entry.key == prefix + suffix;
+      if (entry.create_revision != kv->create_revision() || !same_key) continue;
+      // Whatever the value reads as (a proposal may spell a turnstile entry): a candidate.
+      EntryKey candidate;
+      candidate.key = entry.key;
+      candidate.create_revision = entry.create_revision;
+      candidate.value = entry.value;
+      candidate.candidate = true;
+      candidate.foreign = false;
+      std::istringstream text(kv->value());
+      text >> candidate.pid >> candidate.host >> candidate.since_ms;
+      entry = std::move(candidate);
+    }
+  }
 }
 
 pb::RangeRequest queue_range(const std::string& prefix, std::int64_t max_create_revision) {

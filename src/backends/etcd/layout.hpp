@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How the etcd backend lays out its keys and values, and the request builders every part of it
 // uses: a name's queue entries (NAME/<lease hex>[_<n>]), the PermitCounter's key and waiters,
 // the release receipts, and the Txn pieces made from them.
@@ -21,6 +22,13 @@ constexpr std::size_t kMaxReceiptsPerTxn = 16;
 inline const std::string kCounterPrefix = "\x1fturnstile/permits/";
 inline const std::string kCounterWaiterPrefix = "\x1fturnstile/permit-waiters/";
 inline const std::string kReceiptPrefix = "\x1fturnstile/released/";  // + <lease hex>_<create revision>
+// An election candidate's side key, + NAME/<lease hex>_<join's request number> (a new key per
+// join: a put never re-creates a key left behind; a client's second candidate's own key is
+// NAME/<that same suffix>): "<pid> <host> <since ms>" on the lease, put
+// by the join's Txn (so its create revision is the entry's) and deleted with the entry. The entry itself holds the
+// candidate's value raw, as concurrency.Election writes it, so only this key tells a
+// turnstile candidate from another writer's key; it lies outside NAME/, so peers never see it.
+inline const std::string kCandidatePrefix = "\x1fturnstile/candidates/";
 // A take's marker holds this once the take applied, kRefused once its leave retired it.
 inline const std::string kTaken = "taken";
 inline const std::string kRefused = "refused";
@@ -53,7 +61,15 @@ struct EntryKey {
   std::int64_t since_ms = 0;
   std::string label;
   bool foreign = true;  // not written by turnstile (etcdctl lock's empty value, or anything else)
+  // Kept after its release (release_after): "turnstile-kept <until ms> <kind> ...", the writer's
+  // estimate of when its lease of its own (which etcd expires) ends. 0: not kept.
+  std::int64_t kept_until_ms = 0;
+  std::string value;       // as stored (an election candidate's value)
+  bool candidate = false;  // a turnstile election candidate (its side key was read with it)
 };
+
+// The value of a kept entry: `value` (an entry_value) marked as kept until `until_ms`.
+std::string kept_value(const std::string& value, std::int64_t until_ms);
 
 // `identity` is "<pid> <host>", `label_suffix` " <holder label>" or "".
 std::string entry_value(EntryKind kind, std::int64_t permits, std::int64_t limit, const std::string& identity,
@@ -61,7 +77,21 @@ std::string entry_value(EntryKind kind, std::int64_t permits, std::int64_t limit
 // The holder label a value ends with, after the space that follows its last number.
 std::string label_after(std::istringstream& text);
 EntryKey parse_entry(const mvccpb::KeyValue& kv);
+// The mode a queue has from its head, as `inspect` names it: a turnstile candidate's or a
+// foreign key with a value (concurrency.Election's proposal; concurrency.Mutex writes none) is
+// an election's.
 QueueMode queue_mode(const EntryKey& head);
+// The mode the head gives a contender of `request`'s primitive: a foreign key is what the
+// contender itself is (an etcdctl lock and an etcdctl elect run one algorithm), a turnstile
+// candidate an election's, and a turnstile entry its own.
+QueueMode queue_mode_for(const EntryKey& head, Primitive primitive);
+// The side key of a candidate's join (`request`) on `lease_hex` in the queue under `prefix`
+// (NAME/); candidate_key(prefix) is the prefix of them all.
+std::string candidate_key(const std::string& prefix, const std::string& lease_hex = "", std::uint64_t request = 0);
+std::string candidate_info(const std::string& identity);
+// Marks the entries whose side key (in `side`, a range of candidate_key(prefix, "")) was
+// created with them: exclusive, with the pid, host and since of their side key.
+void mark_candidates(std::vector<EntryKey>& entries, const pb::RangeResponse& side, const std::string& prefix);
 std::vector<EntryKey> entries_of(const pb::RangeResponse& range, const std::string& prefix);
 std::vector<QueueEntryView> views_of(const std::vector<EntryKey>& entries, std::size_t up_to);
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The client's etcd lease: granted, kept alive every TTL/3 (with the term check), lost.
 #include "backends/etcd/etcd_backend.hpp"
 
@@ -77,6 +78,7 @@ void EtcdBackend::give_up(const std::shared_ptr<ClientLease>& lease) {
     // Waiters stop at once (etcd-io/etcd#19597) and join again on a new lease.
     for (auto* wait : lease->waits) wait->cancel();
   }
+  key_watcher_.wake_lease(lease->id);  // so do the async ones (arm_watch checks `lost` after arming)
   keeper_cv_.notify_all();
   // Keys that etcd might still keep (its answers were lost; it revives leases after a
   // restart) go now, or as soon as etcd answers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Request markers: why a copy of a write that arrives after its sender gave up changes nothing.
 //
 // gRPC resends a join after a per-attempt timeout or a reset, to the next endpoint, and a copy

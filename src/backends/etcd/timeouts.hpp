@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every time limit of the etcd backend, in one place, with the reason for its value: the shared
 // ideas in kEtcdTimes (core/time_policy.hpp), then those only a gRPC client of etcd has.
 #pragma once
@@ -54,6 +55,13 @@ constexpr milliseconds kConnectAuthentication{5000};
 constexpr milliseconds kReconnectFirst{100};
 constexpr milliseconds kReconnectLast{1000};
 
+// A channel not connected this soon at connect asks the refusal probe (core/refusal_probe.hpp)
+// whether every endpoint refuses: a local etcd is up well within it, so a healthy connect costs
+// etcd no probe, and a refused one still fails within ~1/10 s.
+constexpr milliseconds kRefusalProbeAfter{25};
+// The probe waits this long at most for an endpoint that neither accepts nor refuses.
+constexpr milliseconds kRefusalProbeBound{1000};
+
 // --- fork --------------------------------------------------------------------------------
 // fork() waits this long for calls in flight (all have deadlines) before forking anyway.
 constexpr milliseconds kForkQuiesce{3000};
@@ -91,6 +99,9 @@ constexpr milliseconds kWatchEndedAtOnce{50};
 constexpr milliseconds kWatchRetryPause{100};
 // The held keys' watch stream is renewed this often, for the same reason as a wait's.
 constexpr seconds kKeyWatchLife{60};
+// How long a release waits for its key's watch cancel to be written on the stream before its
+// delete goes out (KeyWatcher::unwatch): a thread hand-over, not a round trip.
+constexpr milliseconds kCancelWriteWait{50};
 // A held keys' stream that lived shorter than this is not reopened at once.
 constexpr seconds kKeyWatchShortLife{1};
 // A hold released sooner is never watched (its release still finds a key gone, and reports

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/file/byte_watch.hpp"
 
 #include <fcntl.h>
@@ -6,6 +7,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <utility>
 
 namespace turnstile::detail::file_state {
 namespace {
@@ -13,10 +15,10 @@ namespace {
 // A watcher thread only blocks in fcntl: it needs no megabytes of stack.
 constexpr std::size_t kWatcherStack = 256 * 1024;
 
-// Wakes one waiting thread: byte watchers, a stop request.
-class Waker {
+// A thread asleep until a byte is released, the deadline passes or a stop is requested.
+class Waker final : public ReleaseListener {
  public:
-  void wake() {
+  void released() override {
     {
       std::lock_guard lock(mutex_);
       woken_ = true;
@@ -30,7 +32,6 @@ class Waker {
     } else {
       cv_.wait(lock, [&] { return woken_; });
     }
-    woken_ = false;
   }
 
  private:
@@ -51,23 +52,23 @@ struct ByteWatch {
   std::mutex mutex;
   bool released = false;
   bool finished = false;  // set by the thread as its last act: `thread` may be gone after it
-  std::vector<std::shared_ptr<Waker>> listeners;
+  std::vector<std::shared_ptr<ReleaseListener>> listeners;
   pthread_t thread{};
   Fd fd;
   off_t offset = 0;
 
-  void listen(const std::shared_ptr<Waker>& waker) {
-    {
-      std::lock_guard lock(mutex);
-      listeners.push_back(waker);
-      if (!released) return;
-    }
-    waker->wake();
+  // False when the byte was released already: the caller starts a new watch (so nobody is
+  // told from inside its own call).
+  bool listen_unless_released(const std::shared_ptr<ReleaseListener>& listener) {
+    std::lock_guard lock(mutex);
+    if (released) return false;
+    listeners.push_back(listener);
+    return true;
   }
   // Returns whether anyone still listens.
-  bool unlisten(const std::shared_ptr<Waker>& waker) {
+  bool unlisten(const std::shared_ptr<ReleaseListener>& listener) {
     std::lock_guard lock(mutex);
-    std::erase(listeners, waker);
+    std::erase(listeners, listener);
     return !listeners.empty();
   }
   // Ends the thread if it still waits (the caller made sure nobody listens or will).
@@ -76,14 +77,14 @@ struct ByteWatch {
     if (!finished) pthread_cancel(thread);  // the thread cannot exit while we hold the mutex
   }
   void finish() {
-    std::vector<std::shared_ptr<Waker>> told;
+    std::vector<std::shared_ptr<ReleaseListener>> told;
     {
       std::lock_guard lock(mutex);
       released = true;
       finished = true;
       told = listeners;
     }
-    for (auto& listener : told) listener->wake();
+    for (auto& listener : told) listener->released();
   }
 };
 
@@ -132,57 +133,78 @@ int start_watch_thread(ByteWatch& watch, std::shared_ptr<ByteWatch>* argument) {
 
 }  // namespace
 
-// Under mutex_.
-std::shared_ptr<ByteWatch> ByteWatches::watch_byte(off_t offset) {
+// Under mutex_: `listener` listens to the watch of `offset` unless that one saw the byte
+// released already; then, or when there is none, to a new one, listening before its thread
+// starts (which tells it, at once if the byte is free).
+std::shared_ptr<ByteWatch> ByteWatches::listen_to_byte(off_t offset, const std::shared_ptr<ReleaseListener>& listener) {
   auto& slot = watches_[offset];
-  if (slot) return slot;
+  if (slot && slot->listen_unless_released(listener)) return slot;
+  const bool fresh_slot = !slot;
   auto watch = std::make_shared<ByteWatch>();
+  watch->offset = offset;
+  watch->listeners.push_back(listener);
   try {
     watch->fd = open_description_();
   } catch (...) {
-    watches_.erase(offset);
+    if (fresh_slot) watches_.erase(offset);
     throw;
   }
-  watch->offset = offset;
   auto* argument = new std::shared_ptr<ByteWatch>(watch);
   std::lock_guard lock(watch->mutex);  // `thread` is set before anyone may cancel
   if (const int rc = start_watch_thread(*watch, argument); rc != 0) {
     delete argument;
-    watches_.erase(offset);
+    if (fresh_slot) watches_.erase(offset);
     fail_io("cannot start a thread to wait for a lock byte", rc);
   }
   slot = watch;
   return watch;
 }
 
+ByteWatches::Listening ByteWatches::listen(const std::vector<off_t>& offsets,
+                                           std::shared_ptr<ReleaseListener> listener) {
+  Listening listening;
+  listening.owner_ = this;
+  listening.listener_ = std::move(listener);
+  listening.watches_.reserve(offsets.size());
+  std::lock_guard lock(mutex_);  // let go before `listening` stops listening on an exception
+  for (off_t offset : offsets) listening.watches_.push_back(listen_to_byte(offset, listening.listener_));
+  return listening;
+}
+
+ByteWatches::Listening::Listening(Listening&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)), listener_(std::move(other.listener_)),
+      watches_(std::move(other.watches_)) {}
+
+ByteWatches::Listening& ByteWatches::Listening::operator=(Listening&& other) noexcept {
+  if (this != &other) {
+    if (owner_) owner_->stop_listening(*this);
+    owner_ = std::exchange(other.owner_, nullptr);
+    listener_ = std::move(other.listener_);
+    watches_ = std::move(other.watches_);
+  }
+  return *this;
+}
+
+ByteWatches::Listening::~Listening() {
+  if (owner_) owner_->stop_listening(*this);
+}
+
+void ByteWatches::stop_listening(Listening& listening) noexcept {
+  std::lock_guard lock(mutex_);
+  for (const auto& watch : listening.watches_) {
+    if (watch->unlisten(listening.listener_)) continue;
+    if (auto it = watches_.find(watch->offset); it != watches_.end() && it->second == watch) watches_.erase(it);
+    watch->cancel();
+  }
+  listening.watches_.clear();
+}
+
 void ByteWatches::wait_for_any_release(const std::vector<off_t>& offsets, Deadline deadline,
                                        const std::stop_token& stop) {
   auto waker = std::make_shared<Waker>();
-  std::vector<std::shared_ptr<ByteWatch>> watches;
-  watches.reserve(offsets.size());
-  const auto stop_listening = [&] {
-    std::lock_guard lock(mutex_);
-    for (const auto& watch : watches) {
-      if (watch->unlisten(waker)) continue;
-      if (auto it = watches_.find(watch->offset); it != watches_.end() && it->second == watch) watches_.erase(it);
-      watch->cancel();
-    }
-  };
-  try {
-    std::lock_guard lock(mutex_);
-    for (off_t offset : offsets) {
-      watches.push_back(watch_byte(offset));
-      watches.back()->listen(waker);
-    }
-  } catch (...) {
-    stop_listening();
-    throw;
-  }
-  {
-    std::stop_callback on_stop(stop, [&] { waker->wake(); });
-    waker->sleep(deadline);
-  }
-  stop_listening();
+  const auto listening = listen(offsets, waker);
+  std::stop_callback on_stop(stop, [&] { waker->released(); });
+  waker->sleep(deadline);
 }
 
 }  // namespace turnstile::detail::file_state

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/file/directory.hpp"
 
 #include <dirent.h>
@@ -124,6 +125,26 @@ bool in_group(gid_t gid) {
   return got > 0 && std::find(groups.begin(), groups.begin() + got, gid) != groups.begin() + got;
 }
 
+// A directory a group shares (setgid, group-writable, others kept out) that this user may not
+// open is one whose group this user is not in: said so, with the way in, rather than as a bare
+// "Permission denied". Returns when the directory is not such a one.
+void refuse_outside_group(const std::string& root) {
+  const int open_error = errno;
+  struct stat st {};
+  const bool shared = stat(root.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISGID) &&
+                      (st.st_mode & S_IWGRP) && !(st.st_mode & S_IWOTH) && !in_group(st.st_gid);
+  errno = open_error;
+  if (!shared) return;
+  std::vector<char> buffer(16384);
+  group entry{};
+  group* found = nullptr;
+  const bool named = getgrgid_r(st.st_gid, &entry, buffer.data(), buffer.size(), &found) == 0 && found;
+  const std::string group_name = named ? "'" + std::string(found->gr_name) + "'" : "gid " + std::to_string(st.st_gid);
+  throw AccessDenied("refusing " + root + ": it is shared by group " + group_name + ", and this user (uid " +
+                     std::to_string(geteuid()) + ") is not in it; a member of the group may use it (add the user " +
+                     "to the group, then log in again), or use a directory of your own");
+}
+
 // Every entry of the directory is turnstile's (a state file n.* or h.*, or one being built):
 // anything else means the directory is someone else's (file:///etc as root), left alone.
 void check_contents(const Fd& fd, const std::string& root) {
@@ -234,6 +255,7 @@ Fd open_root(const std::string& root) {
     if (fd && realpath(root.c_str(), real) != nullptr) check_ancestors(root, parent_of(real));
   }
   if (!fd) {
+    if (errno == EACCES) refuse_outside_group(root);
     if (errno == ELOOP || errno == ENOTDIR) {
       throw AccessDenied("refusing " + root + ": it is a symbolic link or not a directory");
     }

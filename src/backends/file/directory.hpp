@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The backend directory: which one a URL names, the checks before it is used (ownership, modes,
 // the directories above it), and the pins on it that outlive the state files in it.
 #pragma once

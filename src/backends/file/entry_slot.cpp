@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An entry's slot and lock bytes (entry_slot.hpp).
 #include "backends/file/entry_slot.hpp"
 
@@ -21,11 +22,17 @@ std::uint64_t next_token(const Header& h) {
 }
 
 QueueMode queue_mode(Mode mode) {
-  return mode == Mode::lock ? QueueMode::lock : mode == Mode::semaphore ? QueueMode::semaphore : QueueMode::none;
+  switch (mode) {
+    case Mode::lock: return QueueMode::lock;
+    case Mode::semaphore: return QueueMode::semaphore;
+    case Mode::election: return QueueMode::election;
+    case Mode::none: break;
+  }
+  return QueueMode::none;
 }
 
 [[noreturn]] void throw_full(const std::string& name) {
-  throw QueueFull("'" + name + "' already has " + std::to_string(kCapacity) + " contenders");
+  throw QueueFull("'" + name + "' already has " + std::to_string(kMaxCapacity) + " contenders");
 }
 
 Slot new_slot(std::uint64_t seq, std::int64_t permits, std::uint8_t kind) {
@@ -34,16 +41,18 @@ Slot new_slot(std::uint64_t seq, std::int64_t permits, std::uint8_t kind) {
               .since_ns = realtime_ns(),
               .pid = my_pid(),
               .kind = kind,
-              .reserved = 0,
-              .label = 0};
+              .flags = 0,
+              .label = 0,
+              .kept_until_ns = 0};
 }
 
-QueueScan& scan_queue(const Header& h, std::uint64_t seq) {
+QueueScan& scan_queue(const StateFile& file, std::uint64_t seq) {
   thread_local QueueScan scan;
   scan.views.clear();
   scan.seqs.clear();
-  for (std::size_t i = 0; i < h.count; ++i) {
-    const auto& slot = h.slots[i];
+  const std::size_t n = file.count();
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& slot = file.slot(i);
     if (slot.kind == kCounterWaiter) continue;
     scan.views.push_back({static_cast<EntryKind>(slot.kind), slot.permits});
     scan.seqs.push_back(slot.seq);
@@ -52,37 +61,26 @@ QueueScan& scan_queue(const Header& h, std::uint64_t seq) {
   return scan;
 }
 
-// Drops all of a description's locks (it holds only one entry's bytes): unlocking the whole file
-// drops the same locks, and the kernel skips allocating the two lock records that splitting a
-// range may need (a ranged unlock allocates them on every call).
-bool unlock_all(const Fd& fd) { return set_lock(fd.get(), F_UNLCK, 0, 0, false); }
-
-// Under the guard: removes our slot and drops its bytes; the description goes back to the pool.
-void remove_slot(StateFile& file, std::uint64_t& seq, Fd& fd) {
-  file.remove(std::exchange(seq, 0));
-  if (fd && unlock_all(fd)) file.return_descriptor(std::move(fd));
-  fd.reset();
+// Under the guard: removes our slot and drops its bytes; the description goes back to the pool
+// (or, shared, stays with the other entries on it).
+void remove_slot(StateFile& file, std::uint64_t& seq, EntryFd& fd) {
+  file.local_entries().dropped(seq, kAllBytes);  // its armed waiters wake as the guard ends
+  file.remove(seq);
+  file.let_go(fd, std::exchange(seq, 0));
 }
 
-// Leaves the queue or the line (never throws). A description whose locks could not be dropped
-// is closed instead, which drops them: whoever finds the slot then removes it as dead.
-void leave_slot(StateFile& file, std::uint64_t& seq, Fd& fd) noexcept {
+// Leaves the queue or the line (never throws). Bytes that could not be dropped under the guard
+// are dropped without it: whoever finds the slot then removes it as dead.
+void leave_slot(StateFile& file, std::uint64_t& seq, EntryFd& fd) noexcept {
   if (seq != 0) {
     try {
       StateFile::Guard guard(file);
       remove_slot(file, seq, fd);
     } catch (...) {
-      seq = 0;
-      fd.reset();
+      file.local_entries().abandon();  // its waiters look again (and watch bytes from now on)
     }
   }
-  if (fd) file.return_descriptor(std::move(fd));
-}
-
-// Whether a state file we hold open was removed from the tree, or is no longer whole.
-bool stale(int fd) {
-  struct stat st {};
-  return fstat(fd, &st) != 0 || st.st_nlink == 0 || st.st_size != static_cast<off_t>(sizeof(Header));
+  file.let_go(fd, std::exchange(seq, 0));
 }
 
 }  // namespace turnstile::detail::file_state

@@ -1,5 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every entry of a state file's queue does alike: its fencing token, its slot and its
-// lock bytes on a description of its own (see state.hpp for the layout).
+// lock bytes (see state.hpp for the layout, EntryFd for the description that owns them).
 #pragma once
 
 #include <cstdint>
@@ -30,18 +31,12 @@ struct QueueScan {
   std::vector<std::uint64_t> seqs;
   bool reached(std::uint64_t seq) const { return !seqs.empty() && seqs.back() == seq; }
 };
-QueueScan& scan_queue(const Header& h, std::uint64_t seq);
+QueueScan& scan_queue(const StateFile& file, std::uint64_t seq);
 
-// Drops all of a description's locks (it holds only one entry's bytes).
-bool unlock_all(const Fd& fd);
-
-// Under the guard: removes our slot and drops its bytes; the description goes back to the pool.
-void remove_slot(StateFile& file, std::uint64_t& seq, Fd& fd);
+// Under the guard: removes our slot and drops its bytes (StateFile::let_go).
+void remove_slot(StateFile& file, std::uint64_t& seq, EntryFd& fd);
 
 // Leaves the queue or the line (never throws).
-void leave_slot(StateFile& file, std::uint64_t& seq, Fd& fd) noexcept;
-
-// Whether a state file we hold open was removed from the tree, or is no longer whole.
-bool stale(int fd);
+void leave_slot(StateFile& file, std::uint64_t& seq, EntryFd& fd) noexcept;
 
 }  // namespace turnstile::detail::file_state

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The embedded backend: its state files, joining, inspecting, fork (file_backend.hpp).
 #include "backends/file/file_backend.hpp"
 
@@ -5,6 +6,7 @@
 #include <thread>
 
 #include "backends/file/entry_slot.hpp"
+#include "backends/file/values.hpp"
 #include "core/backend_loader.hpp"
 #include "core/host_name.hpp"
 
@@ -21,7 +23,6 @@ constexpr std::size_t kIdleNames = 16;
 // How often a joiner looks whether a truncated state file still in use has been let go (its
 // last users are waiters that join again at once, or a holder told of the loss).
 constexpr std::chrono::milliseconds kTruncatedFileRetry{10};
-
 }  // namespace
 
 // ---- the backend ---------------------------------------------------------------------------
@@ -42,7 +43,25 @@ FileBackend::~FileBackend() {
       watch_->cv.wait(lock, [&] { return !watch_->checking; });
     }
   }
+  close_idle_files([](const auto&) { return true; });
   files_.clear();
+}
+
+// Under files_mutex_ (or in the destructor). A name this process no longer uses has its state
+// file removed when nobody else uses it either: what the directory keeps is bounded by the
+// names in use, not by the names ever used (StateFile::remove_if_unused says why that is safe).
+template <class Predicate>
+void FileBackend::close_idle_files(Predicate closing) {
+  if (generation_ != current_generation()) return;  // a forked child: the parent's files
+  std::erase_if(files_, [&](const auto& item) {
+    if (item.second.use_count() != 1 || !closing(item.first)) return false;  // held, waited for, or kept
+    try {
+      item.second->remove_if_unused();
+    } catch (const std::exception&) {
+      // Left in place: the next user opens it, `turnstile gc` removes it.
+    }
+    return true;
+  });
 }
 
 // Under files_mutex_.
@@ -77,7 +96,10 @@ std::shared_ptr<StateFile> FileBackend::file(const std::string& name) {
   // A state file removed, replaced or truncated under us (rm -rf, a tmp cleaner) no longer
   // excludes anyone: use the one now at the path, never the orphan. Holds on the orphan keep it
   // alive and are told by the watcher that they may be lost.
-  if (slot && (slot->broken() || stale(slot->probe_fd()))) {
+  // The one system call of a cached name's uncontended pair besides its lock bytes (an fstat:
+  // a hold in a file kept pinned needs no other look, StateFile::pin_for_hold says why).
+  if (slot && (slot->broken() || slot->removed_as_unused() || slot->unlinked_or_cut())) {
+    slot->stop_keeping_pin();
     slot.reset();
     reopen_root_if_removed();
   }
@@ -91,12 +113,13 @@ std::shared_ptr<StateFile> FileBackend::file(const std::string& name) {
   auto result = slot;
   if (files_.size() > kIdleNames) {
     // Close the names nobody holds or waits for (only this map refers to them).
-    std::erase_if(files_, [&](const auto& item) { return item.second.use_count() == 1 && item.first != name; });
+    close_idle_files([&](const std::string& open_name) { return open_name != name; });
   }
   return result;
 }
 
 void FileBackend::forget(const std::shared_ptr<StateFile>& file) {
+  file->stop_keeping_pin();
   std::lock_guard lock(files_mutex_);
   if (auto it = files_.find(file->name()); it != files_.end() && it->second == file) {
     files_.erase(it);
@@ -118,11 +141,18 @@ std::shared_ptr<StateFile> FileBackend::file_to_join(const std::string& name, bo
 
 std::unique_ptr<QueuePlace> FileBackend::join(const QueueRequest& request, bool try_once, Deadline deadline,
                                               Standing& first) {
-  auto file = file_to_join(request.name, try_once, CallBudget(deadline, request.stop));
-  if (!file) return nullptr;  // the deadline passed or a stop came while a truncated file was in use
-  auto place = std::make_unique<FilePlace>(*this, std::move(file), request);
-  if (!place->join(request, try_once, first)) return nullptr;
-  return place;
+  const CallBudget budget(deadline, request.stop);
+  for (int removed = 0; removed <= kRemovedRetries; ++removed) {
+    auto file = file_to_join(request.name, try_once, budget);
+    if (!file) return nullptr;  // the deadline passed or a stop came while a truncated file was in use
+    auto place = std::make_unique<FilePlace>(*this, file, request);
+    switch (place->join(request, try_once, first)) {
+      case FilePlace::Joined::in_queue: return place;
+      case FilePlace::Joined::not_admitted: return nullptr;
+      case FilePlace::Joined::file_removed: forget(file); break;
+    }
+  }
+  throw_keeps_being_removed(request.name);
 }
 
 std::unique_ptr<CounterLine> FileBackend::counter_line(const std::string& name, std::int64_t permits,
@@ -138,25 +168,31 @@ Inspection FileBackend::inspect(const std::string& name, Deadline) {  // local: 
   StateFile::Guard guard(*file);
   file->sweep_dead();
   auto& h = file->header();
-  result.mode = h.mode == Mode::lock ? "lock" : h.mode == Mode::semaphore ? "semaphore" : "";
+  result.mode = to_string(queue_mode(h.mode));
   result.limit = h.limit;
   if (h.counter_set) result.permits = h.counter;
   std::vector<QueueEntryView> views;
   const auto host = host_name();  // every holder of a local file is on this host
-  for (std::size_t i = 0; i < h.count; ++i) {
-    const auto& slot = h.slots[i];
+  for (std::size_t i = 0; i < file->count(); ++i) {
+    const auto& slot = file->slot(i);
     EntryInfo info;
     info.fencing_token = slot.seq;
     info.permits = slot.permits;
     info.pid = slot.pid;
     info.host = host;
     info.label = file->label_of(slot);
+    if (slot.flags & kHasValue) info.value = read_value(*file, slot.seq);  // under the guard: whole
     info.since = std::chrono::system_clock::time_point(
         std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(slot.since_ns)));
     if (slot.kind == kCounterWaiter) {
       info.kind = "permits";
       result.waiters.push_back(info);
       continue;
+    }
+    if (StateFile::kept(slot)) {
+      const auto left = std::chrono::nanoseconds(slot.kept_until_ns - boottime_ns());
+      info.kept_until =
+          std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::system_clock::duration>(left);
     }
     info.kind = to_string(static_cast<EntryKind>(slot.kind));
     views.push_back({static_cast<EntryKind>(slot.kind), slot.permits});

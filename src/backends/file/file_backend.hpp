@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The embedded backend, file:// (processes and threads of one host, no server): the queue
 // storage the core's loop runs on (queue_store.hpp). This header is its table of contents.
 //
@@ -25,8 +26,11 @@
 // Files: this header (the backend, a hold, a place in the queue, a PermitCounter's line);
 // file_backend.cpp (the backend: its state files, joining, inspecting, fork), file_place.cpp
 // (a place in the queue), file_hold.cpp (a hold and the watcher of held names' files),
+// collect.cpp (removing the state files nobody uses: turnstile gc), values.* (election
+// candidates' values), leader_watch.cpp (what wakes a LeaderObserver),
 // counter_line.cpp (PermitCounter), entry_slot.* (what every entry does alike), state_file.*
-// (one name's state file), directory.* (the root directory), byte_watch.* (waits on lock bytes).
+// (one name's state file), directory.* (the root directory), byte_watch.* (waits on lock bytes),
+// local_entries.* (async waiters woken by our own entries, without a thread each).
 #pragma once
 
 #include <condition_variable>
@@ -47,6 +51,7 @@ namespace turnstile::detail {
 
 using file_state::current_generation;
 using file_state::DirectoryPins;
+using file_state::EntryFd;
 using file_state::Fd;
 using file_state::ForkLocked;
 using file_state::Header;
@@ -54,6 +59,14 @@ using file_state::register_for_fork;
 using file_state::StateFile;
 
 class FileHold;
+
+// How many times in a row a join or a counter operation may find the file it opened removed as
+// unused (each time someone else used the name and left in between) before it gives up, with
+// this BackendUnavailable.
+constexpr int kRemovedRetries = 100;
+[[noreturn]] inline void throw_keeps_being_removed(const std::string& name) {
+  throw BackendUnavailable("the state file of '" + name + "' keeps being removed under us");
+}
 
 // One client's view of a root directory of state files.
 class FileBackend final : public Backend, public ForkLocked {
@@ -68,6 +81,18 @@ class FileBackend final : public Backend, public ForkLocked {
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
                                    Standing& first) override;
   Inspection inspect(const std::string& name, Deadline deadline) override;
+  // Every name with a state file in the directory (state_names.cpp); local: no call to bound.
+  QueueNames queue_names(const std::string& prefix, std::size_t max_names, Deadline deadline) override;
+  // The state files of names under `prefix` nobody uses, and leftovers of crashed creators
+  // (collect.cpp).
+  std::vector<std::string> collect_unused(const std::string& prefix) override;
+  bool keeps_released_holds(EntryKind) const override { return true; }  // a kept slot (state.hpp)
+  bool tries_locally() const override { return true; }                  // decided under the state file's mutex
+  // Elections: candidates' values in value files beside the state file (values.hpp).
+  bool has_elections() const override { return true; }
+  // Woken by the leader's life byte and by the directory's events for the name's value files
+  // (leader_watch.cpp): no thread of its own.
+  std::unique_ptr<LeaderWatch> watch_leader(const std::string& name) override;
   const std::string& holder_label() const { return holder_label_; }
 
   // ---- PermitCounter (counter_line.cpp)
@@ -81,6 +106,9 @@ class FileBackend final : public Backend, public ForkLocked {
   // ---- the watcher of held names' state files (file_hold.cpp)
   void watch(FileHold* hold);
   void unwatch(FileHold* hold);
+  // Has the watcher look, while `file` keeps its name pinned with no hold, whether it is still
+  // at its path (StateFile::keeps_pin_in_place).
+  void check_kept_pin(const std::shared_ptr<StateFile>& file);
 
   // ---- the state files (file_backend.cpp)
   // Forgets `file` (no longer the file at its path): the next file(name) opens the current one.
@@ -102,12 +130,24 @@ class FileBackend final : public Backend, public ForkLocked {
  private:
   std::shared_ptr<StateFile> file(const std::string& name);
   void reopen_root_if_removed();
+  // Closes the files only this map refers to (of the names `closing` accepts), removing those
+  // nobody uses.
+  template <class Predicate>
+  void close_idle_files(Predicate closing);
   // Under files_mutex_: in a forked child, drops the parent's files and opens the directory anew.
   void adopt_after_fork_locked();
   // Whether `name` has a state file (nothing is created).
   bool has_state(const std::string& name);
+  bool remove_state_if_unused(const std::string& name);
+  bool remove_value_if_orphan(const std::string& file_name, const std::string& prefix);
+  // Runs `operation(StateFile&)` under the guard of the name's state file, once it is one still
+  // linked (counter_line.cpp).
+  template <class Operation>
+  auto with_linked_file(const std::string& name, Operation operation);
   struct WatchState;
   static void watch_loop(const std::shared_ptr<WatchState>& state);
+  static void check_kept_pins(WatchState& state, std::unique_lock<std::mutex>& lock);
+  void adopt_watch_after_fork_locked();
 
   std::string root_;
   Fd root_fd_;
@@ -124,6 +164,11 @@ class FileBackend final : public Backend, public ForkLocked {
     std::condition_variable cv;
     // An intrusive list through the holds themselves: watching costs no allocation per acquire.
     FileHold* holds = nullptr;
+    struct KeptPin {
+      const StateFile* file;
+      std::weak_ptr<StateFile> owner;
+    };
+    std::vector<KeptPin> kept_pins;  // files keeping their name pinned (StateFile::pin_for_hold)
     bool started = false;
     bool stop = false;
     bool checking = false;  // the thread is checking files, outside the mutex
@@ -137,13 +182,13 @@ class FileBackend final : public Backend, public ForkLocked {
 
 class FileHold final : public BackendHold {
  public:
-  FileHold(FileBackend& backend, std::shared_ptr<StateFile> file, Fd fd, std::uint64_t seq, EntryKind kind,
+  FileHold(FileBackend& backend, std::shared_ptr<StateFile> file, EntryFd fd, std::uint64_t seq, EntryKind kind,
            std::shared_ptr<LossSignal> loss)
       : backend_(backend), file_(std::move(file)), fd_(std::move(fd)), seq_(seq), kind_(kind), loss_(std::move(loss)) {
     try {
       backend_.watch(this);
     } catch (...) {
-      file_->unpin();  // taken for this hold by pin_if_current()
+      file_->hold_ended();  // counted for this hold by pin_for_hold()
       throw;
     }
   }
@@ -151,6 +196,11 @@ class FileHold final : public BackendHold {
     try {
       release();
     } catch (...) {
+      // Our bytes go unannounced: the waiters armed on them look again.
+      if (fd_) {
+        file_->local_entries().abandon();
+        file_->let_go(fd_, seq_);
+      }
     }
   }
 
@@ -158,7 +208,11 @@ class FileHold final : public BackendHold {
 
   // An exclusive entry becomes a shared one in place; readers behind it wake.
   void downgrade() override;
-  void release() override;
+  void release() override { leave_keeping(0); }
+  // Rewrites our value file while our slot is still there (file_hold.cpp).
+  void proclaim(const std::string& value) override;
+  // The slot stays, kept until then (Slot::kept_until_ns); the lock bytes go as on release.
+  void release_after(std::chrono::milliseconds keep_for) override;
 
   const std::shared_ptr<StateFile>& file() const { return file_; }
   const std::shared_ptr<LossSignal>& loss() const { return loss_; }
@@ -167,6 +221,8 @@ class FileHold final : public BackendHold {
   FileHold* watch_next = nullptr;
 
  private:
+  // Leaves: removes our slot, or with `kept_until_ns` (CLOCK_BOOTTIME) keeps it until then.
+  void leave_keeping(std::int64_t kept_until_ns);
   // A hold inherited through fork() is the parent's: the child never touches its entry or its
   // description (closed in the child at the fork).
   void refuse_if_inherited() {
@@ -178,7 +234,7 @@ class FileHold final : public BackendHold {
 
   FileBackend& backend_;
   std::shared_ptr<StateFile> file_;
-  Fd fd_;
+  EntryFd fd_;
   std::uint64_t seq_;
   EntryKind kind_;
   std::shared_ptr<LossSignal> loss_;
@@ -186,8 +242,8 @@ class FileHold final : public BackendHold {
 
 // ---- a place in the queue ------------------------------------------------------------------
 
-// Our entry in a name's queue: a slot of the state file, and the lock bytes it owns on a
-// description of its own.
+// Our entry in a name's queue: a slot of the state file, and the lock bytes it owns (on a
+// description of its own, or, waiting, on the one the process shares: EntryFd).
 class FilePlace final : public QueuePlace {
  public:
   FilePlace(FileBackend& backend, std::shared_ptr<StateFile> file, const QueueRequest& request)
@@ -195,21 +251,26 @@ class FilePlace final : public QueuePlace {
         limit_(request.limit) {}
   ~FilePlace() override { leave(); }
 
+  enum class Joined { in_queue, not_admitted, file_removed };
   // Adds our slot at the back and evaluates, in one step under the mutex. With `try_once` and
-  // not admitted (dead entries ahead swept first), adds nothing and returns false.
-  bool join(const QueueRequest& request, bool try_once, Standing& first);
+  // not admitted (dead entries ahead swept first), adds nothing: not_admitted. In a file
+  // removed as unused since it was opened, adds nothing: file_removed (join the one at the path).
+  Joined join(const QueueRequest& request, bool try_once, Standing& first);
   Standing look(Deadline deadline) override;
   void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override;
+  std::unique_ptr<WakeArm> arm(const Verdict& verdict, Deadline deadline, Wake wake) override;
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override;
   void leave() noexcept override;
 
  private:
   // Under the guard:
   void check_mode(const QueueRequest& request);
-  Verdict evaluate_as_newcomer(const Header& h);
-  void add_slot(Header& h, std::uint64_t seq, bool admitted);
+  Verdict evaluate_as_newcomer();
+  void add_slot(Header& h, std::uint64_t seq, bool admitted, bool has_value);
   Standing decided(const Verdict& verdict, const Header& h) const;
+  void remember_waited(const Verdict& verdict, const std::vector<std::uint64_t>& seqs, std::size_t ahead);
   bool sweep_dead_ahead();
+  Deadline until_first_kept_end(std::vector<std::uint64_t>& waited, Deadline deadline);
   // The state file was truncated or overwritten under us: our entry went with it and nothing
   // was held, so the backend forgets the file and the core joins again, in the one replacing it.
   [[noreturn]] void gone_with_file();
@@ -219,9 +280,11 @@ class FilePlace final : public QueuePlace {
   EntryKind kind_;
   std::int64_t permits_;
   std::int64_t limit_;
-  Fd fd_;
-  std::uint64_t seq_ = 0;            // 0: not in the queue
-  std::vector<std::uint64_t> seen_;  // the entries up to ours at the last look that waits
+  EntryFd fd_;
+  std::uint64_t seq_ = 0;                  // 0: not in the queue
+  std::vector<std::uint64_t> waited_for_;  // the entries the last look that waits names
+  bool waited_ = false;                    // since the join found the file in place (file())
+  bool check_waited_ = false;              // the next look removes those of them that died (a wait ended)
 };
 
 // ---- the PermitCounter's line --------------------------------------------------------------
@@ -239,6 +302,7 @@ class FileCounterLine final : public CounterLine {
   bool take(const CounterStanding& seen, Deadline deadline) override;
   void join(Deadline deadline) override;
   void wait(CounterWait wait, Deadline deadline, const std::stop_token& stop) override;
+  std::unique_ptr<WakeArm> arm(CounterWait wait, Deadline deadline, Wake wake) override;
   bool leave() noexcept override;
 
  private:
@@ -251,10 +315,11 @@ class FileCounterLine final : public CounterLine {
   std::shared_ptr<StateFile> file_;
   std::int64_t permits_;
   std::string label_;
-  Fd fd_;
-  std::uint64_t seq_ = 0;          // 0: not in line
-  std::uint64_t predecessor_ = 0;  // the waiter just ahead at the last read
-  std::uint32_t epoch_ = 0;        // the doorbell at the last read
+  EntryFd fd_;
+  std::uint64_t seq_ = 0;           // 0: not in line
+  std::uint64_t predecessor_ = 0;   // the waiter just ahead at the last read
+  bool check_predecessor_ = false;  // the next look removes it if it died (an armed wait)
+  std::uint32_t epoch_ = 0;         // the doorbell at the last read
 };
 
 }  // namespace turnstile::detail

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/file/os.hpp"
 
 #include <fcntl.h>
@@ -156,6 +157,30 @@ void futex_wait(std::uint32_t* word, std::uint32_t seen, Deadline deadline) {
 
 void futex_wake_all(std::uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
 
+// ---- storage of a sparse file ------------------------------------------------------------
+namespace {
+constexpr std::size_t kStoragePage = 4096;
+}
+
+void back_with_storage(int fd, std::size_t offset, std::size_t length, const std::string& name) {
+  const auto first = offset / kStoragePage * kStoragePage;
+  const auto last = (offset + length + kStoragePage - 1) / kStoragePage * kStoragePage;
+  int error;
+  do {
+    error = fallocate(fd, 0, static_cast<off_t>(first), static_cast<off_t>(last - first)) == 0 ? 0 : errno;
+  } while (error == EINTR);
+  if (error == EOPNOTSUPP) return;  // a file system without it: pages are allocated as touched
+  if (error != 0) fail_io("no room for the state of '" + name + "'", error);
+}
+
+void give_back_storage(int fd, std::size_t offset, std::size_t length) noexcept {
+  const auto first = (offset + kStoragePage - 1) / kStoragePage * kStoragePage;
+  const auto last = (offset + length) / kStoragePage * kStoragePage;
+  if (last <= first) return;
+  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first),
+            static_cast<off_t>(last - first));
+}
+
 // ---- this process and host -----------------------------------------------------------------
 
 pid_t my_pid() {
@@ -170,6 +195,12 @@ pid_t my_pid() {
 std::int64_t realtime_ns() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
+  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::int64_t boottime_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_BOOTTIME, &ts);
   return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the embedded backend takes from the C library, wrapped once: the one place where its
 // errors become turnstile exceptions, owned descriptors that a forked child never uses, OFD
 // locks on bytes, the futex doorbell, and small facts about this process and host.
@@ -6,6 +7,7 @@
 #include <sys/types.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -74,9 +76,21 @@ bool is_locked(int probe_fd, off_t start, off_t length);
 void futex_wait(std::uint32_t* word, std::uint32_t seen, Deadline deadline);
 void futex_wake_all(std::uint32_t* word);
 
+// ---- storage of a sparse file ------------------------------------------------------------
+// Backs the pages of [offset, offset + length) of a file with storage before anything is written
+// there. The file is sparse: a page is otherwise allocated when first touched, and on a full
+// file system (a 5 MB /run/lock) that touch is a SIGBUS, possibly with a mutex held. Asked only
+// when a write reaches a page not written before; refused with a clear error (naming `name`).
+void back_with_storage(int fd, std::size_t offset, std::size_t length, const std::string& name);
+// Gives the storage of the whole pages inside [offset, offset + length) back to the file system
+// (the file keeps its size; they read as zeros, and are backed again before the next write).
+// Best effort: a file system that cannot punch holes keeps them.
+void give_back_storage(int fd, std::size_t offset, std::size_t length) noexcept;
+
 // ---- this process and host -----------------------------------------------------------------
 pid_t my_pid();  // cached; forgotten in a forked child
 std::int64_t realtime_ns();
+std::int64_t boottime_ns();  // CLOCK_BOOTTIME: one clock for every process of this boot
 const std::string& boot_id();
 std::uint64_t fnv1a(const std::string& text);
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/file/state_file.hpp"
 
 #include <fcntl.h>
@@ -6,11 +7,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <bitset>
 #include <cstddef>
 #include <cstring>
 #include <random>
-#include <set>
 
 #include "backends/file/directory.hpp"
 #include "core/text_escape.hpp"
@@ -22,8 +21,6 @@ namespace {
 // Opening a state file that keeps being replaced or truncated under us gives up after this many
 // rounds (each round is a few system calls; a real fight ends in far fewer).
 constexpr int kOpenAttempts = 100;
-// A name keeps at most this many spare descriptions (each contender needs one of its own).
-constexpr std::size_t kSpareDescriptors = 2;
 // Encoded names longer than this use a hash prefix (file names stay well below NAME_MAX).
 constexpr std::size_t kLongestEncodedName = 200;
 
@@ -47,23 +44,6 @@ std::string encode_name(const std::string& name) {
 bool same_boot(const char (&id)[40]) { return std::strncmp(id, boot_id().c_str(), sizeof id) == 0; }
 bool same_boot(const Header& h) { return same_boot(h.boot_id); }
 
-constexpr std::size_t kPage = 4096;
-
-// Backs [offset, offset + length) of the state file with storage before anything is written
-// there. The file is sparse: a page is otherwise allocated when first touched, and on a full
-// file system (a 5 MB /run/lock) that touch is a SIGBUS, possibly with the mutex held. Asked
-// only when a write reaches a page not written before; refused with a clear error instead.
-void back_with_storage(int fd, std::size_t offset, std::size_t length, const std::string& name) {
-  const auto first = offset / kPage * kPage;
-  const auto last = (offset + length + kPage - 1) / kPage * kPage;
-  int error;
-  do {
-    error = fallocate(fd, 0, static_cast<off_t>(first), static_cast<off_t>(last - first)) == 0 ? 0 : errno;
-  } while (error == EINTR);
-  if (error == EOPNOTSUPP) return;  // a file system without it: pages are allocated as touched
-  if (error != 0) fail_io("no room for the state of '" + name + "'", error);
-}
-
 [[noreturn]] void refuse_foreign_file(const std::string& name) {
   throw AccessDenied("refusing the state file of '" + name +
                      "': not a regular file owned by this user (or, in a directory a group shares, by the group)");
@@ -74,21 +54,41 @@ void back_with_storage(int fd, std::size_t offset, std::size_t length, const std
 // ---- the mapping ---------------------------------------------------------------------------
 
 Mapping::Mapping(int fd) {
-  void* map = mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (map == MAP_FAILED) fail_io("mmap");
-  header_ = static_cast<Header*>(map);
+  // Address room only (no memory, no commit charge): the file's pages are mapped into it.
+  void* room = mmap(nullptr, kReserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (room == MAP_FAILED) fail_io("mmap");
+  header_ = static_cast<Header*>(room);
+  if (!extend(fd, kFirstCapacity)) {
+    munmap(room, kReserved);
+    header_ = nullptr;
+    fail_io("mmap");
+  }
 }
 
 Mapping::~Mapping() {
-  if (header_) munmap(header_, sizeof(Header));
+  if (header_) munmap(header_, kReserved);
 }
 
 Mapping& Mapping::operator=(Mapping&& other) noexcept {
   if (this != &other) {
-    if (header_) munmap(header_, sizeof(Header));
+    if (header_) munmap(header_, kReserved);
     header_ = std::exchange(other.header_, nullptr);
+    capacity_.store(other.capacity_.exchange(0), std::memory_order_release);
   }
   return *this;
+}
+
+// Only the pages not mapped yet are mapped (both ends are page boundaries): a thread reading the
+// header or mapped slots meanwhile never finds them gone.
+bool Mapping::extend(int fd, std::size_t capacity) noexcept {
+  const std::size_t mapped = capacity_.load(std::memory_order_relaxed);
+  const std::size_t from = mapped == 0 ? 0 : file_size(mapped);
+  const std::size_t to = file_size(capacity);
+  void* map = mmap(reinterpret_cast<char*>(header_) + from, to - from, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                   fd, static_cast<off_t>(from));
+  if (map == MAP_FAILED) return false;
+  capacity_.store(capacity, std::memory_order_release);
+  return true;
 }
 
 MappingAccess::MappingAccess(void* base, std::size_t size, std::atomic<bool>& broken)
@@ -142,36 +142,50 @@ void MappingAccess::install_sigbus_handler() {
 
 // ---- the robust mutex ----------------------------------------------------------------------
 
-StateFile::Guard::Guard(StateFile& file) : file_(file), access_(file.map_.get(), sizeof(Header), file.broken_) {
-  const int rc = pthread_mutex_lock(&file_.header().mutex);
+StateFile::Guard::Guard(StateFile& file) : file_(file), access_(file.map_.get(), Mapping::kReserved, file.broken_) {
+  after_lock(pthread_mutex_lock(&file_.header().mutex));
+}
+
+StateFile::Guard::Guard(StateFile& file, std::try_to_lock_t)
+    : file_(file), access_(file.map_.get(), Mapping::kReserved, file.broken_) {
+  const int rc = pthread_mutex_trylock(&file_.header().mutex);
+  owns_ = rc != EBUSY;
+  if (owns_) after_lock(rc);
+}
+
+void StateFile::Guard::after_lock(int rc) {
   if (rc == EOWNERDEAD) {
+    file_.fit_mapping();  // a process that grew the file may have died right after
     file_.repair();
     pthread_mutex_consistent(&file_.header().mutex);
   } else if (rc != 0) {
     fail_io("state mutex of '" + file_.name_ + "'", rc);
   }
   if (file_.header().magic != kMagic) file_.broken_.store(true, std::memory_order_relaxed);  // zeroed
+  file_.fit_mapping();  // one compare, unless another process grew the file
 }
 
-StateFile::Guard::~Guard() { pthread_mutex_unlock(&file_.header().mutex); }
+StateFile::Guard::~Guard() {
+  if (!owns_) return;
+  if (file_.local_.has_woken()) {
+    unlock_telling_woken();
+  } else {
+    pthread_mutex_unlock(&file_.header().mutex);
+  }
+}
+
+// Our entries dropped bytes under the guard: their armed waiters wake once the mutex is free, so
+// that their looks do not sleep on it once more. Out of line: the uncontended path skips it.
+void StateFile::Guard::unlock_telling_woken() noexcept {
+  const auto woken = file_.local_.take_woken();
+  pthread_mutex_unlock(&file_.header().mutex);
+  tell_released(woken);
+}
 
 void StateFile::check_intact() const {
   if (broken()) {
     throw BackendUnavailable("the state file of '" + name_ + "' was truncated or overwritten while in use");
   }
-}
-
-void StateFile::repair() {
-  // The previous owner died while changing the queue. A slot is complete when its seq is not 0
-  // (remove_at writes seq last); a seq seen twice is a slot caught mid-move, whose later copy
-  // is the one never overwritten (moves go towards the front). Then drop dead entries.
-  auto& h = header();
-  if (h.count > kCapacity) h.count = kCapacity;
-  std::set<std::uint64_t> seen;
-  for (std::size_t i = h.count; i-- > 0;) {
-    if (h.slots[i].seq == 0 || h.slots[i].seq > h.next_seq || !seen.insert(h.slots[i].seq).second) remove_at(i);
-  }
-  sweep_dead();
 }
 
 // ---- opening, creating, replacing ----------------------------------------------------------
@@ -181,6 +195,8 @@ bool StateFile::exists(int root_fd, const std::string& name) {
   return fstatat(root_fd, (encode_name(name) + ".s").c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
+std::string StateFile::base_of(const std::string& name) { return encode_name(name); }
+
 StateFile::StateFile(int root_fd, std::shared_ptr<DirectoryPins> pins, std::string name)
     : name_(std::move(name)), base_(encode_name(name_)), state_name_(base_ + ".s"), root_fd_(root_fd),
       pins_(std::move(pins)), pin_byte_(DirectoryPins::byte_of(name_)) {
@@ -188,7 +204,7 @@ StateFile::StateFile(int root_fd, std::shared_ptr<DirectoryPins> pins, std::stri
   open_or_create();
 }
 
-StateFile::~StateFile() = default;
+StateFile::~StateFile() { release_pin_locked(); }  // nobody else refers to us any more
 
 bool StateFile::made_by_the_group(const struct stat& file) const {
   struct stat dir {};
@@ -210,14 +226,18 @@ void StateFile::open_or_create() {
     struct stat st {};
     if (fstat(fd.get(), &st) != 0) fail_io("stat");
     if (!S_ISREG(st.st_mode) || (st.st_uid != geteuid() && !made_by_the_group(st))) refuse_foreign_file(name_);
-    if (static_cast<std::size_t>(st.st_size) != sizeof(Header)) {
+    if (!looks_current(fd, st)) {
       replace_truncated(fd, st);
       continue;
     }
     Mapping map(fd.get());
     std::uint64_t carried = 0;
-    const Found found = examine(map, carried);
+    const Found found = examine(fd, map, carried);
     if (found == Found::torn) continue;  // truncated while we looked: look again
+    if (found == Found::cut) {
+      replace_cut(fd, st, carried);
+      continue;
+    }
     if (found == Found::earlier_boot) {
       // Written before a reboot: its mutex may belong to a thread that no longer exists.
       replace(st.st_ino, carried);
@@ -233,24 +253,33 @@ void StateFile::open_or_create() {
   throw BackendUnavailable("cannot open the state of '" + name_ + "': it keeps changing");
 }
 
-StateFile::Found StateFile::examine(const Mapping& map, std::uint64_t& carried) const {
+bool StateFile::looks_current(const Fd& fd, const struct stat& st) {
+  std::uint32_t magic = 0;
+  return st.st_size >= static_cast<off_t>(file_size(kFirstCapacity)) &&
+         pread(fd.get(), &magic, sizeof magic, 0) == sizeof magic && magic == kMagic;
+}
+
+StateFile::Found StateFile::examine(const Fd& fd, const Mapping& map, std::uint64_t& carried) const {
   std::atomic<bool> torn{false};
   Found found;
   {
-    MappingAccess access(map.get(), sizeof(Header), torn);
+    MappingAccess access(map.get(), Mapping::kReserved, torn);
     const Header& h = *map.get();
-    if (h.magic == kMagic && h.version == 1) {
-      found = same_boot(h) ? Found::older_version : Found::earlier_boot;  // same size and counter position
-      carried = h.next_seq;
-    } else if (h.magic != kMagic || h.version != kVersion) {
+    carried = h.next_seq;
+    const std::size_t capacity = std::atomic_ref<const std::uint32_t>(h.capacity).load(std::memory_order_acquire);
+    struct stat now {};
+    if (h.magic != kMagic || h.version != kVersion) {
       found = Found::foreign;
     } else if (!same_boot(h)) {
       found = Found::earlier_boot;
-      carried = h.next_seq;
     } else if (h.name_length != name_.size() || std::memcmp(h.name, name_.data(), name_.size()) != 0) {
       found = Found::other_name;
+    } else if (capacity < kFirstCapacity || capacity > kMaxCapacity || capacity % kFirstCapacity != 0) {
+      found = Found::foreign;  // no capacity turnstile writes
     } else {
-      found = Found::ok;
+      // Sized after the capacity was read: a file grows before its capacity says so (grow()).
+      found =
+          fstat(fd.get(), &now) == 0 && now.st_size >= static_cast<off_t>(file_size(capacity)) ? Found::ok : Found::cut;
     }
   }
   return torn.load() ? Found::torn : found;
@@ -272,39 +301,41 @@ void StateFile::refuse(Found found) const {
   }
 }
 
-// A state file of the wrong size: ours truncated (its queue is gone) is replaced once no entry
-// still alive holds its bytes (each holder is told by its own check); anything else is refused.
+// A state file that does not start as one of this version, or is too short to map: an older
+// version's (whose magic was kOldMagic), ours truncated (its queue is gone), or something else,
+// refused.
 void StateFile::replace_truncated(const Fd& fd, const struct stat& st) {
-  std::uint32_t magic = 0;
-  const bool ours = st.st_size < static_cast<off_t>(sizeof magic) ||
-                    (pread(fd.get(), &magic, sizeof magic, 0) == sizeof magic && magic == kMagic);
-  if (!ours || st.st_size > static_cast<off_t>(sizeof(Header))) {
-    throw BackendUnavailable("the state file of '" + name_ + "' has an unexpected size (another turnstile version?)");
-  }
-  // An earlier version's file (smaller: version 2 kept no labels) starts as ours does. Written
-  // in this boot, processes of that version may use it (and a PermitCounter's count lives in it
-  // unlocked): never taken over. From an earlier boot: replaced, keeping the fencing counter.
-  static_assert(offsetof(Header, version) == 4 && offsetof(Header, boot_id) == 8);
   struct {
     std::uint32_t magic, version;
     char boot_id[40];
   } start{};
   std::uint64_t next_seq = 0;
-  if (st.st_size >= static_cast<off_t>(offsetof(Header, next_seq) + sizeof next_seq) &&
+  const bool whole_start =
       pread(fd.get(), &start, sizeof start, 0) == static_cast<ssize_t>(sizeof start) &&
-      pread(fd.get(), &next_seq, sizeof next_seq, offsetof(Header, next_seq)) ==
-          static_cast<ssize_t>(sizeof next_seq) &&
-      start.magic == kMagic && start.version != 0 && start.version < kVersion) {
+      pread(fd.get(), &next_seq, sizeof next_seq, offsetof(Header, next_seq)) == static_cast<ssize_t>(sizeof next_seq);
+  // Versions 1 to 5 start as ours does (state.hpp). Written in this boot, processes of that
+  // version may use it (and a PermitCounter's count lives in it unlocked): never taken over.
+  // From an earlier boot: replaced, keeping the fencing counter.
+  if (whole_start && start.magic == kOldMagic && start.version >= 1 && start.version < kVersion) {
     if (same_boot(start.boot_id)) refuse(Found::older_version);
     replace(st.st_ino, next_seq);
     return;
   }
+  // Too short to say whose it is, or one of this version cut short: ours.
+  const bool ours = st.st_size < 8 || (start.magic == kMagic && start.version == kVersion);
+  if (!ours) refuse(Found::foreign);
+  replace_cut(fd, st, whole_start ? next_seq : 0);
+}
+
+// Ours cut short (truncated by hand or a cleaner): replaced once no entry still alive holds its
+// bytes (each holder is told by its own check), keeping the fencing counter when it is readable.
+void StateFile::replace_cut(const Fd& fd, const struct stat& st, std::uint64_t carried) {
   if (is_locked(fd.get(), kByteBase, 0)) {
     throw StateFileInUse("the state file of '" + name_ +
                          "' was truncated and is still used by a live "
                          "process (which is told its hold is lost); try again once it has let go");
   }
-  replace(st.st_ino, 0);
+  replace(st.st_ino, carried);
 }
 
 // Replaces the state file whose inode is `ino` by a fresh one carrying the fencing counter, once
@@ -333,6 +364,7 @@ void StateFile::initialise(Header& header) const {
   pthread_mutexattr_setrobust(&attributes, PTHREAD_MUTEX_ROBUST);
   pthread_mutex_init(&header.mutex, &attributes);
   pthread_mutexattr_destroy(&attributes);
+  header.capacity = kFirstCapacity;
   header.name_length = static_cast<std::uint32_t>(name_.size());
   std::memcpy(header.name, name_.data(), name_.size());
 }
@@ -351,144 +383,21 @@ void StateFile::create() {
     ~RemoveTemp() { unlinkat(root_fd, temp.c_str(), 0); }
   } remove_temp{root_fd_, temp};
   // ftruncate fills with zeros without writing them: only the pages we touch use space, and
-  // those are backed first (the header and the first slots now, later ones as they are reached).
-  if (ftruncate(fd.get(), sizeof(Header)) != 0) fail_io("ftruncate");
-  back_with_storage(fd.get(), 0, offsetof(Header, slots) + sizeof(Slot), name_);
+  // those are backed first (the header now; labels and slots as they are reached).
+  if (ftruncate(fd.get(), static_cast<off_t>(file_size(kFirstCapacity))) != 0) fail_io("ftruncate");
+  back_with_storage(fd.get(), 0, offsetof(Header, labels), name_);
   initialise(*Mapping(fd.get()).get());
   if (pins_->pinned(pin_byte_)) {
     struct stat now {};
     if (fstatat(root_fd_, state_name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0) return;  // made meanwhile: open it
-    // The name's file was removed or moved away while a process holds something of it.
-    throw BackendUnavailable("the state file of '" + name_ + "' was removed while a live process still holds '" +
-                             name_ + "' (it is told its hold is lost); try again once it has let go");
+    // The name's file was removed or moved away while a process holds something of it (or one
+    // admitted in a file removed as unused pins the name for the moment it takes to notice).
+    throw StateFileInUse("the state file of '" + name_ + "' was removed while a live process still holds '" + name_ +
+                         "' (it is told its hold is lost); try again once it has let go");
   }
   if (linkat(root_fd_, temp.c_str(), root_fd_, state_name_.c_str(), 0) != 0 && errno != EEXIST) {
     fail_io("cannot publish the state of '" + name_ + "'");
   }
-}
-
-// ---- descriptions --------------------------------------------------------------------------
-
-Fd StateFile::checkout_descriptor() {
-  {
-    std::lock_guard lock(pool_mutex_);
-    if (!pool_.empty()) {
-      Fd fd = std::move(pool_.back());
-      pool_.pop_back();
-      return fd;
-    }
-  }
-  // Reopen through /proc so the new description is of this very file, even if the path changed.
-  const std::string self = "/proc/self/fd/" + std::to_string(fd_.get());
-  Fd fd(open(self.c_str(), O_RDWR | O_CLOEXEC));
-  if (!fd) fail_io("cannot reopen the state of '" + name_ + "'");
-  return fd;
-}
-
-void StateFile::return_descriptor(Fd fd) {
-  std::lock_guard lock(pool_mutex_);
-  if (pool_.size() < kSpareDescriptors) pool_.push_back(std::move(fd));
-}
-
-// ---- the slots, under the guard ------------------------------------------------------------
-
-std::ptrdiff_t StateFile::find(std::uint64_t seq) const {
-  const Header& h = *map_.get();
-  for (std::size_t i = 0; i < h.count; ++i) {
-    if (h.slots[i].seq == seq) return static_cast<std::ptrdiff_t>(i);
-  }
-  return -1;
-}
-
-// Writes whose order matters to a process that finds our state after we were killed between
-// two of them: the compiler must not reorder them (the CPU commits a dead thread's stores too).
-void StateFile::append(const Slot& slot, const std::string& label) {
-  auto& h = header();
-  // A slot that reaches a page no slot reached before: backed first (see back_with_storage).
-  const auto begin = offsetof(Header, slots) + h.count * sizeof(Slot);
-  if ((begin + sizeof(Slot) - 1) / kPage != (begin - 1) / kPage)
-    back_with_storage(fd_.get(), begin, sizeof(Slot), name_);
-  h.slots[h.count] = slot;
-  h.slots[h.count].label = 0;
-  if (!label.empty()) {
-    // A place no slot points to (there are as many places as slots, so one is free).
-    std::bitset<kCapacity> used;
-    for (std::size_t i = 0; i < h.count; ++i) {
-      if (h.slots[i].label != 0 && h.slots[i].label <= kCapacity) used.set(h.slots[i].label - 1u);
-    }
-    std::size_t free = 0;
-    while (used.test(free)) ++free;
-    const auto length = std::min(label.size(), kMaxLabel);
-    back_with_storage(fd_.get(), offsetof(Header, labels) + free * sizeof(Label), length + 1, name_);
-    std::memcpy(h.labels[free].text, label.data(), length);
-    h.labels[free].text[length] = '\0';
-    h.slots[h.count].label = static_cast<std::uint16_t>(free + 1);
-  }
-  h.next_seq = slot.seq;
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  ++h.count;  // only after the slot is written: a crash leaves no half entry
-}
-
-std::string StateFile::label_of(const Slot& slot) const {
-  if (slot.label == 0 || slot.label > kCapacity) return {};
-  const auto& text = map_.get()->labels[slot.label - 1u].text;
-  return std::string(text, strnlen(text, kMaxLabel));
-}
-
-void StateFile::remove_at(std::size_t index) {
-  // Slot by slot towards the front, each slot's seq cleared first and written last: killed at
-  // any point, we leave complete slots (one possibly twice, identical) and at most one slot
-  // with seq 0, which repair() drops. A memmove could leave a torn slot with a valid seq.
-  auto& h = header();
-  for (std::size_t i = index; i + 1 < h.count; ++i) {
-    Slot& to = h.slots[i];
-    const Slot& from = h.slots[i + 1];
-    std::atomic_ref<std::uint64_t>(to.seq).store(0, std::memory_order_relaxed);
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-    to.permits = from.permits;
-    to.since_ns = from.since_ns;
-    to.pid = from.pid;
-    to.kind = from.kind;
-    to.label = from.label;
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-    std::atomic_ref<std::uint64_t>(to.seq).store(from.seq, std::memory_order_relaxed);
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-  }
-  --h.count;
-}
-
-void StateFile::remove(std::uint64_t seq) {
-  if (const auto index = find(seq); index >= 0) remove_at(static_cast<std::size_t>(index));
-  recompute_mode();
-}
-
-bool StateFile::remove_if_dead(std::uint64_t seq) {
-  const auto index = find(seq);
-  if (index < 0 || is_locked(fd_.get(), byte_offset(seq, Byte::life), 1)) return false;
-  remove_at(static_cast<std::size_t>(index));
-  recompute_mode();
-  return true;
-}
-
-void StateFile::sweep_dead() {
-  auto& h = header();
-  for (std::size_t i = 0; i < h.count;) {
-    if (!is_locked(fd_.get(), byte_offset(h.slots[i].seq, Byte::life), 1)) {
-      remove_at(i);
-    } else {
-      ++i;
-    }
-  }
-  recompute_mode();
-}
-
-void StateFile::recompute_mode() {
-  auto& h = header();
-  for (std::size_t i = 0; i < h.count; ++i) {
-    if (h.slots[i].kind != kCounterWaiter) return;
-  }
-  h.mode = Mode::none;
-  h.limit = 0;
 }
 
 // The epoch is changed atomically everywhere: a stop callback rings without the mutex.
@@ -502,36 +411,41 @@ void StateFile::ring_counter() {
 }
 
 void StateFile::wake_counter_waiters() {
-  MappingAccess access(map_.get(), sizeof(Header), broken_);
+  MappingAccess access(map_.get(), Mapping::kReserved, broken_);
   std::atomic_ref<std::uint32_t>(header().counter_epoch).fetch_add(1, std::memory_order_relaxed);
   futex_wake_all(&header().counter_epoch);
 }
 
-// ---- validity and pins ---------------------------------------------------------------------
-
-bool StateFile::pin_if_current() {
-  pins_->pin(pin_byte_);
-  struct stat now {};
-  if (fstatat(root_fd_, state_name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == dev_ &&
-      now.st_ino == ino_) {
-    return true;
-  }
-  pins_->unpin(pin_byte_);
-  return false;
+bool StateFile::remove_if_unused() {
+  if (generation_ != current_generation() || broken()) return false;  // a parent's file: not ours
+  stop_keeping_pin();  // closing it: our own pin must not keep it (nobody here holds it)
+  // Busy means in use: skipped, and never a wait on a process paused inside the mutex (closing
+  // one name must not stall a client's other names).
+  Guard guard(*this, std::try_to_lock);
+  if (!guard.owns() || broken()) return false;
+  sweep_dead();
+  const auto& h = header();
+  // A PermitCounter's value lives only here; a pin means a holder (of this file, or of one
+  // removed by hand whose name it keeps from being made afresh).
+  if (h.removed || h.count != 0 || h.counter_set != 0 || pins_->pinned(pin_byte_)) return false;
+  // At its path, it is linked and whole (the path's inode is this file's).
+  if (!at_its_path()) return false;
+  if (unlinkat(root_fd_, state_name_.c_str(), 0) != 0) return false;
+  // Before the mutex is let go: whoever takes it next and opened this file before sees the mark
+  // and adds nothing to it (removed_as_unused).
+  std::atomic_ref<std::uint32_t>(header().removed).store(1, std::memory_order_release);
+  return true;
 }
 
-void StateFile::unpin() { pins_->unpin(pin_byte_); }
+bool StateFile::removed_as_unused() {
+  MappingAccess access(map_.get(), Mapping::kReserved, broken_);
+  return std::atomic_ref<std::uint32_t>(header().removed).load(std::memory_order_acquire) != 0;
+}
 
 bool StateFile::still_valid() {
-  if (broken()) return false;
-  struct stat mine {
-  }, now{};
-  if (fstat(fd_.get(), &mine) != 0 || mine.st_nlink == 0 || mine.st_size != static_cast<off_t>(sizeof(Header))) {
-    return false;
-  }
-  if (fstatat(root_fd_, state_name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) return false;
-  if (now.st_dev != dev_ || now.st_ino != ino_) return false;
-  MappingAccess access(map_.get(), sizeof(Header), broken_);
+  // At its path, it is linked and whole (the path's inode is this file's): no fstat of our own.
+  if (broken() || !at_its_path()) return false;
+  MappingAccess access(map_.get(), Mapping::kReserved, broken_);
   return header().magic == kMagic && !broken();
 }
 

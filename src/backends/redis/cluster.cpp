@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/redis/cluster.hpp"
 
 #include <poll.h>
@@ -7,6 +8,7 @@
 #include <climits>
 #include <future>
 #include <limits>
+#include <set>
 #include <utility>
 
 namespace turnstile::detail::redis {
@@ -23,6 +25,10 @@ constexpr milliseconds kRetryPause{100};
 constexpr int kMaxRedirects = 16;
 // A map read this recently is not read again for another caller's failure.
 constexpr milliseconds kMinRefreshInterval{50};
+// The most a node asked for the map may take while others are left to ask: a healthy node
+// answers a new connection's hello and CLUSTER SLOTS in a few round trips, and a SIGSTOPped one
+// (or one behind a dead link) must not use up a fair share of a long connect timeout.
+constexpr milliseconds kMapAttempt{500};
 
 std::uint16_t crc16(std::string_view data) {
   std::uint16_t crc = 0;
@@ -69,21 +75,30 @@ std::string tag_for_slot(int slot) {
 }
 
 Router::Router(Settings settings, std::vector<const Script*> scripts,
-               std::function<void(const std::string&)> on_server_changed, std::chrono::milliseconds max_backoff)
+               std::function<void(const std::string&)> on_server_changed, std::chrono::milliseconds max_backoff,
+               Router* map_from)
     : settings_(std::move(settings)), scripts_(std::move(scripts)), on_server_changed_(std::move(on_server_changed)),
       max_backoff_(max_backoff) {
   if (!settings_.cluster()) {
     single_ = std::make_unique<Connection>(settings_, scripts_, on_server_changed_, max_backoff_);
     return;
   }
+  if (map_from) {
+    // The map just read by the client's other router: reading it again would double what a
+    // slow or stopped first node costs a connect.
+    std::lock_guard lock(map_from->mutex_);
+    slots_ = map_from->slots_;
+    addresses_ = map_from->addresses_;
+    strangers_ = map_from->strangers_;
+    refreshed_at_ = map_from->refreshed_at_;
+    return;
+  }
   slots_.assign(kClusterSlots, -1);
   auto until = SteadyClock::now() + kConnectTimeout;
   if (settings_.connect_by) until = *settings_.connect_by;
-  if (!refresh(until)) {
-    // Ask the first seed once more for its error: unreachable, refused, or no cluster.
-    const auto& seed = settings_.cluster_seeds.front();
-    node(seed.host + ":" + std::to_string(seed.port)).command({"CLUSTER", "SLOTS"}, Deadline(SteadyClock::now()));
-    throw BackendUnavailable("no node of " + settings_.description + " answered CLUSTER SLOTS");
+  std::string failures;
+  if (!refresh(until, {}, &failures)) {
+    throw BackendUnavailable("no node of " + settings_.description + " answered CLUSTER SLOTS: " + failures);
   }
 }
 
@@ -151,46 +166,122 @@ bool Router::adopt_map(std::vector<int> slots, std::vector<std::string> addresse
   return changed && !first_map;
 }
 
-bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop) {
-  std::unique_lock busy(refreshing_, std::defer_lock);
-  if (!busy.try_lock_until(until)) return false;
+std::vector<std::string> Router::map_sources() {
+  std::lock_guard lock(mutex_);
+  // The URL's nodes, then every node the map has named; starting where the last pass started
+  // + 1, so one node that answers wrongly does not answer every time. A server that said it is
+  // no cluster node is left out.
   std::vector<std::string> candidates;
-  {
-    std::lock_guard lock(mutex_);
-    if (SteadyClock::now() - refreshed_at_ < kMinRefreshInterval) return true;  // another caller just did
-    // The URL's nodes, then every node the map has named; starting where the last pass
-    // started + 1, so one node that answers wrongly does not answer every time.
-    for (const auto& seed : settings_.cluster_seeds) candidates.push_back(seed.host + ":" + std::to_string(seed.port));
-    for (const auto& address : addresses_) {
-      if (std::find(candidates.begin(), candidates.end(), address) == candidates.end()) candidates.push_back(address);
-    }
+  for (const auto& seed : settings_.cluster_seeds) candidates.push_back(seed.host + ":" + std::to_string(seed.port));
+  for (const auto& address : addresses_) {
+    if (std::find(candidates.begin(), candidates.end(), address) == candidates.end()) candidates.push_back(address);
+  }
+  std::erase_if(candidates, [&](const std::string& address) { return strangers_.count(address) > 0; });
+  if (!candidates.empty()) {
     std::rotate(candidates.begin(), candidates.begin() + static_cast<long>(next_seed_++ % candidates.size()),
                 candidates.end());
   }
+  return candidates;
+}
+
+bool Router::refresh(SteadyClock::time_point until, const std::stop_token& stop, std::string* failures) {
+  std::unique_lock busy(refreshing_, std::defer_lock);
+  if (!busy.try_lock_until(until)) return false;
+  {
+    std::lock_guard lock(mutex_);
+    if (SteadyClock::now() - refreshed_at_ < kMinRefreshInterval) return true;  // another caller just did
+  }
+  const auto candidates = map_sources();
+  const auto failed = [&](const std::string& why) {
+    if (failures) *failures += (failures->empty() ? "" : "; ") + why;
+  };
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     const auto now = SteadyClock::now();
     if (now >= until || stop.stop_requested()) return false;
-    const auto share =
-        std::max<SteadyClock::duration>((until - now) / static_cast<long>(candidates.size() - i), milliseconds(300));
-    Reply reply;
+    // The last node asked gets all the time left (a slow network still gets its answer).
+    const SteadyClock::duration share =
+        i + 1 == candidates.size()
+            ? until - now
+            : std::min<SteadyClock::duration>(
+                  std::max<SteadyClock::duration>((until - now) / static_cast<long>(candidates.size() - i),
+                                                  milliseconds(300)),
+                  kMapAttempt);
+    Result answer;
     try {
-      reply = node(candidates[i]).command({"CLUSTER", "SLOTS"}, {std::min(until, now + share), stop});
+      // A node that refuses connections (down) or is in its reconnect backoff is passed over
+      // at once: the next may answer, and a CLI run must not wait out a dead first seed.
+      answer = node(candidates[i])
+                   .command_result({"CLUSTER", "SLOTS"},
+                                   {.budget = {std::min(until, now + share), stop}, .fail_fast = true});
     } catch (const AccessDenied&) {
       throw;
     } catch (const EvictingServer&) {
       throw;  // the whole cluster is refused: this node would serve some names
-    } catch (const BackendUnavailable&) {
+    } catch (const BackendUnavailable& error) {
+      failed(error.what());
       continue;
     }
-    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0) continue;  // no slots assigned yet
+    if (!answer.ok()) {
+      failed(refused_slot_map(candidates[i], answer.error));
+      continue;
+    }
+    const auto* reply = answer.reply.get();
     std::vector<int> slots(kClusterSlots, -1);
     std::vector<std::string> addresses;
-    if (!read_slot_map(reply.get(), candidates[i].substr(0, candidates[i].rfind(':')), slots, addresses)) continue;
+    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
+        !read_slot_map(reply, candidates[i].substr(0, candidates[i].rfind(':')), slots, addresses)) {
+      failed(candidates[i] + " has no slots assigned (or answered CLUSTER SLOTS oddly)");
+      continue;
+    }
     const bool changed = adopt_map(std::move(slots), std::move(addresses));
     if (changed && on_server_changed_) on_server_changed_(std::string());
     return true;
   }
   return false;
+}
+
+std::string Router::refused_slot_map(const std::string& address, const std::exception_ptr& error) {
+  std::string why;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& refusal) {
+    why = refusal.what();
+  }
+  // Redis without cluster-enabled answers "ERR This instance has cluster support disabled".
+  if (why.find("cluster support disabled") == std::string::npos) return why;
+  bool connecting;
+  {
+    std::lock_guard lock(mutex_);
+    strangers_.insert(address);  // never asked again, nor listened on
+    connecting = addresses_.empty();
+  }
+  const auto message = "redis at " + address + ", named in " + settings_.description +
+                       ", is not a node of a Redis Cluster (cluster support disabled): name the cluster's nodes, "
+                       "or use redis:// for a single server";
+  // At connect the URL is wrong: said at once, whatever the other nodes would answer.
+  if (connecting) throw BackendUnavailable(message);
+  return message;
+}
+
+std::vector<SentinelAddress> Router::listening_nodes() {
+  std::vector<SentinelAddress> found;
+  const auto add = [&](const std::string& address) {
+    const auto colon = address.rfind(':');
+    found.push_back(
+        {address.substr(0, colon), std::stoi(address.substr(colon + 1)), address + " (a node of the redis cluster)"});
+  };
+  std::lock_guard lock(mutex_);
+  // The primaries that serve slots, by the latest map: members for certain, and alive then.
+  for (std::size_t i = 0; i < addresses_.size(); ++i) {
+    if (std::find(slots_.begin(), slots_.end(), static_cast<int>(i)) != slots_.end()) add(addresses_[i]);
+  }
+  for (const auto& seed : settings_.cluster_seeds) {
+    const auto address = seed.host + ":" + std::to_string(seed.port);
+    if (!strangers_.count(address) && std::find(addresses_.begin(), addresses_.end(), address) == addresses_.end()) {
+      found.push_back(seed);
+    }
+  }
+  return found;
 }
 
 void Router::refresh_by(const CallBudget& budget) {
@@ -405,5 +496,28 @@ void Router::follow(const std::string& server) {
 }
 
 bool Router::primary_moved(const std::string& address) { return single_ && single_->primary_moved(address); }
+
+std::vector<std::string> Router::primaries(const CallBudget& budget) {
+  if (single_) return {""};
+  const auto serving = [&] {
+    std::lock_guard lock(mutex_);
+    std::set<std::string> found;
+    for (const int index : slots_) {
+      if (index >= 0) found.insert(addresses_[index]);
+    }
+    return found;
+  };
+  auto found = serving();
+  if (found.empty()) {
+    refresh_by(budget);
+    found = serving();
+  }
+  if (found.empty()) throw BackendUnavailable("no node of " + settings_.description + " serves any hash slot");
+  return {found.begin(), found.end()};
+}
+
+Reply Router::command_at(const std::string& address, const Command& command, const CallBudget& budget) {
+  return single_ ? single_->command(command, budget) : node(address).command(command, budget);
+}
 
 }  // namespace turnstile::detail::redis

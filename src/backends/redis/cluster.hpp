@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the Redis backend calls: one Connection (redis://, redis+sentinel://), or with
 // redis+cluster:// a small cluster client of turnstile's own (Debian's hiredis 0.14 has none):
 // the slot map from CLUSTER SLOTS, one Connection per node, each call routed by its first key's
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,9 +37,10 @@ class Router {
   // connect timeout), so a bad URL, password or a server that is no cluster fails at once.
   // on_server_changed(server) as for Connection; with a cluster also ("") when the slot map
   // changed (a failover, a resharding).
+  // With `map_from` (another router of the same URL), its slot map is taken instead.
   Router(Settings settings, std::vector<const Script*> scripts,
          std::function<void(const std::string& server)> on_server_changed,
-         std::chrono::milliseconds max_backoff = kMaxReconnectBackoff);
+         std::chrono::milliseconds max_backoff = kMaxReconnectBackoff, Router* map_from = nullptr);
   ~Router();
   Router(const Router&) = delete;
   Router& operator=(const Router&) = delete;
@@ -47,6 +50,14 @@ class Router {
   // (options.asking is the router's own.)
   Reply eval(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
              const CallOptions& options);
+  // As Connection's, without a cluster; with one, false (the caller calls eval()).
+  bool send_pipelined(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
+                      Answer answer) {
+    return single_ && single_->send_pipelined(script, keys, args, std::move(answer));
+  }
+  void collect_pending(SteadyClock::time_point until) {
+    if (single_) single_->collect_pending(until);
+  }
   // As Connection's: one round trip per node; each Result says which server answered it.
   std::vector<Result> eval_each(const std::vector<ScriptCall>& calls, const CallBudget& budget);
   std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, const CallBudget& budget);
@@ -61,7 +72,13 @@ class Router {
   const Settings& settings() const { return settings_; }
   // With a cluster: reads the slot map again, from the nodes in turn, by `until`. False when no
   // node answered. Calls on_server_changed("") when the map changed.
-  bool refresh(SteadyClock::time_point until, const std::stop_token& stop = {});
+  // `failures` (optional) receives why each node asked did not answer. At connect (no map yet)
+  // a server that is no cluster node fails the call with BackendUnavailable, saying so; later
+  // such a server is passed over.
+  bool refresh(SteadyClock::time_point until, const std::stop_token& stop = {}, std::string* failures = nullptr);
+  // With a cluster: the nodes a subscriber may listen on, the best first: the primaries the map
+  // has serve slots, then the URL's other nodes (never one that said it is no cluster node).
+  std::vector<SentinelAddress> listening_nodes();
   // With a cluster: host:port of the node serving `key`'s slot by the map ("" when unknown).
   std::string owner(const std::string& key);
   // With a cluster: whether the map has `address` (host:port) serve any slot. A primary demoted
@@ -69,9 +86,18 @@ class Router {
   bool serves_slots(const std::string& address);
   // With a cluster: whether a connection to `address` (host:port) was ever made here.
   bool knows_node(const std::string& address);
+  // The primaries serving slots (the map read first when there is none yet), for a call every
+  // primary must answer (SCAN); without a cluster, one "" for the one server.
+  std::vector<std::string> primaries(const CallBudget& budget);
+  // A plain command on the primary at `address` (one of primaries()), not redirected.
+  Reply command_at(const std::string& address, const Command& command, const CallBudget& budget);
 
  private:
   Connection& node(const std::string& address);
+  // The nodes to ask for the slot map, in this pass's order.
+  std::vector<std::string> map_sources();
+  // Why `address` did not give its slot map (its error reply `error`); see refresh().
+  std::string refused_slot_map(const std::string& address, const std::exception_ptr& error);
   // Takes a slot map read from a node; true when it differs from the one before (not the first).
   bool adopt_map(std::vector<int> slots, std::vector<std::string> addresses);
   // refresh() by the deadline, at most a connect timeout.
@@ -96,6 +122,7 @@ class Router {
   std::vector<std::string> addresses_;  // node index -> host:port (the host unbracketed, as MOVED writes it)
   std::map<std::string, std::unique_ptr<Connection>> nodes_;  // never erased: references stay valid
   std::size_t next_seed_ = 0;                                 // where the next refresh starts asking
+  std::set<std::string> strangers_;                           // host:port of servers that said they are no cluster node
   SteadyClock::time_point refreshed_at_{};
 };
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/redis/connection.hpp"
 
 #include <fcntl.h>
@@ -23,12 +24,29 @@ constexpr auto kFirstBackoff = milliseconds(50);
 
 }  // namespace
 
+// A script call sent without waiting for its reply (send_pipelined).
+struct Connection::Owed {
+  std::string call;  // "script NAME", for messages
+  Answer answer;
+};
+
 struct Connection::Link {
   Context context;
   std::string server;  // Opened::server
   std::uint64_t generation = 0;
   SteadyClock::time_point last_reply{};
-  bool used = false;  // completed a call
+  bool used = false;          // completed a call
+  std::vector<Owed> pending;  // replies the server owes on this link, in order
+
+  // A link closed (dropped, or its Connection ending) with replies owed: their outcome is unknown.
+  ~Link() {
+    for (auto& owed : pending) {
+      Result failed;
+      failed.error = std::make_exception_ptr(
+          BackendUnavailable("the connection to redis closed before the reply to " + owed.call + " came"));
+      owed.answer(std::move(failed));
+    }
+  }
 };
 
 namespace {
@@ -117,11 +135,10 @@ std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
     if (wait.stop.stop_requested()) {
       throw BackendUnavailable("the call to redis at " + settings_.description + " was cancelled (stop requested)");
     }
-    if (!idle_.empty()) {
-      auto link = std::move(idle_.back());  // the most recently used: the least likely to be stale
-      idle_.pop_back();
+    if (auto link = take_idle_locked()) {
       lock.unlock();
-      if (looks_alive(link->context.get())) return link;
+      // Owed replies make the socket readable: the exchange that reads them shows it alive.
+      if (!link->pending.empty() || looks_alive(link->context.get())) return link;
       link.reset();
       lock.lock();
       --links_;
@@ -129,7 +146,7 @@ std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
     }
     if (links_ < kMaxLinks) {
       if (SteadyClock::now() < next_attempt_) {
-        if (wait.try_once || wait.until < next_attempt_) {
+        if (wait.try_once || wait.fail_fast || wait.until < next_attempt_) {
           throw BackendUnavailable("redis at " + settings_.description + " is unreachable (reconnecting)");
         }
         wait_returned(lock, next_attempt_, wait.stop);
@@ -145,6 +162,96 @@ std::unique_ptr<Connection::Link> Connection::checkout(const Wait& wait) {
       throw BackendUnavailable("every connection to redis at " + settings_.description +
                                " stayed busy until the deadline");
     }
+  }
+}
+
+std::unique_ptr<Connection::Link> Connection::take_idle_locked() {
+  if (idle_.empty()) return nullptr;
+  // The most recently used that owes replies (so a call goes out after them, on their
+  // connection), else the most recently used: the least likely to be stale.
+  auto owing = std::find_if(idle_.rbegin(), idle_.rend(), [](const auto& link) { return !link->pending.empty(); });
+  const auto it = owing == idle_.rend() ? std::prev(idle_.end()) : std::prev(owing.base());
+  auto link = std::move(*it);
+  idle_.erase(it);
+  return link;
+}
+
+void Connection::answer(std::vector<Owed>& owed, std::vector<Reply>& replies, const std::string& failure,
+                        const std::string& server) const {
+  for (std::size_t i = 0; i < owed.size(); ++i) {
+    Result result;
+    result.server = server;
+    if (i < replies.size()) {
+      result.error = reply_error(settings_, owed[i].call, replies[i].get());
+      if (result.ok()) result.reply = std::move(replies[i]);
+    } else {
+      result.error = std::make_exception_ptr(BackendUnavailable("redis at " + settings_.description + " failed (" +
+                                                                failure + ") before answering " + owed[i].call +
+                                                                "; the outcome is unknown"));
+    }
+    owed[i].answer(std::move(result));
+  }
+}
+
+bool Connection::settle_owed(std::unique_ptr<Link>& link, const Wait& wait) {
+  auto owed = std::exchange(link->pending, {});
+  std::vector<Reply> replies;
+  const auto why = read_replies(link->context.get(), owed.size(), replies, wait.reply_until(), wait.cancel_fd);
+  const auto server = link->server;
+  if (why.empty()) {
+    link->last_reply = SteadyClock::now();
+  } else {
+    discard(std::move(link), false);
+  }
+  answer(owed, replies, why, server);
+  return why.empty();
+}
+
+bool Connection::send_pipelined(const Script& script, const std::vector<std::string>& keys,
+                                const std::vector<std::string>& args, Answer answer) {
+  auto command = eval_command(script, keys, args, true);
+  if (command.front() != "EVALSHA") return false;  // not loaded yet: eval() loads it
+  std::unique_ptr<Link> link;
+  {
+    std::lock_guard lock(mutex_);
+    link = take_idle_locked();
+  }
+  if (!link) return false;
+  if (link->pending.empty() && !looks_alive(link->context.get())) {
+    discard(std::move(link), false);
+    return false;
+  }
+  std::string out;
+  if (!append_command(out, command)) {
+    checkin(std::move(link));
+    return false;
+  }
+  link->pending.push_back({"script " + script.name, std::move(answer)});
+  // A few hundred bytes into an idle socket's buffer: written at once, or the link is broken.
+  if (!write_all(link->context.get(), out, SteadyClock::now() + kReplyTimeout).empty()) {
+    discard(std::move(link), false);  // its answers (this one too) learn the outcome is unknown
+    return true;
+  }
+  checkin(std::move(link));
+  return true;
+}
+
+void Connection::collect_pending(SteadyClock::time_point until) {
+  std::vector<std::unique_ptr<Link>> owing;  // out of the pool meanwhile, still counted in links_
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = idle_.begin(); it != idle_.end();) {
+      if ((*it)->pending.empty()) {
+        ++it;
+        continue;
+      }
+      owing.push_back(std::move(*it));
+      it = idle_.erase(it);
+    }
+  }
+  const Wait wait(until);
+  for (auto& link : owing) {
+    if (settle_owed(link, wait)) checkin(std::move(link));
   }
 }
 
@@ -169,7 +276,7 @@ std::unique_ptr<Connection::Link> Connection::open_counted(std::unique_lock<std:
     next_attempt_ = SteadyClock::now() + backoff_;
   }
   notify_returned();
-  if (!may_retry || wait.try_once || wait.until < next_attempt_ || wait.stop.stop_requested()) {
+  if (!may_retry || wait.try_once || wait.fail_fast || wait.until < next_attempt_ || wait.stop.stop_requested()) {
     std::rethrow_exception(failure);
   }
   return nullptr;
@@ -247,11 +354,17 @@ std::vector<Reply> Connection::run(const std::vector<Command>& commands, const W
   }
   for (;;) {
     auto link = checkout(wait);  // throws once a stop is requested
+    // What must not be resent goes only to a link shown alive: its owed replies show it first.
+    if (!options.idempotent && !link->pending.empty() && !settle_owed(link, wait)) continue;
     if (!options.idempotent && !shown_alive(link, wait)) continue;
     bool sent = false;
     std::vector<Reply> replies;
-    const auto why =
-        exchange(link->context.get(), asking ? asked : commands, replies, wait.reply_until(), wait.cancel_fd, &sent);
+    // Our commands go out at once; the replies owed from before come first.
+    auto owed = std::exchange(link->pending, {});
+    std::vector<Reply> earlier;
+    const auto why = exchange(link->context.get(), asking ? asked : commands, replies, wait.reply_until(),
+                              wait.cancel_fd, &sent, {owed.size(), &earlier});
+    if (!owed.empty()) answer(owed, earlier, why, link->server);
     if (why.empty() && asking) replies.erase(replies.begin());  // ASKING's OK
     if (why.empty()) {
       link->last_reply = SteadyClock::now();
@@ -417,7 +530,8 @@ bool Connection::watch_idle(SteadyClock::time_point until, int wake_fd) {
 
 int Connection::lend_idle() {
   std::lock_guard lock(mutex_);
-  if (lent_ || idle_.empty()) return -1;
+  // A link owing replies is readable by design: not one to watch for a server going away.
+  if (lent_ || idle_.empty() || !idle_.back()->pending.empty()) return -1;
   lent_ = std::move(idle_.back());
   idle_.pop_back();
   return lent_->context->fd;
@@ -443,7 +557,9 @@ Result Connection::command_result(const Command& command, CallOptions options) {
   Result result;
   options.idempotent = true;
   options.server = &result.server;
-  auto replies = run({command}, Wait(options.budget.deadline(), options.budget.stop(), cancel.fd()), options);
+  Wait wait(options.budget.deadline(), options.budget.stop(), cancel.fd());
+  wait.fail_fast = options.fail_fast;
+  auto replies = run({command}, wait, options);
   result.error = reply_error(settings_, command.front(), replies.front().get());
   if (result.ok()) result.reply = std::move(replies.front());
   return result;

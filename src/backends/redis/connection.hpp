@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Redis connections over hiredis 0.14, hardened: every socket is close-on-exec from its
 // creation, every network wait ends by the caller's deadline (capped), replies are bounded in
 // size, every error reply becomes a typed error, and a connection the server or a NAT may have
@@ -66,6 +67,12 @@ HostPort ask_sentinels(const Settings& settings, SteadyClock::time_point until, 
 
 using ScriptCall = std::tuple<const Script*, std::vector<std::string>, std::vector<std::string>>;
 
+// What becomes of a script call sent without waiting for its reply (Connection::send_pipelined):
+// called exactly once, from whichever thread reads the reply, with the reply or its typed
+// error; BackendUnavailable when the connection failed or closed before the reply came (the
+// outcome is unknown then).
+using Answer = std::function<void(Result)>;
+
 // After a call's replies came, a command to send on the same connection (WAIT counts the
 // replicas that have that connection's writes), or none.
 using FollowUp = std::function<std::optional<Command>(const std::vector<Reply>&)>;
@@ -89,6 +96,8 @@ struct CallOptions {
   Reply* follow_reply = nullptr;
   // Sends ASKING first, in the same round trip (a cluster's ASK redirection).
   bool asking = false;
+  // Plain commands only (command_result): see Wait::fail_fast.
+  bool fail_fast = false;
 };
 
 class Connection {
@@ -123,6 +132,18 @@ class Connection {
                                 std::string* server = nullptr);
   // The same, throwing the first call's error reply as its typed error.
   std::vector<Reply> eval_pipelined(const std::vector<ScriptCall>& calls, const CallBudget& budget);
+  // Sends an idempotent script call on an idle connection without waiting for its reply. The
+  // reply goes to `answer`: read by the next call on that connection (whose commands go out
+  // after this one, and which reads this reply before its own: the server answers in order),
+  // by collect_pending(), or failed when the connection closes. A call that finds several
+  // connections idle takes one that owes replies first. False (nothing sent, `answer` dropped)
+  // when no connection is idle and alive or the scripts are not loaded yet: call eval() then.
+  bool send_pipelined(const Script& script, const std::vector<std::string>& keys, const std::vector<std::string>& args,
+                      Answer answer);
+  // Reads the replies owed on idle connections, by `until`, and hands them to their answers; a
+  // connection that fails or has not answered by then is dropped (its answers get
+  // BackendUnavailable).
+  void collect_pending(SteadyClock::time_point until);
   // A plain command, retried like an idempotent script; error replies throw typed errors.
   Reply command(const Command& command, const CallBudget& budget) {
     return command_result(command, {.budget = budget}).take();
@@ -156,6 +177,17 @@ class Connection {
 
  private:
   struct Link;
+  struct Owed;
+  // An idle link (mutex_ held): the most recently used one that owes replies, else the most
+  // recently used; null when none is idle.
+  std::unique_ptr<Link> take_idle_locked();
+  // Hands the replies read for `owed` to their answers; those without one (`failure` says why)
+  // get BackendUnavailable.
+  void answer(std::vector<Owed>& owed, std::vector<Reply>& replies, const std::string& failure,
+              const std::string& server) const;
+  // Reads the replies `link` owes (by `wait`) and answers them; false when the link failed (it
+  // is discarded then).
+  bool settle_owed(std::unique_ptr<Link>& link, const Wait& wait);
   // An idle live connection, or a new one; waits (by `wait.until`) when kMaxLinks are busy.
   std::unique_ptr<Link> checkout(const Wait& wait);
   void checkin(std::unique_ptr<Link> link);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/redis/redis_backend.hpp"
 #include "backends/redis/scripts.hpp"
 
@@ -30,6 +31,12 @@ class RedisCounterLine final : public CounterLine {
     const CallBudget budget(deadline, stop);
     if (listener_.subscribe(budget)) return;
     listener_.sleep(backend_.recheck_interval(), budget);
+  }
+  // The same without a thread: a message (the count changed) wakes the first in line, and the
+  // watchdog's rounds stand in for the re-check (our place in line lives by our looks).
+  std::unique_ptr<WakeArm> arm(CounterWait, Deadline, Wake wake) override {
+    if (backend_.waiters_.recheck(listener_.waiter)) backend_.renew_soon();  // its rounds come often now
+    return listener_.arm(std::move(wake));
   }
   bool leave() noexcept override {
     if (settled_) return taken_;
@@ -103,10 +110,10 @@ class RedisCounterLine final : public CounterLine {
     if (status != 2) throw BackendUnavailable("redis answered counter_acquire with status " + std::to_string(status));
     const auto place = token_at(reply.get(), 1);
     const auto head = token_at(reply.get(), 2);
-    backend_.waiters_.update(listener_.waiter, [&](Waiters::Waiter& w) { w.place = place; });
+    backend_.waiters_.set_place(keys_.channel, listener_.waiter, place);
     // The message that woke us may have been meant for the first in line: if that is one of
     // ours, it looks now rather than at its next re-check.
-    if (head != place) backend_.waiters_.poke_counter_head(keys_.channel, head);
+    if (head != place && backend_.waiters_.poke_counter_head(keys_.channel, head)) backend_.subscriber_.request_turn();
     in_line_ = standing.in_line = true;
     standing.ahead = head == place ? 0 : 1;  // the script tells first or not, not how many
     return standing;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PermitCounter's changes outside an acquire: set, add, get, drain.
 #include "backends/redis/redis_backend.hpp"
 #include "backends/redis/scripts.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ?eviction=refuse|warn|allow: see eviction.hpp.
 #include "backends/redis/eviction.hpp"
 
@@ -26,12 +27,20 @@ Settings with_eviction_rule(Settings settings, const EvictionRule& rule) {
   return settings;
 }
 
+namespace {
+constexpr std::chrono::milliseconds kClusterPolicyLook{500};
+}  // namespace
+
 void check_eviction_policy(Router& connection, const Settings& settings, const EvictionRule& rule,
                            const ErrorHandler& warn) {
   Reply reply;
   try {
     auto until = SteadyClock::now() + kConnectTimeout;  // a connect's worth
     if (settings.connect_by) until = std::min(until, *settings.connect_by);
+    // On a cluster every node's own hello checks its policy when first used; this look (at
+    // slot 0's node) only warns early, and a node that does not answer must not hold up the
+    // connect for the time a whole call gets.
+    if (settings.cluster()) until = std::min(until, SteadyClock::now() + kClusterPolicyLook);
     reply = connection.command({"CONFIG", "GET", "maxmemory-policy"}, Deadline(until));
   } catch (const EvictingServer&) {
     throw;  // the link's own hello found the policy (?eviction=refuse)

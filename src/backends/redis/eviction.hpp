@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a Redis client does about a server that may evict lock state (maxmemory-policy
 // allkeys-*): ?eviction=refuse (the default), warn or allow.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where a name's state lives on the server: one hash per queue name, Redisson's RSemaphore
 // layout per PermitCounter name, and the Pub/Sub channel that wakes their waiters.
 #pragma once

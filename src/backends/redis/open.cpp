@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/redis/connection.hpp"
 
 #include <fcntl.h>
@@ -233,6 +234,8 @@ std::optional<HostPort> ask_sentinel(const Settings& settings, const SentinelAdd
   return read_master_address(settings, probe, replies.back().get(), why);
 }
 
+constexpr milliseconds kNodeHelloShare{500};
+
 // A cluster's subscriber connection: any node will do (PUBLISH reaches every node). Each seed in
 // turn, each with its share of the time left.
 Opened open_any_seed(const Settings& given, const Wait& wait, const std::vector<const Script*>* scripts,
@@ -248,6 +251,9 @@ Opened open_any_seed(const Settings& given, const Wait& wait, const std::vector<
     if (SteadyClock::now() >= until) break;
     Wait share = wait;
     share.until = share_of(until, given.cluster_seeds.size() - i);
+    // A node that does not answer (SIGSTOPped, a dead link) holds up the others for as long as
+    // a healthy one takes at most; the last gets all that is left.
+    if (i + 1 < given.cluster_seeds.size()) share.until = std::min(share.until, SteadyClock::now() + kNodeHelloShare);
     try {
       return open_context(node, share, scripts, cancel_fd);
     } catch (const AccessDenied&) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backend: every state change is one Lua script (scripts/*.lua), so an uncontended
 // acquire and a release are one round trip each. Everything one name needs lives in ONE hash
 // (eviction or deletion takes all of it or nothing): a queue ordered by fencing tokens that
@@ -34,12 +35,17 @@ RedisBackend::RedisBackend(Settings settings, EvictionRule eviction, ErrorHandle
       connection_(with_eviction_rule(settings, eviction), all_scripts(),
                   [this](const std::string& server) { on_server_changed(server); }),
       renewals_(
-          settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); }, renewal_retry()),
+          settings, all_scripts(), [this](const std::string& server) { on_server_changed(server); }, renewal_retry(),
+          &connection_),
       removals_(retirement_backoff(settings), {}, GuaranteedRemoval::Driver::caller),
-      subscriber_(
-          settings,
-          [this](const std::string& channel, const std::string& payload) { waiters_.on_message(channel, payload); },
-          [this] { on_subscriber_reset(); }) {
+      subscriber_(settings,
+                  {.on_message = [this](const std::string& channel,
+                                        const std::string& payload) { waiters_.on_message(channel, payload); },
+                   .on_reset = [this] { on_subscriber_reset(); },
+                   .on_confirmed = [this](const std::string& channel) { waiters_.poke_channel(channel); },
+                   .on_turn = [this] { waiters_.run_due(); }},
+                  settings.cluster() ? std::function([this] { return connection_.listening_nodes(); })
+                                     : std::function<std::vector<SentinelAddress>()>()) {
   check_eviction_policy(connection_, settings_, eviction, warn);
   watchdog_ = std::jthread([this](std::stop_token stop) { watchdog_loop(stop); });
 }
@@ -48,6 +54,8 @@ RedisBackend::~RedisBackend() {
   watchdog_.request_stop();
   renew_soon();  // wakes the watchdog
   if (watchdog_.joinable()) watchdog_.join();
+  // Pipelined releases still unanswered are read now (bounded), while their holds can settle.
+  connection_.collect_pending(SteadyClock::now() + kCollectPatience);
   // A client ending with requests still to retire (a give-up whose clean-up has not got
   // through: the server stalled, or the link is cut) tries them once more, each try at most
   // kExitAttempt, until they are answered or kRedisTimes.drain_at_end has passed. Whatever is still
@@ -191,6 +199,11 @@ Removal RedisBackend::retire_once(const ScriptCall& call) {
 }
 
 void RedisBackend::renew_soon() {
+  renew_requested_ = true;
+  wake_watchdog();
+}
+
+void RedisBackend::wake_watchdog() {
   const std::uint64_t one = 1;
   [[maybe_unused]] auto written = write(wake_fd_.fd, &one, sizeof one);
 }

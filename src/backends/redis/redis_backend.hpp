@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backend: every state change is one Lua script (scripts/*.lua), so an uncontended
 // acquire and a release are one round trip each. Everything one name needs lives in ONE hash
 // (eviction or deletion takes all of it or nothing): a queue ordered by fencing tokens that
@@ -61,15 +62,33 @@ class RedisHold final : public BackendHold {
   std::uint64_t fencing_token() const override { return seq_; }
   void downgrade() override;
   void release() override;
+  // Sends the release on an idle command connection and returns: its reply is read by the next
+  // call on that connection, or by the watchdog within kCollectOwed (release() when none is idle).
+  void release_pipelined(ReleaseDone done) override;
+  // "redis1 <request> <seq> <name>": the entry's owner (its acquire's request id) and place.
+  std::string receipt() const override;
+  // The entry stays until `keep_for` from now by the server's clock, no longer renewed.
+  void release_after(milliseconds keep_for) override;
+  // proclaim.lua: the candidate's value rewritten while its entry is ours and admitted.
+  void proclaim(const std::string& value) override;
 
   const std::string& name() const { return name_; }
   std::uint64_t seq() const { return seq_; }
   const std::string& request() const { return request_; }
   const std::shared_ptr<HoldLease>& state() const { return state_; }
-  // The server (Opened::server) whose script admitted the hold.
+  // The server (Opened::server) whose script admitted the hold, or where a resharding moved
+  // its entry since. Read and changed with the backend's holds_mutex_ held.
   const std::string& server() const { return server_; }
+  void moved_to(std::string server) { server_ = std::move(server); }
 
  private:
+  void leave_keeping(milliseconds keep_for);  // zero: removed
+  // The release script's arguments (its request opened on first use, then the same for every
+  // try); marks the release begun.
+  std::vector<std::string> release_args(const QueueKeys& keys, milliseconds keep_for);
+  // The release script answered `reply`: the hold is released, or lost when its entry was gone.
+  void released(const Reply& reply);
+
   RedisBackend& backend_;
   std::string name_;
   std::uint64_t seq_;
@@ -93,10 +112,16 @@ class RedisBackend final : public Backend {
   std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
                                             const std::stop_token& stop) override;
   Inspection inspect(const std::string& name, Deadline deadline) override;
+  std::vector<Inspection> inspect_each(const std::vector<std::string>& names, Deadline deadline) override;
+  QueueNames queue_names(const std::string& prefix, std::size_t max_names, Deadline deadline) override;
+  bool keeps_released_holds(EntryKind) const override { return true; }  // release.lua's keep
+  bool has_elections() const override { return true; }                  // values in 'v<seq>' (queue_prelude.lua)
+  std::unique_ptr<LeaderWatch> watch_leader(const std::string& name) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
   std::int64_t counter_drain(const std::string& name) override;
+  bool release_receipt(const std::string& receipt, Deadline deadline) override;
 
   Router& connection() { return connection_; }
   RequestIds& request_ids() { return request_ids_; }
@@ -110,6 +135,11 @@ class RedisBackend final : public Backend {
   FollowUp replica_wait(Deadline deadline, bool (*admitted)(const redisReply*)) const;
   // Throws NotReplicated unless `reply` (WAIT's) counts min_replicas replicas.
   void check_replicas(const Reply& reply) const;
+  // A reply is owed on the command connection (a pipelined release): the watchdog reads it
+  // within kCollectOwed unless a call on that connection has read it first.
+  void collect_soon() {
+    if (!collect_armed_.exchange(true)) wake_watchdog();
+  }
   void untrack(RedisHold* hold) {
     std::lock_guard lock(holds_mutex_);
     holds_.erase(hold);
@@ -118,6 +148,8 @@ class RedisBackend final : public Backend {
  private:
   friend class RedisPlace;
   friend class RedisCounterLine;
+  friend class RedisHold;
+  friend class RedisLeaderWatch;
 
   milliseconds recheck_interval() const { return std::min(kMaxRecheck, settings_.ttl / 3); }
   milliseconds renewal_period() const { return std::max(kMinRenewalPeriod, settings_.ttl / 3); }
@@ -141,7 +173,12 @@ class RedisBackend final : public Backend {
   // moves to it, still serves slots: the renewal's answer decides then, by which node answers.)
   bool demoted(Router& router, const HoldLease& state, const std::string& name, const std::string& server);
   void renew_soon();
+  void wake_watchdog();
   void watchdog_loop(std::stop_token stop);
+  // The watchdog's sleep until `until`; false when a round is due at once (renew_soon, a stop,
+  // the server gone). Reads the replies owed on the command connection kCollectOwed after
+  // collect_soon() armed it.
+  bool sleep_until(SteadyClock::time_point until, const std::stop_token& stop);
   // What the watchdog renews: a hold's lease, by seq and request id.
   struct Renewal {
     std::shared_ptr<HoldLease> state;
@@ -165,13 +202,18 @@ class RedisBackend final : public Backend {
   void follow_sentinels();
   // With a cluster: reads the slot map again; holds whose node was demoted are lost, not renewed.
   void drop_demoted(RoundEntries& by_name);
+  // With a cluster: whether another node's renewal answer for a hold is its own entry carried
+  // there by a resharding (the map read this round still has the hold's node serve slots, so no
+  // failover demoted it); then the hold follows its slot (renewal.server and the hold's own).
+  bool follows_resharding(Renewal& renewal, long long where, const std::string& server);
   // Applies the round's answers (one Result per name, in order); false when one confirmed nothing.
   bool apply_round(RoundEntries& by_name, const std::vector<Result>& results, SteadyClock::time_point sent_at);
-  // Wakes the waiters of a name whose entries the server called admitted or gone.
-  void poke_moved_waiters(const Entries& entries, const Result& result);
+  // Wakes the waiters of a name whose entries the server called admitted or gone; notes the
+  // renewal of those it found there (sent at `sent_at`).
+  void poke_moved_waiters(const Entries& entries, const Result& result, SteadyClock::time_point sent_at);
   // Applies a name's renewal reply to its holds (the first answers; `queued` waiting entries'
   // answers follow). False when it confirmed nothing for one of them.
-  bool settle_renewals(const std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
+  bool settle_renewals(std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
                        const std::string& server, std::size_t queued);
   // Takes the entry of the acquire numbered `join` out of the queue (by seq when known),
   // bounded; when that fails, the watchdog keeps trying (an entry left behind would hold the
@@ -214,9 +256,13 @@ class RedisBackend final : public Backend {
   // One attempt of a retirement: bounded by removal_budget_ and kRemovalAttempt.
   Removal retire_once(const ScriptCall& call);
 
+  std::atomic<bool> renew_requested_{false};  // renew_soon() since the last round
+  std::atomic<bool> collect_armed_{false};    // collect_soon() since the last collection
+
   std::mutex holds_mutex_;
   std::set<RedisHold*> holds_;
-  std::string primary_;  // with sentinels: the server the latest new connection found
+  std::string primary_;     // with sentinels: the server the latest new connection found
+  bool map_fresh_ = false;  // with a cluster: this round's drop_demoted read the map (watchdog thread only)
 
   // Retirements, tried from the watchdog's rounds (Driver::caller) so that they go over the
   // renewal connection, paced by its rounds; declared after what the attempts use

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/redis/replies.hpp"
 
 #include <algorithm>
@@ -51,6 +52,12 @@ std::exception_ptr reply_error(const Settings& settings, const std::string& call
       text.find("The user executing the script can't") != std::string_view::npos) {
     const auto who = user_of(settings);
     return std::make_exception_ptr(AccessDenied(message + " (as " + who + ")"));
+  }
+  if ((is_error(reply, "MOVED") || is_error(reply, "ASK")) && !settings.cluster()) {
+    // redis:// naming a node of a cluster: the names its slots serve work, the others are
+    // redirected, which a plain redis:// connection does not follow.
+    return std::make_exception_ptr(BackendUnavailable(message + " (" + settings.description +
+                                                      " is a node of a Redis Cluster: use redis+cluster://)"));
   }
   if (is_error(reply, "MOVED") || is_error(reply, "ASK")) {
     // "MOVED 3999 127.0.0.1:6381"; an address without a host (":6381") is on the same host.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a server answers becomes a turnstile exception here and only here: the backend's one
 // error translation point.
 #pragma once

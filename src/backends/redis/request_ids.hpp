@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Request numbers of one client of the Redis backend, and the watermark of each key.
 #pragma once
 

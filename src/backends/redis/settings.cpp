@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/redis/settings.hpp"
 
 #include <algorithm>
@@ -84,7 +85,7 @@ void read_query(const BackendUrl& url, bool sentinel, Settings& settings) {
       if (value.empty()) throw InvalidUrl("empty sentinel_password in '" + url.text + "'");
       settings.sentinel_password = value;
     } else {
-      throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected ttl, min_replicas" +
+      throw InvalidUrl("unknown parameter '" + key + "' in '" + url.text + "' (expected ttl, min_replicas, eviction" +
                        (sentinel ? ", sentinel_password" : "") + ")");
     }
   }
@@ -97,7 +98,9 @@ Settings parse_settings(const BackendUrl& url, const ClientOptions& options) {
   Settings settings;
   if (options.connect_timeout.count() > 0) settings.connect_by = SteadyClock::now() + options.connect_timeout;
   if (url.scheme == "rediss" || url.scheme == "rediss+sentinel" || url.scheme == "rediss+cluster") {
-    throw BackendNotBuilt(url.scheme + ":// (TLS) needs a hiredis with TLS, which Debian 12's 0.14 lacks");
+    throw BackendNotBuilt(url.scheme +
+                          ":// (TLS) is not installed in this build: it needs a hiredis with TLS, which "
+                          "Debian 12's 0.14 lacks");
   }
   const bool sentinel = url.scheme == "redis+sentinel";
   if (url.scheme == "redis+cluster") {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a redis://, redis+sentinel:// or redis+cluster:// URL asks for (parse_settings).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/redis/subscriber.hpp"
 
 #include <poll.h>
@@ -24,9 +25,8 @@ bool is_string(const redisReply* reply) {
 }
 }  // namespace
 
-Subscriber::Subscriber(Settings settings, std::function<void(const std::string&, const std::string&)> on_message,
-                       std::function<void()> on_reset)
-    : settings_(std::move(settings)), on_message_(std::move(on_message)), on_reset_(std::move(on_reset)) {
+Subscriber::Subscriber(Settings settings, Events events, std::function<std::vector<SentinelAddress>()> cluster_nodes)
+    : settings_(std::move(settings)), events_(std::move(events)), cluster_nodes_(std::move(cluster_nodes)) {
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (event_fd_ < 0 || stop_fd_ < 0) {
@@ -52,11 +52,16 @@ void Subscriber::poke() {
 }
 
 bool Subscriber::subscribe(const std::string& channel, SteadyClock::time_point until, std::stop_token stop) {
+  want(channel);
   std::unique_lock lock(mutex_);
+  return confirmed_cv_.wait_until(lock, stop, until, [&] { return confirmed_.count(channel) > 0; });
+}
+
+void Subscriber::want(const std::string& channel) {
+  std::lock_guard lock(mutex_);
   const auto [it, added] = wanted_.try_emplace(channel);
   ++it->second.users;
   if (added) poke();
-  return confirmed_cv_.wait_until(lock, stop, until, [&] { return confirmed_.count(channel) > 0; });
 }
 
 void Subscriber::unsubscribe(const std::string& channel) {
@@ -72,15 +77,28 @@ bool Subscriber::listening(const std::string& channel) {
 }
 
 void Subscriber::pause(std::chrono::milliseconds how_long) {
-  pollfd pfd{stop_fd_, POLLIN, 0};
-  poll(&pfd, 1, static_cast<int>(how_long.count()));
+  const auto until = SteadyClock::now() + how_long;
+  for (auto now = SteadyClock::now(); now < until; now = SteadyClock::now()) {
+    pollfd fds[2] = {{stop_fd_, POLLIN, 0}, {event_fd_, POLLIN, 0}};
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now);
+    if (poll(fds, 2, static_cast<int>(left.count())) < 0 && errno != EINTR) return;
+    if (fds[0].revents & POLLIN) return;  // the destructor
+    // The subscriptions wait for the next connection (serve() sends all it wants then).
+    if (fds[1].revents & POLLIN) drain(event_fd_);
+    call(events_.on_turn);
+  }
 }
 
 bool Subscriber::reconnect(Context& context, std::set<std::string>& sent, std::string& out,
                            std::chrono::milliseconds& backoff) {
   try {
+    auto settings = settings_;
+    if (cluster_nodes_) {
+      // Never a server outside the cluster the URL may name (it would hear no wake-up).
+      if (auto nodes = cluster_nodes_(); !nodes.empty()) settings.cluster_seeds = std::move(nodes);
+    }
     // Bounded like any call, and ended at once by the destructor (stop_fd_).
-    context = open_context(settings_, Wait(SteadyClock::now() + kReplyTimeout), nullptr, stop_fd_).context;
+    context = open_context(settings, Wait(SteadyClock::now() + kReplyTimeout), nullptr, stop_fd_).context;
   } catch (const Error&) {
     pause(backoff);
     backoff = std::min(backoff * 2, kMaxBackoff);
@@ -88,10 +106,7 @@ bool Subscriber::reconnect(Context& context, std::set<std::string>& sent, std::s
   }
   sent.clear();
   out.clear();
-  try {
-    if (on_reset_) on_reset_();  // messages may have been missed while we were away
-  } catch (...) {
-  }
+  call(events_.on_reset);  // messages may have been missed while we were away
   return true;
 }
 
@@ -132,9 +147,11 @@ void Subscriber::serve(Context& context, std::set<std::string>& sent, std::strin
                    {stop_fd_, POLLIN, 0}};
   if (poll(fds, 3, housekeeping_ms) < 0) return;  // EINTR: look again
   if (fds[1].revents & POLLIN) drain(event_fd_);
-  if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) return;
-  if (!read_available(context.get())) throw BackendUnavailable(context->errstr);
-  handle_replies(context);
+  if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+    if (!read_available(context.get())) throw BackendUnavailable(context->errstr);
+    handle_replies(context);
+  }
+  call(events_.on_turn);
 }
 
 void Subscriber::handle_replies(Context& context) {
@@ -149,11 +166,11 @@ void Subscriber::handle_replies(Context& context) {
     const std::string channel =
         is_string(reply->element[1]) ? std::string(reply->element[1]->str, reply->element[1]->len) : "";
     if (kind == "message" && is_string(reply->element[2])) {
-      try {
-        on_message_(channel, std::string(reply->element[2]->str, reply->element[2]->len));
-      } catch (...) {
-      }
+      call(events_.on_message, channel, std::string(reply->element[2]->str, reply->element[2]->len));
     } else if (kind == "subscribe") {
+      // Before `listening` and `subscribe` say so: once they do, the channel's waiters have been
+      // poked (a waiter arming or sleeping after that has nothing missed to look for).
+      call(events_.on_confirmed, channel);
       std::lock_guard lock(mutex_);
       confirmed_.insert(channel);
       confirmed_cv_.notify_all();

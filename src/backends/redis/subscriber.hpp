@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One subscriber connection per client, multiplexing every channel the client waits on. A
 // thread owns the hiredis context: it sleeps in poll() on the socket and on an eventfd that
 // asks it to change subscriptions, so nothing polls on a timer. Nothing throws out of the
@@ -18,17 +19,32 @@ namespace turnstile::detail::redis {
 
 class Subscriber {
  public:
-  // on_message(channel, payload); on_reset() after a reconnect, when messages may have been
-  // missed: every waiter should look again. Both run on the subscriber thread; what they
-  // throw is dropped (a waiter's periodic look covers a lost wake-up).
-  Subscriber(Settings settings, std::function<void(const std::string&, const std::string&)> on_message,
-             std::function<void()> on_reset);
+  // What the subscriber thread calls; each may be empty. What they throw is dropped (a waiter's
+  // periodic look covers a lost wake-up).
+  struct Events {
+    std::function<void(const std::string& channel, const std::string& payload)> on_message;
+    // After a reconnect, when messages may have been missed: every waiter should look again.
+    std::function<void()> on_reset;
+    // The server confirmed a subscription: messages published before it were missed. Called
+    // before listening() says so.
+    std::function<void(const std::string& channel)> on_confirmed;
+    // At each turn of the thread (request_turn() asks for one): work handed to this thread.
+    std::function<void()> on_turn;
+  };
+  // With a cluster, `cluster_nodes()` (when given) names the nodes to listen on at each
+  // (re)connect, the best first, in place of the URL's: nodes the slot map knows (any node gets
+  // every PUBLISH).
+  Subscriber(Settings settings, Events events, std::function<std::vector<SentinelAddress>()> cluster_nodes = {});
   ~Subscriber();
 
   // Counts a use of the channel and waits (bounded by `until`, ended by `stop`) for the server
   // to confirm the subscription. Returns false when unconfirmed: callers then rely on their
   // periodic re-check.
   bool subscribe(const std::string& channel, SteadyClock::time_point until, std::stop_token stop = {});
+  // Counts a use of the channel without waiting: on_confirmed tells when it is confirmed.
+  void want(const std::string& channel);
+  // The thread takes a turn soon (on_turn), even while it waits to connect again.
+  void request_turn() { poke(); }
   // Drops a use. The subscription itself stays a while (kIdleLinger), so a name waited on
   // again and again costs no SUBSCRIBE/UNSUBSCRIBE per wait.
   void unsubscribe(const std::string& channel);
@@ -45,11 +61,21 @@ class Subscriber {
   // Reads every reply now buffered: messages go to the waiters, SUBSCRIBE confirmations to
   // wait_subscribed.
   void handle_replies(Context& context);
+  // Sleeps (between connection attempts) for `how_long`, taking the turns asked for meanwhile.
   void pause(std::chrono::milliseconds how_long);
+  // Calls an event, dropping what it throws.
+  template <typename Event, typename... Args>
+  static void call(const Event& event, const Args&... args) {
+    if (!event) return;
+    try {
+      event(args...);
+    } catch (...) {
+    }
+  }
 
   Settings settings_;
-  std::function<void(const std::string&, const std::string&)> on_message_;
-  std::function<void()> on_reset_;
+  Events events_;
+  std::function<std::vector<SentinelAddress>()> cluster_nodes_;
   int event_fd_ = -1;  // subscriptions to change
   int stop_fd_ = -1;   // the destructor: ends a connect or a pause at once
   std::mutex mutex_;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every wait of the Redis backend, in one place: the core's TimePolicy (kRedisTimes) and the
 // constants only this backend has, each with its why.
 #pragma once
@@ -17,6 +18,10 @@ using std::chrono::milliseconds;
 // kMaxRenewalRetry at most (also the renewal connection's longest reconnect backoff, so a
 // server back after a restart is found within it); a round waits kRenewalPatience at most.
 inline constexpr milliseconds kMinRenewalPeriod{100};
+// How long a reply owed on an idle command connection (a pipelined release's) may wait for a
+// call on that connection to read it before the watchdog does; and how long that read may take.
+inline constexpr milliseconds kCollectOwed{20};
+inline constexpr milliseconds kCollectPatience{1000};
 inline constexpr milliseconds kMaxRenewalRetry{250};
 inline constexpr milliseconds kRenewalPatience{1000};
 

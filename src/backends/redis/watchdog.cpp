@@ -1,7 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/redis/redis_backend.hpp"
 #include "backends/redis/scripts.hpp"
 
 #include <map>
+#include <optional>
 
 namespace turnstile::detail::redis {
 
@@ -18,7 +20,8 @@ namespace turnstile::detail::redis {
 // rounds too (removals_), after the renewals. The client's waiting entries are renewed in the
 // same calls (one per name: renew.lua reads only the entries it names, unless one of the name's has expired),
 // and a waiter whose entry the server calls admitted or gone is woken to look; while there are
-// waiters, rounds come every min(TTL/3, kMaxRecheck).
+// waiters, rounds come every min(TTL/3, kMaxRecheck). Async counter waiters (no thread to time
+// their re-checks) are woken by the rounds to look again.
 void RedisBackend::watchdog_loop(std::stop_token stop) {
   auto wait = renewal_period();
   bool settled = true;
@@ -28,17 +31,36 @@ void RedisBackend::watchdog_loop(std::stop_token stop) {
     // renewal period later); after a round that did not reach the server, the retry pause
     // comes first.
     if (const auto due = removals_.next_due(); due && settled) until = std::min(until, *due);
-    while (!stop.stop_requested() && SteadyClock::now() < until) {
-      if (renewals_.watch_idle(until, wake_fd_.fd)) break;  // the server went away: look now
-      std::uint64_t count;
-      if (read(wake_fd_.fd, &count, sizeof count) > 0) break;  // renew_soon(), or stop
-    }
+    sleep_until(until, stop);
     if (stop.stop_requested()) break;
+    renew_requested_ = false;
     settled = renewal_round(stop);
-    wait = !settled                ? renewal_retry()
-           : waiters_.any_queued() ? std::min(renewal_period(), recheck_interval())
-                                   : renewal_period();
+    // Async counter waiters whose last look is half a re-check interval old or more look again:
+    // with a round every interval, at most 1.5 intervals apart (within TTL/2: their places live).
+    waiters_.poke_rechecks(recheck_interval() / 2);
+    const bool waiting = waiters_.any_queued() || waiters_.any_rechecked();
+    wait = !settled ? renewal_retry() : waiting ? std::min(renewal_period(), recheck_interval()) : renewal_period();
   }
+}
+
+bool RedisBackend::sleep_until(SteadyClock::time_point until, const std::stop_token& stop) {
+  std::optional<SteadyClock::time_point> collect_at;
+  while (!stop.stop_requested() && SteadyClock::now() < until) {
+    if (collect_armed_ && !collect_at) collect_at = SteadyClock::now() + kCollectOwed;
+    if (collect_at && SteadyClock::now() >= *collect_at) {
+      collect_armed_ = false;  // before reading: a release sent from now on arms it again
+      collect_at.reset();
+      connection_.collect_pending(SteadyClock::now() + kCollectPatience);
+      continue;
+    }
+    if (renewals_.watch_idle(collect_at ? std::min(until, *collect_at) : until, wake_fd_.fd)) {
+      return false;  // the server went away: look now
+    }
+    std::uint64_t count;
+    // renew_soon(), a stop, or collect_soon() (which the loop's next pass handles).
+    if (read(wake_fd_.fd, &count, sizeof count) > 0 && (renew_requested_ || stop.stop_requested())) return false;
+  }
+  return true;
 }
 
 RedisBackend::RoundEntries RedisBackend::round_entries() {
@@ -77,7 +99,7 @@ void RedisBackend::drop_demoted(RoundEntries& by_name) {
   // a failover demoted is lost, and not renewed on the new primary: its entry there, if
   // replication carried it, runs out by its TTL. Any other hold is renewed, and lost when
   // another node than its own answers (settle_renewals).
-  renewals_.refresh(SteadyClock::now() + std::min(renewal_period(), kRenewalPatience));
+  map_fresh_ = renewals_.refresh(SteadyClock::now() + std::min(renewal_period(), kRenewalPatience));
   for (auto it = by_name.begin(); it != by_name.end();) {
     std::erase_if(it->second.holds, [&](const Renewal& renewal) {
       if (!demoted(renewals_, *renewal.state, it->first, renewal.server)) return false;
@@ -134,12 +156,12 @@ bool RedisBackend::apply_round(RoundEntries& by_name, const std::vector<Result>&
     if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != entries.holds.size() + entries.queued.size()) {
       settled = settled && entries.queued.empty();  // their leases too: the next round comes soon
     }
-    poke_moved_waiters(entries, result);
+    poke_moved_waiters(entries, result, sent_at);
   }
   return settled;
 }
 
-void RedisBackend::poke_moved_waiters(const Entries& entries, const Result& result) {
+void RedisBackend::poke_moved_waiters(const Entries& entries, const Result& result, SteadyClock::time_point sent_at) {
   // A waiter whose entry is admitted (a message lost) or gone looks; one still waiting sleeps on.
   const auto* reply = result.ok() ? result.reply.get() : nullptr;
   if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != entries.holds.size() + entries.queued.size()) {
@@ -153,13 +175,31 @@ void RedisBackend::poke_moved_waiters(const Entries& entries, const Result& resu
   }
   for (std::size_t i = 0; i < entries.queued.size(); ++i) {
     const auto* where = reply->element[entries.holds.size() + i];
-    if (where->type == REDIS_REPLY_INTEGER && where->integer != 1)
-      waiters_.poke_entry(entries.queued[i].channel, entries.queued[i].seq);
+    if (where->type != REDIS_REPLY_INTEGER) continue;
+    if (where->integer != 0) waiters_.renewed(entries.queued[i].channel, entries.queued[i].seq, sent_at);
+    if (where->integer != 1) waiters_.poke_entry(entries.queued[i].channel, entries.queued[i].seq);
   }
 }
 
-bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Result& result,
-                                   SteadyClock::time_point sent_at, const std::string& server, std::size_t queued) {
+bool RedisBackend::follows_resharding(Renewal& renewal, long long where, const std::string& server) {
+  // Only the entry itself, still ours and admitted, proves it moved with its slot (MIGRATE
+  // carries a key with its expiry); anything else is lost as before. Without a fresh map a
+  // failover cannot be told from a resharding: lost.
+  // The same address as another boot is a restart (on_server_changed), never a resharding.
+  const auto was = address_of(renewal.server);
+  if (!settings_.cluster() || where != 2 || !map_fresh_ || was == address_of(server) || !renewals_.serves_slots(was)) {
+    return false;
+  }
+  std::lock_guard lock(holds_mutex_);
+  for (auto* hold : holds_) {
+    if (hold->state() == renewal.state) hold->moved_to(server);
+  }
+  renewal.server = server;
+  return true;
+}
+
+bool RedisBackend::settle_renewals(std::vector<Renewal>& holds, const Result& result, SteadyClock::time_point sent_at,
+                                   const std::string& server, std::size_t queued) {
   // An error reply (OOM, READONLY, BUSY...) confirms nothing, and proves no loss either.
   std::string trouble = "redis answered the renewal unexpectedly";
   if (result.error) {
@@ -179,7 +219,8 @@ bool RedisBackend::settle_renewals(const std::vector<Renewal>& holds, const Resu
     auto& lease = holds[i].state->lease;
     long long where = -1;
     if (usable && reply->element[i]->type == REDIS_REPLY_INTEGER) where = reply->element[i]->integer;
-    if ((settings_.sentinel() || settings_.cluster()) && !server.empty() && holds[i].server != server) {
+    if ((settings_.sentinel() || settings_.cluster()) && !server.empty() && holds[i].server != server &&
+        !follows_resharding(holds[i], where, server)) {
       // Renewed on another primary than the one that admitted it: its entry there may be a
       // replica's copy, or another's. Never carried over.
       lease->lose(primary_changed(holds[i].server, server));

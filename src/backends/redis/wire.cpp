@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/redis/wire.hpp"
 
 #include <fcntl.h>
@@ -255,22 +256,11 @@ bool next_reply(redisContext* context, Reply& reply) {
   return true;
 }
 
-std::string exchange(redisContext* context, const std::vector<Command>& commands, std::vector<Reply>& replies,
-                     SteadyClock::time_point until, int cancel_fd, bool* sent) {
-  if (sent) *sent = false;
-  std::string out;
-  for (const auto& command : commands) {
-    if (!append_command(out, command)) return "out of memory";
-  }
+std::string read_replies(redisContext* context, std::size_t count, std::vector<Reply>& replies,
+                         SteadyClock::time_point until, int cancel_fd) {
   std::string why;
-  while (!out.empty()) {
-    if (!wait_for(context->fd, POLLOUT, until, cancel_fd, why)) return why;
-    const auto before = out.size();
-    if (!write_pending(context, out)) return context->errstr;
-    if (sent && out.size() < before) *sent = true;
-  }
   replies.clear();
-  while (replies.size() < commands.size()) {
+  while (replies.size() < count) {
     Reply reply;
     if (!next_reply(context, reply)) return context->errstr;
     if (reply) {
@@ -281,5 +271,36 @@ std::string exchange(redisContext* context, const std::vector<Command>& commands
     if (!read_available(context)) return context->errstr;
   }
   return "";
+}
+
+std::string write_all(redisContext* context, std::string& out, SteadyClock::time_point until, int cancel_fd,
+                      bool* sent) {
+  // Written at once as a rule (an idle socket's buffer takes a request): poll() only when the
+  // socket took less than all of it.
+  std::string why;
+  for (bool first = true; !out.empty(); first = false) {
+    if (!first && !wait_for(context->fd, POLLOUT, until, cancel_fd, why)) return why;
+    const auto before = out.size();
+    if (!write_pending(context, out)) return context->errstr;
+    if (sent && out.size() < before) *sent = true;
+  }
+  return "";
+}
+
+std::string exchange(redisContext* context, const std::vector<Command>& commands, std::vector<Reply>& replies,
+                     SteadyClock::time_point until, int cancel_fd, bool* sent, Earlier earlier) {
+  if (sent) *sent = false;
+  std::string out;
+  for (const auto& command : commands) {
+    if (!append_command(out, command)) return "out of memory";
+  }
+  if (auto failed = write_all(context, out, until, cancel_fd, sent); !failed.empty()) return failed;
+  // The replies to commands sent before ours come first: the server answers in order.
+  if (earlier.count > 0) {
+    if (auto failed = read_replies(context, earlier.count, *earlier.replies, until, cancel_fd); !failed.empty()) {
+      return failed;
+    }
+  }
+  return read_replies(context, commands.size(), replies, until, cancel_fd);
 }
 }  // namespace turnstile::detail::redis

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The wire under every Redis connection, over hiredis 0.14: close-on-exec sockets, network
 // waits that end by a deadline or at once on a stop, replies bounded in size, and the protocol's
 // encoding written and read without blocking.
@@ -64,16 +65,34 @@ struct Wait {
   SteadyClock::time_point until;  // time_point::max() for "no deadline"
   std::stop_token stop;
   int cancel_fd;
+  // The caller has other nodes to ask (a cluster's slot map, read from the nodes in turn): a
+  // connection that fails (refused: nothing listens), or a node still in its reconnect backoff,
+  // ends the call at once rather than being tried again within its share of the time.
+  bool fail_fast = false;
   SteadyClock::time_point connect_until() const;
   SteadyClock::time_point reply_until() const;
   bool expired() const { return SteadyClock::now() >= until; }
 };
 
-// Sends every command and reads every reply by `until` (each reply at most kMaxReplyBytes).
+// Replies still owed on a connection for commands sent before (without waiting for them).
+struct Earlier {
+  std::size_t count = 0;
+  std::vector<Reply>* replies = nullptr;  // receives them, in order
+};
+
+// Sends every command and reads every reply by `until` (each reply at most kMaxReplyBytes),
+// after the `earlier` replies still owed (read into earlier.replies: the server answers in
+// order, so ours come after them, and our commands go out before we wait for them).
 // Returns "" on success, else what failed (the context is then unusable). `sent` (optional) is
 // set when any byte of the commands may have reached the server.
 std::string exchange(redisContext* context, const std::vector<Command>& commands, std::vector<Reply>& replies,
-                     SteadyClock::time_point until, int cancel_fd = -1, bool* sent = nullptr);
+                     SteadyClock::time_point until, int cancel_fd = -1, bool* sent = nullptr, Earlier earlier = {});
+// Writes all of `out` by `until`; "" or what failed. `sent` (optional) as exchange's.
+std::string write_all(redisContext* context, std::string& out, SteadyClock::time_point until, int cancel_fd = -1,
+                      bool* sent = nullptr);
+// Reads `count` replies by `until` (no command sent); "" or what failed, as exchange.
+std::string read_replies(redisContext* context, std::size_t count, std::vector<Reply>& replies,
+                         SteadyClock::time_point until, int cancel_fd = -1);
 
 // Appends a command in the protocol's encoding. False when out of memory.
 bool append_command(std::string& out, const Command& command);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Close-on-exec for the descriptors libzookeeper_mt opens itself. Debian's build does not
 // enable the client's SOCK_CLOEXEC option, and setting FD_CLOEXEC afterwards would race with a
 // fork+exec in another thread. The archive is linked into our module with

@@ -1,28 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/zookeeper/connection.hpp"
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "backends/zookeeper/errors.hpp"
 #include "backends/zookeeper/timeouts.hpp"
+#include "core/refusal_probe.hpp"
 
 namespace turnstile::detail::zookeeper {
 
 Connection::Connection(Settings settings) : settings_(std::move(settings)) {
   // The C client logs connection trouble to stderr; a library stays quiet unless asked.
   zoo_set_debug_level(std::getenv("TURNSTILE_ZK_LOG") ? ZOO_LOG_LEVEL_INFO : static_cast<ZooLogLevel>(0));
+  const auto wait = settings_.connect_timeout.count() > 0
+                        ? settings_.connect_timeout
+                        : std::max(kZookeeperTimes.call.cap, std::min(settings_.session_timeout, kMaxConnectWait));
+  const auto connect_by = SteadyClock::now() + wait;
   auto first = open_session();
   {
     std::unique_lock lock(mutex_);
     adopt_locked(first);
-    const auto wait = settings_.connect_timeout.count() > 0
-                          ? settings_.connect_timeout
-                          : std::max(kZookeeperTimes.call.cap, std::min(settings_.session_timeout, kMaxConnectWait));
-    cv_.wait_for(lock, wait, [&] { return first->connected() || first->expired(); });
+    const auto answered = [&] { return first->connected() || first->expired(); };
+    // Not connected at once: a refusal by every server is a definite answer, which the C
+    // client, reconnecting until we give up, would never give us.
+    if (!cv_.wait_until(lock, std::min(connect_by, SteadyClock::now() + kRefusalProbeAfter), answered)) {
+      lock.unlock();
+      const bool refused = every_server_refuses(split_server_list(settings_.hosts),
+                                                std::min(connect_by, SteadyClock::now() + kRefusalProbeBound));
+      lock.lock();
+      if (refused && !answered()) {
+        session_.reset();
+        lock.unlock();
+        throw BackendUnavailable("every ZooKeeper server refused the connection (connection refused) at " +
+                                 settings_.description);
+      }
+    }
+    cv_.wait_until(lock, connect_by, answered);
     if (!first->connected()) {
       session_.reset();
       lock.unlock();
-      throw BackendUnavailable("no ZooKeeper server answered at " + settings_.description);
+      throw BackendUnavailable("no ZooKeeper server answered at " + settings_.description + " within " +
+                               std::to_string(wait.count()) + " ms (the connect timed out)");
     }
   }
   keeper_ = std::jthread([this](std::stop_token stop) { keeper_loop(stop); });
@@ -33,11 +53,18 @@ Connection::~Connection() {
   cv_.notify_all();
   if (keeper_.joinable()) keeper_.join();
   std::shared_ptr<Session> last;
+  std::vector<std::pair<std::function<void(int rc)>, int>> answered;
   {
     std::lock_guard lock(mutex_);
     last = std::move(session_);
+    answered.swap(answered_);
+    // Unanswered at the end (the core waited for them, bounded): outcome unknown; the session's
+    // close below takes the node with it.
+    for (auto& [id, finish] : pipelined_) answered.emplace_back(std::move(finish), ZCONNECTIONLOSS);
+    pipelined_.clear();
   }
-  last.reset();  // closes the session now: its ephemeral nodes go at once, not after a timeout
+  finish_answered(std::move(answered));  // before the close: they hold the session
+  last.reset();                          // closes the session now: its ephemeral nodes go at once, not after a timeout
 }
 
 std::shared_ptr<Session> Connection::open_session() {
@@ -66,12 +93,33 @@ void Connection::on_event(zhandle_t* handle, int type, int state, const char* pa
   static_cast<Connection*>(context)->handle_event(handle, type, state, path);
 }
 
-void Connection::wake_all_locked() {
+void Connection::wake_all_locked(int state) {
+  // Armed wakes (see the header): a session's end runs them all, a reconnect those whose watch
+  // was never confirmed, a lost connection none.
+  const bool ended = state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE;
   for (auto* waiter : all_waiters_) {
-    waiter->woken = true;
-    waiter->cv.notify_one();
+    if (!waiter->wake) {
+      waiter->woken = true;
+      waiter->cv.notify_one();
+    } else if (ended || (state == ZOO_CONNECTED_STATE && !waiter->wake->watch_set)) {
+      due_wakes_.push_back(waiter->wake);
+    }
   }
+  if (!due_wakes_.empty()) session_event_ = true;  // the keeper runs them
   cv_.notify_all();
+}
+
+void Connection::notify_locked(Waiter& waiter, std::vector<std::shared_ptr<WakeSlot>>& due) {
+  waiter.woken = true;
+  if (waiter.wake) {
+    due.push_back(waiter.wake);
+  } else {
+    waiter.cv.notify_one();
+  }
+}
+
+void Connection::fire_all(const std::vector<std::shared_ptr<WakeSlot>>& due) {
+  for (const auto& wake : due) wake->fire();
 }
 
 void Connection::apply_state(Session& session, int state) {
@@ -98,7 +146,17 @@ void Connection::adopt_locked(std::shared_ptr<Session> session) {
 }
 
 void Connection::handle_event(zhandle_t* handle, int type, int state, const char* path) {
-  std::lock_guard lock(mutex_);
+  std::vector<std::shared_ptr<WakeSlot>> due;
+  {
+    std::lock_guard lock(mutex_);
+    handle_event_locked(handle, type, state, path, due);
+  }
+  // Outside our mutex: an arm being destroyed takes it, after waiting for its running wake.
+  fire_all(due);
+}
+
+void Connection::handle_event_locked(zhandle_t* handle, int type, int state, const char* path,
+                                     std::vector<std::shared_ptr<WakeSlot>>& due) {
   if (type == ZOO_SESSION_EVENT) {
     // Only the current session's state matters; an old one was already given up. A session
     // still being opened may connect before it becomes current: keep its state for then.
@@ -115,15 +173,12 @@ void Connection::handle_event(zhandle_t* handle, int type, int state, const char
       }
     }
     session_event_ = true;  // the keeper tells the holds at once
-    wake_all_locked();
+    wake_all_locked(state);
     return;
   }
   if (!path) return;
   if (const auto it = waiters_.find(path); it != waiters_.end()) {
-    for (auto* waiter : it->second) {
-      waiter->woken = true;
-      waiter->cv.notify_one();
-    }
+    for (auto* waiter : it->second) notify_locked(*waiter, due);
   }
   if (const auto it = held_.find(path); it != held_.end() && it->second.handle == handle) {
     // Deleted: the hold is gone on the server. Anything else (a downgrade's new data) used the
@@ -147,6 +202,39 @@ void Connection::watch_held(const Session& session, const std::vector<std::strin
 void Connection::unwatch_held(const std::vector<std::string>& paths) {
   std::lock_guard lock(mutex_);
   for (const auto& path : paths) held_.erase(path);
+}
+
+std::uint64_t Connection::add_pipelined(std::function<void(int rc)> finish) {
+  std::lock_guard lock(mutex_);
+  const auto id = next_pipelined_++;
+  pipelined_.emplace(id, std::move(finish));
+  return id;
+}
+
+void Connection::pipelined_answered(std::uint64_t id, int rc) {
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = pipelined_.find(id);
+    if (it == pipelined_.end()) return;
+    answered_.emplace_back(std::move(it->second), rc);
+    pipelined_.erase(it);
+    session_event_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::function<void(int rc)> Connection::take_pipelined(std::uint64_t id) {
+  std::lock_guard lock(mutex_);
+  const auto it = pipelined_.find(id);
+  if (it == pipelined_.end()) return {};
+  auto finish = std::move(it->second);
+  pipelined_.erase(it);
+  return finish;
+}
+
+void Connection::finish_answered(std::vector<std::pair<std::function<void(int rc)>, int>> answered) {
+  for (auto& [finish, rc] : answered) finish(rc);
+  // Their closures (and the holds they own) end here too, still without the mutex.
 }
 
 void Connection::held_node_answered(const Session& session, const std::string& path, int rc) {
@@ -242,6 +330,52 @@ bool Connection::sleep(Waiter& waiter, const CallBudget& caller) {
   return !stop.stop_requested();
 }
 
+void Connection::arm(Waiter& waiter, std::shared_ptr<WakeSlot> wake) {
+  bool woken = false;
+  {
+    std::lock_guard lock(mutex_);
+    waiter.wake = wake;
+    woken = waiter.woken;
+  }
+  if (woken) wake_soon(std::move(wake));
+}
+
+void Connection::wake_soon(std::shared_ptr<WakeSlot> wake) {
+  {
+    std::lock_guard lock(mutex_);
+    due_wakes_.push_back(std::move(wake));
+    session_event_ = true;
+  }
+  cv_.notify_all();
+}
+
+void WakeSlot::fire() {
+  std::lock_guard lock(mutex_);
+  if (!wake_) return;
+  const auto wake = std::exchange(wake_, Wake{});  // at most once
+  wake();
+}
+
+void WakeSlot::disarm() {
+  Wake dropped;
+  {
+    std::lock_guard lock(mutex_);  // waits for a running wake
+    dropped = std::exchange(wake_, Wake{});
+  }
+  // Its captures end here, outside the lock.
+}
+
+ArmedWatch::ArmedWatch(Connection& connection, std::unique_ptr<PathWatch> watch, Wake wake, bool watch_set)
+    : watch_(std::move(watch)), slot_(std::make_shared<WakeSlot>(std::move(wake), watch_set)) {
+  if (watch_) {
+    watch_->arm(slot_);
+  } else {
+    connection.wake_soon(slot_);
+  }
+}
+
+void PathWatch::arm(std::shared_ptr<WakeSlot> wake) { connection_.arm(waiter_, std::move(wake)); }
+
 PathWatch::PathWatch(Connection& connection, std::string path) : connection_(connection), path_(std::move(path)) {
   connection_.watch(path_, &waiter_);
 }
@@ -281,7 +415,11 @@ void Connection::keeper_loop(std::stop_token stop) {
     std::vector<std::string> to_watch;
     std::vector<std::pair<std::string, std::shared_ptr<LossSignal>>> deleted;
     take_held_work_locked(*session, connected && !expired, to_watch, deleted);
+    auto answered = std::exchange(answered_, {});
+    const auto due = std::exchange(due_wakes_, {});
     lock.unlock();
+    fire_all(due);
+    finish_answered(std::move(answered));
     // Only the hold whose node went is lost: the session, and its other holds, live on. The
     // server may already have admitted someone else: told at once.
     for (auto& [path, loss] : deleted) {
@@ -305,7 +443,7 @@ void Connection::keeper_loop(std::stop_token stop) {
       }
       lock.lock();
       if (fresh) adopt_locked(fresh);  // the old one closes when its last user lets go
-      wake_all_locked();
+      wake_all_locked(ZOO_EXPIRED_SESSION_STATE);
       lock.unlock();
     } else if (connected && (!was_connected || SteadyClock::now() >= last_ping + period)) {
       session->start_ping();  // another one a period later, answered or not

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A PermitCounter's count as its node's text holds it: any integer a peer may have written.
 #pragma once
 

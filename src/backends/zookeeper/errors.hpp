@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one place where ZooKeeper's answers become turnstile's typed errors, read by their code
 // (never by where they came from): what the server said, connection trouble (the outcome is
 // unknown), or the session gone. Every other file of the backend calls these.

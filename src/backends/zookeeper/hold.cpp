@@ -1,11 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <cstdio>
+#include <cstdlib>
+
 #include "backends/zookeeper/zookeeper_backend.hpp"
+#include "core/receipt.hpp"
 
 namespace turnstile::detail::zookeeper {
 
 ZookeeperHold::ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session> session,
-                             std::vector<std::string> paths, std::uint64_t token, std::shared_ptr<LossSignal> loss)
+                             std::vector<std::string> paths, std::uint64_t token, std::shared_ptr<LossSignal> loss,
+                             bool election)
     : backend_(backend), session_(std::move(session)), paths_(std::move(paths)), token_(token), loss_(std::move(loss)),
-      lease_(session_->lease()) {
+      lease_(session_->lease()), election_(election) {
   lease_->attach(loss_);  // lost at once if the lease is
   // The session may outlive our nodes (deleted by hand or by a peer): watched, so that this
   // hold is told at once rather than never.
@@ -59,6 +65,10 @@ void ZookeeperHold::release() {
       if (one != ZOK && one != ZNONODE) rc = one;
     }
   }
+  settle_release(rc);
+}
+
+void ZookeeperHold::settle_release(int rc) {
   if (rc == ZNONODE && unconfirmed_release_ && !session_->expired()) {
     // An earlier attempt's reply was lost: it did remove our nodes (nobody else deletes an
     // ephemeral node of a live session of ours).
@@ -80,6 +90,62 @@ void ZookeeperHold::release() {
     return;
   }
   throw_error("release of '" + paths_.front() + "'", rc);
+}
+
+void ZookeeperHold::release_pipelined(ReleaseDone done) {
+  if (released_ || paths_.size() != 1 || unconfirmed_release_ || session_->expired() || !session_->connected()) {
+    return BackendHold::release_pipelined(std::move(done));
+  }
+  backend_.connection().unwatch_held(paths_);  // our own deletion is no loss
+  session_->remove_pipelined(paths_.front(), [this, done = std::move(done)](int rc) {
+    if (connection_trouble(rc)) unconfirmed_release_ = true;  // it was sent: it may have been applied
+    std::exception_ptr error;
+    try {
+      settle_release(rc);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done(error);  // may end this hold: nothing of it is touched after
+  });
+}
+
+std::string ZookeeperHold::receipt() const {
+  char owner[17];
+  std::snprintf(owner, sizeof owner, "%llx", static_cast<unsigned long long>(session_->id()));
+  std::vector<std::string> fields{"zk1", owner};
+  fields.insert(fields.end(), paths_.begin(), paths_.end());
+  return receipt_text(fields);
+}
+
+// Each node is deleted only while it is still the dead holder's (its ephemeralOwner is the
+// receipt's session) and at the version just read; nodes are named by their creator's
+// protection id, so no one else's node can carry the name. Closing the session instead would
+// do too, but it would take every other node of that session with it.
+bool ZookeeperBackend::release_receipt(const std::string& receipt, Deadline deadline) {
+  const auto fields = receipt_fields(receipt, "zk1", 0);
+  char* end = nullptr;
+  const auto owner = fields && fields->size() > 2 ? std::strtoull((*fields)[1].c_str(), &end, 16) : 0;
+  if (owner == 0 || *end != '\0') return Backend::release_receipt(receipt, deadline);
+  for (std::size_t i = 2; i < fields->size(); ++i) {
+    if (!(*fields)[i].starts_with('/')) return Backend::release_receipt(receipt, deadline);
+  }
+  const CallBudget caller(deadline);
+  const auto session = session_for(caller);
+  bool removed = false;
+  for (std::size_t i = 2; i < fields->size(); ++i) {
+    const auto& path = (*fields)[i];
+    const auto bound = call_bound(*session, caller);
+    Stat stat{};
+    int rc = session->exists(path, false, bound, &stat);
+    if (rc == ZOK && static_cast<unsigned long long>(stat.ephemeralOwner) != owner) continue;  // not the holder's
+    if (rc == ZOK) rc = session->remove(path, bound, stat.version);
+    if (rc == ZOK) {
+      removed = true;
+    } else if (rc != ZNONODE && rc != ZBADVERSION) {
+      throw_error("release of '" + path + "' by its receipt", rc);
+    }
+  }
+  return removed;
 }
 
 }  // namespace turnstile::detail::zookeeper

@@ -1,8 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <algorithm>
+#include <deque>
 #include <map>
 
 #include "backends/zookeeper/counts.hpp"
 #include "backends/zookeeper/zookeeper_backend.hpp"
+#include "core/text_escape.hpp"
 
 namespace turnstile::detail::zookeeper {
 
@@ -15,11 +18,13 @@ void ZookeeperBackend::inspect_lock(Session& session, const std::string& path, c
     Stat stat{};
     const auto data = read(session, path + "/" + entry.node, false, deadline, &stat);
     if (!data) continue;  // left meanwhile
-    const auto node = parse_node_data(*data);
+    // A candidate's data is its value alone (LeaderLatch's layout): no pid or host to show.
+    const auto node = entry.latch ? NodeInfo{} : parse_node_data(*data);
     const auto kind = entry.kind == EntryKind::shared || node.downgraded ? EntryKind::shared : EntryKind::exclusive;
     queue.push_back({kind, 1});
     infos.push_back(entry_info(node, stat, to_string(kind)));
     infos.back().permits = 1;
+    if (entry.latch) infos.back().value = *data;
   }
   for (std::size_t i = 0; i < infos.size(); ++i) {
     infos[i].holding = evaluate_queue(queue, i, 0).admitted();
@@ -65,13 +70,16 @@ Inspection ZookeeperBackend::inspect(const std::string& name, Deadline until) {
   auto deadline = call_deadline();
   if (until) deadline = std::min(*deadline, *until);
   auto session = session_for(deadline);
+  // A deadline that is near or past still gets one answer from the server (as a queue step's
+  // calls do, call_bound): a leader read right at an observer's deadline is an answer, not trouble.
+  if (until) deadline = std::max(*deadline, std::min(*call_deadline(), SteadyClock::now() + session->short_wait()));
   const auto path = path_of(name);
   return outside_queue("inspect", [&] {
     Inspection result;
     result.name = name;
     const auto children = list(*session, path, false, deadline);
-    if (!sorted_entries(children).empty()) {
-      result.mode = "lock";
+    if (const auto entries = sorted_entries(children); !entries.empty()) {
+      result.mode = entries.front().latch ? "election" : "lock";
       inspect_lock(*session, path, children, result, deadline);
     } else if (std::find(children.begin(), children.end(), "locks") != children.end() ||
                std::find(children.begin(), children.end(), "leases") != children.end()) {
@@ -85,6 +93,45 @@ Inspection ZookeeperBackend::inspect(const std::string& name, Deadline until) {
       const auto data = read(*session, path + "/permit-waiters/" + entry.node, false, deadline, &stat);
       if (!data) continue;
       result.waiters.push_back(entry_info(parse_node_data(*data), stat, "permits"));
+    }
+    return result;
+  });
+}
+
+namespace {
+
+// A name's node has children of its own besides the nodes of longer names: its entries and
+// fixed nodes (nodes.hpp). encode_name escapes a longer name's segment that looks like one.
+bool is_names_own_child(const std::string& child) {
+  return parse_entry(child).has_value() || child == "locks" || child == "leases" || child == "permits" ||
+         child == "permit-waiters";
+}
+
+}  // namespace
+
+// The children of the root (the URL's chroot), then theirs, breadth first: a name's node is the
+// path of its %-escaped segments (nodes.hpp). Only nodes whose names start with the prefix, or
+// lead to it, are listed below; every node of a name with the prefix is a candidate.
+QueueNames ZookeeperBackend::queue_names(const std::string& prefix, std::size_t max_names, Deadline until) {
+  const Deadline deadline = until ? until : call_deadline();
+  auto session = session_for(deadline);
+  const auto& root = connection_.settings().root;
+  const std::string base = root.empty() ? "" : "/" + encode_name(root.substr(root.front() == '/' ? 1 : 0));
+  return outside_queue("list names", [&] {
+    QueueNames result;
+    std::deque<std::pair<std::string, std::string>> to_visit{{base, ""}};  // node path, name
+    while (!to_visit.empty()) {
+      const auto [path, name] = std::move(to_visit.front());
+      to_visit.pop_front();
+      for (const auto& child : list(*session, path.empty() ? "/" : path, false, deadline)) {
+        if (!name.empty() && is_names_own_child(child)) continue;
+        const auto segment = percent_decode(child);
+        if (!segment) continue;  // a node no name maps to
+        const auto full = name.empty() ? *segment : name + "/" + *segment;
+        const bool listed = full.starts_with(prefix);
+        if (listed && !result.add(full, max_names)) return result;
+        if (listed || prefix.starts_with(full + "/")) to_visit.emplace_back(path + "/" + child, full);
+      }
     }
     return result;
   });

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <optional>
 
 #include "backends/zookeeper/counts.hpp"
@@ -28,25 +29,35 @@ class LeasePlace final : public EntryPlace {
   Standing look_once(Deadline deadline) {
     return queue_step([&] {
       deadline_ = deadline;
-      const auto bound = backend_.call_bound(*session_, deadline);
-      // A lock on the same name is a kind mismatch (joined first, then looked).
-      const bool lock_in_use = !lock_checked_ && !sorted_entries(backend_.list(*session_, path_, false, bound)).empty();
+      const auto bound = backend_.call_bound(*session_, {deadline, request_.stop});
+      // A lock or an election on the same name is a kind mismatch (joined first, then looked).
+      auto in_use = QueueMode::none;
+      if (!lock_checked_) {
+        const auto entries = sorted_entries(backend_.list(*session_, path_, false, bound));
+        if (!entries.empty()) in_use = entries.front().latch ? QueueMode::election : QueueMode::lock;
+      }
       lock_checked_ = true;
-      const auto line = entries_up_to_ours(backend_.list(*session_, parent_, false, bound));
+      const auto line = entries_up_to_ours(list_parent(bound));
       remember(line);
       auto standing = line.size() > 1 ? look_in_line(line.size(), bound) : look_at_head(bound);
-      if (lock_in_use) standing.mode = QueueMode::lock;
+      if (in_use != QueueMode::none) standing.mode = in_use;
       return standing;
     });
   }
   void wait(const Verdict& verdict, Deadline deadline, const std::stop_token& stop) override {
     if (verdict.wait != WaitFor::any_holder_leave) return EntryPlace::wait(verdict, deadline, stop);
-    std::vector<std::string>().swap(nodes_);  // not kept while we sleep (see EntryPlace::wait)
+    std::vector<std::string>().swap(nodes_);  // not kept while we sleep (see EntryPlace::waited_for)
     queue_step([&] {
       if (leases_watch_) leases_watch_->sleep({deadline, stop});
       leases_watch_.reset();
       check_session(*session_, ZOK);
     });
+  }
+  // The leases' watch, set by the look at the head of the line, runs `wake` instead.
+  std::unique_ptr<WakeArm> arm(const Verdict& verdict, Deadline deadline, Wake wake) override {
+    if (verdict.wait != WaitFor::any_holder_leave) return EntryPlace::arm(verdict, deadline, std::move(wake));
+    std::vector<std::string>().swap(nodes_);
+    return std::make_unique<ArmedWatch>(backend_.connection(), std::move(leases_watch_), std::move(wake));
   }
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
     return queue_step([&] {
@@ -90,7 +101,7 @@ class LeasePlace final : public EntryPlace {
     recorded_ = recorded_limit(*data);
     version_ = stat.version;
     leases_watch_.reset();
-    if (!try_once_) leases_watch_.emplace(backend_.connection(), leases_);  // before the read that sets it
+    if (!try_once_) leases_watch_ = std::make_unique<PathWatch>(backend_.connection(), leases_);  // before the read
     const auto held =
         static_cast<std::int64_t>(sorted_entries(backend_.list(*session_, leases_, !try_once_, bound)).size());
     Standing standing;
@@ -176,7 +187,7 @@ class LeasePlace final : public EntryPlace {
   Deadline deadline_;                     // the last look's: the admission's calls are bounded by it
   std::optional<std::int64_t> recorded_;  // the limit recorded when we last looked from the head
   int version_ = -1;                      // of the name's node then
-  std::optional<PathWatch> leases_watch_;
+  std::unique_ptr<PathWatch> leases_watch_;
   bool lock_checked_ = false;
   bool limit_checked_ = false;
 };

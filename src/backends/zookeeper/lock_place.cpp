@@ -1,27 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/zookeeper/places.hpp"
 
 namespace turnstile::detail::zookeeper {
 
 namespace {
 
-// Mutex, RecursiveMutex, SharedMutex: Curator's lock nodes, children of the name's node.
+// Mutex, RecursiveMutex, SharedMutex: Curator's lock nodes, children of the name's node. An
+// election's candidates are LeaderLatch's nodes there, with the value as their data (raw bytes,
+// so Curator's getLeader().getId() is it) and a marked protection id (proclaim looks for it).
 class LockPlace final : public EntryPlace {
  public:
   LockPlace(ZookeeperBackend& backend, std::shared_ptr<Session> session, const QueueRequest& request)
       : EntryPlace(backend, session, request, backend.path_of(request.name), label_of(request),
-                   node_data(request.kind == EntryKind::shared ? "shared" : "exclusive", backend.holder_label())) {}
+                   data_of(request, backend)),
+        election_(request.primitive == Primitive::election) {
+    if (election_) uuid_ = marked_uuid();
+  }
 
   Standing look(Deadline deadline) override {
     return through_outages(deadline, [&] { return look_once(deadline); });
   }
   Standing look_once(Deadline deadline) {
     return queue_step([&] {
-      const auto bound = backend_.call_bound(*session_, deadline);
-      const auto children = backend_.list(*session_, path_, false, bound);
+      const auto bound = backend_.call_bound(*session_, {deadline, request_.stop});
+      const auto children = list_parent(bound);  // path_ is our parent
       auto entries = entries_up_to_ours(children);
       if (request_.kind == EntryKind::shared) present_downgrades(entries, bound);
       Standing standing;
-      standing.mode = entries.size() > 1 ? QueueMode::lock : QueueMode::none;
+      standing.mode = mode_ahead(entries);
       // A semaphore on the same name is a kind mismatch (we joined first, then looked: of two
       // racing contenders at least one sees the other).
       if (semaphore_in_use(children, bound)) standing.mode = QueueMode::semaphore;
@@ -32,13 +38,29 @@ class LockPlace final : public EntryPlace {
   }
   std::unique_ptr<BackendHold> hold(std::shared_ptr<LossSignal> loss) override {
     return std::make_unique<ZookeeperHold>(backend_, session_, std::vector<std::string>{path_ + "/" + node_}, token_,
-                                           std::move(loss));
+                                           std::move(loss), election_);
   }
 
  private:
+  static std::string data_of(const QueueRequest& request, const ZookeeperBackend& backend) {
+    if (request.primitive == Primitive::election) return request.value;
+    return node_data(request.kind == EntryKind::shared ? "shared" : "exclusive", backend.holder_label());
+  }
+  // What the entries ahead of ours are: one name is never both a lock and an election (a latch
+  // node is an election's; any other entry a lock's). Of two racing contenders the later one
+  // sees the earlier one ahead.
+  QueueMode mode_ahead(const std::vector<EntryNode>& entries) const {
+    QueueMode mode = QueueMode::none;
+    for (std::size_t i = 0; i + 1 < entries.size(); ++i) {
+      const auto seen = entries[i].latch ? QueueMode::election : QueueMode::lock;
+      if (mode == QueueMode::none || seen != (election_ ? QueueMode::election : QueueMode::lock)) mode = seen;
+    }
+    return mode;
+  }
   // A SharedMutex's nodes are named as Curator's InterProcessReadWriteLock names them, a
   // Mutex's as InterProcessMutex's.
   static const char* label_of(const QueueRequest& request) {
+    if (request.primitive == Primitive::election) return kLatchLabel;
     if (request.kind == EntryKind::shared) return kReadLabel;
     return request.primitive == Primitive::shared_mutex ? kWriteLabel : kMutexLabel;
   }
@@ -69,6 +91,8 @@ class LockPlace final : public EntryPlace {
     }
     return false;
   }
+
+  bool election_;
 };
 
 }  // namespace

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/zookeeper/nodes.hpp"
 
 #include <unistd.h>
@@ -33,6 +34,13 @@ std::string random_uuid() {
   return text;
 }
 
+std::string marked_uuid() {
+  auto uuid = random_uuid();
+  return uuid.replace(uuid.size() - 12, 12, kTurnstileMark);
+}
+
+bool is_marked(const std::string& uuid) { return uuid.size() == kUuidLength && uuid.ends_with(kTurnstileMark); }
+
 std::string protected_name(const std::string& uuid, const std::string& label) { return "_c_" + uuid + "-" + label; }
 
 namespace {
@@ -65,6 +73,10 @@ std::optional<EntryNode> parse_entry(const std::string& node) {
   } else if (rest.starts_with(kWriteLabel) || rest.starts_with(kMutexLabel)) {
     entry.kind = EntryKind::exclusive;
     rest.remove_prefix(std::strlen(rest.starts_with(kWriteLabel) ? kWriteLabel : kMutexLabel));
+  } else if (rest.starts_with(kLatchLabel)) {
+    entry.kind = EntryKind::exclusive;
+    entry.latch = true;
+    rest.remove_prefix(std::strlen(kLatchLabel));
   } else if (rest.starts_with(kLeaseLabel) || rest.starts_with(kWaitLabel)) {
     entry.kind = EntryKind::lease;
     rest.remove_prefix(std::strlen(rest.starts_with(kLeaseLabel) ? kLeaseLabel : kWaitLabel));

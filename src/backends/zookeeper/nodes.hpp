@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ZooKeeper backend, laid out as Apache Curator 5's lock recipes lay out their nodes, so
 // turnstile and Curator contenders on one path exclude each other in one FIFO queue:
 //
@@ -8,6 +9,8 @@
 //   Semaphore(limit)        ROOT/a/b/locks/_c_<uuid>-lock-<seq>  the line (a mutex)
 //                           ROOT/a/b/leases/_c_<uuid>-lease-<seq> one per permit held
 //                           (InterProcessSemaphoreV2); ROOT/a/b's data records the limit
+//   Election                ROOT/a/b/_c_<uuid>-latch-<seq>     (Curator LeaderLatch; data: the
+//                           candidate's value, raw; turnstile's uuids end in kTurnstileMark)
 //   PermitCounter           ROOT/a/b/permits (the count, changed by versioned set)
 //                           ROOT/a/b/permit-waiters/_c_<uuid>-wait-<seq> (the line)
 //
@@ -39,11 +42,19 @@ inline constexpr const char* kReadLabel = "__READ__";
 inline constexpr const char* kWriteLabel = "__WRIT__";
 inline constexpr const char* kLeaseLabel = "lease-";
 inline constexpr const char* kWaitLabel = "wait-";
+inline constexpr const char* kLatchLabel = "latch-";
 inline constexpr std::size_t kSequenceDigits = 10;
 inline constexpr std::size_t kUuidLength = 36;
 
 // A version-4 uuid: a Curator protection id (a forked child never repeats its parent's).
 std::string random_uuid();
+// The last 12 hex digits of the protection id of turnstile's election nodes ("turnst"): a
+// Curator LeaderLatch's random uuid ends so with chance 2^-48. A leader's proclaim needs to tell
+// who is directly behind it (ZookeeperHold::proclaim).
+inline constexpr const char* kTurnstileMark = "7475726e7374";
+// A version-4 uuid whose last 12 hex digits are kTurnstileMark.
+std::string marked_uuid();
+bool is_marked(const std::string& uuid);
 // "_c_<uuid>-<label>": the name of a protected node before its sequence suffix.
 std::string protected_name(const std::string& uuid, const std::string& label);
 
@@ -52,7 +63,8 @@ struct EntryNode {
   std::string node;  // the child's name
   std::uint64_t seq = 0;
   EntryKind kind = EntryKind::exclusive;
-  std::string uuid;  // the protection id, "" for unprotected nodes
+  std::string uuid;    // the protection id, "" for unprotected nodes
+  bool latch = false;  // an election candidate's (LeaderLatch's) node
 };
 
 // A queue entry is exactly what Curator names one: [_c_<uuid>-]<label><10 digits>. Anything

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <optional>
 #include <utility>
 
@@ -107,6 +108,16 @@ class PermitLine final : public CounterLine {
       count_watch_.reset();
     });
   }
+  // wait() without a thread: the watch of the predecessor's node or of the count (set by the
+  // look) runs `wake` on the C client's event thread.
+  std::unique_ptr<WakeArm> arm(CounterWait wait, Deadline, Wake wake) override {
+    if (wait == CounterWait::predecessor) {
+      return backend_.arm_on_change(*session_, line_ + "/" + predecessor_, std::move(wake));
+    }
+    // A watch the look could not set: no watch, i.e. a wake at once (the next look sets it).
+    if (!count_watch_set_) count_watch_.reset();
+    return std::make_unique<ArmedWatch>(backend_.connection(), std::move(count_watch_), std::move(wake));
+  }
   bool leave() noexcept override {
     const bool taken = unconfirmed_take_ && resolve_take();
     if (!node_.empty()) backend_.remove_eventually(*session_, line_ + "/" + node_);
@@ -151,7 +162,8 @@ class PermitLine final : public CounterLine {
   // creation, for the wait.
   void read_count(bool watch, const CallBudget& bound) {
     count_watch_.reset();
-    if (watch) count_watch_.emplace(backend_.connection(), count_path_);
+    count_watch_set_ = true;
+    if (watch) count_watch_ = std::make_unique<PathWatch>(backend_.connection(), count_path_);
     for (;;) {
       Stat stat{};
       const auto text = backend_.read(*session_, count_path_, watch, bound, &stat);
@@ -161,7 +173,12 @@ class PermitLine final : public CounterLine {
       if (text || !watch) return;
       const int rc = session_->exists(count_path_, true, bound);  // a watch for its creation
       check_session(*session_, rc);
-      if (rc != ZOK) return;  // still missing (or no answer: the session's events still wake us)
+      if (rc != ZOK) {
+        // Still missing; or no answer: a sleeping thread is still woken by the session's events,
+        // an armed wake runs at once (see arm).
+        count_watch_set_ = rc == ZNONODE;
+        return;
+      }
     }
   }
 
@@ -176,8 +193,9 @@ class PermitLine final : public CounterLine {
   bool has_count_ = false;            // the last look's count, as read from the head
   Count count_;
   int version_ = -1;
-  std::optional<PathWatch> count_watch_;
-  std::stop_token stop_;  // the caller's
+  std::unique_ptr<PathWatch> count_watch_;
+  bool count_watch_set_ = true;  // the server's watch for it is set (else no answer came)
+  std::stop_token stop_;         // the caller's
   struct UnconfirmedTake {
     std::string path;      // the node whose presence tells
     bool applied_if_gone;  // our node in line; else the take's marker (applied if present)

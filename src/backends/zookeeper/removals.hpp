@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Nodes of ours whose removal (or whose creation) could not be confirmed, handed to the core's
 // GuaranteedRemoval: removed once the connection is back, so no entry of ours stays in a queue
 // (where everyone, Curator peers included, would wait behind it) until the session ends.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/zookeeper/session.hpp"
 
 #include <algorithm>
@@ -48,7 +49,7 @@ CallBudget Session::short_budget() const { return Deadline(SteadyClock::now() + 
 // included, which the C client writes only then.
 struct CallState {
   Session* session = nullptr;
-  SteadyClock::time_point sent_at;  // pings: what their answer confirms
+  SteadyClock::time_point sent_at;  // what its answer confirms
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
@@ -59,6 +60,10 @@ struct CallState {
   std::vector<std::string> names;
   std::vector<zoo_op_result_t> results;  // multi
   std::vector<std::vector<char>> buffers;
+  std::uint64_t pipelined = 0;  // remove_pipelined: its Connection::add_pipelined id
+  // arm_data_watch: the wake, and what the node's data must say for the wait to go on.
+  std::shared_ptr<WakeSlot> wake{};
+  bool (*still_blocks)(const std::string&) = nullptr;
 };
 
 namespace {
@@ -139,11 +144,16 @@ void stat_done(int rc, const Stat* stat, const void* data) {
   });
 }
 
+// A node's data as we read it: what a server or peer stores beyond kMaxNodeData reads as
+// empty (a foreign node).
+std::string node_text(const char* value, int length) {
+  if (!value || length <= 0 || static_cast<std::size_t>(length) > kMaxNodeData) return {};
+  return {value, static_cast<std::size_t>(length)};
+}
+
 void data_done(int rc, const char* value, int length, const Stat* stat, const void* data) {
   complete(data, rc, [&](CallState& call) {
-    // What a server or peer stores beyond kMaxNodeData reads as empty (a foreign node).
-    if (value && length > 0 && static_cast<std::size_t>(length) <= kMaxNodeData)
-      call.value.assign(value, static_cast<std::size_t>(length));
+    call.value = node_text(value, length);
     if (stat) call.stat = *stat;
     call.has_stat = stat != nullptr;
   });
@@ -165,18 +175,19 @@ Session::~Session() {
 }
 
 template <class Start>
-int Session::run(const CallBudget& bound, const std::shared_ptr<CallState>& call, Start start) {
+int Session::begin(const std::shared_ptr<CallState>& call, Start start) {
   call->session = this;
-  const auto sent_at = SteadyClock::now();
+  call->sent_at = SteadyClock::now();
   void* context = in_flight().add(call);
   const int started = start(context);
-  if (started != ZOK) {
-    // Refused before the C client registered the completion (bad arguments, a closed or
-    // expired handle): ours to drop. Other refusals (out of memory inside the client) may come
-    // after it registered it: left to that completion, or to ~Session.
-    if (started == ZBADARGUMENTS || started == ZINVALIDSTATE) in_flight().claim(context);
-    return started;
-  }
+  // Refused before the C client registered the completion (bad arguments, a closed or expired
+  // handle): ours to drop. Other refusals (out of memory inside the client) may come after it
+  // registered it: left to that completion, or to ~Session.
+  if (started == ZBADARGUMENTS || started == ZINVALIDSTATE) in_flight().claim(context);
+  return started;
+}
+
+int Session::finish(const CallBudget& bound, const std::shared_ptr<CallState>& call) {
   // A stop ends the wait as its bound passing would (registered before the lock is taken: it
   // runs at once when the stop was requested already).
   std::stop_callback on_stop(bound.stop(), [&call] {
@@ -199,16 +210,21 @@ int Session::run(const CallBudget& bound, const std::shared_ptr<CallState>& call
   lock.unlock();
   // Confirmed on the caller's thread: it may resume holds, whose callbacks must not run on the
   // C client's completion thread.
-  if (server_answered(rc)) confirm(sent_at);
+  if (server_answered(rc)) confirm(call->sent_at);
   return rc;
 }
 
-int Session::create(Creation& creation, const CallBudget& bound) {
-  const auto& path = creation.path;
-  const auto& data = creation.data;
-  const int flags = creation.flags;
-  auto call = std::make_shared<CallState>();
-  const int rc = run(bound, call, [&](void* context) {
+template <class Start>
+int Session::run(const CallBudget& bound, const std::shared_ptr<CallState>& call, Start start) {
+  const int started = begin(call, start);
+  return started == ZOK ? finish(bound, call) : started;
+}
+
+int Session::start_create(const Creation& creation, const std::shared_ptr<CallState>& call) {
+  return begin(call, [&](void* context) {
+    const auto& path = creation.path;
+    const auto& data = creation.data;
+    const int flags = creation.flags;
     if (creation.want_stat) {
       return zoo_acreate2(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), connection_.acl(), flags,
                           string_stat_done, context);
@@ -216,10 +232,38 @@ int Session::create(Creation& creation, const CallBudget& bound) {
     return zoo_acreate(handle_, path.c_str(), data.data(), static_cast<int>(data.size()), connection_.acl(), flags,
                        string_done, context);
   });
+}
+
+int Session::create(Creation& creation, const CallBudget& bound) {
+  auto call = std::make_shared<CallState>();
+  const int started = start_create(creation, call);
+  const int rc = started == ZOK ? finish(bound, call) : started;
   if (rc == ZOK) {
     creation.created = call->value;
     creation.stat = call->stat;
   }
+  return rc;
+}
+
+int Session::create_and_list(Creation& creation, const std::string& parent, const CallBudget& bound,
+                             std::vector<std::string>* children, int* listed) {
+  // Sent back to back on the one socket: the server runs a session's requests in the order they
+  // came, so the listing is read after the create was applied, as if it were sent after its
+  // reply, and both cost one round trip.
+  auto create_call = std::make_shared<CallState>();
+  auto list_call = std::make_shared<CallState>();
+  int rc = start_create(creation, create_call);
+  *listed = rc != ZOK ? rc : begin(list_call, [&](void* context) {
+    return zoo_aget_children(handle_, parent.c_str(), 0, strings_done, context);
+  });
+  if (rc == ZOK) rc = finish(bound, create_call);
+  if (rc == ZOK) {
+    creation.created = create_call->value;
+    creation.stat = create_call->stat;
+  }
+  // The listing is waited for only after a create that was applied (else it says nothing).
+  if (*listed == ZOK) *listed = rc == ZOK ? finish(bound, list_call) : ZOPERATIONTIMEOUT;
+  if (*listed == ZOK) *children = std::move(list_call->names);
   return rc;
 }
 
@@ -287,6 +331,7 @@ int Session::multi(const std::vector<Op>& ops, const CallBudget& bound, std::vec
         zoo_set_op_init(&zoo_ops[i], op.path.c_str(), op.data.data(), static_cast<int>(op.data.size()), op.version,
                         nullptr);
         break;
+      case Op::Kind::check: zoo_check_op_init(&zoo_ops[i], op.path.c_str(), op.version); break;
     }
   }
   const int rc = run(bound, call, [&](void* context) {
@@ -355,7 +400,58 @@ void Session::watch_held_node(const std::string& path) {
   if (rc != ZOK) held_node_answered(path, ZCONNECTIONLOSS);                    // tried again later
 }
 
+namespace {
+void pipelined_done(int rc, const void* data) {
+  if (const auto call = in_flight().claim(data)) {
+    if (server_answered(rc)) call->session->heard_from_server();
+    call->session->connection().pipelined_answered(call->pipelined, rc);
+  }
+}
+}  // namespace
+
+void Session::remove_pipelined(const std::string& path, std::function<void(int rc)> finish) {
+  auto call = std::make_shared<CallState>();
+  call->session = this;
+  call->pipelined = connection_.add_pipelined(std::move(finish));
+  const auto id = call->pipelined;
+  void* context = in_flight().add(std::move(call));
+  const int rc = zoo_adelete(handle_, path.c_str(), -1, pipelined_done, context);
+  if (rc == ZOK) return;
+  if (rc == ZBADARGUMENTS || rc == ZINVALIDSTATE) in_flight().claim(context);  // see Session::run
+  // Not sent (or its completion comes too: the first answer wins, see pipelined_answered).
+  if (auto unsent = connection_.take_pipelined(id)) unsent(rc);
+}
+
 void Session::held_node_answered(const std::string& path, int rc) { connection_.held_node_answered(*this, path, rc); }
+
+namespace {
+// On the C client's completion thread: only the wake runs here (it posts the next look).
+void data_watch_set(int rc, const char* value, int length, const Stat*, const void* data) {
+  const auto call = in_flight().claim(data);
+  if (!call) return;
+  if (server_answered(rc)) call->session->heard_from_server();
+  if (rc == ZOK && (!call->still_blocks || call->still_blocks(node_text(value, length)))) {
+    call->wake->watch_set = true;  // its event runs the wake
+    return;
+  }
+  call->wake->fire();  // nothing to watch for: the next look tells why
+}
+}  // namespace
+
+void Session::arm_data_watch(const std::string& path, bool (*still_blocks)(const std::string&),
+                             std::shared_ptr<WakeSlot> wake) {
+  auto call = std::make_shared<CallState>();
+  call->session = this;
+  call->sent_at = SteadyClock::now();
+  call->wake = wake;
+  call->still_blocks = still_blocks;
+  void* context = in_flight().add(std::move(call));
+  // getData, not exists: a node already gone leaves no watch behind.
+  const int rc = zoo_aget(handle_, path.c_str(), 1, data_watch_set, context);
+  if (rc == ZOK) return;
+  if (rc == ZBADARGUMENTS || rc == ZINVALIDSTATE) in_flight().claim(context);  // see Session::run
+  connection_.wake_soon(std::move(wake));  // not sent (the session is gone): never inside arm()
+}
 
 bool Session::start_ping() {
   // A few at most: the C client fails them all when it declares the connection lost.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One ZooKeeper connection per turnstile client, through the C client's multithreaded API.
 //
 // A Session is one zhandle_t, i.e. one ZooKeeper session: its ephemeral nodes live exactly as
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stop_token>
@@ -36,6 +38,7 @@ using std::chrono::milliseconds;
 inline constexpr std::size_t kMaxNodeData = 64 * 1024;
 
 class Connection;
+class WakeSlot;
 // One call's completion state (session.cpp).
 struct CallState;
 
@@ -48,6 +51,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Session& operator=(const Session&) = delete;
 
   zhandle_t* handle() const { return handle_; }
+  Connection& connection() const { return connection_; }
   // The server's id of the session: the ephemeralOwner of the nodes it creates.
   std::int64_t id() const { return zoo_client_id(handle_)->client_id; }
   // The timeout the server granted (known once connected).
@@ -91,6 +95,11 @@ class Session : public std::enable_shared_from_this<Session> {
     Stat stat{};             // its Stat, with want_stat
   };
   int create(Creation& creation, const CallBudget& bound);
+  // A create and, pipelined behind it, the listing of `parent` (unwatched): one round trip. The
+  // create's code is returned; `listed` gets the listing's (ZOK: `children` read after the
+  // create was applied), which is only waited for when the create was applied.
+  int create_and_list(Creation& creation, const std::string& parent, const CallBudget& bound,
+                      std::vector<std::string>* children, int* listed);
   int remove(const std::string& path, const CallBudget& bound, int version = -1);
   int get(const std::string& path, bool watch, const CallBudget& bound, std::string* data, Stat* stat = nullptr);
   int exists(const std::string& path, bool watch, const CallBudget& bound, Stat* stat = nullptr);
@@ -98,11 +107,11 @@ class Session : public std::enable_shared_from_this<Session> {
   int children(const std::string& path, bool watch, const CallBudget& bound, std::vector<std::string>* names);
   // One operation of a transaction.
   struct Op {
-    enum class Kind { create, remove, set } kind;
+    enum class Kind { create, remove, set, check } kind;
     std::string path;
     std::string data;  // create, set
     int flags = 0;     // create
-    int version = -1;  // remove, set
+    int version = -1;  // remove, set, check (-1: any version; check: the node must exist)
     static Op create(std::string path, std::string data, int flags) {
       return {Kind::create, std::move(path), std::move(data), flags, -1};
     }
@@ -110,7 +119,13 @@ class Session : public std::enable_shared_from_this<Session> {
     static Op set(std::string path, std::string data, int version) {
       return {Kind::set, std::move(path), std::move(data), 0, version};
     }
+    static Op check(std::string path, int version = -1) { return {Kind::check, std::move(path), {}, 0, version}; }
   };
+  // Sends the deletion of `path` without waiting for it: ZooKeeper applies one session's
+  // requests in order, so this session's later calls come after it. `finish` gets the C
+  // client's code exactly once: on the connection's keeper thread (a hold's callbacks must not
+  // run on the C client's completion thread), at once when the C client refused to send it.
+  void remove_pipelined(const std::string& path, std::function<void(int rc)> finish);
   // A transaction; `created` receives the paths the creates made, in order.
   int multi(const std::vector<Op>& ops, const CallBudget& bound, std::vector<std::string>* created = nullptr);
   // Brings the server we talk to up to date with the leader for `path` (zoo_async), so the
@@ -125,6 +140,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // answer goes to Connection::held_node_answered. Never waits.
   void watch_held_node(const std::string& path);
   void held_node_answered(const std::string& path, int rc);
+  // For an armed wake (QueuePlace::arm; the Connection has its waiter on `path` already): sets
+  // a data watch on `path`, and runs `wake` on the answer when there is nothing to watch for
+  // (the node is gone, `still_blocks` says its data no longer blocks, the session is gone, the
+  // call failed); a set watch's event runs it later. Never waits.
+  void arm_data_watch(const std::string& path, bool (*still_blocks)(const std::string&),
+                      std::shared_ptr<WakeSlot> wake);
 
  private:
   friend class Connection;
@@ -138,9 +159,13 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<SteadyClock::time_point> confirmed_at_{SteadyClock::time_point{}};
   std::atomic<int> pings_in_flight_{0};
   std::atomic<bool> silent_{false};
-  // Runs one asynchronous call (see session.cpp).
+  // Runs one asynchronous call (see session.cpp): begin sends it, finish waits for its reply.
   template <class Start>
   int run(const CallBudget& bound, const std::shared_ptr<CallState>& call, Start start);
+  template <class Start>
+  int begin(const std::shared_ptr<CallState>& call, Start start);
+  int finish(const CallBudget& bound, const std::shared_ptr<CallState>& call);
+  int start_create(const Creation& creation, const std::shared_ptr<CallState>& call);
 };
 
 // The children of `parent` whose name carries `uuid` (a Curator protection id) and that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a zk:// URL and the client's options say: the servers, the chroot, the digest
 // credentials, the session timeout asked for.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ZooKeeper backend's fixed waits, all in one place: its values of the core's TimePolicy,
 // then the few that only ZooKeeper has.
 #pragma once
@@ -38,6 +39,13 @@ inline constexpr TimePolicy kZookeeperTimes{
 inline constexpr milliseconds kShortWaitMin{500};
 // The first connection waits at most this (unless the session timeout is shorter).
 inline constexpr milliseconds kMaxConnectWait{15000};
+// A first connection not made this soon asks the refusal probe (core/refusal_probe.hpp)
+// whether every server refuses: a local server answers well within it, so a healthy connect
+// costs the servers no probe, and a refused one still fails within ~1/10 s.
+inline constexpr milliseconds kRefusalProbeAfter{25};
+// The probe waits this long at most for a server that neither accepts nor refuses (a dropped
+// SYN): then the connect waits on, as for any server that might still answer.
+inline constexpr milliseconds kRefusalProbeBound{1000};
 // Between attempts after connection trouble: no busy loop while the link is down.
 inline constexpr milliseconds kRetryPause{50};
 // A call waiting for its reply looks this often whether its session expired meanwhile.

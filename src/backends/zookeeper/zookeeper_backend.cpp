@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "backends/zookeeper/zookeeper_backend.hpp"
 
 #include <algorithm>
@@ -9,7 +10,17 @@
 namespace turnstile::detail::zookeeper {
 
 void ZookeeperBackend::ensure_path(Session& session, const std::string& path, const CallBudget& bound) {
-  // Top down: each level exists or is created; a container left empty is reaped by the server.
+  // Top down: each level exists or is created; a container left empty is reaped by the server,
+  // also between our creates of two levels (the lower one then finds no parent: from the top
+  // again, a few times at most).
+  for (int pass = 1;; ++pass) {
+    const int rc = create_levels(session, path, bound);
+    if (rc == ZOK) return;
+    if (rc != ZNONODE || pass == kPathPasses) give_up(bound, "create of '" + path + "'", rc);
+  }
+}
+
+int ZookeeperBackend::create_levels(Session& session, const std::string& path, const CallBudget& bound) {
   for (std::size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
     const auto prefix = slash == std::string::npos ? path : path.substr(0, slash);
     for (;;) {
@@ -21,15 +32,16 @@ void ZookeeperBackend::ensure_path(Session& session, const std::string& path, co
         containers_supported_ = false;  // a server before 3.5: persistent parents, as Curator does
         continue;
       }
+      if (rc == ZNONODE) return rc;  // the level above was reaped meanwhile
       if (!retry_after(session, rc, bound)) give_up(bound, "create of '" + prefix + "'", rc);
     }
-    if (slash == std::string::npos) break;
+    if (slash == std::string::npos) return ZOK;
   }
 }
 
 ZookeeperBackend::MadeEntry ZookeeperBackend::create_entry(Session& session, const NewEntry& entry,
                                                            const CallBudget& bound) {
-  const auto& [parent, label, uuid, data, want_token] = entry;
+  const auto& [parent, label, uuid, data, want_token, want_listing] = entry;
   const auto own_token = [&](const std::string& path) {
     return want_token ? read_token(session, path, bound, {session.weak_from_this(), path, "", ""}) : 0;
   };
@@ -39,14 +51,20 @@ ZookeeperBackend::MadeEntry ZookeeperBackend::create_entry(Session& session, con
                                .data = data,
                                .flags = ZOO_EPHEMERAL_SEQUENTIAL,
                                .want_stat = want_token && create2_supported_};
-    const int rc = session.create(creation, bound);
+    std::vector<std::string> children;
+    int listed = ZNOTHING;
+    const int rc = want_listing ? session.create_and_list(creation, parent, bound, &children, &listed)
+                                : session.create(creation, bound);
     if (rc == ZUNIMPLEMENTED && creation.want_stat) {
       create2_supported_ = false;  // a server before 3.5
       continue;
     }
     if (rc == ZOK) {
       const auto token = creation.want_stat ? token_of(creation.stat) : own_token(creation.created);
-      return {creation.created.substr(parent.size() + 1), token};
+      MadeEntry made{creation.created.substr(parent.size() + 1), token, std::nullopt};
+      // A listing that failed is not retried here: the place's first look lists again.
+      if (listed == ZOK) made.listing = std::move(children);
+      return made;
     }
     if (rc == ZNONODE) {
       ensure_path(session, parent, bound);  // first use, or the server reaped the empty container
@@ -54,7 +72,7 @@ ZookeeperBackend::MadeEntry ZookeeperBackend::create_entry(Session& session, con
     }
     check_session(session, rc);
     if (!connection_trouble(rc)) throw_error("create under '" + parent + "'", rc);
-    if (auto mine = find_own(session, parent, uuid, bound)) return {*mine, own_token(parent + "/" + *mine)};
+    if (auto mine = find_own(session, parent, uuid, bound)) return {*mine, own_token(parent + "/" + *mine), {}};
     // Not made: create it again (same protection id, so a second loss is resolved alike).
   }
 }
@@ -154,6 +172,15 @@ void ZookeeperBackend::wait_for_change(Session& session, const std::string& path
   if (!data || (still_blocks && !still_blocks(*data))) return;
   watch.sleep(caller);
   check_session(session, ZOK);
+}
+
+std::unique_ptr<WakeArm> ZookeeperBackend::arm_on_change(Session& session, const std::string& path, Wake wake,
+                                                         bool (*still_blocks)(const std::string&)) {
+  // Registered before the call that sets the server's watch, as wait_for_change does.
+  auto armed = std::make_unique<ArmedWatch>(connection_, std::make_unique<PathWatch>(connection_, path),
+                                            std::move(wake), /*watch_set=*/false);
+  session.arm_data_watch(path, still_blocks, armed->slot());
+  return armed;
 }
 
 // One lease node per permit, all made in one multi (Curator's layout): the request must fit

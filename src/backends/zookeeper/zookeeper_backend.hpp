@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ZooKeeper backend: storage for the core's queue loop in Curator 5's node layout, so
 // turnstile and Curator contenders on one path exclude each other in one FIFO queue.
 //
@@ -38,12 +39,22 @@ class ZookeeperBackend;
 class ZookeeperHold final : public BackendHold {
  public:
   ZookeeperHold(ZookeeperBackend& backend, std::shared_ptr<Session> session, std::vector<std::string> paths,
-                std::uint64_t token, std::shared_ptr<LossSignal> loss);
+                std::uint64_t token, std::shared_ptr<LossSignal> loss, bool election = false);
   ~ZookeeperHold() override;
 
   std::uint64_t fencing_token() const override { return token_; }
   void downgrade() override;
+  // An election leader's new value (election.cpp): setData at the version just read, refused
+  // while a node that is not turnstile's is directly behind ours (a Curator LeaderLatch there
+  // drops its watch on a data change, LeaderLatch.java:640, and would never take over).
+  void proclaim(const std::string& value) override;
   void release() override;
+  // A single node on a connected session: its deletion is sent and `done` runs on the keeper's
+  // thread when answered. Several lease nodes, an earlier unconfirmed attempt or a connection
+  // that is down: release(), then `done`.
+  void release_pipelined(ReleaseDone done) override;
+  // "zk1 <session id in hex> <path>...": the nodes and the session that owns them.
+  std::string receipt() const override;
 
  private:
   ZookeeperBackend& backend_;
@@ -52,8 +63,12 @@ class ZookeeperHold final : public BackendHold {
   std::uint64_t token_;
   std::shared_ptr<LossSignal> loss_;
   std::shared_ptr<ServerLease> lease_;  // the session's, when the hold was made
+  bool election_;                       // a LeaderLatch node: proclaim rewrites its data
   bool released_ = false;
   bool unconfirmed_release_ = false;  // a release attempt's outcome was unknown
+  // What a release's answer `rc` means: released (the loss told when the session is gone), or
+  // throws BackendUnavailable (tried again later) or the server's error.
+  void settle_release(int rc);
 };
 
 // Storage for the core's queue loop: join makes our entry node and hands out its place (below);
@@ -64,13 +79,18 @@ class ZookeeperBackend final : public Backend {
 
   std::unique_ptr<QueuePlace> join(const QueueRequest& request, bool try_once, Deadline deadline,
                                    Standing& first) override;
+  bool has_elections() const override { return true; }  // Curator LeaderLatch's nodes (lock_place.cpp)
+  // An observer wakes on the name's child watch and its head's data watch (election.cpp).
+  std::unique_ptr<LeaderWatch> watch_leader(const std::string& name) override;
   std::unique_ptr<CounterLine> counter_line(const std::string& name, std::int64_t permits,
                                             const std::stop_token& stop) override;
   Inspection inspect(const std::string& name, Deadline deadline) override;
+  QueueNames queue_names(const std::string& prefix, std::size_t max_names, Deadline deadline) override;
   bool counter_try_set(const std::string& name, std::int64_t permits) override;
   std::int64_t counter_add(const std::string& name, std::int64_t delta) override;
   std::optional<std::int64_t> counter_get(const std::string& name) override;
   std::int64_t counter_drain(const std::string& name) override;
+  bool release_receipt(const std::string& receipt, Deadline deadline) override;  // hold.cpp
 
   Connection& connection() { return connection_; }
   // Hands nodes of ours to the background removal (see Orphan). Never blocks.
@@ -111,11 +131,14 @@ class ZookeeperBackend final : public Backend {
     std::string uuid{};  // its protection id
     std::string data{};
     bool want_token = false;
+    bool want_listing = false;  // the parent's children, read in the create's round trip
   };
-  // The entry made: its name (not path) and, with want_token, its fencing token (token_of).
+  // The entry made: its name (not path) and, with want_token, its fencing token (token_of);
+  // with want_listing, the parent's children read after the create, when that read answered.
   struct MadeEntry {
     std::string node{};
     std::uint64_t token = 0;
+    std::optional<std::vector<std::string>> listing{};
   };
   // Creates an ephemeral sequential entry. After a connection loss it looks for its own node by
   // the protection id.
@@ -139,6 +162,10 @@ class ZookeeperBackend final : public Backend {
   // or `still_blocks` says its data (read with the watch, so no change is missed) no longer does.
   void wait_for_change(Session& session, const std::string& path, const CallBudget& caller,
                        bool (*still_blocks)(const std::string&) = nullptr);
+  // wait_for_change without a thread: `wake` runs (on the C client's event thread) when `path`
+  // changes, is gone already or no longer blocks, or the session ends. Never waits.
+  std::unique_ptr<WakeArm> arm_on_change(Session& session, const std::string& path, Wake wake,
+                                         bool (*still_blocks)(const std::string&) = nullptr);
   // Throws InvalidArgument when a lease request cannot be one ZooKeeper transaction.
   void check_lease_request(const QueueRequest& request, const std::string& lease_prefix, const std::string& lease_data);
   // One change of a PermitCounter's count (`ops`, to which it adds its marker): ZOK when
@@ -164,6 +191,9 @@ class ZookeeperBackend final : public Backend {
   Deadline call_deadline() const { return CallBudget().call_end(call_limits()); }
   std::optional<std::string> find_own(Session& session, const std::string& parent, const std::string& uuid,
                                       const CallBudget& bound);
+  // ensure_path's one pass, top down: ZOK, or ZNONODE when a level above was reaped meanwhile.
+  int create_levels(Session& session, const std::string& path, const CallBudget& bound);
+  static constexpr int kPathPasses = 5;
   void inspect_lock(Session& session, const std::string& path, const std::vector<std::string>& children,
                     Inspection& result, Deadline deadline);
   void inspect_semaphore(Session& session, const std::string& path, Inspection& result, Deadline deadline);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A program of someone else's, built against an installed turnstile (find_package or pkg-config).
 #include <turnstile/turnstile.hpp>
 

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Shared head of every script (prepended at build time; Redis scripts cannot include).
 -- Each family keeps what one name needs in ONE hash, so that eviction or deletion takes all of
 -- it or nothing; scripts read it whole (HGETALL), decide, and write back only what changed.
@@ -155,11 +156,12 @@ end
 
 -- Reads a family's hash whole: 'seq' (the last number handed out), numbered items (given to
 -- `parse(seq, field, value)`, which returns the item, or nil to drop it: expired or unreadable),
--- request records (stale ones reaped), and anything else, which is dropped. Returns the items
+-- request records (stale ones reaped), fields `keep` claims, and anything else, which is dropped. Returns the items
 -- in order and the largest number seen ('seq' or an item's, whichever is larger). A 'seq' that
 -- is no token of ours is ignored (then rewritten): the clock floor of new tokens, and the
 -- entries' own numbers, keep tokens growing; a numbered field that is no token is dropped.
-local function load_hash(key, parse)
+-- `keep(field, value)` (optional) claims the family's other fields: true keeps the field as is.
+local function load_hash(key, parse, keep)
   local items, last = {}, 0
   local flat = redis.call('HGETALL', key)
   for i = 1, #flat, 2 do
@@ -172,7 +174,7 @@ local function load_hash(key, parse)
       last = math.max(last, seq)
       local item = parse(seq, field, value)
       if item then items[#items + 1] = item else drop(field) end
-    elseif not load_record(field, value) then
+    elseif not load_record(field, value) and not (keep and keep(field, value)) then
       drop(field)
     end
   end
@@ -180,10 +182,20 @@ local function load_hash(key, parse)
   return items, last
 end
 
+-- The hash's field count once flush() has run: `fields` is the hash as loaded whole (HGETALL),
+-- with every put and drop since, so this is what HLEN would answer, without asking.
+local function field_count()
+  local count = 0
+  for _ in pairs(fields) do count = count + 1 end
+  return count
+end
+
 -- Writes 'seq' when it grew, then everything changed (request records kept `keep_ms`, at
--- least memory_ms).
-local function save_hash(key, last, keep_ms)
+-- least memory_ms), in one HSET (and one HDEL when something went). `last_put` (optional)
+-- runs just before the write, to put what depends on everything else put.
+local function save_hash(key, last, keep_ms, last_put)
   if last > (token_of(fields['seq']) or 0) then put('seq', fmt(last)) end
   save_records(keep_ms)
+  if last_put then last_put() end
   flush(key)
 end

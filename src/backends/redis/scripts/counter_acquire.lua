@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Takes permits in arrival order. ARGV: 2 permits, 3 lease ms, 4 mode (0 wait, 1 try once,
 -- 2 only leave the line), 5 "<pid> <host>", 6 the request (marked: see common_prelude; the same
 -- for every look of one acquire call), 7 " <holder label>" or "". Returns {1} taken (now, or by

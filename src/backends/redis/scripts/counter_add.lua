@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- addPermits / release: ARGV 2 delta (may be negative), 3 the request (marked: see
 -- common_prelude), 4 the largest count allowed. Returns {1, the new count}; {0, the count} when
 -- the change would move the count further beyond [-max, max] (refused, nothing changed); moving

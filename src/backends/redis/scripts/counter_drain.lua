@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- drainPermits: the count becomes 0; returns what it was (0 when never set, left unset).
 -- ARGV: 2 the request (marked). At most once, as counter_add.
 local done, bad = load_or_recall(ARGV[2])

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- The PermitCounter's value (false when never set) and its waiters {seq, "<pid> <host>
 -- <since ms>"} in order.
 load()

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- The PermitCounter scripts. Redisson's RSemaphore layout, so Java and C++ share the permits:
 -- KEYS[1] is the name itself, a plain string holding the count, and releases are published on
 -- ARGV[1] (Redisson's channel for the name). turnstile's FIFO of waiters lives beside it, in

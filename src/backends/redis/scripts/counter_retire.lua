@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Retires a request whose sender gave up without an answer (the background clean-up retries
 -- this until it is answered): whatever of it arrives later changes nothing. ARGV: 2 the
 -- request (marked), 3 the permits its take would have taken ('0' for addPermits, drain or

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- trySetPermits: only when the count was never set. ARGV: 2 permits, 3 the request (marked).
 -- Returns 1 or 0. At most once, as counter_add.
 local done, bad = load_or_recall(ARGV[3])

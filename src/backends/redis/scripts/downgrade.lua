@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- A writer becomes a reader in place: same position, same fencing token; readers queued
 -- behind it are admitted. ARGV: 2 seq, 3 request id. Returns 1, or 0 when the entry is gone.
 load()

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Extends the leases of this client's entries of one name and reports where each stands.
 -- ARGV: 2 lease ms, then pairs (seq, request id). Returns per pair: 0 gone (expired, removed,
 -- or not ours: the name's state was lost), 1 waiting, 2 admitted. The watchdog renews all of a
