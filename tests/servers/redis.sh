@@ -4,6 +4,8 @@
 #   redis.sh start DIR   data, log and pid under DIR; writes the URL to DIR/url
 #   redis.sh stop DIR
 #   redis.sh restart DIR   the same port, empty (what a crash without persistence looks like)
+#   redis.sh pause DIR / resume DIR   stops the process (SIGSTOP) and continues it: it answers
+#     nobody, for as long as the test wants, and keeps every connection and key
 # Persistence is off: a restart forgets everything, as the restart tests want.
 # TURNSTILE_CLUSTER_NETNS / TURNSTILE_CLUSTER_HOSTS at start: in a network namespace (common.sh).
 set -eu
@@ -61,8 +63,14 @@ restart)
   launch "$port"
   wait_until 50 pong "$port"
   ;;
+pause)
+  kill -STOP "$(cat "$dir/redis.pid")"
+  ;;
+resume)
+  kill -CONT "$(cat "$dir/redis.pid")"
+  ;;
 *)
-  echo "usage: $0 start|stop|restart DIR" >&2
+  echo "usage: $0 start|stop|restart|pause|resume DIR" >&2
   exit 64
   ;;
 esac

@@ -33,18 +33,20 @@ launch() {
     -cp "$classpath" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg"
 }
 
-# Answers the four-letter command `ruok` (imok when serving), from the server's namespace.
-ruok() {
-  reply=$(in_server timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1" && printf ruok >&3 && head -c 4 <&3' \
+# Serving client requests: the four-letter command `srvr` names the server's mode. `ruok`
+# would not do: it answers imok as soon as the port is bound, while a restarted server may still
+# be loading its data and refuses sessions (a client's connect then timed out under load).
+serving() {
+  reply=$(in_server timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1" && printf srvr >&3 && cat <&3' \
     "$server_host" "$1" 2>/dev/null || true)
-  [ "$reply" = imok ]
+  case "$reply" in *"Mode: "*) return 0 ;; *) return 1 ;; esac
 }
 
 zookeeper_exited() {
   process_gone "$(cat "$dir/zookeeper.pid")"
 }
 
-# The server on PORT, answering ruok; otherwise stopped again (one that lost the race for the
+# The server on PORT, serving; otherwise stopped again (one that lost the race for the
 # port has exited).
 try_port() {  # PORT
   port=$1
@@ -62,7 +64,7 @@ ${TURNSTILE_ZK_FORCESYNC:+forceSync=$TURNSTILE_ZK_FORCESYNC}
 CFG
   : > "$dir/zookeeper.log"
   launch
-  if wait_until 150 eval 'ruok "$port" || zookeeper_exited' && ruok "$port"; then
+  if wait_until 150 eval 'serving "$port" || zookeeper_exited' && serving "$port"; then
     echo "zk://$server_host:$port" > "$dir/url"
     echo "zookeeper ready on $server_host:$port"
     return 0
@@ -94,7 +96,7 @@ restart)
   "$0" stop "$dir"
   port=$(sed -n 's/^clientPort=//p' "$dir/zoo.cfg")
   launch
-  if wait_until 300 ruok "$port"; then
+  if wait_until 600 serving "$port"; then
     echo "zookeeper restarted on $server_host:$port"
     exit 0
   fi
