@@ -3,6 +3,7 @@
 """`turnstile serve` as a person would use it, against one backend.
 
   serve_test.py CLI FAMILY [URL-FILE] [--browser] [--screenshot PNG]
+  serve_test.py CLI file --scene PNG   (the README's picture: a few jobs, a deploy, a pool)
 
 Starts `turnstile serve` on a free loopback port, takes a hold and queues a waiter with
 `turnstile hold`, and checks what /state.json, /metrics (parsed by python3-prometheus-client's
@@ -314,6 +315,28 @@ def unfilter(raw, width, height, channels):
     return rows
 
 
+def take_scene(cli, path):
+    """A screenshot of the page over a day's holds and waiters: the README's picture."""
+    scene = Scene(cli, "file://" + tempfile.mkdtemp(prefix="serve-scene-"), "")
+    try:
+        scene.hold("jobs/nightly-backup", "backup db1 (cron)")
+        scene.hold("deploy/web-prod", "deploy #1841 by ci")
+        for worker in range(1, 4):
+            scene.hold("pool/db-connections", f"importer {worker}", "--limit", "3", "--semaphore")
+        time.sleep(2)  # the waiters' ages then differ from the holders' (for the picture only)
+        scene.hold("jobs/nightly-backup", "report app2 (cron)", wait_until_held=False)
+        scene.hold("jobs/nightly-backup", "vacuum db1 (cron)", wait_until_held=False)
+        scene.hold("deploy/web-prod", "deploy #1842 by ci", wait_until_held=False)
+        scene.hold("pool/db-connections", "importer 4", "--limit", "3", "--semaphore", wait_until_held=False)
+        eventually("the scene's four waiters queued",
+                   lambda: sum(len(q["waiters"]) for q in scene.state()["names"]) == 4)
+        browser = chromium("--screenshot=" + path, "--window-size=900,1130", "--hide-scrollbars",
+                           "--virtual-time-budget=2000", scene.base + "?updates=1")
+        finish(browser, "--screenshot")
+    finally:
+        scene.close()
+
+
 def backend_url(family, url_file, cli):
     """The URL to serve, with credentials where the fixture can check them."""
     if family == "file":
@@ -339,6 +362,9 @@ def main():
         args = [a for a in args if a not in ("--screenshot", screenshot)]
     args = [a for a in args if a != "--browser"]
     cli, family = args[0], args[1]
+    if "--scene" in args:
+        take_scene(cli, args[args.index("--scene") + 1])
+        return 0
     url = backend_url(family, args[2] if len(args) > 2 else None, cli)
     prefix = f"serve-test-{os.getpid()}-{int(time.time())}/"
     scene = Scene(cli, url, prefix)
