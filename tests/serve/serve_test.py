@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 WAIT = 90  # seconds any one expected state may take to show, on a loaded machine
 SECRET = "s3cret-serve-pw"
+MAX_LIVE_PAGES = 3
 
 
 class Failure(Exception):
@@ -78,7 +79,8 @@ class Scene:
         self.cli, self.url, self.prefix = cli, url, prefix
         self.holds = []
         self.serve = subprocess.Popen(
-            [cli, "serve", "--backend", url, "--listen", "127.0.0.1:0", "--interval", "0.2", "--name-label", prefix],
+            [cli, "serve", "--backend", url, "--listen", "127.0.0.1:0", "--interval", "0.2", "--name-label",
+             "--max-live-pages", str(MAX_LIVE_PAGES), prefix],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         line = read_line(self.serve, "turnstile serve")
         found = re.search(r"listening on (http://127\.0\.0\.1:\d+/)", line)
@@ -200,6 +202,35 @@ def check_state_and_metrics(scene):
         return queue and labels(queue["holders"]) == ["second in line"] and not queue["waiters"]
     eventually("/state.json showing the waiter holding once the holder let go", handed_over)
     check_metrics(scene, name, 1, 0)
+
+
+def check_listen_refusals(cli, url):
+    """Addresses that are not loopback are refused without --allow-remote, with exit 64."""
+    for address in ("0.0.0.0:0", "[::]:0", "192.168.1.10:0", "example.org:0", "127.0.0.1:70000"):
+        done = subprocess.run([cli, "serve", "--backend", url, "--listen", address], capture_output=True,
+                              timeout=60, text=True)
+        if done.returncode != 64 or "--listen" not in done.stderr and "--allow-remote" not in done.stderr:
+            raise Failure(f"serve --listen {address}: exit {done.returncode}, {done.stderr!r}")
+
+
+def check_guards(scene):
+    """A request for another host name is refused (DNS rebinding); live pages are bounded."""
+    request = urllib.request.Request(scene.base + "state.json", headers={"Host": "rebound.example:80"})
+    try:
+        urllib.request.urlopen(request, timeout=20)
+        raise Failure("a request with Host: rebound.example was answered")
+    except urllib.error.HTTPError as error:
+        if error.code != 421:
+            raise Failure(f"a request with Host: rebound.example got {error.code}, not 421")
+    streams = [urllib.request.urlopen(scene.base + "events", timeout=20) for _ in range(MAX_LIVE_PAGES)]
+    try:
+        urllib.request.urlopen(scene.base + "events", timeout=20)
+        raise Failure(f"a live page beyond --max-live-pages {MAX_LIVE_PAGES} was served")
+    except urllib.error.HTTPError as error:
+        if error.code != 503:
+            raise Failure(f"a live page beyond the bound got {error.code}, not 503")
+    for stream in streams:
+        stream.close()
 
 
 def first_event(base):
@@ -372,6 +403,9 @@ def main():
         check_state_and_metrics(scene)
         if browser:
             check_in_browser(scene, screenshot or tempfile.mktemp(suffix=".png", prefix="serve-"))
+        check_guards(scene)
+        if family == "file":
+            check_listen_refusals(cli, url)
     except Failure as failure:
         print(f"FAIL ({family}): {failure}")
         scene.close()
