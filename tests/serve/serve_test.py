@@ -222,6 +222,8 @@ def check_guards(scene):
     except urllib.error.HTTPError as error:
         if error.code != 421:
             raise Failure(f"a request with Host: rebound.example got {error.code}, not 421")
+    # The browser's pages went away: their places are free once a write finds them gone.
+    eventually("the browser's live pages closed", lambda: scene.state()["live_pages"] == 0)
     streams = [urllib.request.urlopen(scene.base + "events", timeout=20) for _ in range(MAX_LIVE_PAGES)]
     try:
         urllib.request.urlopen(scene.base + "events", timeout=20)

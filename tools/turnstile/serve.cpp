@@ -25,9 +25,9 @@ namespace {
 // The most one look at the backend may take: a server that does not answer shows as an error
 // on the page instead of a page that stops changing.
 constexpr auto kLookTime = std::chrono::seconds(5);
-// A live page hears at least this often (an SSE comment) that the server is still there, which
-// also finds a page that went away.
-constexpr auto kKeepAlive = std::chrono::seconds(15);
+// A live page hears at least this often (an SSE comment, a few bytes) that the server is still
+// there: the write is also what finds a page that went away (its place is then free again).
+constexpr auto kKeepAlive = std::chrono::seconds(2);
 // A page that does not take what is written within this time is dropped.
 constexpr auto kWriteTimeout = std::chrono::seconds(5);
 
