@@ -135,7 +135,7 @@ std::shared_ptr<AsyncQueueAcquire<Sink>> start_queue_acquire(ClientState& client
     sink.none();
     return nullptr;
   }
-  auto loss = client.new_loss_signal(request.name);
+  auto loss = client.new_loss_signal(request.name, metered(request.primitive));
   auto acquire = std::make_shared<AsyncQueueAcquire<Sink>>(client, std::move(request), options.deadline,
                                                            std::move(loss), std::move(sink));
   if (blocking_check) acquire->check_blocking(*blocking_check);
@@ -211,7 +211,7 @@ std::shared_ptr<AsyncOperation> ClientState::start_record_async(QueueRequest req
 std::optional<Lease> ClientState::try_here(QueueRequest& request, const AsyncOptions& options,
                                            const AsyncLockObject* object) {
   if (!backend().tries_locally() || !async_.first_step_here() || options.stop.stop_requested()) return std::nullopt;
-  auto loss = new_loss_signal(request.name);
+  auto loss = new_loss_signal(request.name, metered(request.primitive));
   std::unique_ptr<BackendHold> hold;
   try {
     request.stop = options.stop;    // the async acquire that may follow puts its own in

@@ -210,8 +210,9 @@ void RedisBackend::wake_watchdog() {
 
 }  // namespace turnstile::detail::redis
 
-extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v1(
-    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options) {
+extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v2(
+    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options,
+    [[maybe_unused]] turnstile::detail::BackendReports& reports) {
   using namespace turnstile::detail::redis;
   auto own = url;
   const auto eviction = take_eviction_rule(own);
