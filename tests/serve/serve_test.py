@@ -146,6 +146,10 @@ def check_metrics(scene, name, holders, waiters):
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
         raise Failure(f"/metrics repeats the families {sorted(duplicates)}")
+    # The serving client's own metrics (Client::metrics()) come after the backend's gauges.
+    missing = {"turnstile_acquire_wait_seconds", "turnstile_connections", "turnstile_serve_polls"} - set(names)
+    if missing:
+        raise Failure(f"/metrics lacks the families {sorted(missing)}")
     values = {}
     for family in families:
         for sample in family.samples:

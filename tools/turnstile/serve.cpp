@@ -98,8 +98,9 @@ class StatePoller {
       }
       next.truncated = names.truncated;
       next.error.clear();
-    } catch (const Error& error) {
-      // What was seen last stays on the page, under the error.
+    } catch (const std::exception& error) {
+      // What was seen last stays on the page, under the error (the library's errors name no
+      // credentials). Anything else thrown here is a failed look too, not the end of serving.
       ++next.failed_polls;
       next.error = error.what();
     }
@@ -205,8 +206,11 @@ class WebServer {
       response.set_content(render_state_json(poller_.latest()->state, following_.load()), "application/json");
     });
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
+      // What the backend shows, then what the serving client itself counted (its looks' round
+      // trips, renewals, connections): families of their own names, none twice.
       auto text = render_backend_metrics(poller_.latest()->state, options_.name_label, following_.load(),
                                          std::chrono::system_clock::now());
+      text += client_.metrics().prometheus_text();
       response.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
     });
     server_.Get("/events", [this](const httplib::Request&, httplib::Response& response) { follow(response); });
