@@ -32,11 +32,15 @@ void sample(std::string& out, const Family& family, double value, const std::str
   out += std::string(family.name) + labels + " " + number(value) + "\n";
 }
 
-// A label value as the text format spells it: \, " and line feeds escaped. Names are UTF-8
-// without control characters; whatever a peer wrote otherwise is spelled as inspect spells it.
+// A label value as the text format spells it: \\ and " escaped, so that it reads back as the
+// name itself. Names are UTF-8 without control characters; a key a peer wrote otherwise (which
+// would break the whole scrape) is spelled as inspect spells it instead.
 std::string label_value(std::string_view text) {
+  std::string backslashes_doubled;
+  for (const char c : text) backslashes_doubled += c == '\\' ? std::string("\\\\") : std::string(1, c);
+  const auto spelled = printable(text);
   std::string out;
-  for (const char c : printable(text)) {
+  for (const char c : spelled == backslashes_doubled ? std::string(text) : spelled) {
     if (c == '\\' || c == '"') out += '\\';
     out += c;
   }
