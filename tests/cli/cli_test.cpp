@@ -91,9 +91,9 @@ TEST_F(CliTest, VersionAndHelpSayWhatTheyShould) {
   EXPECT_NE(top_help.out.find("hold"), std::string::npos) << top_help.out;
   const auto unknown = run({"frobnicate"});
   EXPECT_EQ(unknown.status, 64);
-  EXPECT_NE(
-      unknown.err.find("unknown subcommand 'frobnicate' (expected run, hold, elect, leader, inspect, gc or demo)"),
-      std::string::npos)
+  EXPECT_NE(unknown.err.find(
+                "unknown subcommand 'frobnicate' (expected run, hold, elect, leader, inspect, gc, serve or demo)"),
+            std::string::npos)
       << unknown.err;
 }
 
