@@ -11,7 +11,9 @@ parser) and the page show; the waiter then gets the name when the holder lets go
 HTML's metacharacters (they must arrive escaped), and a URL with credentials (redis: an ACL user
 made for the test; consul: a token) must show them nowhere. With --browser, headless Chromium
 loads the page, a waiter queued after it loaded must appear through the live stream, and a
-screenshot of the page must show something (decoded here: several colours, dark text).
+screenshot of the page must show something (decoded here: several colours, dark text). On
+redis, the test's user is then removed: the failed looks must show on the page and in /metrics,
+without the password, and serving must recover once the user is back.
 
 FAMILY file makes a fresh directory; the others read the fixture server's URL from URL-FILE.
 Exits 0 when every check passed, 1 otherwise (saying which).
@@ -239,6 +241,23 @@ def check_guards(scene):
         stream.close()
 
 
+def check_backend_failure(scene):
+    """redis: the test's user removed, looks fail: the page and /metrics say so (without the
+    password); the user made again, serving recovers."""
+    user, host, port = re.match(r"redis://([^:]+):[^@]+@([^:/]+):(\d+)", scene.url).groups()
+    redis_cli = ["redis-cli", "-h", host, "-p", port, "ACL"]
+    subprocess.run(redis_cli + ["DELUSER", user], check=True, stdout=subprocess.DEVNULL)
+    state = eventually("/state.json showing the failed look", lambda: (s := scene.state())["error"] and s)
+    metrics, page = get(scene.base, "metrics"), get(scene.base, "")
+    if "turnstile_backend_up 0\n" not in metrics or '<p class="error">' not in page:
+        raise Failure("a failed look shows neither in /metrics (turnstile_backend_up 0) nor on the page")
+    if any(SECRET in text for text in (metrics, page, json.dumps(state))):
+        raise Failure("the password appears with the failed look")
+    subprocess.run(redis_cli + ["SETUSER", user, "on", ">" + SECRET, "~*", "&*", "+@all"], check=True,
+                   stdout=subprocess.DEVNULL)
+    eventually("/state.json recovering once the user is back", lambda: scene.state()["error"] is None)
+
+
 def first_event(base):
     """The first message of /events (its data lines joined)."""
     with urllib.request.urlopen(base + "events", timeout=20) as response:
@@ -410,12 +429,18 @@ def main():
         if browser:
             check_in_browser(scene, screenshot or tempfile.mktemp(suffix=".png", prefix="serve-"))
         check_guards(scene)
+        if family == "redis":
+            check_backend_failure(scene)
         if family == "file":
             check_listen_refusals(cli, url)
     except Failure as failure:
         print(f"FAIL ({family}): {failure}")
         scene.close()
         return 1
+    finally:
+        if family == "redis":  # the fixture's server is shared: the test's user goes
+            user, host, port = re.match(r"redis://([^:]+):[^@]+@([^:/]+):(\d+)", url).groups()
+            subprocess.run(["redis-cli", "-h", host, "-p", port, "ACL", "DELUSER", user], stdout=subprocess.DEVNULL)
     scene.close()
     print(f"ok ({family})")
     return 0
