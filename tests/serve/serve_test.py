@@ -219,6 +219,15 @@ def check_listen_refusals(cli, url):
             raise Failure(f"serve --listen {address}: exit {done.returncode}, {done.stderr!r}")
 
 
+def check_port_taken(scene):
+    """A second serve on the port in use fails (71) instead of sharing it (SO_REUSEPORT)."""
+    address = scene.base[len("http://"):].rstrip("/")
+    done = subprocess.run([scene.cli, "serve", "--backend", scene.url, "--listen", address], capture_output=True,
+                          timeout=60, text=True)
+    if done.returncode != 71 or "cannot listen on" not in done.stderr:
+        raise Failure(f"a second serve on {address}: exit {done.returncode}, {done.stderr!r}")
+
+
 def check_guards(scene):
     """A request for another host name is refused (DNS rebinding); live pages are bounded."""
     request = urllib.request.Request(scene.base + "state.json", headers={"Host": "rebound.example:80"})
@@ -433,10 +442,14 @@ def main():
             check_backend_failure(scene)
         if family == "file":
             check_listen_refusals(cli, url)
+            check_port_taken(scene)
     except Failure as failure:
         print(f"FAIL ({family}): {failure}")
         scene.close()
         return 1
+    except BaseException:
+        scene.close()  # no serve or hold left behind, whatever went wrong
+        raise
     finally:
         if family == "redis":  # the fixture's server is shared: the test's user goes
             user, host, port = re.match(r"redis://([^:]+):[^@]+@([^:/]+):(\d+)", url).groups()

@@ -6,6 +6,7 @@
 // others', and the streams open at once are bounded.
 #include <httplib.h>
 #include <pthread.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -169,6 +170,12 @@ class WebServer {
     const auto threads = options.max_live_pages + 4;  // the live pages, and others besides them
     server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server_.set_write_timeout(kWriteTimeout);
+    // SO_REUSEADDR (a restart binds again at once), but not cpp-httplib's SO_REUSEPORT: with it a
+    // second serve on the same port would share it silently, each answering some requests.
+    server_.set_socket_options([](int socket) {
+      const int yes = 1;
+      setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
     if (loopback) guard_host_header();
     add_routes();
   }
