@@ -49,7 +49,7 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
   // The loss signal of a hold on `name` to be acquired through `primitive` (a metered() index):
   // it carries the cells the acquire, the hold and its losses are counted in.
   std::shared_ptr<LossSignal> new_loss_signal(const std::string& name, std::size_t primitive);
-  Telemetry& telemetry() { return *telemetry_; }
+  const std::shared_ptr<Telemetry>& telemetry() const { return telemetry_; }
   Metrics metrics() const;
   // The table of the threads' holds of lock `name` (one per name while any lock handle lives).
   std::shared_ptr<ThreadHolds> thread_holds(const std::string& name);

@@ -52,6 +52,11 @@ Metrics::Histogram HistogramCells<Upper>::read() const {
   return histogram;
 }
 
+// Made here for every histogram of a client (and visible to the tests through the header).
+template class HistogramCells<kWaitBounds>;
+template class HistogramCells<kHoldBounds>;
+template class HistogramCells<kRoundTripBounds>;
+
 void BackendReports::renewed(std::chrono::nanoseconds round_trip) noexcept {
   round_trip_.observe(round_trip);
   if (!telemetry_.tells_events()) return;
@@ -78,6 +83,8 @@ void BackendReports::connected(bool replacing_lost) noexcept {
     telemetry_.tell(Telemetry::event(replacing_lost ? EventKind::reconnected : EventKind::connected));
   }
 }
+
+void BackendReports::opened_another() noexcept { connected(connections_.load(std::memory_order_relaxed) > 0); }
 
 Telemetry::Telemetry(std::string backend, bool name_label, EventHandler on_event)
     : backend_(std::move(backend)), name_label_(name_label), on_event_(std::move(on_event)) {}

@@ -96,6 +96,9 @@ class BackendReports {
   void renewal_failed(const std::string& reason) noexcept;
   // A connection to a server was made; `replacing_lost`: it replaces one that was lost.
   void connected(bool replacing_lost) noexcept;
+  // connected() for a backend that opens a connection only when it has none left: its first is
+  // a connection, every later one a reconnect.
+  void opened_another() noexcept;
 
  private:
   friend class Telemetry;

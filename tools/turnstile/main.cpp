@@ -83,6 +83,9 @@ struct AcquireFlags {
         "A label for this hold (consul lock -name), shown by inspect and in busy messages on backends that keep it");
     cmd->add_flag("-v,--verbose", run.verbose,
                   "Say on stderr what it waits for, who holds it, when it got it and its fencing token");
+    cmd->add_option("--events", run.events,
+                    "Write each acquire, hold, renewal and connection event as a JSON line to FILE "
+                    "(appended; - for stderr)");
     cmd->add_flag("-q,--quiet", run.quiet,
                   "Say nothing when the name is busy or --timeout ran out, only exit 75 or -E's status "
                   "(flock -q; -v says it still)");

@@ -176,9 +176,10 @@ void end_backends_at_exit() {
 
 extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v2(
     const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options,
-    [[maybe_unused]] turnstile::detail::BackendReports& reports) {
+    turnstile::detail::BackendReports& reports) {
   using namespace turnstile::detail::etcd;
   auto settings = parse_settings(url, options);
+  settings.reports = &reports;
   const auto timeout = connect_timeout(settings);
   const auto connect_by = turnstile::SteadyClock::now() + timeout;
   try {

@@ -230,7 +230,9 @@ std::unique_ptr<QueuePlace> ZookeeperBackend::join(const QueueRequest& request, 
 
 extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v2(
     const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options,
-    [[maybe_unused]] turnstile::detail::BackendReports& reports) {
+    turnstile::detail::BackendReports& reports) {
   using namespace turnstile::detail::zookeeper;
-  return std::make_unique<ZookeeperBackend>(parse_settings(url, options));
+  auto settings = parse_settings(url, options);
+  settings.reports = &reports;
+  return std::make_unique<ZookeeperBackend>(std::move(settings));
 }
