@@ -80,6 +80,7 @@ class Scene:
     def __init__(self, cli, url, prefix):
         self.cli, self.url, self.prefix = cli, url, prefix
         self.holds = []
+        self.closed = False
         self.serve = subprocess.Popen(
             [cli, "serve", "--backend", url, "--listen", "127.0.0.1:0", "--interval", "0.2", "--name-label",
              "--max-live-pages", str(MAX_LIVE_PAGES), prefix],
@@ -105,7 +106,17 @@ class Scene:
     def state(self):
         return json.loads(get(self.base, "state.json"))
 
+    def close_quietly(self):
+        """close() when something else failed first: its own findings are not reported."""
+        try:
+            self.close()
+        except Failure:
+            pass
+
     def close(self):
+        if self.closed:
+            return
+        self.closed = True
         for process in self.holds:
             if process.poll() is None:
                 process.stdin.close()
@@ -434,29 +445,30 @@ def main():
     prefix = f"serve-test-{os.getpid()}-{int(time.time())}/"
     scene = Scene(cli, url, prefix)
     try:
-        check_state_and_metrics(scene)
-        if browser:
-            check_in_browser(scene, screenshot or tempfile.mktemp(suffix=".png", prefix="serve-"))
-        check_guards(scene)
-        if family == "redis":
-            check_backend_failure(scene)
-        if family == "file":
-            check_listen_refusals(cli, url)
-            check_port_taken(scene)
+        run_checks(scene, family, cli, url, browser, screenshot)
+        scene.close()
+        print(f"ok ({family})")
+        return 0
     except Failure as failure:
         print(f"FAIL ({family}): {failure}")
-        scene.close()
         return 1
-    except BaseException:
-        scene.close()  # no serve or hold left behind, whatever went wrong
-        raise
     finally:
-        if family == "redis":  # the fixture's server is shared: the test's user goes
+        scene.close_quietly()  # no serve or hold left behind, whatever went wrong
+        if family == "redis":  # the fixture's server is shared: the test's user goes, after its holds
             user, host, port = re.match(r"redis://([^:]+):[^@]+@([^:/]+):(\d+)", url).groups()
             subprocess.run(["redis-cli", "-h", host, "-p", port, "ACL", "DELUSER", user], stdout=subprocess.DEVNULL)
-    scene.close()
-    print(f"ok ({family})")
-    return 0
+
+
+def run_checks(scene, family, cli, url, browser, screenshot):
+    check_state_and_metrics(scene)
+    if browser:
+        check_in_browser(scene, screenshot or tempfile.mktemp(suffix=".png", prefix="serve-"))
+    check_guards(scene)
+    if family == "redis":
+        check_backend_failure(scene)
+    if family == "file":
+        check_listen_refusals(cli, url)
+        check_port_taken(scene)
 
 
 if __name__ == "__main__":
