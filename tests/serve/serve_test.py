@@ -22,6 +22,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -292,9 +293,12 @@ def first_event(base):
                 lines.append(line[len("data: "):].rstrip("\n"))
 
 
-def chromium(*arguments, timeout=180):
+SCRATCH = tempfile.mkdtemp(prefix="serve-test-")  # removed at exit: profiles, pictures, file:// dirs
+
+
+def chromium(*arguments):
     command = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-               "--user-data-dir=" + tempfile.mkdtemp(prefix="serve-chromium-"), *arguments]
+               "--user-data-dir=" + tempfile.mkdtemp(prefix="chromium-", dir=SCRATCH), *arguments]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -393,7 +397,7 @@ def unfilter(raw, width, height, channels):
 
 def take_scene(cli, path):
     """A screenshot of the page over a day's holds and waiters: the README's picture."""
-    scene = Scene(cli, "file://" + tempfile.mkdtemp(prefix="serve-scene-"), "")
+    scene = Scene(cli, "file://" + tempfile.mkdtemp(prefix="scene-", dir=SCRATCH), "")
     try:
         scene.hold("jobs/nightly-backup", "backup db1 (cron)")
         scene.hold("deploy/web-prod", "deploy #1841 by ci")
@@ -416,7 +420,7 @@ def take_scene(cli, path):
 def backend_url(family, url_file, cli):
     """The URL to serve, with credentials where the fixture can check them."""
     if family == "file":
-        return "file://" + tempfile.mkdtemp(prefix="serve-test-")
+        return "file://" + tempfile.mkdtemp(prefix="backend-", dir=SCRATCH)
     url = open(url_file).read().strip()
     if family == "redis":
         host, port = re.match(r"redis://([^:/]+):(\d+)", url).groups()
@@ -462,7 +466,7 @@ def main():
 def run_checks(scene, family, cli, url, browser, screenshot):
     check_state_and_metrics(scene)
     if browser:
-        check_in_browser(scene, screenshot or tempfile.mktemp(suffix=".png", prefix="serve-"))
+        check_in_browser(scene, screenshot or os.path.join(SCRATCH, "page.png"))
     check_guards(scene)
     if family == "redis":
         check_backend_failure(scene)
@@ -472,4 +476,8 @@ def run_checks(scene, family, cli, url, browser, screenshot):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    finally:
+        shutil.rmtree(SCRATCH, ignore_errors=True)
+    sys.exit(status)
