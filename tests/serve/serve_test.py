@@ -81,6 +81,7 @@ class Scene:
     def __init__(self, cli, url, prefix):
         self.cli, self.url, self.prefix = cli, url, prefix
         self.holds = []
+        self.open_page = None  # a live page left open over SIGTERM
         self.closed = False
         self.serve = subprocess.Popen(
             [cli, "serve", "--backend", url, "--listen", "127.0.0.1:0", "--interval", "0.2", "--name-label",
@@ -135,6 +136,8 @@ class Scene:
             self.serve.kill()
             self.serve.wait()
             raise Failure("turnstile serve did not end within 30 s of SIGTERM")
+        if self.open_page:
+            self.open_page.close()
         errors = self.serve.stderr.read().decode(errors="replace")
         if SECRET in errors:
             raise Failure("turnstile serve's stderr shows the password")
@@ -258,8 +261,10 @@ def check_guards(scene):
     except urllib.error.HTTPError as error:
         if error.code != 503:
             raise Failure(f"a live page beyond the bound got {error.code}, not 503")
-    for stream in streams:
+    for stream in streams[1:]:
         stream.close()
+    # One page stays open: SIGTERM must still end serve promptly and cleanly (Scene.close).
+    scene.open_page = streams[0]
 
 
 def check_backend_failure(scene):
