@@ -110,7 +110,8 @@ struct ClientOptions {
   // (see turnstile/metrics.hpp; json_lines_sink writes them as JSON lines). Called on the
   // thread where it happened (the acquiring thread, the backend's watcher), without the core's
   // locks, after the change it tells: events of one hold arrive in order. Keep it short: it
-  // holds up that thread as on_hold_state does. Exceptions it throws are ignored.
+  // holds up that thread as on_hold_state does, and call nothing of this client but metrics()
+  // (a connection's event may come from inside a backend's call). Exceptions it throws are ignored.
   EventHandler on_event;
 };
 

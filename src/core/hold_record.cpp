@@ -33,11 +33,11 @@ bool HoldRecord::owned_by_this_process() const { return fork_generation_ == fork
 void HoldRecord::release() {
   if (!hold_) throw NotHeld("'" + name_ + "' was already released");
   std::shared_ptr<BackendHold> hold = std::move(hold_);
-  meter_end();
   if (!owned_by_this_process()) {
     throw HoldLost("the hold on '" + name_ + "' (fencing token " + std::to_string(token_) +
                    ") was inherited across fork(): it is the parent's, and the child neither holds nor releases it");
   }
+  meter_end();
   std::exception_ptr error;
   try {
     hold->release();
@@ -67,9 +67,10 @@ void HoldRecord::release_without_waiting() noexcept {
   client_->release_pipelined(name_, token_, std::move(hold_), loss_);
 }
 
+// Called only for this process's holds: an inherited one is the parent's to count.
 void HoldRecord::meter_end() noexcept {
   auto* cells = loss_->cells();
-  if (!cells || !owned_by_this_process()) return;
+  if (!cells) return;
   const auto held = std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - held_since_);
   cells->hold.observe(held);
   auto* telemetry = loss_->telemetry();

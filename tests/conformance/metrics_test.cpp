@@ -93,7 +93,6 @@ TEST_P(Conformance, MetricsCountSemaphoreAcquiresHoldsAndEvents) {
     EXPECT_EQ(events[i].outcome, expected[i].second) << i;
     EXPECT_EQ(events[i].primitive, "semaphore") << i;
     EXPECT_FALSE(events[i].backend.empty()) << i;
-    if (i > 0) EXPECT_LE(events[i - 1].time, events[i].time) << i;
   }
   EXPECT_EQ(events.front().fencing_token, token);
   EXPECT_EQ(events.back().fencing_token, token);
@@ -113,7 +112,9 @@ TEST_P(Conformance, MetricsCountMutexHoldsAndTheClientsOwnWork) {
   const auto token = mutex.fencing_token();
   const auto renewals = [&] { return own.metrics().histogram_count("turnstile_renewal_seconds"); };
   // A network backend renews its session or lease within a TTL (2 s here); file:// never does.
-  if (has_server()) EXPECT_TRUE(eventually([&] { return renewals() > 0; }, 20s));
+  if (has_server()) {
+    EXPECT_TRUE(eventually([&] { return renewals() > 0; }, 20s));
+  }
   mutex.unlock();
 
   const auto metrics = own.metrics();
