@@ -14,8 +14,9 @@ PACKAGES := g++ cmake make pkg-config libgtest-dev libgmock-dev libbenchmark-dev
             libcurator-recipes-java libcurator-framework-java libcurator-client-java \
             libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
             etcd-server etcd-client openssl locales \
-            python3 python3-consul python3-requests libcurl4-openssl-dev libsqlite3-dev \
-            dpkg-dev file iproute2 clang-format
+            python3 python3-consul python3-requests python3-prometheus-client libcurl4-openssl-dev libsqlite3-dev \
+            dpkg-dev file iproute2 clang-format \
+            libcpp-httplib-dev chromium
 # The benchmarks' peers and plots (make bench): Go's etcd client (built offline from Debian's
 # sources), kazoo, matplotlib.
 BENCH_PACKAGES := golang-go golang-etcd-server-dev python3-kazoo python3-matplotlib hyperfine

@@ -13,6 +13,7 @@
 
 #include "turnstile/deadline.hpp"
 #include "turnstile/error.hpp"
+#include "turnstile/metrics.hpp"
 
 namespace turnstile {
 
@@ -100,6 +101,18 @@ struct ClientOptions {
   // there, while the acquires waiting in line take none. 1 to 64; started on the first async
   // acquire.
   std::size_t async_threads = 2;
+  // Client::metrics() labels acquires, holds, suspensions and losses with their name too. Off by
+  // default, to keep the number of series bounded: on, the first 1,000 names get series of
+  // their own and every later one shares name="other" (each name costs about 5 KiB). Taking a
+  // name's series then takes a lock once per acquire.
+  bool metrics_name_label = false;
+  // Called on every acquire's end, hold's release, state change, renewal and (re)connection
+  // (see turnstile/metrics.hpp; json_lines_sink writes them as JSON lines). Called on the
+  // thread where it happened (the acquiring thread, the backend's watcher), without the core's
+  // locks, after the change it tells: events of one hold arrive in order. Keep it short: it
+  // holds up that thread as on_hold_state does, and call nothing of this client but metrics()
+  // (a connection's event may come from inside a backend's call). Exceptions it throws are ignored.
+  EventHandler on_event;
 };
 
 // One entry of a queue as `turnstile inspect` shows it.
@@ -209,6 +222,10 @@ class Client {
   std::vector<std::string> collect_unused(std::string_view prefix = {});
 
   void set_error_handler(ErrorHandler handler);
+
+  // A snapshot of this client's counters and histograms (turnstile/metrics.hpp), labelled with
+  // the backend and primitive (and the name, with ClientOptions::metrics_name_label).
+  Metrics metrics() const;
 
   // Whether this backend can keep a lock hold (or, with `semaphore_lease`, a Semaphore lease)
   // after its release (release_after, --hold-at-least): file://, redis and etcd can keep both,

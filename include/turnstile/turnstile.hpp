@@ -8,6 +8,7 @@
 #include "turnstile/error.hpp"
 #include "turnstile/lease.hpp"
 #include "turnstile/lock.hpp"
+#include "turnstile/metrics.hpp"
 #include "turnstile/multi_lock.hpp"
 #include "turnstile/permit_counter.hpp"
 #include "turnstile/semaphore.hpp"

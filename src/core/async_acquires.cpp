@@ -51,6 +51,28 @@ class MachineAcquire : public AsyncAcquire {
   std::weak_ptr<ThreadHolds> thread_holds_;
 };
 
+// Counts an async acquire's end in `cells` (its wait since `started`), told as an event when
+// asked: admitted with a hold, failed with an error, else stopped or timed out.
+void meter_async_end(Telemetry* telemetry, PrimitiveCells* cells, std::size_t primitive, const std::string& name,
+                     SteadyClock::time_point started, const std::exception_ptr& error, bool admitted, bool stopped,
+                     std::uint64_t token = 0) noexcept {
+  if (!telemetry || !cells) return;
+  std::string what;
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& failure) {
+      what = failure.what();
+    } catch (...) {
+    }
+  }
+  const auto outcome = error      ? AcquireOutcome::failed
+                       : admitted ? AcquireOutcome::admitted
+                       : stopped  ? AcquireOutcome::stopped
+                                  : AcquireOutcome::timed_out;
+  telemetry->acquire_ended(*cells, primitive, name, outcome, started, SteadyClock::now(), token, what);
+}
+
 // Where an async queue acquire's end goes, at once (no std::function to allocate): the handle's
 // state, as a Lease (the lock object's async holds told first) or as the record itself.
 struct LeaseSink {
@@ -105,6 +127,7 @@ class AsyncQueueAcquire final : public MachineAcquire<QueueMachine> {
  private:
   void deliver(std::exception_ptr error) noexcept override;
   Sink sink_;
+  SteadyClock::time_point started_ = SteadyClock::now();
 };
 
 template <class Sink>
@@ -118,6 +141,10 @@ void AsyncQueueAcquire<Sink>::deliver(std::exception_ptr error) noexcept {
     // Admitted as it was cancelled (or as the client ended): nothing is held afterwards.
     ClientState::release_unwanted(client, request.name, request.permits, std::move(hold), machine_.loss());
   }
+  const auto& loss = *machine_.loss();
+  const bool admitted = hold && !error;
+  meter_async_end(loss.telemetry(), loss.cells(), loss.primitive(), request.name, started_, error, admitted,
+                  cancelled() || request.stop.stop_requested(), admitted ? hold->fencing_token() : 0);
   if (error || !hold) {
     client.reset();  // may be the last handle: the client ends here, before the result is told
     return error ? sink_.fail(std::move(error)) : sink_.none();
@@ -135,7 +162,7 @@ std::shared_ptr<AsyncQueueAcquire<Sink>> start_queue_acquire(ClientState& client
     sink.none();
     return nullptr;
   }
-  auto loss = client.new_loss_signal(request.name);
+  auto loss = client.new_loss_signal(request.name, metered(request.primitive));
   auto acquire = std::make_shared<AsyncQueueAcquire<Sink>>(client, std::move(request), options.deadline,
                                                            std::move(loss), std::move(sink));
   if (blocking_check) acquire->check_blocking(*blocking_check);
@@ -152,7 +179,8 @@ class AsyncCounterAcquire final : public MachineAcquire<CounterMachine> {
                        [&](std::stop_token stop) {
                          return CounterMachine(client.backend(), name, permits, deadline, std::move(stop));
                        }),
-        name_(name), permits_(permits), backend_(client.backend()), state_(std::move(state)) {}
+        name_(name), permits_(permits), backend_(client.backend()), state_(std::move(state)),
+        telemetry_(client.telemetry()), cells_(&telemetry_->cells(name, kPermitCounter)) {}
 
  private:
   void deliver(std::exception_ptr error) noexcept override;
@@ -160,6 +188,9 @@ class AsyncCounterAcquire final : public MachineAcquire<CounterMachine> {
   std::int64_t permits_;
   Backend& backend_;
   std::shared_ptr<State> state_;
+  std::shared_ptr<Telemetry> telemetry_;
+  PrimitiveCells* cells_;  // telemetry_'s
+  SteadyClock::time_point started_ = SteadyClock::now();
 };
 
 // Permits an acquire took that nobody will have: back to the counter (nobody else took them:
@@ -181,6 +212,7 @@ void AsyncCounterAcquire::deliver(std::exception_ptr error) noexcept {
     taken = false;  // taken as it was cancelled
     give_permits_back(backend_, client_, name_, permits_);
   }
+  meter_async_end(telemetry_.get(), cells_, kPermitCounter, name_, started_, error, taken && !error, cancelled());
   if (error) return state_->fail(std::move(error));
   state_->complete(taken);
 }
@@ -211,7 +243,8 @@ std::shared_ptr<AsyncOperation> ClientState::start_record_async(QueueRequest req
 std::optional<Lease> ClientState::try_here(QueueRequest& request, const AsyncOptions& options,
                                            const AsyncLockObject* object) {
   if (!backend().tries_locally() || !async_.first_step_here() || options.stop.stop_requested()) return std::nullopt;
-  auto loss = new_loss_signal(request.name);
+  const auto started = SteadyClock::now();
+  auto loss = new_loss_signal(request.name, metered(request.primitive));
   std::unique_ptr<BackendHold> hold;
   try {
     request.stop = options.stop;    // the async acquire that may follow puts its own in
@@ -223,8 +256,10 @@ std::optional<Lease> ClientState::try_here(QueueRequest& request, const AsyncOpt
     return std::nullopt;  // the async acquire meets it again and hands it to get()
   }
   if (!hold) return std::nullopt;
-  auto record =
-      std::make_shared<HoldRecord>(shared_from_this(), request.name, request.permits, std::move(hold), std::move(loss));
+  auto record = std::make_shared<HoldRecord>(shared_from_this(), request.name, request.permits, std::move(hold), loss);
+  // Only an admitted try is counted here: else the async acquire that follows counts its end.
+  telemetry_->acquire_ended(*loss->cells(), loss->primitive(), request.name, AcquireOutcome::admitted, started,
+                            record->held_since(), record->fencing_token());
   if (object && object->holds) object->holds->admitted(record, object->shared);
   return Lease(std::move(record));
 }

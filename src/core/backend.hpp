@@ -18,6 +18,7 @@
 #include "core/loss_signal.hpp"
 #include "core/queue.hpp"
 #include "core/queue_store.hpp"
+#include "core/telemetry.hpp"
 #include "core/url.hpp"
 #include "turnstile/client.hpp"
 #include "turnstile/deadline.hpp"
@@ -140,7 +141,10 @@ class Backend : public QueueStore, public CounterStore {
   virtual std::vector<std::string> collect_unused([[maybe_unused]] const std::string& prefix) { return {}; }
 };
 
-using BackendFactory = std::unique_ptr<Backend> (*)(const BackendUrl& url, const ClientOptions& options);
+// A backend's entry point (turnstile_backend_factory_v2 in a module). `reports` lives as long as
+// the backend: it reports its renewals and connections there (file:// has neither).
+using BackendFactory = std::unique_ptr<Backend> (*)(const BackendUrl& url, const ClientOptions& options,
+                                                    BackendReports& reports);
 
 // Throws InvalidArgument unless `name` is a valid turnstile name (see Client).
 void validate_name(std::string_view name);

@@ -68,7 +68,7 @@ BackendFactory load_backend(std::string_view family) {
   candidates.push_back(file);
   for (const auto& path : candidates) {
     if (void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL)) {
-      if (void* symbol = dlsym(handle, "turnstile_backend_factory_v1")) {
+      if (void* symbol = dlsym(handle, "turnstile_backend_factory_v2")) {
         return loaded[std::string(family)] = reinterpret_cast<BackendFactory>(symbol);
       }
       dlclose(handle);
@@ -99,7 +99,10 @@ ConnectedBackend connect_backend(const BackendUrl& url, const ClientOptions& opt
     throw BackendNotBuilt("the " + family + " backend for '" + url.scheme + "://' is not installed (libturnstile-" +
                           family + ".so not found; Debian: the libturnstile-" + family + "0 package)");
   }
-  return {factory(url, options), kind->usable_after_fork};
+  // Made first: the backend reports its connections from its factory on.
+  auto telemetry = std::make_shared<Telemetry>(std::string(kind->family), options.metrics_name_label, options.on_event);
+  auto backend = factory(url, options, telemetry->backend_reports());
+  return {std::move(backend), kind->usable_after_fork, std::move(telemetry)};
 }
 
 }  // namespace turnstile::detail

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/backend.hpp"
+#include "core/telemetry.hpp"
 
 namespace turnstile::detail {
 
@@ -14,6 +15,9 @@ struct ConnectedBackend {
   // Works in a forked child (the embedded backend reopens its files there; the network
   // backends' threads and connections stay the parent's).
   bool usable_after_fork = false;
+  // Its client's counters and event hook; the backend holds a reference to its BackendReports,
+  // so this outlives it.
+  std::shared_ptr<Telemetry> telemetry;
 };
 
 // Throws InvalidUrl for an unknown scheme, BackendNotBuilt when its library is not installed,
@@ -21,6 +25,7 @@ struct ConnectedBackend {
 ConnectedBackend connect_backend(const BackendUrl& url, const ClientOptions& options);
 
 // The built-in entry of the table (src/backends/file).
-std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions& options);
+std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions& options,
+                                           BackendReports& reports);
 
 }  // namespace turnstile::detail

@@ -87,7 +87,7 @@ Client Client::connect(std::string_view url_text, ClientOptions options) {
   const auto url = detail::parse_url(url_text.empty() || url_text == "file://" ? default_url() : url_text);
   auto connected = detail::connect_backend(url, options);
   return Client(std::make_shared<detail::ClientState>(url.text, std::move(connected.backend), std::move(options),
-                                                      connected.usable_after_fork));
+                                                      connected.usable_after_fork, std::move(connected.telemetry)));
 }
 
 Client::Client(std::shared_ptr<detail::ClientState> state) : state_(std::move(state)) {}
@@ -148,5 +148,7 @@ std::vector<std::string> Client::collect_unused(std::string_view prefix) {
 }
 
 void Client::set_error_handler(ErrorHandler handler) { state_->set_error_handler(std::move(handler)); }
+
+Metrics Client::metrics() const { return state_->metrics(); }
 
 }  // namespace turnstile

@@ -81,13 +81,14 @@ class PendingReleases {
 };
 
 ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options,
-                         bool usable_after_fork)
-    : url_(std::move(url)), backend_(std::move(backend)), usable_after_fork_(usable_after_fork),
-      fork_generation_(fork_generation()), options_(std::move(options)), error_handler_(options_.error_handler),
-      hold_callbacks_(options_.on_hold_lost || options_.on_hold_state
-                          ? std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{
-                                .on_lost = options_.on_hold_lost, .on_state = options_.on_hold_state})
-                          : nullptr),
+                         bool usable_after_fork, std::shared_ptr<Telemetry> telemetry)
+    : url_(std::move(url)),
+      telemetry_(telemetry ? std::move(telemetry)
+                           : std::make_shared<Telemetry>("unknown", options.metrics_name_label, options.on_event)),
+      backend_(std::move(backend)), usable_after_fork_(usable_after_fork), fork_generation_(fork_generation()),
+      options_(std::move(options)), error_handler_(options_.error_handler),
+      hold_callbacks_(std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{
+          .on_lost = options_.on_hold_lost, .on_state = options_.on_hold_state, .telemetry = telemetry_})),
       pending_releases_(std::make_shared<PendingReleases>(*this)),
       releases_(kReleaseRetry,
                 [this](const std::string&, std::exception_ptr error) {
@@ -143,9 +144,11 @@ void ClientState::set_error_handler(ErrorHandler handler) {
   error_handler_ = std::move(handler);
 }
 
-std::shared_ptr<LossSignal> ClientState::new_loss_signal(const std::string& name) {
-  return std::make_shared<LossSignal>(name, hold_callbacks_);
+std::shared_ptr<LossSignal> ClientState::new_loss_signal(const std::string& name, std::size_t primitive) {
+  return std::make_shared<LossSignal>(name, hold_callbacks_, primitive, &telemetry_->cells(name, primitive));
 }
+
+Metrics ClientState::metrics() const { return telemetry_->snapshot(releases_.pending()); }
 
 std::shared_ptr<ThreadHolds> ClientState::thread_holds(const std::string& name) {
   std::lock_guard lock(holds_mutex_);
@@ -159,16 +162,37 @@ std::shared_ptr<ThreadHolds> ClientState::thread_holds(const std::string& name) 
 std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, Deadline deadline) {
   if (request.stop.stop_requested()) return nullptr;  // never joins a queue it would leave at once
   if (blocking_through_async()) return acquire_through_async(request, deadline);
-  auto loss = new_loss_signal(request.name);
-  auto hold = acquire_in_queue(backend(), request, deadline, loss);
-  if (!hold) return nullptr;
-  return std::make_unique<HoldRecord>(shared_from_this(), request.name, request.permits, std::move(hold),
-                                      std::move(loss));
+  const auto started = SteadyClock::now();
+  auto loss = new_loss_signal(request.name, metered(request.primitive));
+  std::unique_ptr<BackendHold> hold;
+  try {
+    hold = acquire_in_queue(backend(), request, deadline, loss);
+  } catch (const std::exception& error) {
+    telemetry_->acquire_ended(*loss->cells(), loss->primitive(), request.name, AcquireOutcome::failed, started,
+                              SteadyClock::now(), 0, error.what());
+    throw;
+  }
+  if (!hold) return meter_acquire(request, *loss, started, nullptr);
+  auto record = std::make_unique<HoldRecord>(shared_from_this(), request.name, request.permits, std::move(hold), loss);
+  return meter_acquire(request, *loss, started, std::move(record));
+}
+
+std::unique_ptr<HoldRecord> ClientState::meter_acquire(const QueueRequest& request, const LossSignal& loss,
+                                                       SteadyClock::time_point started,
+                                                       std::unique_ptr<HoldRecord> record) {
+  const auto outcome = record                          ? AcquireOutcome::admitted
+                       : request.stop.stop_requested() ? AcquireOutcome::stopped
+                                                       : AcquireOutcome::timed_out;
+  const auto ended = record ? record->held_since() : SteadyClock::now();
+  telemetry_->acquire_ended(*loss.cells(), loss.primitive(), request.name, outcome, started, ended,
+                            record ? record->fencing_token() : 0);
+  return record;
 }
 
 void ClientState::retry_release_later(std::string name, std::shared_ptr<BackendHold> hold) {
   // std::function needs a copyable callable: the hold is shared with the attempt.
-  releases_.add("the hold on '" + name + "'", [shared = std::move(hold)] {
+  releases_.add("the hold on '" + name + "'", [shared = std::move(hold), telemetry = telemetry_] {
+    telemetry->removal_retried();
     shared->release();  // BackendUnavailable: again later; HoldLost and others: reported once
     return Removal::done;
   });

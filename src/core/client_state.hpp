@@ -35,7 +35,10 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
  public:
   // `usable_after_fork`: the backend works in a forked child (the embedded one does); else
   // every call in a child throws BackendUnavailable and the child's copy is never torn down.
-  ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options, bool usable_after_fork);
+  // `telemetry`: the client's counters and event hook, whose BackendReports `backend` uses
+  // (none: a fresh one, for a backend made without it).
+  ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options, bool usable_after_fork,
+              std::shared_ptr<Telemetry> telemetry = nullptr);
   ~ClientState();
 
   const std::string& url() const { return url_; }
@@ -43,7 +46,11 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
   Backend& backend();
   void report(const Error& error) noexcept;
   void set_error_handler(ErrorHandler handler);
-  std::shared_ptr<LossSignal> new_loss_signal(const std::string& name);
+  // The loss signal of a hold on `name` to be acquired through `primitive` (a metered() index):
+  // it carries the cells the acquire, the hold and its losses are counted in.
+  std::shared_ptr<LossSignal> new_loss_signal(const std::string& name, std::size_t primitive);
+  const std::shared_ptr<Telemetry>& telemetry() const { return telemetry_; }
+  Metrics metrics() const;
   // The table of the threads' holds of lock `name` (one per name while any lock handle lives).
   std::shared_ptr<ThreadHolds> thread_holds(const std::string& name);
   // Takes over a hold whose release failed and retries it in the background until it succeeds,
@@ -98,7 +105,12 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
                                std::shared_ptr<LossSignal> loss) noexcept;
 
  private:
+  // The acquire's end (its outcome and wait) in `loss`'s cells; nullptr or the record, as given.
+  std::unique_ptr<HoldRecord> meter_acquire(const QueueRequest& request, const LossSignal& loss,
+                                            SteadyClock::time_point started, std::unique_ptr<HoldRecord> record);
+
   std::string url_;
+  std::shared_ptr<Telemetry> telemetry_;  // before backend_: its BackendReports outlive the backend
   std::unique_ptr<Backend> backend_;
   bool usable_after_fork_;
   std::uint64_t fork_generation_;  // when connected

@@ -12,9 +12,10 @@
 namespace turnstile::detail {
 
 HoldRecord::HoldRecord(std::shared_ptr<ClientState> client, std::string name, std::int64_t permits,
-                       std::unique_ptr<BackendHold> hold, std::shared_ptr<LossSignal> loss)
+                       std::unique_ptr<BackendHold> hold, std::shared_ptr<LossSignal> loss,
+                       SteadyClock::time_point held_since)
     : client_(std::move(client)), name_(std::move(name)), permits_(permits), token_(hold->fencing_token()),
-      hold_(std::move(hold)), loss_(std::move(loss)), fork_generation_(fork_generation()) {
+      hold_(std::move(hold)), loss_(std::move(loss)), fork_generation_(fork_generation()), held_since_(held_since) {
   loss_->set_fencing_token(token_);
 }
 
@@ -36,6 +37,7 @@ void HoldRecord::release() {
     throw HoldLost("the hold on '" + name_ + "' (fencing token " + std::to_string(token_) +
                    ") was inherited across fork(): it is the parent's, and the child neither holds nor releases it");
   }
+  meter_end();
   std::exception_ptr error;
   try {
     hold->release();
@@ -61,7 +63,24 @@ void HoldRecord::release_without_waiting() noexcept {
     }
     return;
   }
+  meter_end();
   client_->release_pipelined(name_, token_, std::move(hold_), loss_);
+}
+
+// Called only for this process's holds: an inherited one is the parent's to count.
+void HoldRecord::meter_end() noexcept {
+  auto* cells = loss_->cells();
+  if (!cells) return;
+  const auto held = std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - held_since_);
+  cells->hold.observe(held);
+  auto* telemetry = loss_->telemetry();
+  if (!telemetry || !telemetry->tells_events()) return;
+  try {
+    auto event = Telemetry::event(EventKind::released, loss_->primitive(), name_, token_);
+    event.duration = held;
+    telemetry->tell(std::move(event));
+  } catch (...) {
+  }
 }
 
 std::exception_ptr release_outcome(ClientState& client, const std::string& name, std::uint64_t token,
@@ -108,10 +127,12 @@ void HoldRecord::release_after(std::chrono::milliseconds keep_for) {
     // Whether the entry was kept is unknown. A plain release could free the name before the
     // promised end, so the entry is left to its own expiry (renewals stop): held at least as
     // long as its last renewal or the keep says, whichever the server applied.
+    meter_end();
     hold_.reset();
     throw BackendUnavailable("'" + name_ + "' could not be confirmed kept after its release (" + error.what() +
                              "); it is left to expire on the server by its TTL (or by the keep, if that arrived)");
   }
+  meter_end();
   hold_.reset();  // its release() now does nothing
   throw_if_lost_before_release();
 }

@@ -18,8 +18,11 @@ class ClientState;
 
 class HoldRecord {
  public:
+  // Held from `held_since` (the end of its acquire's wait); its end is counted in the cells of
+  // `loss` (LossSignal::cells) and told to the event hook.
   HoldRecord(std::shared_ptr<ClientState> client, std::string name, std::int64_t permits,
-             std::unique_ptr<BackendHold> hold, std::shared_ptr<LossSignal> loss);
+             std::unique_ptr<BackendHold> hold, std::shared_ptr<LossSignal> loss,
+             SteadyClock::time_point held_since = SteadyClock::now());
   ~HoldRecord();  // release_without_waiting() if still held
 
   const std::string& name() const { return name_; }
@@ -30,6 +33,7 @@ class HoldRecord {
   std::stop_token lost_token() const { return loss_->token(); }
   HoldState hold_state() const { return loss_->observed_state(); }
   bool released() const { return hold_ == nullptr; }
+  SteadyClock::time_point held_since() const { return held_since_; }
   // See BackendHold::receipt(); "" once released.
   std::string receipt() const { return hold_ ? hold_->receipt() : std::string(); }
   // Tells the holder its hold may be gone (final).
@@ -53,6 +57,8 @@ class HoldRecord {
  private:
   // Throws HoldLost when the hold may have been lost while held (after its release).
   void throw_if_lost_before_release() const;
+  // Counts the hold's end (its hold time) and tells it: once, as the hold leaves hold_.
+  void meter_end() noexcept;
   // Tries the backend's keep until it is confirmed (see release_after).
   void keep_until(SteadyClock::time_point promised_end);
   static constexpr std::chrono::milliseconds kKeepPatience{10'000};
@@ -64,6 +70,7 @@ class HoldRecord {
   std::unique_ptr<BackendHold> hold_;
   std::shared_ptr<LossSignal> loss_;
   std::uint64_t fork_generation_;
+  SteadyClock::time_point held_since_;
 };
 
 // What a finished release of the hold on `name` means to its caller (release() throws it,

@@ -17,18 +17,20 @@ void ServerLease::attach(std::shared_ptr<LossSignal> hold) {
   bool lost = false;
   bool suspended = false;
   std::string reason;
+  LossCause cause = LossCause::other;
   {
     std::lock_guard lock(mutex_);
     lost = lost_;
     suspended = suspended_;
     reason = lost_reason_;
+    cause = lost_cause_;
     if (!lost) {
       hold->set_due(deadline_locked());
       holds_.push_back(hold);
     }
   }
   // A hold joining a lease that is lost or unconfirmed is no better off than the lease.
-  if (lost) hold->lose(reason);
+  if (lost) hold->lose(reason, cause);
   else if (suspended) hold->suspend("renewals of its server lease are not getting through");
 }
 
@@ -60,7 +62,7 @@ void ServerLease::confirmed(SteadyClock::time_point sent_at) {
   if (moved) clock_.deadline_changed();
 }
 
-void ServerLease::unconfirmed(const std::string& reason) {
+void ServerLease::unconfirmed(const std::string& reason, SuspendCause cause) {
   std::vector<std::shared_ptr<LossSignal>> suspended;
   {
     std::lock_guard lock(mutex_);
@@ -68,23 +70,24 @@ void ServerLease::unconfirmed(const std::string& reason) {
     suspended_ = true;
     suspended = holds_;
   }
-  for (auto& hold : suspended) hold->suspend(reason);
+  for (auto& hold : suspended) hold->suspend(reason, cause);
 }
 
-void ServerLease::lose(const std::string& reason) { lose_with_margin(reason, milliseconds(0)); }
+void ServerLease::lose(const std::string& reason, LossCause cause) { lose_with_margin(reason, milliseconds(0), cause); }
 
-void ServerLease::lose_with_margin(const std::string& reason, milliseconds margin) {
+void ServerLease::lose_with_margin(const std::string& reason, milliseconds margin, LossCause cause) {
   std::vector<std::shared_ptr<LossSignal>> lost;
   {
     std::lock_guard lock(mutex_);
     if (lost_) return;
     lost_ = true;
     lost_reason_ = reason;
+    lost_cause_ = cause;
     lost.swap(holds_);
   }
   // Every hold is lost before any is told, and each is told on a thread of its own: a holder's
   // slow callback (a stop_callback that winds its work down) must not delay another's report.
-  std::erase_if(lost, [&](const auto& hold) { return !hold->mark_lost(reason, margin); });
+  std::erase_if(lost, [&](const auto& hold) { return !hold->mark_lost(reason, margin, cause); });
   for (auto& hold : lost) {
     try {
       std::thread([hold] { hold->tell_lost(); }).detach();
@@ -141,7 +144,7 @@ bool ServerLease::expire_if_due(SteadyClock::time_point now) {
   const auto left = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(server_expiry - now));
   lose_with_margin("no renewal was confirmed in time: the server may expire it in " + std::to_string(left.count()) +
                        " ms (TTL " + std::to_string(ttl.count()) + " ms)",
-                   left);
+                   left, LossCause::renewal_timeout);
   return true;
 }
 

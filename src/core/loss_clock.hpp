@@ -42,9 +42,9 @@ class ServerLease {
   // deadline moves to sent_at + TTL - margin unless it is already later.
   void confirmed(SteadyClock::time_point sent_at);
   // A renewal went unanswered or failed, but the lease may be alive: holds are suspended.
-  void unconfirmed(const std::string& reason);
+  void unconfirmed(const std::string& reason, SuspendCause cause = SuspendCause::renewal_unanswered);
   // The lease (or the entry) is gone on the server, or may be: final.
-  void lose(const std::string& reason);
+  void lose(const std::string& reason, LossCause cause = LossCause::other);
 
   // The lease's TTL as the server applies it (ZooKeeper: the negotiated session timeout).
   void set_ttl(std::chrono::milliseconds ttl);
@@ -59,7 +59,7 @@ class ServerLease {
   friend class LossClock;
   // Called by the clock's thread: loses the lease if its deadline has passed.
   bool expire_if_due(SteadyClock::time_point now);
-  void lose_with_margin(const std::string& reason, std::chrono::milliseconds margin);
+  void lose_with_margin(const std::string& reason, std::chrono::milliseconds margin, LossCause cause);
   // Tells every hold the loss deadline (LossSignal::observed_state reads it). Under mutex_.
   void publish_deadline_locked();
   // The loss deadline: send time of the last confirmed renewal + TTL - margin. Under mutex_.
@@ -71,6 +71,7 @@ class ServerLease {
   SteadyClock::time_point confirmed_sent_at_;
   bool lost_ = false;
   std::string lost_reason_;
+  LossCause lost_cause_ = LossCause::other;
   bool suspended_ = false;
   std::vector<std::shared_ptr<LossSignal>> holds_;
 };

@@ -41,7 +41,22 @@ bool PermitCounter::acquire_until(Deadline deadline, std::int64_t n, std::stop_t
   if (detail::ClientState::blocking_through_async()) {
     return client_->counter_acquire_through_async(name_, n, deadline, stop);
   }
-  return detail::acquire_from_counter(client_->backend(), name_, n, deadline, stop);
+  auto& telemetry = *client_->telemetry();
+  auto& cells = telemetry.cells(name_, detail::kPermitCounter);
+  const auto started = SteadyClock::now();
+  bool taken = false;
+  try {
+    taken = detail::acquire_from_counter(client_->backend(), name_, n, deadline, stop);
+  } catch (const std::exception& error) {
+    telemetry.acquire_ended(cells, detail::kPermitCounter, name_, detail::AcquireOutcome::failed, started,
+                            SteadyClock::now(), 0, error.what());
+    throw;
+  }
+  const auto outcome = taken                   ? detail::AcquireOutcome::admitted
+                       : stop.stop_requested() ? detail::AcquireOutcome::stopped
+                                               : detail::AcquireOutcome::timed_out;
+  telemetry.acquire_ended(cells, detail::kPermitCounter, name_, outcome, started, SteadyClock::now());
+  return taken;
 }
 
 Acquiring<bool> PermitCounter::acquire_async(std::int64_t n, AsyncOptions options) {

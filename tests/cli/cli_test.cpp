@@ -91,9 +91,9 @@ TEST_F(CliTest, VersionAndHelpSayWhatTheyShould) {
   EXPECT_NE(top_help.out.find("hold"), std::string::npos) << top_help.out;
   const auto unknown = run({"frobnicate"});
   EXPECT_EQ(unknown.status, 64);
-  EXPECT_NE(
-      unknown.err.find("unknown subcommand 'frobnicate' (expected run, hold, elect, leader, inspect, gc or demo)"),
-      std::string::npos)
+  EXPECT_NE(unknown.err.find(
+                "unknown subcommand 'frobnicate' (expected run, hold, elect, leader, inspect, gc, serve or demo)"),
+            std::string::npos)
       << unknown.err;
 }
 
@@ -146,6 +146,31 @@ TEST_F(CliTest, VerboseSaysWhatItWaitsForWhoHoldsItWhenItGotItAndItsToken) {
   const auto quiet = run(lock_sh("job", "true"));
   EXPECT_EQ(quiet.status, 0);
   EXPECT_EQ(quiet.err, "");
+}
+
+// --events FILE appends each event of the hold as a JSON line: acquired with the token the
+// command sees, then released; a FILE it cannot open is said, and nothing runs.
+TEST_F(CliTest, EventsAppendsEachEventOfTheHoldAsAJsonLine) {
+  const auto events = path("events"), token_file = path("token");
+  const auto result = run(lock_sh("job", "echo $TURNSTILE_FENCING_TOKEN > " + token_file, {"--events", events}));
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_EQ(result.err, "");
+  const auto token = std::to_string(read_number(token_file));
+  const auto lines = read_file(events);
+  const auto first_end = lines.find('\n');
+  ASSERT_NE(first_end, std::string::npos) << lines;
+  const auto first = lines.substr(0, first_end), second = lines.substr(first_end + 1);
+  EXPECT_NE(first.find("\"event\":\"acquired\""), std::string::npos) << lines;
+  EXPECT_NE(first.find("\"name\":\"job\",\"fencing_token\":" + token + ","), std::string::npos) << lines;
+  EXPECT_NE(second.find("\"event\":\"released\""), std::string::npos) << lines;
+  EXPECT_NE(second.find("\"fencing_token\":" + token + ","), std::string::npos) << lines;
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 2) << lines;
+
+  const auto ran = path("ran");
+  const auto unopened = run(lock_sh("job", "touch " + ran, {"--events", path("no/such/dir/events")}));
+  EXPECT_EQ(unopened.status, 71) << unopened.err;
+  EXPECT_NE(unopened.err.find("cannot open --events file"), std::string::npos) << unopened.err;
+  EXPECT_FALSE(std::filesystem::exists(ran));
 }
 
 // --- hold ------------------------------------------------------------------------------------------

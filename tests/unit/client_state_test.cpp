@@ -72,7 +72,8 @@ TEST(ClientStateRelease, AFailedReleaseIsRetriedInTheBackgroundUntilDone) {
   Reports reports;
   auto state = make_state(reports);
   std::atomic<int> calls{0};
-  HoldRecord record(state, "x", 1, std::make_unique<FlakyHold>(calls, 2), state->new_loss_signal("x"));
+  HoldRecord record(state, "x", 1, std::make_unique<FlakyHold>(calls, 2),
+                    state->new_loss_signal("x", metered(Primitive::mutex)));
   EXPECT_THROW(record.release(), turnstile::BackendUnavailable);
   ASSERT_EQ(calls, 1);
   const auto end = std::chrono::steady_clock::now() + 5s;
@@ -89,7 +90,8 @@ TEST(ClientStateRelease, AReleaseNotDoneByTheClientsEndIsTriedOnceMoreAndReporte
   std::atomic<int> calls{0};
   {
     auto state = make_state(reports);
-    HoldRecord record(state, "y", 1, std::make_unique<FlakyHold>(calls, -1), state->new_loss_signal("y"));
+    HoldRecord record(state, "y", 1, std::make_unique<FlakyHold>(calls, -1),
+                      state->new_loss_signal("y", metered(Primitive::mutex)));
     EXPECT_THROW(record.release(), turnstile::BackendUnavailable);
   }                     // the record (released) and then the state end here
   EXPECT_GE(calls, 2);  // the caller's try and the end's
@@ -115,7 +117,8 @@ TEST(ClientStateRelease, ALossFoundByTheBackgroundReleaseIsReportedOnce) {
    private:
     std::atomic<int>& calls_;
   };
-  HoldRecord record(state, "z", 1, std::make_unique<LostOnRetry>(calls), state->new_loss_signal("z"));
+  HoldRecord record(state, "z", 1, std::make_unique<LostOnRetry>(calls),
+                    state->new_loss_signal("z", metered(Primitive::mutex)));
   EXPECT_THROW(record.release(), turnstile::BackendUnavailable);
   const auto end = std::chrono::steady_clock::now() + 5s;
   while (calls < 2 && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(10ms);
@@ -161,7 +164,10 @@ TEST(ClientStateRelease, AnUnlocksReleaseIsSentAndItsLaterFailureReportedAndRetr
   auto state = make_state(reports);
   std::atomic<int> plain{0};
   auto pending = std::make_shared<BackendHold::ReleaseDone>();
-  { HoldRecord record(state, "p", 1, std::make_unique<DeferredHold>(plain, pending), state->new_loss_signal("p")); }
+  {
+    HoldRecord record(state, "p", 1, std::make_unique<DeferredHold>(plain, pending),
+                      state->new_loss_signal("p", metered(Primitive::mutex)));
+  }
   ASSERT_TRUE(*pending) << "the record's end did not send a pipelined release";
   EXPECT_EQ(plain, 0) << "the record's end waited for a plain release";
   answer_later(pending, 0ms, std::make_exception_ptr(turnstile::BackendUnavailable("link cut"))).join();
@@ -182,7 +188,10 @@ TEST(ClientStateRelease, TheClientsEndWaitsForAPipelinedReleasesAnswer) {
   std::thread answer;
   {
     auto state = make_state(reports);
-    { HoldRecord record(state, "q", 1, std::make_unique<DeferredHold>(plain, pending), state->new_loss_signal("q")); }
+    {
+      HoldRecord record(state, "q", 1, std::make_unique<DeferredHold>(plain, pending),
+                        state->new_loss_signal("q", metered(Primitive::mutex)));
+    }
     ASSERT_TRUE(*pending);
     answer = answer_later(pending, 300ms, std::make_exception_ptr(turnstile::HoldLost("gone")));
   }  // the state's end: the answer comes during its wait

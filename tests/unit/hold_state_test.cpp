@@ -30,7 +30,8 @@ std::shared_ptr<LossSignal> recording_signal(Recorded& recorded) {
                                                                           [&recorded](const HoldStateChange& change) {
                                                                             std::lock_guard lock(recorded.mutex);
                                                                             recorded.changes.push_back(change);
-                                                                          }});
+                                                                          },
+                                                                          nullptr});
   auto signal = std::make_shared<LossSignal>("a/name", callbacks);
   signal->set_fencing_token(7);
   return signal;
@@ -80,11 +81,13 @@ TEST(HoldState, CallbackMayReportTheSameHoldLost) {
   std::shared_ptr<LossSignal> signal;
   std::vector<HoldState> seen;
   auto callbacks =
-      std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{nullptr, [&](const HoldStateChange& change) {
+      std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{nullptr,
+                                                                          [&](const HoldStateChange& change) {
                                                                             seen.push_back(change.state);
                                                                             if (change.state == HoldState::suspended)
                                                                               signal->lose("gone at release");
-                                                                          }});
+                                                                          },
+                                                                          nullptr});
   signal = std::make_shared<LossSignal>("n", callbacks);
   signal->suspend("down");
   EXPECT_EQ(signal->state(), HoldState::lost);
@@ -118,6 +121,48 @@ TEST(HoldState, Names) {
   EXPECT_STREQ(turnstile::to_string(HoldState::held), "held");
   EXPECT_STREQ(turnstile::to_string(HoldState::suspended), "suspended");
   EXPECT_STREQ(turnstile::to_string(HoldState::lost), "lost");
+}
+
+// With the client's telemetry, each change is counted by its cause in the hold's cells and told
+// to the event hook, in order, with the hold's name and token; nothing after the loss.
+TEST(HoldState, ChangesAreCountedByCauseAndToldAsEvents) {
+  using turnstile::Event;
+  using turnstile::EventKind;
+  using namespace turnstile::detail;
+  std::vector<Event> events;
+  auto telemetry = std::make_shared<Telemetry>("redis", false, [&](const Event& event) { events.push_back(event); });
+  auto& cells = telemetry->cells("a/name", metered(Primitive::semaphore));
+  auto callbacks = std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{nullptr, nullptr, telemetry});
+  auto signal = std::make_shared<LossSignal>("a/name", callbacks, metered(Primitive::semaphore), &cells);
+  signal->set_fencing_token(9);
+  signal->suspend("the connection dropped", SuspendCause::connection_lost);
+  signal->suspend("still down", SuspendCause::connection_lost);  // no change: not counted again
+  signal->resume();
+  signal->lose("its session expired", LossCause::session_expired);
+  signal->suspend("after the loss");
+  signal->lose("again", LossCause::entry_gone);
+
+  const auto count = [](const auto& counter) { return counter.load(); };
+  EXPECT_EQ(count(cells.suspended[static_cast<std::size_t>(SuspendCause::connection_lost)]), 1u);
+  EXPECT_EQ(count(cells.suspended[static_cast<std::size_t>(SuspendCause::renewal_unanswered)]), 0u);
+  EXPECT_EQ(count(cells.lost[static_cast<std::size_t>(LossCause::session_expired)]), 1u);
+  EXPECT_EQ(count(cells.lost[static_cast<std::size_t>(LossCause::entry_gone)]), 0u);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].kind, EventKind::suspended);
+  EXPECT_EQ(events[0].outcome, "connection_lost");
+  EXPECT_EQ(events[0].reason, "the connection dropped");
+  EXPECT_EQ(events[1].kind, EventKind::resumed);
+  EXPECT_EQ(events[2].kind, EventKind::lost);
+  EXPECT_EQ(events[2].outcome, "session_expired");
+  for (const auto& event : events) {
+    EXPECT_EQ(event.name, "a/name");
+    EXPECT_EQ(event.fencing_token, 9u);
+    EXPECT_EQ(event.primitive, "semaphore");
+    EXPECT_EQ(event.backend, "redis");
+  }
+  const auto text = telemetry->snapshot(0).prometheus_text();
+  EXPECT_EQ(text.find("turnstile_holds_lost_total{backend=\"redis\",primitive=\"semaphore\""), std::string::npos)
+      << "a primitive without acquires has no series";
 }
 
 }  // namespace

@@ -48,4 +48,38 @@ TEST(ZookeeperSuspension, ConnectionDownPastTheSessionTimeoutLosesTheSuspendedHo
   other_mutex.unlock();
 }
 
+// The same outage as seen by Client::metrics(): one suspension for the lost connection, one loss
+// by the loss rule (no renewal confirmed in time), and a reconnect once the server is back.
+TEST(ZookeeperSuspension, MetricsCountTheSuspensionAndTheLossByCause) {
+  OwnServer server(TURNSTILE_ZOOKEEPER_SCRIPT);
+  auto options = with_ttl(2s);
+  std::mutex events_mutex;
+  std::vector<turnstile::EventKind> events;
+  options.on_event = [&](const turnstile::Event& event) {
+    std::lock_guard lock(events_mutex);
+    if (!event.name.empty()) events.push_back(event.kind);
+  };
+  auto client = Client::connect(server.url(), options);
+  auto mutex = client.mutex(unique_name("m"));
+  mutex.lock();
+  const auto lost = mutex.lost_token();
+  const auto counted = [&](const char* family, const char* cause) {
+    return client.metrics().value(family, {{"primitive", "mutex"}, {"cause", cause}});
+  };
+
+  ASSERT_EQ(server.stop(), 0);
+  EXPECT_TRUE(eventually([&] { return lost.stop_requested(); }, 20s));
+  EXPECT_EQ(counted("turnstile_holds_suspended_total", "connection_lost"), 1);
+  EXPECT_EQ(client.metrics().value("turnstile_holds_suspended_total"), 1);
+  EXPECT_EQ(counted("turnstile_holds_lost_total", "renewal_timeout"), 1);
+  EXPECT_EQ(client.metrics().value("turnstile_holds_lost_total"), 1);
+
+  ASSERT_EQ(server.restart(), 0);
+  EXPECT_TRUE(eventually([&] { return client.metrics().value("turnstile_reconnects_total") >= 1; }, 30s));
+  EXPECT_THROW(mutex.release(), turnstile::HoldLost);
+  std::lock_guard lock(events_mutex);
+  EXPECT_EQ(events, (std::vector{turnstile::EventKind::acquired, turnstile::EventKind::suspended,
+                                 turnstile::EventKind::lost, turnstile::EventKind::released}));
+}
+
 }  // namespace

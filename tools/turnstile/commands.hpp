@@ -28,6 +28,7 @@ struct RunOptions {
   std::string holder_label;               // consul lock's -name: shown by inspect
   bool verbose = false;                   // -v: what it waits for, who holds it, when it got it, its token
   bool quiet = false;                     // -q: nothing said when busy or timed out (flock -q); -v overrides
+  std::optional<std::string> events;      // --events FILE ("-": stderr): every event as a JSON line
   // -o (flock -o): release when COMMAND exits, leaving what it started in its group running
   // without the hold, instead of stopping those processes first.
   bool release_at_command_exit = false;

@@ -18,6 +18,7 @@
 #include "common.hpp"
 #include "core/url.hpp"
 #include "run_options.hpp"
+#include "serve.hpp"
 
 using namespace turnstile::cli;
 
@@ -82,6 +83,9 @@ struct AcquireFlags {
         "A label for this hold (consul lock -name), shown by inspect and in busy messages on backends that keep it");
     cmd->add_flag("-v,--verbose", run.verbose,
                   "Say on stderr what it waits for, who holds it, when it got it and its fencing token");
+    cmd->add_option("--events", run.events,
+                    "Write each acquire, hold, renewal and connection event as a JSON line to FILE "
+                    "(appended; - for stderr)");
     cmd->add_flag("-q,--quiet", run.quiet,
                   "Say nothing when the name is busy or --timeout ran out, only exit 75 or -E's status "
                   "(flock -q; -v says it still)");
@@ -213,6 +217,11 @@ struct Subcommands {
   CLI::Option* gc_backend_opt{};
   std::string gc_backend;
 
+  ServeOptions serve;
+  std::string serve_backend;
+  CLI::App* serve_cmd{};
+  CLI::Option* serve_backend_opt{};
+
   ParkingOptions parking;
   std::string parking_backend;
   CLI::App* parking_cmd{};
@@ -232,6 +241,7 @@ struct Subcommands {
     add_leader(app);
     add_inspect(app);
     add_gc(app);
+    add_serve(app);
     add_demo(app);
   }
 
@@ -373,6 +383,35 @@ struct Subcommands {
         "nothing once sessions end: there it removes nothing.");
   }
 
+  void add_serve(CLI::App& app) {
+    serve_cmd = app.add_subcommand("serve", "Serve /metrics (Prometheus) and a live web page of the names in use.");
+    if (!builds(serve_cmd)) return;
+    serve_backend_opt = serve_cmd->add_option("--backend", serve_backend,
+                                              "Backend URL (default: $TURNSTILE_BACKEND, else the embedded default)");
+    serve_cmd->add_option("--listen", serve.listen, "HOST:PORT to serve on (an IP address or localhost; port 0: any)")
+        ->capture_default_str();
+    serve_cmd->add_flag("--allow-remote", serve.allow_remote, "Allow --listen on an address that is not loopback");
+    serve_cmd->add_option("--interval", serve.interval_sec, "Seconds between looks at the backend")
+        ->capture_default_str()
+        ->check(CLI::Range(0.1, 3600.0));
+    serve_cmd->add_option("--max-names", serve.max_names, "Names looked at per look, 1 to 10000")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 10000));
+    serve_cmd->add_flag("--name-label", serve.name_label,
+                        "Add per-name series to /metrics (a name label; the first 100 names)");
+    serve_cmd
+        ->add_option("--max-live-pages", serve.max_live_pages, "Live pages (event streams) open at once, 1 to 1000")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    serve_cmd->add_option("--connect-timeout", serve.connect_timeout_sec, "Seconds connecting to the backend may take")
+        ->capture_default_str();
+    serve_cmd->add_option("PREFIX", serve.prefix, "Only names that start with PREFIX (default: every name)");
+    serve_cmd->footer(
+        "Pages: / (the names in use, their holders and waiters in queue order; live), /state.json,\n"
+        "/metrics (Prometheus text format), /events (the page's live stream). Prints the address it\n"
+        "listens on; SIGINT or SIGTERM ends it. Credentials in the backend URL are never shown.");
+  }
+
   void add_demo(CLI::App& app) {
     auto* demo_cmd = app.add_subcommand("demo", "Demonstrations.");
     if (!builds(demo_cmd)) return;
@@ -413,6 +452,10 @@ struct Subcommands {
     if (gc_cmd->parsed()) {
       take_if_given(gc_backend_opt, gc_backend, gc.backend);
       return gc_command(gc);
+    }
+    if (serve_cmd->parsed()) {
+      take_if_given(serve_backend_opt, serve_backend, serve.backend);
+      return serve_command(serve);
     }
     if (parking_cmd && parking_cmd->parsed()) {
       take_if_given(parking_backend_opt, parking_backend, parking.backend);
@@ -462,11 +505,11 @@ std::string not_expected(const CLI::App& app, const CLI::ParseError& error) {
 int parse_failure(const CLI::App& app, const CLI::ParseError& error, const std::vector<std::string>& args,
                   bool command_missing) {
   if (error.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(error);  // --help
-  const std::vector<std::string> subcommands{"run", "hold", "elect", "leader", "inspect", "gc", "demo"};
+  const std::vector<std::string> subcommands{"run", "hold", "elect", "leader", "inspect", "gc", "serve", "demo"};
   const bool unknown_subcommand = !args.empty() && !args.front().starts_with('-') &&
                                   std::find(subcommands.begin(), subcommands.end(), args.front()) == subcommands.end();
   complain(unknown_subcommand ? "unknown subcommand '" + printable(args.front()) +
-                                    "' (expected run, hold, elect, leader, inspect, gc or demo)"
+                                    "' (expected run, hold, elect, leader, inspect, gc, serve or demo)"
            : dynamic_cast<const CLI::ExtrasError*>(&error) ? not_expected(app, error)
                                                            : std::string(error.what()));
   if (command_missing) complain("put the command to run after '--'");
@@ -514,7 +557,7 @@ int main(int argc, char** argv) {
   // the instructions of `turnstile run` on file:// before it connects. So first only the
   // subcommand named first gets its options; a line that needs the others (an error, --help)
   // is parsed again with all of them, so it reads exactly as before.
-  const std::vector<std::string> subcommand_names{"run", "hold", "elect", "leader", "inspect", "gc", "demo"};
+  const std::vector<std::string> subcommand_names{"run", "hold", "elect", "leader", "inspect", "gc", "serve", "demo"};
   if (!args.empty() &&
       std::find(subcommand_names.begin(), subcommand_names.end(), args.front()) != subcommand_names.end()) {
     if (const auto status = parse_and_dispatch(argv[0], args, command, args.front())) return *status;

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "common.hpp"
+#include "event_lines.hpp"
 #include "namespace_notice.hpp"
 #include "queue_messages.hpp"
 #include "signals.hpp"
@@ -71,6 +72,7 @@ ClientOptions client_options_for(const RunOptions& options, StateChanges& change
   }
   client_options.holder_label = options.holder_label;
   client_options.connect_timeout = connect_timeout(options);
+  client_options.on_event = event_handler_for(options);
   return client_options;
 }
 

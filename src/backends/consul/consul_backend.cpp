@@ -318,10 +318,13 @@ std::unique_ptr<CounterLine> ConsulBackend::counter_line(const std::string& name
 
 }  // namespace turnstile::detail::consul
 
-extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v1(
-    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options) {
+extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v2(
+    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options,
+    turnstile::detail::BackendReports& reports) {
   using namespace turnstile::detail::consul;
   static std::once_flag curl_ready;
   std::call_once(curl_ready, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-  return std::make_unique<ConsulBackend>(parse_settings(url, options));
+  auto settings = parse_settings(url, options);
+  settings.endpoint.reports = &reports;
+  return std::make_unique<ConsulBackend>(std::move(settings));
 }

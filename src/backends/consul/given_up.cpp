@@ -12,7 +12,7 @@ namespace turnstile::detail::consul {
 bool lose_refused_session(const Refused& refused, Session& session) {
   for (const auto& op : refused.ops()) {
     if (op.why == Refusal::invalid_session && op.what.find(session.id) != std::string::npos) {
-      session.lease->lose("Consul no longer knows session " + session.id);
+      session.lease->lose("Consul no longer knows session " + session.id, LossCause::session_expired);
       return true;
     }
   }

@@ -207,7 +207,7 @@ class ConsulHold final : public BackendHold {
   void proclaim(const std::string& value) override {
     if (!proclaimer_) BackendHold::proclaim(value);  // not an election's hold: refused
     if (proclaimer_->proclaim(backend_, value)) return;
-    loss_->lose("its Consul entry or leader key was gone (found by a proclaim)");
+    loss_->lose("its Consul entry or leader key was gone (found by a proclaim)", LossCause::entry_gone);
     throw HoldLost("the leadership of '" + release_.parts().name + "' (fencing token " + std::to_string(token_) +
                    ") was lost: its Consul entry or key is no longer its session's; nothing was proclaimed");
   }
@@ -267,7 +267,8 @@ class ConsulHold final : public BackendHold {
     }
     released_ = true;
     detach();
-    if (!moved) loss_->lose("its Consul entry was gone before the release: " + refused.describe());
+    if (!moved)
+      loss_->lose("its Consul entry was gone before the release: " + refused.describe(), LossCause::entry_gone);
   }
 
  private:

@@ -127,6 +127,7 @@ class Batch {
         std::find_if(transfers_.begin(), transfers_.end(), [&](const Transfer& t) { return t.easy == easy; }) -
         transfers_.begin());
     auto& transfer = transfers_.at(i);
+    outcomes_[i].answered_at = std::chrono::steady_clock::now();
     curl_multi_remove_handle(multi_, easy);
     transfer.running = false;
     --running_;
@@ -137,6 +138,17 @@ class Batch {
     }
     curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &transfer.reply.status);
     outcomes_[i].reply = std::move(transfer.reply);
+    report_connections(easy);
+  }
+
+  // curl reuses a connection while the server keeps it open: one it had to open for this
+  // transfer is a connection, and every one after the first a reconnect (the last one closed).
+  void report_connections(CURL* easy) {
+    long opened = 0;
+    if (!endpoint_.reports || curl_easy_getinfo(easy, CURLINFO_NUM_CONNECTS, &opened) != CURLE_OK) return;
+    for (long n = 0; n < opened; ++n) {
+      endpoint_.reports->opened_another();
+    }
   }
 
   bool cut_the_rest(bool stopped) {

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "core/telemetry.hpp"
+
 namespace turnstile::detail::consul {
 
 struct Endpoint {
@@ -23,6 +25,9 @@ struct Endpoint {
   std::string cacert;  // consuls://: a CA bundle file (empty: the system's)
   std::string dc;      // ?dc= on every request (empty: the agent's own)
   std::string shown;   // the redacted URL, for messages
+  // Where the connections curl opens and the session renewals are reported (the client's, set
+  // by the factory; it outlives the backend). None in tools and tests.
+  BackendReports* reports = nullptr;
 };
 
 struct Reply {
@@ -41,8 +46,9 @@ struct Request {
 struct Outcome {
   std::optional<Reply> reply;  // none: no answer (error says why)
   std::string error;
-  bool stopped = false;                             // the stop ended it before an answer
-  std::chrono::steady_clock::time_point sent_at{};  // when it was started (unset: never sent)
+  bool stopped = false;                                 // the stop ended it before an answer
+  std::chrono::steady_clock::time_point sent_at{};      // when it was started (unset: never sent)
+  std::chrono::steady_clock::time_point answered_at{};  // when its answer (or failure) came
 };
 
 class Http {

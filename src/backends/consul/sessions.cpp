@@ -141,6 +141,7 @@ bool Sessions::renew(const std::vector<std::shared_ptr<Session>>& due, const std
     until = std::max(until, session->lease->loss_deadline());
   }
   const auto outcomes = renewals_.call_each(renewals, kParallel, settings_.ttl / 2, until, stop);
+  auto* reports = renewals_.endpoint().reports;
   bool all_confirmed = true;
   for (std::size_t i = 0; i < due.size(); ++i) {
     auto& session = *due[i];
@@ -148,16 +149,20 @@ bool Sessions::renew(const std::vector<std::shared_ptr<Session>>& due, const std
     if (outcome.stopped) return false;  // shutting down: nothing learned
     if (outcome.reply && outcome.reply->status == 200) {
       session.lease->confirmed(outcome.sent_at);  // by the send time: the server renewed after it
+      if (reports) reports->renewed(outcome.answered_at - outcome.sent_at);
       continue;
     }
     if (outcome.reply && outcome.reply->status == 404) {
-      session.lease->lose("Consul says session " + session.id + " is gone (invalidated or destroyed)");
+      session.lease->lose("Consul says session " + session.id + " is gone (invalidated or destroyed)",
+                          LossCause::session_expired);
       continue;
     }
-    session.lease->unconfirmed(
+    const auto trouble =
         outcome.reply
             ? "Consul answered a session renewal with HTTP " + std::to_string(outcome.reply->status)
-            : "no answer to a session renewal from Consul at " + renewals_.endpoint().shown + ": " + outcome.error);
+            : "no answer to a session renewal from Consul at " + renewals_.endpoint().shown + ": " + outcome.error;
+    session.lease->unconfirmed(trouble);
+    if (reports) reports->renewal_failed(trouble);
     all_confirmed = false;
   }
   return all_confirmed;

@@ -255,6 +255,7 @@ Connection::Connection(Settings settings)
   }
   current_ = first_endpoint_that_may_answer(*endpoints_.front().channel, settings_, connect_by_);
   if (!settings_.user.empty()) authenticate(std::min(SteadyClock::now() + kConnectAuthentication, connect_by_));
+  if (settings_.reports) settings_.reports->connected(false);
 }
 
 Connection::Endpoint& Connection::current() {

@@ -66,6 +66,9 @@ struct Settings {
   std::string holder_label;               // ClientOptions::holder_label, kept in our entries
   // Client::connect's bound, from ClientOptions::connect_timeout (0: kEtcdTimes.call.cap).
   std::chrono::milliseconds connect_timeout{0};
+  // Where the client's connection and lease keep-alives are reported (the client's, set by the
+  // factory; it outlives the backend). None in tools and tests.
+  BackendReports* reports = nullptr;
 };
 
 // etcd[s]://[user:password@]host:port[,host:port...][?ttl=SECONDS][&cacert=PATH];

@@ -174,10 +174,12 @@ void end_backends_at_exit() {
 
 }  // namespace turnstile::detail::etcd
 
-extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v1(
-    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options) {
+extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v2(
+    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options,
+    turnstile::detail::BackendReports& reports) {
   using namespace turnstile::detail::etcd;
   auto settings = parse_settings(url, options);
+  settings.reports = &reports;
   const auto timeout = connect_timeout(settings);
   const auto connect_by = turnstile::SteadyClock::now() + timeout;
   try {

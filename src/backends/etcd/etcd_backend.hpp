@@ -301,6 +301,7 @@ class EtcdBackend final : public Backend {
   std::string identity_;        // "<pid> <host>", for inspect
   std::string label_suffix_;    // " <holder label>" at the end of our values, or ""
   std::atomic<std::uint64_t> unique_{0};
+  bool keep_alive_unanswered_ = false;  // the keeper thread's: its last round got no answer
 
   std::mutex mutex_;
   std::shared_ptr<ClientLease> lease_;

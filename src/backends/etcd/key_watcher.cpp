@@ -327,7 +327,7 @@ void KeyWatcher::tell_loss(Lock& lock) {
   auto [watched, reason] = std::move(losses_.front());
   losses_.pop_front();
   lock.unlock();
-  watched->loss->lose(reason);
+  watched->loss->lose(reason, LossCause::entry_gone);
   lost_();
   if (!watched->side_key.empty()) remove_side_key(*watched);
   lock.lock();

@@ -64,7 +64,7 @@ void EtcdBackend::lose_lease(const std::shared_ptr<ClientLease>& lease, const st
     std::lock_guard lock(mutex_);
     lease->gone = true;
   }
-  lease->server_lease->lose(reason);  // tells every hold (user callbacks: no lock held)
+  lease->server_lease->lose(reason, LossCause::session_expired);  // tells every hold (user callbacks: no lock held)
   give_up(lease);
 }
 
@@ -132,11 +132,17 @@ std::optional<milliseconds> EtcdBackend::keep_alive_round(const std::shared_ptr<
     answer.emplace();
   } catch (const Error&) {
   }
+  auto* reports = connection_.settings().reports;
   if (!answer) {
     lease->server_lease->unconfirmed("the lease keep-alive got no answer from etcd; the lease may still be alive");
+    if (reports) reports->renewal_failed("the lease keep-alive got no answer from etcd");
+    keep_alive_unanswered_ = true;
     return std::nullopt;
   }
+  // The first answer after unanswered ones: gRPC's channel reached the server again.
+  if (std::exchange(keep_alive_unanswered_, false) && reports) reports->connected(true);
   if (answer->ttl <= 0) {
+    if (reports) reports->renewal_failed("etcd no longer knows the client's lease");
     lose_lease(lease, "etcd no longer knows the client's lease (it expired)", true);
     return std::nullopt;
   }
@@ -158,13 +164,16 @@ std::optional<milliseconds> EtcdBackend::keep_alive_round(const std::shared_ptr<
     } catch (const Error&) {
     }
     if (!term || *term != answer->raft_term) {
-      lease->server_lease->unconfirmed("the etcd server that renewed the lease may no longer lead the cluster");
+      lease->server_lease->unconfirmed("the etcd server that renewed the lease may no longer lead the cluster",
+                                       SuspendCause::leader_changed);
+      if (reports) reports->renewal_failed("the etcd server that renewed the lease may no longer lead the cluster");
       return std::nullopt;
     }
   }
   const milliseconds ttl = seconds(answer->ttl);
   lease->server_lease->set_ttl(ttl);
   lease->server_lease->confirmed(sent_at);
+  if (reports) reports->renewed(SteadyClock::now() - sent_at);
   return ttl;
 }
 

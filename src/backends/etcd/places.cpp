@@ -365,10 +365,11 @@ void EtcdHold::downgrade() {
     present = backend_.connection().txn(txn, CallBudget(), Resend::allowed).succeeded();
   } catch (const LeaseGone&) {
   }
-  if (!present) loss_->lose("its etcd key was gone (the lease expired or the key was deleted)");
+  if (!present) loss_->lose("its etcd key was gone (the lease expired or the key was deleted)", LossCause::entry_gone);
   value_ = value;
 }
 
+constexpr auto kGoneAtRelease = "its etcd key was gone before the release (the lease expired or the key was deleted)";
 // etcd's clock ends it: a lease granted for `keep_for` (whole seconds, rounded up; etcd raises
 // a TTL below its minimum) that nobody keeps alive. The move is guarded by the key's create
 // revision, so a late or resent copy never re-creates a key that ended meanwhile.
@@ -397,7 +398,7 @@ void EtcdHold::release_after(milliseconds keep_for) {
   }
   released_ = true;
   let_go();
-  if (!kept) loss_->lose("its etcd key was gone before the release (the lease expired or the key was deleted)");
+  if (!kept) loss_->lose(kGoneAtRelease, LossCause::entry_gone);
 }
 
 // A lease's TTL runs from its grant on the server: a grant answered late may have arrived late
@@ -445,7 +446,7 @@ void EtcdHold::release() {
   }
   released_ = true;
   let_go();
-  if (!existed) loss_->lose("its etcd key was gone before the release (the lease expired or the key was deleted)");
+  if (!existed) loss_->lose(kGoneAtRelease, LossCause::entry_gone);
 }
 
 // concurrency.Election's Proclaim (If CreateRevision(key) == ours Then Put(key, value, lease)),
@@ -474,7 +475,7 @@ void EtcdHold::proclaim(const std::string& value) {
     try {
       answer = backend_.connection().txn(proclaim_txn(value), budget(), Resend::allowed);
     } catch (const LeaseGone&) {
-      loss_->lose("etcd no longer knows the client's lease");
+      loss_->lose("etcd no longer knows the client's lease", LossCause::session_expired);
       throw HoldLost("the leadership of '" + name_ + "' (fencing token " + std::to_string(revision_) +
                      ") is gone (etcd no longer knows the client's lease); nothing was proclaimed");
     } catch (const BackendUnavailable&) {
@@ -512,7 +513,7 @@ std::optional<std::int64_t> EtcdHold::late_copy_revision(const pb::RangeResponse
 // Guarded by our create revision: a newer entry on the same key is never removed. Best effort:
 // what is not removed goes with our lease.
 HoldLost EtcdHold::lost_with_key(const std::string& why) {
-  loss_->lose(why);
+  loss_->lose(why, LossCause::entry_gone);
   backend_.key_watcher().unwatch(watched_);  // our own delete is no second loss
   pb::TxnRequest txn;
   add_compare(txn, key_, pb::Compare::CREATE, revision_);

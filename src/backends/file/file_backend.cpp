@@ -203,7 +203,9 @@ Inspection FileBackend::inspect(const std::string& name, Deadline) {  // local: 
   return result;
 }
 
-std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions& options) {
+// file:// has no session to renew and no connection: it reports nothing to `reports`.
+std::unique_ptr<Backend> make_file_backend(const BackendUrl& url, const ClientOptions& options,
+                                           BackendReports& /*reports*/) {
   std::string root = file_state::root_of(url);
   file_state::Fd fd = file_state::open_root(root);
   return std::make_unique<FileBackend>(std::move(root), std::move(fd), options.holder_label);

@@ -53,7 +53,8 @@ void FileHold::proclaim(const std::string& value) {
     if (ours) draft.place(seq_);
   }
   if (!ours) {
-    loss_->lose("its entry is gone from the state file of '" + file_->name() + "' (found by a proclaim)");
+    loss_->lose("its entry is gone from the state file of '" + file_->name() + "' (found by a proclaim)",
+                LossCause::entry_gone);
     throw HoldLost("the leadership of '" + file_->name() + "' (fencing token " + std::to_string(seq_) +
                    ") was lost: its entry is gone; nothing was proclaimed");
   }
@@ -89,9 +90,9 @@ void FileHold::leave_keeping(std::int64_t kept_until_ns) {
   file_->let_go(fd_, seq_);
   file_->hold_ended();
   if (broken) {
-    loss_->lose("the state file of '" + file_->name() + "' was truncated or overwritten");
+    loss_->lose("the state file of '" + file_->name() + "' was truncated or overwritten", LossCause::entry_gone);
   } else if (!found) {
-    loss_->lose("its entry vanished from the state file");
+    loss_->lose("its entry vanished from the state file", LossCause::entry_gone);
   }
 }
 
@@ -155,7 +156,8 @@ void FileBackend::watch_loop(const std::shared_ptr<WatchState>& state) {
     for (const auto& [file, loss] : holds) {
       if (!loss->lost() && !file->still_valid()) {
         file->stop_keeping_pin();  // its name's pin goes with its last hold
-        loss->lose("the state file of '" + file->name() + "' was removed, replaced or truncated");
+        loss->lose("the state file of '" + file->name() + "' was removed, replaced or truncated",
+                   LossCause::entry_gone);
       }
     }
     holds.clear();

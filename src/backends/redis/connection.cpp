@@ -106,10 +106,12 @@ std::unique_ptr<Connection::Link> Connection::open_link(const Wait& wait) {
   link->server = opened.server;
   link->last_reply = SteadyClock::now();
   bool changed = false;
+  bool replacing_lost = false;
   std::vector<std::unique_ptr<Link>> stale;
   {
     std::lock_guard lock(mutex_);
     if (shas_.empty()) shas_ = std::move(opened.shas);  // the first link's; SHA1s never change
+    replacing_lost = std::exchange(lost_a_link_, false);
     // Another boot of the server (run_id; unknown when INFO is refused), or with sentinels
     // another server altogether.
     if (!opened.run_id.empty() || settings_.sentinel()) {
@@ -125,6 +127,7 @@ std::unique_ptr<Connection::Link> Connection::open_link(const Wait& wait) {
     link->generation = generation_;
   }
   stale.clear();
+  if (settings_.reports) settings_.reports->connected(replacing_lost);
   if (changed && on_server_changed_) on_server_changed_(link->server);
   return link;
 }
@@ -297,6 +300,7 @@ void Connection::discard(std::unique_ptr<Link> link, bool fresh) {
   link.reset();
   std::lock_guard lock(mutex_);
   --links_;
+  lost_a_link_ = true;
   if (fresh) {
     // A connection that fails before completing a call counts as a failed attempt: no
     // reconnect storm against a server that accepts and then drops us.

@@ -229,6 +229,7 @@ class Connection {
   std::string server_;          // the last server a new link found (Opened::server)
   std::uint64_t generation_ = 0;
   std::chrono::milliseconds backoff_{0};
+  bool lost_a_link_ = false;  // a link broke since the last one opened: the next one reconnects
   SteadyClock::time_point next_attempt_{};
 };
 

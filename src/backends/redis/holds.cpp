@@ -31,7 +31,7 @@ void RedisHold::downgrade() {
   const auto keys = backend_.keys_of(name_);
   auto reply = backend_.connection().eval(scripts::downgrade, keys.keys, {keys.channel, std::to_string(seq_), request_},
                                           {.budget = CallBudget().for_call(kRedisTimes.call), .idempotent = true});
-  if (integer_of(reply) == 0) lease_->lose("its entry expired or the redis server forgot it");
+  if (integer_of(reply) == 0) lease_->lose("its entry expired or the redis server forgot it", LossCause::entry_gone);
 }
 
 void RedisHold::proclaim(const std::string& value) {
@@ -58,7 +58,7 @@ void RedisHold::proclaim(const std::string& value) {
   }
   ids.settle(key, n);
   if (integer_of(reply) != 1) {
-    lease_->lose("its entry expired or the redis server forgot it (found by a proclaim)");
+    lease_->lose("its entry expired or the redis server forgot it (found by a proclaim)", LossCause::entry_gone);
     throw HoldLost("the leadership of '" + name_ + "' (fencing token " + std::to_string(seq_) +
                    ") was lost: its entry is gone; nothing was proclaimed");
   }
@@ -93,7 +93,7 @@ void RedisHold::released(const Reply& reply) {
   released_ = true;
   backend_.untrack(this);
   if (removed == 0) {
-    lease_->lose("its entry had expired or the redis server forgot it before the release");
+    lease_->lose("its entry had expired or the redis server forgot it before the release", LossCause::entry_gone);
   } else {
     lease_->detach(loss_.get());
   }

@@ -72,10 +72,11 @@ void RedisBackend::track(RedisHold* hold) {
   holds_.insert(hold);
   // A primary change noticed between the admitting script's reply and now.
   if (settings_.sentinel() && !primary_.empty() && hold->server() != primary_) {
-    hold->state()->lease->lose(primary_changed(hold->server(), primary_));
+    hold->state()->lease->lose(primary_changed(hold->server(), primary_), LossCause::failover);
   }
   if (settings_.cluster() && demoted(connection_, *hold->state(), hold->name(), hold->server())) {
-    hold->state()->lease->lose(primary_changed(hold->server(), connection_.owner(keys_of(hold->name()).keys.front())));
+    hold->state()->lease->lose(primary_changed(hold->server(), connection_.owner(keys_of(hold->name()).keys.front())),
+                               LossCause::failover);
   }
   // The watchdog notices a node going away through its own idle connection to it: on a node
   // it has none to yet, it renews now, which opens one (else a node killed and restarted
@@ -108,7 +109,7 @@ void RedisBackend::on_server_changed(const std::string& server) {
     std::lock_guard lock(holds_mutex_);
     for (auto* hold : holds_) {
       if (address_of(hold->server()) == address_of(server) && hold->server() != server && !hold->state()->releasing) {
-        hold->state()->lease->lose(primary_changed(hold->server(), server));
+        hold->state()->lease->lose(primary_changed(hold->server(), server), LossCause::failover);
       }
     }
   }
@@ -120,7 +121,7 @@ void RedisBackend::on_server_changed(const std::string& server) {
     primary_ = server;
     for (auto* hold : holds_) {
       if (hold->server() != server && !hold->state()->releasing) {
-        hold->state()->lease->lose(primary_changed(hold->server(), server));
+        hold->state()->lease->lose(primary_changed(hold->server(), server), LossCause::failover);
       }
     }
   }
@@ -210,11 +211,13 @@ void RedisBackend::wake_watchdog() {
 
 }  // namespace turnstile::detail::redis
 
-extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v1(
-    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options) {
+extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v2(
+    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options,
+    turnstile::detail::BackendReports& reports) {
   using namespace turnstile::detail::redis;
   auto own = url;
   const auto eviction = take_eviction_rule(own);
-  return std::make_unique<RedisBackend>(parse_settings(own, options), eviction, options.error_handler,
-                                        options.holder_label);
+  auto settings = parse_settings(own, options);
+  settings.reports = &reports;
+  return std::make_unique<RedisBackend>(std::move(settings), eviction, options.error_handler, options.holder_label);
 }

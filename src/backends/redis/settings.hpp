@@ -30,6 +30,9 @@ struct Settings {
   // When set, Client::connect's bound (ClientOptions::connect_timeout from the parse): what
   // the backend does while it is being made (its connections, the eviction check) ends by then.
   std::optional<SteadyClock::time_point> connect_by;
+  // Where every connection of the client reports its opening and the watchdog its renewals
+  // (the client's, set by the factory; it outlives the backend). None in tools and tests.
+  BackendReports* reports = nullptr;
   // redis+sentinel://: the sentinels to ask, in order, for the primary of `master_name`; and
   // the password they want (sentinel_password=), if any.
   std::vector<SentinelAddress> sentinels;

@@ -103,7 +103,8 @@ void RedisBackend::drop_demoted(RoundEntries& by_name) {
   for (auto it = by_name.begin(); it != by_name.end();) {
     std::erase_if(it->second.holds, [&](const Renewal& renewal) {
       if (!demoted(renewals_, *renewal.state, it->first, renewal.server)) return false;
-      renewal.state->lease->lose(primary_changed(renewal.server, renewals_.owner(keys_of(it->first).keys.front())));
+      renewal.state->lease->lose(primary_changed(renewal.server, renewals_.owner(keys_of(it->first).keys.front())),
+                                 LossCause::failover);
       return true;
     });
     it = it->second.holds.empty() && it->second.queued.empty() ? by_name.erase(it) : std::next(it);
@@ -128,7 +129,9 @@ bool RedisBackend::renewal_round(const std::stop_token& stop) {
     }
     try {
       settled = apply_round(by_name, renewals_.eval_each(calls, round), sent_at);
-    } catch (const std::exception&) {
+    } catch (const std::exception& error) {
+      if (settings_.reports)
+        settings_.reports->renewal_failed(std::string("the renewal did not reach redis: ") + error.what());
       for (auto& [name, entries] : by_name) {
         for (auto& renewal : entries.holds) {
           if (!renewal.state->releasing)
@@ -211,6 +214,10 @@ bool RedisBackend::settle_renewals(std::vector<Renewal>& holds, const Result& re
   }
   const auto* reply = result.ok() ? result.reply.get() : nullptr;
   const bool usable = reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == holds.size() + queued;
+  if (settings_.reports) {
+    if (usable) settings_.reports->renewed(SteadyClock::now() - sent_at);
+    else settings_.reports->renewal_failed(trouble);
+  }
   bool settled = true;
   for (std::size_t i = 0; i < holds.size(); ++i) {
     // Read after the answer came: a release sent before the server ran this renewal set it
@@ -223,7 +230,7 @@ bool RedisBackend::settle_renewals(std::vector<Renewal>& holds, const Result& re
         !follows_resharding(holds[i], where, server)) {
       // Renewed on another primary than the one that admitted it: its entry there may be a
       // replica's copy, or another's. Never carried over.
-      lease->lose(primary_changed(holds[i].server, server));
+      lease->lose(primary_changed(holds[i].server, server), LossCause::failover);
     } else if (where == 2) {
       lease->confirmed(sent_at);
     } else if (where == 0 || where == 1) {
@@ -231,7 +238,8 @@ bool RedisBackend::settle_renewals(std::vector<Renewal>& holds, const Result& re
       // admitted us (evicted, deleted, restarted from an older snapshot).
       lease->lose(
           "its entry expired or the redis server no longer has it as admitted (evicted, deleted, or "
-          "restarted without it)");
+          "restarted without it)",
+          LossCause::entry_gone);
     } else {
       lease->unconfirmed(trouble);
       settled = false;

@@ -397,6 +397,29 @@ bool Connection::wait_connected(const Session& session, const CallBudget& bound)
 // the session may still be alive, Curator's SUSPENDED), confirmed by each answered ping, lost
 // when the session expired. Loss for want of answers is the LossClock's: nothing here can
 // delay it.
+// Tells the session's lease what the keeper learnt (this runs holds' callbacks, which may release
+// holds: never under our lock), and the client's BackendReports (if any): a connection made (the
+// first one, or again after one was lost or a session expired), pings answered and failed.
+void Connection::tell_session(Session& session, bool expired, bool connected, SteadyClock::time_point pinged) {
+  if (expired) {
+    session.lease()->lose("its ZooKeeper session expired", LossCause::session_expired);
+  } else if (!connected) {
+    session.lease()->unconfirmed("the connection to ZooKeeper was lost; its session may still be alive",
+                                 SuspendCause::connection_lost);
+  } else if (pinged != SteadyClock::time_point{}) {
+    session.confirm(pinged);
+  }
+  auto* reports = settings_.reports;
+  if (!reports) return;
+  const bool up = connected && !expired;
+  if (up && !reported_up_) reports->connected(std::exchange(ever_up_, true));
+  reported_up_ = up;
+  if (pinged != SteadyClock::time_point{}) {
+    reports->renewed(std::chrono::nanoseconds(session.ping_round_trip_ns_.load()));
+  }
+  if (session.ping_failed_.exchange(false)) reports->renewal_failed("a ZooKeeper ping got no answer");
+}
+
 void Connection::keeper_loop(std::stop_token stop) {
   std::unique_lock lock(mutex_);
   auto last_ping = SteadyClock::time_point{};
@@ -423,17 +446,11 @@ void Connection::keeper_loop(std::stop_token stop) {
     // Only the hold whose node went is lost: the session, and its other holds, live on. The
     // server may already have admitted someone else: told at once.
     for (auto& [path, loss] : deleted) {
-      loss->lose("its node " + path + " was deleted on the ZooKeeper server by someone else (by hand or by a peer)");
+      loss->lose("its node " + path + " was deleted on the ZooKeeper server by someone else (by hand or by a peer)",
+                 LossCause::entry_gone);
     }
     for (const auto& path : to_watch) session->watch_held_node(path);
-    // These run holds' callbacks, which may release holds: not under our lock.
-    if (expired) {
-      session->lease()->lose("its ZooKeeper session expired");
-    } else if (!connected) {
-      session->lease()->unconfirmed("the connection to ZooKeeper was lost; its session may still be alive");
-    } else if (pinged != SteadyClock::time_point{}) {
-      session->confirm(pinged);
-    }
+    tell_session(*session, expired, connected, pinged);  // not under our lock
     if (expired) {
       // A new session: its ephemeral nodes start afresh; waiters wake and join again.
       std::shared_ptr<Session> fresh;

@@ -162,6 +162,9 @@ class Connection {
   void adopt_locked(std::shared_ptr<Session> session);
   static void apply_state(Session& session, int state);
   void keeper_loop(std::stop_token stop);
+  void tell_session(Session& session, bool expired, bool connected, SteadyClock::time_point pinged);
+  bool reported_up_ = false;  // the keeper's: the connection as last reported, and whether it ever was
+  bool ever_up_ = false;
   // Wakes the sleeping waiters and hands the armed wakes that `state` concerns to the keeper.
   void wake_all_locked(int state);
   // An event on a waiter's path: wakes it, or adds its armed wake to `due`.

@@ -39,7 +39,7 @@ void ZookeeperHold::proclaim(const std::string& value) {
   const auto node = path.substr(parent.size() + 1);
   const auto bound = session_->short_budget();
   const auto lost = [&](const std::string& why) {
-    loss_->lose(why);
+    loss_->lose(why, LossCause::entry_gone);
     throw HoldLost("the leadership at '" + path + "' (fencing token " + std::to_string(token_) + ") was lost: " + why +
                    "; nothing was proclaimed");
   };

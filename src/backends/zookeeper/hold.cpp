@@ -30,7 +30,7 @@ void ZookeeperHold::downgrade() {
       session_->set(paths_.front(), node_data("downgraded", backend_.holder_label()), -1, session_->short_budget());
   if (rc == ZOK) return;
   if (rc == ZNONODE || session_gone(rc)) {
-    loss_->lose("its ZooKeeper session expired");
+    loss_->lose("its ZooKeeper session expired", LossCause::session_expired);
     return;
   }
   // Connection trouble: the set may or may not have been applied. Either way the entry is
@@ -82,11 +82,11 @@ void ZookeeperHold::settle_release(int rc) {
   released_ = true;
   lease_->detach(loss_.get());
   if (rc == ZOK) {
-    if (session_->expired()) loss_->lose("its ZooKeeper session expired");
+    if (session_->expired()) loss_->lose("its ZooKeeper session expired", LossCause::session_expired);
     return;
   }
   if (rc == ZNONODE || session_gone(rc)) {
-    loss_->lose("its ZooKeeper session expired before the release");
+    loss_->lose("its ZooKeeper session expired before the release", LossCause::session_expired);
     return;
   }
   throw_error("release of '" + paths_.front() + "'", rc);

@@ -471,8 +471,10 @@ bool Session::start_ping() {
 void Session::ping_answered(int rc, SteadyClock::time_point sent_at) {
   // On the C client's completion thread: holds' callbacks (which may call the C client and
   // wait for its completion thread) must not run here. The keeper confirms it.
+  if (!server_answered(rc)) ping_failed_ = true;
   if (server_answered(rc)) {
     heard_from_server();
+    ping_round_trip_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - sent_at).count();
     auto current = ping_confirmed_.load();
     while (current < sent_at && !ping_confirmed_.compare_exchange_weak(current, sent_at)) {
     }

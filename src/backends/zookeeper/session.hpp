@@ -158,6 +158,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<bool> expired_{false};
   std::atomic<SteadyClock::time_point> confirmed_at_{SteadyClock::time_point{}};
   std::atomic<int> pings_in_flight_{0};
+  // The last answered ping's round trip (ns), and whether a ping failed since the keeper looked:
+  // the keeper reports them (the completion thread must not run the event hook).
+  std::atomic<std::int64_t> ping_round_trip_ns_{0};
+  std::atomic<bool> ping_failed_{false};
   std::atomic<bool> silent_{false};
   // Runs one asynchronous call (see session.cpp): begin sends it, finish waits for its reply.
   template <class Start>

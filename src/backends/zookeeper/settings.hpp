@@ -21,6 +21,9 @@ struct Settings {
   std::string description;               // for messages
   std::string holder_label;              // ClientOptions::holder_label, kept in our nodes' data
   milliseconds connect_timeout{0};       // ClientOptions::connect_timeout; 0: see Connection::Connection
+  // Where the session's pings and connections are reported (the client's, set by the factory;
+  // it outlives the backend). None in tools and tests.
+  BackendReports* reports = nullptr;
 };
 
 Settings parse_settings(const BackendUrl& url, const ClientOptions& options);

@@ -228,8 +228,11 @@ std::unique_ptr<QueuePlace> ZookeeperBackend::join(const QueueRequest& request, 
 
 }  // namespace turnstile::detail::zookeeper
 
-extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v1(
-    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options) {
+extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory_v2(
+    const turnstile::detail::BackendUrl& url, const turnstile::ClientOptions& options,
+    turnstile::detail::BackendReports& reports) {
   using namespace turnstile::detail::zookeeper;
-  return std::make_unique<ZookeeperBackend>(parse_settings(url, options));
+  auto settings = parse_settings(url, options);
+  settings.reports = &reports;
+  return std::make_unique<ZookeeperBackend>(std::move(settings));
 }

@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: Apache-2.0
+// Metrics snapshots in Prometheus' text format (exact text, label escapes), the histograms'
+// buckets, the name label's cap, and events as JSON lines.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <string>
+
+#include "core/telemetry.hpp"
+#include "turnstile/metrics.hpp"
+
+namespace {
+
+using turnstile::Event;
+using turnstile::EventKind;
+using turnstile::Metrics;
+using namespace std::chrono_literals;
+namespace detail = turnstile::detail;
+
+Metrics small_snapshot() {
+  Metrics::Family lost{
+      .name = "turnstile_holds_lost_total",
+      .help = "Holds lost.",
+      .type = Metrics::Type::counter,
+      .series = {{.labels = {{"backend", "redis"}, {"cause", "failover"}}, .value = 3, .histogram = {}}}};
+  Metrics::Family pending{.name = "turnstile_background_removals_pending",
+                          .help = "Pending.",
+                          .type = Metrics::Type::gauge,
+                          .series = {{.labels = {}, .value = 0, .histogram = {}}}};
+  Metrics::Histogram waits{.upper_bounds = {0.001, 0.5}, .counts = {2, 1, 1}, .sum = 1.25};
+  Metrics::Family wait{.name = "turnstile_acquire_wait_seconds",
+                       .help = "Waits.",
+                       .type = Metrics::Type::histogram,
+                       .series = {{.labels = {{"primitive", "mutex"}}, .value = 0, .histogram = waits}}};
+  return Metrics({lost, pending, wait});
+}
+
+TEST(Metrics, RendersTheTextExpositionFormat) {
+  EXPECT_EQ(small_snapshot().prometheus_text(),
+            "# HELP turnstile_holds_lost_total Holds lost.\n"
+            "# TYPE turnstile_holds_lost_total counter\n"
+            "turnstile_holds_lost_total{backend=\"redis\",cause=\"failover\"} 3\n"
+            "# HELP turnstile_background_removals_pending Pending.\n"
+            "# TYPE turnstile_background_removals_pending gauge\n"
+            "turnstile_background_removals_pending 0\n"
+            "# HELP turnstile_acquire_wait_seconds Waits.\n"
+            "# TYPE turnstile_acquire_wait_seconds histogram\n"
+            "turnstile_acquire_wait_seconds_bucket{primitive=\"mutex\",le=\"0.001\"} 2\n"
+            "turnstile_acquire_wait_seconds_bucket{primitive=\"mutex\",le=\"0.5\"} 3\n"
+            "turnstile_acquire_wait_seconds_bucket{primitive=\"mutex\",le=\"+Inf\"} 4\n"
+            "turnstile_acquire_wait_seconds_sum{primitive=\"mutex\"} 1.25\n"
+            "turnstile_acquire_wait_seconds_count{primitive=\"mutex\"} 4\n");
+}
+
+TEST(Metrics, EscapesLabelValuesAndHelp) {
+  Metrics::Family family{.name = "turnstile_holds_lost_total",
+                         .help = "back\\slash and\nnew line",
+                         .type = Metrics::Type::counter,
+                         .series = {{.labels = {{"name", "a\"b\\c\nd"}}, .value = 1, .histogram = {}}}};
+  EXPECT_EQ(Metrics({family}).prometheus_text(),
+            "# HELP turnstile_holds_lost_total back\\\\slash and\\nnew line\n"
+            "# TYPE turnstile_holds_lost_total counter\n"
+            "turnstile_holds_lost_total{name=\"a\\\"b\\\\c\\nd\"} 1\n");
+}
+
+TEST(Metrics, SumsTheSeriesThatMatch) {
+  const auto metrics = small_snapshot();
+  EXPECT_EQ(metrics.value("turnstile_holds_lost_total"), 3);
+  EXPECT_EQ(metrics.value("turnstile_holds_lost_total", {{"cause", "failover"}}), 3);
+  EXPECT_EQ(metrics.value("turnstile_holds_lost_total", {{"cause", "entry_gone"}}), 0);
+  EXPECT_EQ(metrics.histogram_count("turnstile_acquire_wait_seconds", {{"primitive", "mutex"}}), 4u);
+  EXPECT_EQ(metrics.histogram_count("turnstile_holds_lost_total"), 0u);  // not a histogram
+  EXPECT_EQ(metrics.value("turnstile_no_such_metric"), 0);
+}
+
+TEST(Metrics, BucketsIncludeTheirUpperBound) {
+  // The renewals' bounds: 0.5 ms, 1 ms, 2.5 ms ... 2.5 s.
+  detail::HistogramCells<detail::kRoundTripBounds> cells;
+  cells.observe(-5ns);       // a clock that went back: counted as zero
+  cells.observe(500'000ns);  // on the first bound: le="0.0005"
+  cells.observe(500'001ns);  // just past it: le="0.001"
+  cells.observe(1'000'000ns);
+  cells.observe(10s);  // past every bound: +Inf
+  const auto histogram = cells.read();
+  std::vector<std::uint64_t> expected(detail::kRoundTripBounds.size() + 1, 0);
+  expected[0] = 2;
+  expected[1] = 2;
+  expected.back() = 1;
+  EXPECT_EQ(histogram.counts, expected);
+  ASSERT_EQ(histogram.upper_bounds.size(), detail::kRoundTripBounds.size());
+  EXPECT_DOUBLE_EQ(histogram.upper_bounds.front(), 0.0005);
+  EXPECT_DOUBLE_EQ(histogram.upper_bounds.back(), 2.5);
+  EXPECT_DOUBLE_EQ(histogram.sum, (500'000 + 500'001 + 1'000'000 + 10'000'000'000.0) / 1e9);
+  EXPECT_EQ(histogram.count(), 5u);
+}
+
+// An acquire of `name` counted as admitted, so that its series show.
+void count_acquire(detail::Telemetry& telemetry, const std::string& name) {
+  const auto now = turnstile::SteadyClock::now();
+  telemetry.acquire_ended(telemetry.cells(name, 0), 0, name, detail::AcquireOutcome::admitted, now, now);
+}
+
+TEST(Metrics, NameLabelIsOptInAndCapped) {
+  detail::Telemetry unnamed("file", false, {});
+  count_acquire(unnamed, "a");
+  count_acquire(unnamed, "b");
+  const auto plain = unnamed.snapshot(0);
+  EXPECT_EQ(plain.prometheus_text().find("name=\""), std::string::npos);
+  EXPECT_EQ(plain.histogram_count("turnstile_acquire_wait_seconds", {{"outcome", "admitted"}}), 2u);
+
+  detail::Telemetry named("file", true, {});
+  const auto extra = 5;
+  for (std::size_t i = 0; i < detail::Telemetry::kMaxNames + extra; ++i) count_acquire(named, "n/" + std::to_string(i));
+  count_acquire(named, "n/0");  // a name seen before the cap keeps its own series
+  const auto metrics = named.snapshot(0);
+  const auto* holds = metrics.family("turnstile_hold_seconds");
+  ASSERT_NE(holds, nullptr);
+  EXPECT_EQ(holds->series.size(), detail::Telemetry::kMaxNames + 1);  // the first 1,000 and "other"
+  const auto admitted = [&](const std::string& name) {
+    return metrics.histogram_count("turnstile_acquire_wait_seconds", {{"name", name}, {"outcome", "admitted"}});
+  };
+  EXPECT_EQ(admitted("other"), static_cast<std::uint64_t>(extra));
+  EXPECT_EQ(admitted("n/0"), 2u);
+  EXPECT_EQ(admitted("n/999"), 1u);
+  EXPECT_EQ(admitted("n/1000"), 0u);
+}
+
+TEST(Metrics, HoldsGaugeIsAdmittedMinusEnded) {
+  detail::Telemetry telemetry("redis", false, {});
+  count_acquire(telemetry, "a");
+  count_acquire(telemetry, "a");
+  telemetry.cells("a", 0).hold.observe(1ms);
+  const auto metrics = telemetry.snapshot(2);
+  EXPECT_EQ(metrics.value("turnstile_holds", {{"backend", "redis"}, {"primitive", "mutex"}}), 1);
+  EXPECT_EQ(metrics.value("turnstile_background_removals_pending"), 2);
+}
+
+TEST(Metrics, BackendReportsCountRenewalsAndConnections) {
+  std::vector<EventKind> told;
+  detail::Telemetry telemetry("etcd", false, [&](const Event& event) { told.push_back(event.kind); });
+  auto& reports = telemetry.backend_reports();
+  reports.connected(false);
+  reports.renewed(3ms);
+  reports.renewal_failed("no answer");
+  reports.opened_another();  // after a first connection: a reconnect
+  const auto metrics = telemetry.snapshot(0);
+  EXPECT_EQ(metrics.value("turnstile_connections_total"), 2);
+  EXPECT_EQ(metrics.value("turnstile_reconnects_total"), 1);
+  EXPECT_EQ(metrics.histogram_count("turnstile_renewal_seconds", {{"backend", "etcd"}}), 1u);
+  EXPECT_EQ(metrics.value("turnstile_renewal_failures_total"), 1);
+  EXPECT_EQ(told, (std::vector<EventKind>{EventKind::connected, EventKind::renewed, EventKind::renewal_failed,
+                                          EventKind::reconnected}));
+}
+
+Event sample_event() {
+  Event event;
+  event.kind = EventKind::lost;
+  event.time = std::chrono::system_clock::time_point(1'795'803'431'915'473us);
+  event.backend = "zookeeper";
+  event.primitive = "mutex";
+  event.name = "jobs/\"nightly\"";
+  event.fencing_token = 42;
+  event.outcome = "session_expired";
+  event.reason = "its ZooKeeper session expired";
+  event.duration = 1500ms;
+  return event;
+}
+
+TEST(Events, JsonLineHasEveryFieldThatIsSet) {
+  EXPECT_EQ(turnstile::to_json_line(sample_event()),
+            "{\"time\":\"2026-11-27T18:17:11.915473Z\",\"event\":\"lost\",\"backend\":\"zookeeper\","
+            "\"primitive\":\"mutex\",\"name\":\"jobs/\\\"nightly\\\"\",\"fencing_token\":42,"
+            "\"outcome\":\"session_expired\",\"reason\":\"its ZooKeeper session expired\","
+            "\"duration_seconds\":1.5}\n");
+  Event bare;
+  bare.kind = EventKind::connected;
+  bare.time = std::chrono::system_clock::time_point(0us);
+  bare.reason = "bad \xff byte";
+  EXPECT_EQ(
+      turnstile::to_json_line(bare),
+      "{\"time\":\"1970-01-01T00:00:00.000000Z\",\"event\":\"connected\",\"reason\":\"bad \xef\xbf\xbd byte\"}\n");
+}
+
+TEST(Events, SinkWritesOneLinePerEvent) {
+  std::array<int, 2> pipe_fds{};
+  ASSERT_EQ(::pipe(pipe_fds.data()), 0);
+  auto sink = turnstile::json_lines_sink(pipe_fds[1]);
+  sink(sample_event());
+  sink(sample_event());
+  ::close(pipe_fds[1]);
+  std::string read_back;
+  std::array<char, 4096> buffer{};
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer.data(), buffer.size())) > 0;) read_back.append(buffer.data(), n);
+  ::close(pipe_fds[0]);
+  const auto line = turnstile::to_json_line(sample_event());
+  EXPECT_EQ(read_back, line + line);
+}
+
+TEST(Events, NamesEveryKind) {
+  EXPECT_STREQ(turnstile::to_string(EventKind::not_acquired), "not_acquired");
+  EXPECT_STREQ(turnstile::to_string(EventKind::renewal_failed), "renewal_failed");
+  EXPECT_STREQ(turnstile::to_string(EventKind::reconnected), "reconnected");
+}
+
+}  // namespace
