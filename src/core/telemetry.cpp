@@ -145,10 +145,6 @@ bool used(const PrimitiveCells& cells) {
   return std::any_of(cells.wait.begin(), cells.wait.end(), [](const auto& wait) { return wait.read().count() > 0; });
 }
 
-std::uint64_t total(const std::array<Counter, kLossCauses>& counters, std::size_t index) {
-  return counters[index].load(std::memory_order_relaxed);
-}
-
 Metrics::Series plain(Metrics::Labels labels, double value) {
   return Metrics::Series{.labels = std::move(labels), .value = value, .histogram = {}};
 }
@@ -208,7 +204,7 @@ Metrics::Family Telemetry::cause_family(const char* name, const char* help, bool
         auto series_labels = labels(label, primitive);
         series_labels.emplace_back(
             "cause", lost ? to_string(static_cast<LossCause>(cause)) : to_string(static_cast<SuspendCause>(cause)));
-        const auto value = lost ? total(these.lost, cause) : these.suspended[cause].load(std::memory_order_relaxed);
+        const auto value = (lost ? these.lost[cause] : these.suspended[cause]).load(std::memory_order_relaxed);
         family.series.push_back(plain(std::move(series_labels), static_cast<double>(value)));
       }
     }
@@ -219,28 +215,32 @@ Metrics::Family Telemetry::cause_family(const char* name, const char* help, bool
 Metrics Telemetry::snapshot(std::size_t removals_pending) const {
   const Metrics::Labels backend{{"backend", backend_}};
   const auto load = [](const Counter& counter) { return static_cast<double>(counter.load(std::memory_order_relaxed)); };
-  std::vector<Metrics::Family> families;
-  families.push_back(hold_family("turnstile_acquire_wait_seconds",
-                                 "How long acquires waited, by primitive and outcome (admitted, timed_out, "
-                                 "stopped, failed).",
-                                 true));
-  families.push_back(
-      hold_family("turnstile_hold_seconds", "How long holds were held, from admission to release.", false));
+  // The holds' ends are read before the acquires' admissions: a hold admitted and released in
+  // between then shows in neither, and the holds gauge never goes below zero.
+  auto held = hold_family("turnstile_hold_seconds", "How long holds were held, from admission to release.", false);
+  auto waited = hold_family("turnstile_acquire_wait_seconds",
+                            "How long acquires waited, by primitive and outcome (admitted, timed_out, stopped, "
+                            "failed).",
+                            true);
   Metrics::Family holding{.name = "turnstile_holds",
                           .help = "Holds admitted and not released yet (lost ones included until released).",
                           .type = Metrics::Type::gauge,
                           .series = {}};
-  for (const auto& series : families[1].series) {
+  for (const auto& series : held.series) {
     Metrics::Labels match = series.labels;
-    double value = 0;
-    for (const auto& wait : families[0].series) {
+    double admitted = 0;
+    for (const auto& wait : waited.series) {
       if (wait.labels.size() == match.size() + 1 && std::equal(match.begin(), match.end(), wait.labels.begin()) &&
           wait.labels.back().second == "admitted") {
-        value = static_cast<double>(wait.histogram.count());
+        admitted = static_cast<double>(wait.histogram.count());
       }
     }
-    holding.series.push_back(plain(std::move(match), value - static_cast<double>(series.histogram.count())));
+    const double ended = static_cast<double>(series.histogram.count());
+    holding.series.push_back(plain(std::move(match), std::max(0.0, admitted - ended)));
   }
+  std::vector<Metrics::Family> families;
+  families.push_back(std::move(waited));
+  families.push_back(std::move(held));
   families.push_back(std::move(holding));
   families.push_back(cause_family("turnstile_holds_suspended_total", "Holds suspended, by cause.", false));
   families.push_back(cause_family("turnstile_holds_lost_total", "Holds (possibly) lost, by cause.", true));

@@ -49,11 +49,15 @@ std::shared_ptr<ClientLease> EtcdBackend::grant_lease(const CallBudget& call) {
   fresh->next_round = sent_at + keep_alive_period(fresh->ttl);
   fresh->server_lease = clock_.watch(fresh->ttl, sent_at);
   std::weak_ptr<ClientLease> weak = fresh;
-  auto tell_backend = std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{[this, weak](const Error&) {
-                                                                                            if (auto lost = weak.lock())
-                                                                                              give_up(lost);
-                                                                                          },
-                                                                                          {}});
+  // Not a hold: no telemetry counts its changes.
+  auto tell_backend =
+      std::make_shared<const LossSignal::Callbacks>(LossSignal::Callbacks{.on_lost =
+                                                                              [this, weak](const Error&) {
+                                                                                if (auto lost = weak.lock())
+                                                                                  give_up(lost);
+                                                                              },
+                                                                          .on_state = {},
+                                                                          .telemetry = nullptr});
   fresh->watcher = std::make_shared<LossSignal>("etcd lease " + fresh->hex, std::move(tell_backend));
   fresh->server_lease->attach(fresh->watcher);
   return fresh;
