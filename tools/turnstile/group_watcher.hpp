@@ -62,9 +62,12 @@ class GroupWatcher {
   // From then on the kernel reaps turnstile's children (SA_NOCLDWAIT): call it only once the
   // command's status was read.
   void dismiss();
-  // A child turnstile reaped: if it was the watcher (killed by someone), forget its pid.
-  void reaped(pid_t pid) {
-    if (pid == pid_) pid_ = -1;
+  // A child turnstile reaped: true if it was the watcher (killed by someone), whose pid is then
+  // forgotten.
+  bool reaped(pid_t pid) {
+    if (pid != pid_) return false;
+    pid_ = -1;
+    return true;
   }
 
  private:

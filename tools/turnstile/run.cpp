@@ -144,7 +144,12 @@ struct Supervision {
       const pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED);
       if (pid <= 0) return;
       if (pid != group.leader()) {
-        watcher.reaped(pid);
+        // Killed by someone (`pkill -9 turnstile` kills it too): say what is unprotected now.
+        if (watcher.reaped(pid)) {
+          complain("its watcher (pid " + std::to_string(pid) +
+                   ") was killed: should turnstile be killed too, nothing will stop the command's group, and "
+                   "the hold ends only by its TTL");
+        }
       } else if (!WIFSTOPPED(status)) {
         leader_exited = true;
         wait_status = status;
