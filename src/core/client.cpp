@@ -36,7 +36,8 @@ const char* to_string(HoldState state) noexcept {
 // The host-wide namespace first: the directory the Debian package makes (tmpfiles.d: root's,
 // group turnstile, mode 2770), used by every process that may use it (root and the group's
 // members), so that `sudo turnstile` and a member's `turnstile` exclude each other as flock on
-// one path does. Only a root-owned one counts: a member who owned it could swap it.
+// one path does. Only a root-owned one counts: a member who owned it could swap it; connect()
+// refuses one that is not as the package makes it rather than split the namespace.
 //
 // Else one directory per user that every process of the user agrees on, whatever its session's
 // environment (a cron job has no XDG_RUNTIME_DIR, a login shell does: two defaults would let
@@ -44,10 +45,8 @@ const char* to_string(HoldState state) noexcept {
 // that no tmp cleaner ages and that does not vanish at logout, as /run/user/UID does. Where it
 // is missing (or not root's and sticky), /tmp, which cleaners may age out.
 std::string Client::default_url() {
-  struct stat shared {};
-  if (::lstat(host_wide_directory, &shared) == 0 && shared.st_uid == 0 && detail::file_state::shared_by_group(shared)) {
-    return std::string("file://") + host_wide_directory;
-  }
+  // A misconfigured one is still this process's (connect refuses it): never a silent split.
+  if (detail::file_state::host_wide_problem(host_wide_directory)) return std::string("file://") + host_wide_directory;
   const auto uid = std::to_string(::geteuid());
   struct stat lock_dir {};
   const bool run_lock = ::stat("/run/lock", &lock_dir) == 0 && S_ISDIR(lock_dir.st_mode) && lock_dir.st_uid == 0 &&
@@ -85,6 +84,11 @@ Client Client::connect(std::string_view url_text, ClientOptions options) {
   // "" and a file:// URL without a directory mean the embedded default (not TURNSTILE_BACKEND:
   // a URL was given).
   const auto url = detail::parse_url(url_text.empty() || url_text == "file://" ? default_url() : url_text);
+  if (url.text == std::string("file://") + host_wide_directory) {
+    if (const auto problem = detail::file_state::host_wide_problem(host_wide_directory); problem && !problem->empty()) {
+      throw AccessDenied(*problem);
+    }
+  }
   auto connected = detail::connect_backend(url, options);
   return Client(std::make_shared<detail::ClientState>(url.text, std::move(connected.backend), std::move(options),
                                                       connected.usable_after_fork, std::move(connected.telemetry)));

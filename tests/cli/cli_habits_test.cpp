@@ -62,6 +62,27 @@ TEST_F(CliHabitsTest, QuietSaysNothingWhenTheNameIsBusy) {
   EXPECT_NE(bad.err.find("invalid name"), std::string::npos) << bad.err;
 }
 
+// A reader of turnstile's output that went away (`2>&1 | head`, a dead log pipe) killed it with
+// SIGPIPE at its first -v line, after it had taken the hold and before the command ran (exit 141,
+// the state left behind). turnstile ignores SIGPIPE now; the command still gets it as turnstile
+// was given it (here: the default, whatever this test process does with it).
+TEST_F(CliHabitsTest, AClosedOutputPipeNeitherKillsTurnstileNorLeavesTheCommandDeaf) {
+  const auto ran = path("ran"), status = path("status");
+  const std::string turnstile = std::string("env --default-signal=PIPE ") + TURNSTILE_CLI_PATH;
+  const std::string script = "(sleep 0.3; " + turnstile + " run -v --backend " + backend_ +
+                             " pipejob -- sh -c 'grep SigIgn /proc/self/status > " + ran + "'; echo $? > " + status +
+                             ") 2>&1 | true";
+  EXPECT_EQ(run_program({"/bin/sh", "-c", script}).status, 0);
+  ASSERT_TRUE(wait_until([&] { return !read_file(status).empty(); })) << "turnstile never ended";
+  EXPECT_EQ(read_file(status), "0\n") << "the command's run did not end well";
+  const auto ignored = read_file(ran);
+  ASSERT_NE(ignored.find("SigIgn:"), std::string::npos) << "the command never ran";
+  // SIGPIPE is signal 13: bit 0x1000 of the hexadecimal mask.
+  const auto mask = std::stoull(ignored.substr(ignored.find(':') + 1), nullptr, 16);
+  EXPECT_EQ(mask & 0x1000, 0u) << "the command was started with SIGPIPE ignored: " << ignored;
+  EXPECT_EQ(run_true({"-n", "pipejob"}).status, 0) << "the name was left held";
+}
+
 // --- item 6: flock's flags -----------------------------------------------------------------------
 
 // -n is --timeout 0, -w SECONDS is --timeout SECONDS; a bare NAME is --lock NAME.

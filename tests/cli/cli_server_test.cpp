@@ -634,6 +634,31 @@ void CliServerTest::expect_freed_after_kill_nine(const std::vector<std::string>&
               took.count());
 }
 
+// Red team (issue 24, F1): turnstile killed while its release waited for the server (kill -9 as
+// the command ended was enough on etcd, whose server drops a call whose client went) left the
+// entry to the TTL: the watcher was dismissed before the release. It now stays until the release
+// is confirmed, and releases by the receipt after turnstile's death. Here the link holds the
+// release back (the proxy delivers it once turnstile is dead: a late copy, which etcd drops).
+TEST_P(CliServerTest, KillNineDuringTheReleaseStillFreesTheNameAtOnce) {
+  turnstile_test::TcpProxy proxy(url_);
+  const auto ready = path("ready"), go = path("go"), pid_file = path("pid");
+  auto holder =
+      start({"run", "--backend", proxy.url_through(url_), "--ttl", "30", "--lock", name_, "--", "sh", "-c",
+             "echo $$ > " + pid_file + "; touch " + ready + "; while [ ! -e " + go + " ]; do sleep 0.02; done"});
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready); })) << holder.err();
+  const auto command = static_cast<pid_t>(read_number(pid_file));
+  ASSERT_GT(command, 0);
+  proxy.blackhole();
+  write_file(go, "");
+  ASSERT_TRUE(wait_until([&] { return gone(command); })) << "the command never ended";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // turnstile is in its release
+  kill(holder.pid, SIGKILL);
+  EXPECT_EQ(wait_exit(holder), 128 + SIGKILL);
+  proxy.forward();
+  const auto next = run({"run", "--backend", url_, "--timeout", "10", "--lock", name_, "--", "true"});
+  EXPECT_EQ(next.status, 0) << "the next holder waited for the TTL (30 s): " << next.err;
+}
+
 TEST_P(CliServerTest, KillNineOfTurnstileReleasesTheHoldAtOnce) { expect_freed_after_kill_nine({"--lock", name_}); }
 
 TEST_P(CliServerTest, KillNineOfTurnstileReleasesTheLeaseAtOnce) {

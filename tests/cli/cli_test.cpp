@@ -717,6 +717,26 @@ TEST_F(CliTest, TheCommandsSubprocessesDieWhenTurnstileIsKilled) {
   EXPECT_EQ(run(lock_sh("job", "exit 0", {"--timeout", "10"})).status, 0);
 }
 
+// Red team (issue 24, F3): a watcher killed first (`pkill -9 turnstile` kills it too) left the
+// command unprotected without a word. turnstile says so when it reaps its watcher.
+TEST_F(CliTest, AKilledWatcherIsToldOnStderr) {
+  const auto pid_file = path("sleep-pid");
+  auto process = start(lock_sh("job", "sleep 600 & echo $! > " + pid_file + "; wait"));
+  ASSERT_GT(started_subprocess(pid_file), 0);
+  // turnstile's children: the command (its group's leader) and the watcher, in a session of its own.
+  pid_t watcher = 0;
+  std::ifstream children("/proc/" + std::to_string(process.pid) + "/task/" + std::to_string(process.pid) + "/children");
+  for (pid_t child = 0; children >> child;) {
+    if (getsid(child) == child && getpgid(child) == child && getsid(child) != getsid(process.pid)) watcher = child;
+  }
+  ASSERT_GT(watcher, 0) << "no watcher among turnstile's children";
+  kill(watcher, SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return process.err().find("its watcher (pid ") != std::string::npos; }))
+      << process.err();
+  kill(process.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(process), 128 + SIGTERM) << process.err();
+}
+
 TEST_F(CliTest, LostHoldStopsTheWholeGroup) {
   const auto pid_file = path("sleep-pid");
   auto process = start(lock_sh("job", "sleep 600 & echo $! > " + pid_file + "; wait"));

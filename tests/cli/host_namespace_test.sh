@@ -99,4 +99,27 @@ done
 release
 [ "$(status env run --timeout 0 --lock shared/job -- true)" = 0 ] || fail "root could not take shared/job after: $(cat "$work/err")"
 
+# Misconfigured by hand (red team: 2777, 0770 without setgid, 2750, a member's): root and the
+# members are refused (77, saying what is wrong) rather than split into private namespaces; an
+# outsider keeps its private default.
+for change in 2777:2777 g-s:0770 2750:2750; do  # CHMOD-ARGUMENT:THE-MODE-IT-MAKES
+  mode=${change#*:}
+  chmod 2770 /run/lock/turnstile
+  chmod "${change%%:*}" /run/lock/turnstile  # a numeric mode keeps a directory's setgid: g-s
+  [ "$(status env run --timeout 0 --lock split/job -- true)" = 77 ] ||
+    fail "root used a host-wide directory of mode $mode: $(cat "$work/err")"
+  grep -q "the host-wide directory /run/lock/turnstile is owned by uid 0 with mode $mode" "$work/err" ||
+    fail "root's refusal (mode $mode) does not say why: $(cat "$work/err")"
+  [ "$(status "$as_member" run --timeout 0 --lock split/job -- true)" = 77 ] ||
+    fail "a member used a host-wide directory of mode $mode: $(cat "$work/err")"
+done
+[ "$(status "$as_outsider" run --timeout 0 --lock split/job -- true)" = 0 ] ||
+  fail "an outsider lost its private default to a misconfigured host-wide directory: $(cat "$work/err")"
+chmod 2770 /run/lock/turnstile
+chown $nobody /run/lock/turnstile
+[ "$(status "$as_member" run --timeout 0 --lock split/job -- true)" = 77 ] ||
+  fail "a member used a host-wide directory a member owns: $(cat "$work/err")"
+chown root /run/lock/turnstile
+chmod 2770 /run/lock/turnstile
+
 echo "root and the group's members share the host-wide namespace; outsiders keep a private one"

@@ -260,6 +260,26 @@ TEST_F(Redis, BadCredentialsAndWrongServersFailAtConnect) {
   EXPECT_THROW(Client::connect("redis://127.0.0.1:" + std::to_string(port)), turnstile::BackendUnavailable);
 }
 
+// A server with requirepass (the default user needs a password): Redis 7 closes a connection
+// that sends a bulk over 16 KiB before it authenticated, and the connect sent its scripts right
+// behind AUTH, so a wrong or missing password came out as "connection reset" (exit 69, not 77).
+TEST(RedisPassword, AWrongOrMissingPasswordIsRefusedAsSuchAndTheRightOneWorks) {
+  OwnServer server(TURNSTILE_REDIS_SCRIPT);
+  const auto hostport = server.url().substr(std::string("redis://").size());
+  ASSERT_EQ(redis_cli(server.url(), "CONFIG SET requirepass s3cret"), "OK");
+  EXPECT_NO_THROW(Client::connect("redis://:s3cret@" + hostport).mutex("p").try_lock());
+  for (const auto& url : {"redis://:wrong@" + hostport, "redis://" + hostport}) {
+    try {
+      Client::connect(url);
+      ADD_FAILURE() << "connected to " << url;
+    } catch (const turnstile::AccessDenied& error) {
+      EXPECT_EQ(std::string(error.what()).find("s3cret"), std::string::npos) << error.what();
+    } catch (const turnstile::Error& error) {
+      ADD_FAILURE() << url << ": " << error.what();
+    }
+  }
+}
+
 TEST_F(Redis, UrlsAreCheckedBeforeConnecting) {
   EXPECT_THROW(Client::connect("redis://127.0.0.1:notaport"), turnstile::InvalidUrl);
   EXPECT_THROW(Client::connect("redis://127.0.0.1:1,127.0.0.1:2"), turnstile::InvalidUrl);

@@ -2,6 +2,7 @@
 #include "command_group.hpp"
 
 #include <dirent.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,6 +47,8 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 namespace {
 
 std::vector<int> inherited_descriptors;  // above 2, sorted (note_inherited_descriptors)
+struct sigaction inherited_sigpipe {};   // what turnstile was started with (ignore_sigpipe)
+bool sigpipe_noted = false;
 
 // The ranges of descriptors above 2 that were not inherited, for the child to mark.
 std::vector<std::pair<unsigned, unsigned>> library_descriptor_ranges() {
@@ -60,6 +63,13 @@ std::vector<std::pair<unsigned, unsigned>> library_descriptor_ranges() {
 }
 
 }  // namespace
+
+void ignore_sigpipe() {
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigpipe_noted = sigaction(SIGPIPE, &ignore, &inherited_sigpipe) == 0;
+}
 
 void note_inherited_descriptors() {
   DIR* listing = opendir("/proc/self/fd");
@@ -90,6 +100,8 @@ namespace {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(kExitOsError);  // turnstile died before prctl took effect
   sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+  // The command gets SIGPIPE as turnstile got it (an ignored signal stays ignored across exec).
+  if (sigpipe_noted) sigaction(SIGPIPE, &inherited_sigpipe, nullptr);
   // Only what turnstile inherited reaches the command (error_fd is close-on-exec already).
   for (const auto& [from, to] : library_ranges) close_range(from, to, CLOSE_RANGE_CLOEXEC);
   // glibc's execvpe searches PATH without allocating, and runs scripts without #! via sh.

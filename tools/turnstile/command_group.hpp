@@ -29,6 +29,12 @@ std::vector<char*> pointers(std::vector<std::string>& strings);
 // in the child: a library that sets FD_CLOEXEC after socket(), as gRPC does, races our fork).
 void note_inherited_descriptors();
 
+// turnstile itself ignores SIGPIPE (called first thing in main): a reader of its stdout or
+// stderr that went away (`2>&1 | head`, a dead log pipe) must be a failed write, not a death
+// that leaves a hold taken and its command never run. Commands get the disposition turnstile
+// was started with back before exec.
+void ignore_sigpipe();
+
 // vfork: the child shares our memory until it execs, so no page tables are copied and we
 // take no copy-on-write faults afterwards (most of a fork's cost here). That is safe because
 // exec_child only makes system calls on its own stack frame, and we are suspended meanwhile.

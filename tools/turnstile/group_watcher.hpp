@@ -35,7 +35,8 @@ namespace turnstile::cli {
 // receipt (Client::release_receipt: exactly this entry, never another holder's), turnstile
 // writes before the fork into a pipe the new process reads as its stdin: never argv or the
 // environment, which other users may read in /proc. Only after a death: when turnstile ends
-// normally it dismisses (kills) the watcher first and releases itself. The group is killed
+// normally it releases itself, then dismisses (kills) the watcher; killed before that, its
+// watcher's release by receipt finishes the job (or finds the entry already gone). The group is killed
 // first and the release waits (at most kGroupGone) until the group is gone, so the next holder
 // can never overlap a process of the command; a group still there then is left to the TTL.
 // The release is bounded (kReleaseByReceipt* in commands.hpp) and best effort.
@@ -61,9 +62,12 @@ class GroupWatcher {
   // From then on the kernel reaps turnstile's children (SA_NOCLDWAIT): call it only once the
   // command's status was read.
   void dismiss();
-  // A child turnstile reaped: if it was the watcher (killed by someone), forget its pid.
-  void reaped(pid_t pid) {
-    if (pid == pid_) pid_ = -1;
+  // A child turnstile reaped: true if it was the watcher (killed by someone), whose pid is then
+  // forgotten.
+  bool reaped(pid_t pid) {
+    if (pid != pid_) return false;
+    pid_ = -1;
+    return true;
   }
 
  private:

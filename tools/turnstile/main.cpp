@@ -550,6 +550,7 @@ std::optional<int> parse_and_dispatch(const char* program, const std::vector<std
 int main(int argc, char** argv) {
   if (argc == 2 && std::string_view(argv[1]) == kReleaseReceiptCommand) return release_receipt_command();
   note_inherited_descriptors();
+  ignore_sigpipe();
   std::vector<std::string> args(argv + 1, argv + argc);
   hide_credentials_in_arguments(argc, argv);
   std::vector<std::string> command = split_off_command(args);

@@ -144,7 +144,12 @@ struct Supervision {
       const pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED);
       if (pid <= 0) return;
       if (pid != group.leader()) {
-        watcher.reaped(pid);
+        // Killed by someone (`pkill -9 turnstile` kills it too): say what is unprotected now.
+        if (watcher.reaped(pid)) {
+          complain("its watcher (pid " + std::to_string(pid) +
+                   ") was killed: should turnstile be killed too, nothing will stop the command's group, and "
+                   "the hold ends only by its TTL");
+        }
       } else if (!WIFSTOPPED(status)) {
         leader_exited = true;
         wait_status = status;
@@ -324,12 +329,20 @@ int supervise(Client& client, Hold& hold, const std::string& name, const std::st
   supervision.run();
   const auto clean_up_until = supervision.clean_up_until();
   group.restore_terminal();
-  watcher.dismiss();
+  // A watcher that releases stays until the release is confirmed: turnstile killed during it (a
+  // slow server, kill -9 as the command ends) would otherwise leave the entry to the TTL; its
+  // release by receipt removes this entry only, so one after ours removes nothing. Any other
+  // goes now: on file:// it keeps copies of the name's descriptors, which must not outlive the
+  // release (the last user's close removes the name's state file).
+  if (!watcher_releases) watcher.dismiss();
 
   const int status = command_status(started, supervision.wait_status, options);
   if (!supervision.lost) {
-    if (released_as_held(client, hold, what, options, command_started)) return status;
+    const bool released = released_as_held(client, hold, what, options, command_started);
+    watcher.dismiss();
+    if (released) return status;
   } else {
+    watcher.dismiss();
     release_within(hold, std::max(Clock::duration::zero(), clean_up_until - Clock::now()));
   }
   // Lost: exit now. The client's clean-up could wait on a connection that is gone; the server's

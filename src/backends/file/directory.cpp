@@ -233,6 +233,18 @@ std::string root_of(const BackendUrl& url) {
   return root;
 }
 
+std::optional<std::string> host_wide_problem(const char* path) {
+  struct stat st {};
+  if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || !(geteuid() == 0 || in_group(st.st_gid))) return std::nullopt;
+  if (st.st_uid == 0 && shared_by_group(st)) return std::string();
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return "the host-wide directory " + std::string(path) + " is owned by uid " + std::to_string(st.st_uid) +
+         " with mode " + mode + ", not as the turnstile package makes it (root's, mode 2770: setgid, writable by " +
+         "its group, not by others): its users would not all share it. Fix it (systemd-tmpfiles --create, or " +
+         "chown root and chmod 2770), or name another directory with --backend";
+}
+
 bool shared_by_group(const struct stat& st) {
   return S_ISDIR(st.st_mode) && (st.st_uid == 0 || st.st_uid == geteuid()) && (st.st_mode & S_ISGID) &&
          (st.st_mode & S_IWGRP) && !(st.st_mode & S_IWOTH) && (in_group(st.st_gid) || geteuid() == 0);

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -30,6 +31,14 @@ Fd open_root(const std::string& root);
 // those of the group's other users are accepted.
 bool shared_by_group(const struct stat& directory);
 bool shared_by_group(int root_fd);
+
+// The host-wide directory at `path` (Client::host_wide_directory) as this process would use it:
+// nullopt when it is not this process's to use (missing, not a directory, or this process is
+// neither root nor in its group); "" when it is as the Debian package makes it (root's, setgid,
+// writable by its group and not by others); else what is wrong with it. Root and the group's
+// members must then be refused, not given their private defaults: that would split the
+// namespace they share without a word.
+std::optional<std::string> host_wide_problem(const char* path);
 
 // Whether the directory we hold open was removed from the tree.
 bool unlinked_dir(int fd);

@@ -28,8 +28,8 @@ constexpr std::string_view kProbeCounterChannel = "redisson_sc:{}:access-check";
 // Reads and writes (a DEL of a key that never exists) one key of turnstile's key space.
 constexpr std::string_view kProbeScript = "redis.call('EXISTS', KEYS[1]) redis.call('DEL', KEYS[1]) return 1";
 
-// What a new connection sends at once, in one round trip: credentials, database, INFO (for the
-// run_id) and, for a command connection, the scripts and the permission probes.
+// What a new connection sends: credentials, database, INFO (for the run_id), and then, for a
+// command connection, the scripts and the permission probes (see open_context: two round trips).
 struct Hello {
   std::vector<Command> commands;
   std::size_t info_at = 0;     // INFO's index (AUTH and SELECT come before)
@@ -109,6 +109,11 @@ void read_identity(const Settings& settings, const Hello& hello, const std::vect
       if (auto error = credentials_refused(settings, replies[i].get())) std::rethrow_exception(error);
     }
     check_allowed(settings, hello, replies, i, "select database " + std::to_string(settings.db));
+  }
+  if (is_error(replies[hello.info_at].get(), "NOAUTH")) {
+    throw AccessDenied("redis at " + settings.description + " requires a password, and " +
+                       (settings.password.empty() ? "none was given (redis://:PASSWORD@HOST:PORT)"
+                                                  : "the one given did not authenticate"));
   }
   // INFO may be refused to a restricted user: the run_id is then unknown, which is no error.
   if (const auto* info_reply = replies[hello.info_at].get(); !is_error(info_reply, "NOPERM")) {
@@ -304,6 +309,22 @@ HostPort ask_sentinels(const Settings& settings, SteadyClock::time_point until, 
                            "': " + failures);
 }
 
+// Sends hello.commands[from, to) and appends their replies to `replies` (indexed as the
+// commands are).
+void send_part(const Settings& settings, redisContext* context, const Hello& hello, std::size_t from, std::size_t to,
+               std::vector<Reply>& replies, const Wait& wait, int cancel_fd) {
+  const std::vector<Command> part(hello.commands.begin() + static_cast<std::ptrdiff_t>(from),
+                                  hello.commands.begin() + static_cast<std::ptrdiff_t>(to));
+  std::vector<Reply> answered;
+  if (const auto why = exchange(context, part, answered, wait.reply_until(), cancel_fd); !why.empty()) {
+    if (context->err == REDIS_ERR_PROTOCOL) {
+      throw BackendUnavailable("the server at " + settings.description + " does not speak the Redis protocol");
+    }
+    throw BackendUnavailable("redis at " + settings.description + " did not answer: " + why);
+  }
+  for (auto& reply : answered) replies.push_back(std::move(reply));
+}
+
 Opened open_context(const Settings& given, const Wait& wait, const std::vector<const Script*>* scripts, int cancel_fd) {
   if (given.cluster() && given.host.empty()) return open_any_seed(given, wait, scripts, cancel_fd);
   const Settings settings = given.sentinel() ? primary_settings(given, wait, cancel_fd) : given;
@@ -320,15 +341,17 @@ Opened open_context(const Settings& given, const Wait& wait, const std::vector<c
   bound_replies(context);
   redisEnableKeepAlive(context);
   const auto hello = hello_commands(settings, context, scripts);
+  // In two parts: Redis 7 closes a connection that sends a bulk over 16 KiB before it is
+  // authenticated (the scripts' SCRIPT LOAD), which turned a wrong or missing password into
+  // "connection reset". So the credentials, the database and INFO are answered (and a refusal
+  // told as AccessDenied) before the scripts go: one more round trip on a command connection.
   std::vector<Reply> replies;
-  if (const auto why = exchange(context, hello.commands, replies, wait.reply_until(), cancel_fd); !why.empty()) {
-    if (context->err == REDIS_ERR_PROTOCOL) {
-      throw BackendUnavailable("the server at " + settings.description + " does not speak the Redis protocol");
-    }
-    throw BackendUnavailable("redis at " + settings.description + " did not answer: " + why);
-  }
+  send_part(settings, context, hello, 0, hello.scripts_at, replies, wait, cancel_fd);
   read_identity(settings, hello, replies, opened);
-  if (scripts) read_script_checks(settings, hello, replies, *scripts, opened);
+  if (scripts) {
+    send_part(settings, context, hello, hello.scripts_at, hello.commands.size(), replies, wait, cancel_fd);
+    read_script_checks(settings, hello, replies, *scripts, opened);
+  }
   opened.server = opened.address + " " + opened.run_id;
   return opened;
 }
