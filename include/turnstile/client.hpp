@@ -103,15 +103,15 @@ struct ClientOptions {
   std::size_t async_threads = 2;
   // Client::metrics() labels acquires, holds, suspensions and losses with their name too. Off by
   // default, to keep the number of series bounded: on, the first 1,000 names get series of
-  // their own and every later one shares name="other" (each name costs about 5 KiB). Taking a
-  // name's series then takes a lock once per acquire.
+  // their own and every later one shares name="/other", which no name can be (each name costs
+  // about 5 KiB). Taking a name's series then takes a lock once per acquire.
   bool metrics_name_label = false;
   // Called on every acquire's end, hold's release, state change, renewal and (re)connection
-  // (see turnstile/metrics.hpp; json_lines_sink writes them as JSON lines). Called on the
-  // thread where it happened (the acquiring thread, the backend's watcher), without the core's
-  // locks, after the change it tells: events of one hold arrive in order. Keep it short: it
-  // holds up that thread as on_hold_state does, and call nothing of this client but metrics()
-  // (a connection's event may come from inside a backend's call). Exceptions it throws are ignored.
+  // (see turnstile/metrics.hpp; json_lines_sink writes them as JSON lines), in order, on a
+  // thread of the client's own: no acquire, renewal or watcher thread waits for it. Up to
+  // 10,000 events wait for a slow hook; later ones are dropped and counted
+  // (turnstile_events_dropped_total), as are those still waiting 1 s after the client ends.
+  // It may call this client's metrics(); exceptions it throws are ignored.
   EventHandler on_event;
 };
 

@@ -46,9 +46,9 @@ using EventHandler = std::function<void(const Event&)>;
 // One JSON object on one line (ending in '\n'): {"time":"2026-11-27T18:02:33.123456Z",
 // "event":"acquired","backend":...,"duration_seconds":...}; empty fields are left out.
 std::string to_json_line(const Event& event);
-// An EventHandler writing to_json_line() of each event to `fd` (not closed by it) in one
-// write() per line, lines of concurrent events never interleaved. Write errors are ignored:
-// telling must never fail a hold.
+// An EventHandler writing to_json_line() of each event to `fd` (not closed by it), lines of
+// concurrent events never interleaved. A descriptor that takes nothing for a second (a pipe
+// nobody reads) loses that line; write errors are ignored: telling must never fail a hold.
 EventHandler json_lines_sink(int fd);
 
 // A snapshot of a Client's counters and histograms (Client::metrics()): plain values, copied

@@ -87,14 +87,15 @@ void BackendReports::connected(bool replacing_lost) noexcept {
 void BackendReports::opened_another() noexcept { connected(connections_.load(std::memory_order_relaxed) > 0); }
 
 Telemetry::Telemetry(std::string backend, bool name_label, EventHandler on_event)
-    : backend_(std::move(backend)), name_label_(name_label), on_event_(std::move(on_event)) {}
+    : backend_(std::move(backend)), name_label_(name_label), on_event_(std::move(on_event)),
+      events_(on_event_ ? std::make_unique<EventQueue>(on_event_) : nullptr) {}
 
 PrimitiveCells& Telemetry::cells(const std::string& name, std::size_t primitive) {
   if (!name_label_) return unnamed_[primitive];
   std::lock_guard lock(names_mutex_);
   auto found = names_.find(name);
   if (found == names_.end()) {
-    // Past the cap every new name shares the "other" cells (made once, not counted in the cap).
+    // Past the cap every new name shares the "/other" cells (made once, not counted in the cap).
     const bool capped = names_.size() >= kMaxNames + (names_.contains(kOtherName) ? 1 : 0);
     const std::string key = capped ? std::string(kOtherName) : name;
     found = names_.find(key);
@@ -104,13 +105,13 @@ PrimitiveCells& Telemetry::cells(const std::string& name, std::size_t primitive)
 }
 
 void Telemetry::tell(Event event) const noexcept {
-  if (!on_event_) return;
+  if (!events_) return;
   try {
     event.time = std::chrono::system_clock::now();
     event.backend = backend_;
-    on_event_(event);
-  } catch (...) {  // a throwing hook must not take an acquire or a watcher thread down
+  } catch (...) {  // no memory for the backend's name: told without it
   }
+  events_->push(std::move(event));
 }
 
 void Telemetry::acquire_ended(PrimitiveCells& cells, std::size_t primitive, const std::string& name,
@@ -212,16 +213,11 @@ Metrics::Family Telemetry::cause_family(const char* name, const char* help, bool
   return family;
 }
 
-Metrics Telemetry::snapshot(std::size_t removals_pending) const {
-  const Metrics::Labels backend{{"backend", backend_}};
-  const auto load = [](const Counter& counter) { return static_cast<double>(counter.load(std::memory_order_relaxed)); };
-  // The holds' ends are read before the acquires' admissions: a hold admitted and released in
-  // between then shows in neither, and the holds gauge never goes below zero.
-  auto held = hold_family("turnstile_hold_seconds", "How long holds were held, from admission to release.", false);
-  auto waited = hold_family("turnstile_acquire_wait_seconds",
-                            "How long acquires waited, by primitive and outcome (admitted, timed_out, stopped, "
-                            "failed).",
-                            true);
+namespace {
+
+// Holds admitted and not released yet, per series of `held`: its admissions (in `waited`) less
+// its ends.
+Metrics::Family holds_gauge(const Metrics::Family& held, const Metrics::Family& waited) {
   Metrics::Family holding{.name = "turnstile_holds",
                           .help = "Holds admitted and not released yet (lost ones included until released).",
                           .type = Metrics::Type::gauge,
@@ -238,6 +234,22 @@ Metrics Telemetry::snapshot(std::size_t removals_pending) const {
     const double ended = static_cast<double>(series.histogram.count());
     holding.series.push_back(plain(std::move(match), std::max(0.0, admitted - ended)));
   }
+  return holding;
+}
+
+}  // namespace
+
+Metrics Telemetry::snapshot(std::size_t removals_pending) const {
+  const Metrics::Labels backend{{"backend", backend_}};
+  const auto load = [](const Counter& counter) { return static_cast<double>(counter.load(std::memory_order_relaxed)); };
+  // The holds' ends are read before the acquires' admissions: a hold admitted and released in
+  // between then shows in neither, and the holds gauge never goes below zero.
+  auto held = hold_family("turnstile_hold_seconds", "How long holds were held, from admission to release.", false);
+  auto waited = hold_family("turnstile_acquire_wait_seconds",
+                            "How long acquires waited, by primitive and outcome (admitted, timed_out, stopped, "
+                            "failed).",
+                            true);
+  auto holding = holds_gauge(held, waited);
   std::vector<Metrics::Family> families;
   families.push_back(std::move(waited));
   families.push_back(std::move(held));
@@ -260,6 +272,10 @@ Metrics Telemetry::snapshot(std::size_t removals_pending) const {
                       "Connections made to replace a lost one.",
                       Metrics::Type::counter,
                       {plain(backend, load(reports_.reconnects_))}});
+  families.push_back({"turnstile_events_dropped_total",
+                      "Events not told to the event hook: more than 10,000 waited for it, or the client ended.",
+                      Metrics::Type::counter,
+                      {plain(backend, events_ ? static_cast<double>(events_->dropped()) : 0.0)}});
   families.push_back({"turnstile_background_removals_pending",
                       "Releases that failed and are retried in the background.",
                       Metrics::Type::gauge,

@@ -12,6 +12,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/event_queue.hpp"
 #include "core/queue.hpp"
 #include "turnstile/client.hpp"
 #include "turnstile/metrics.hpp"
@@ -124,9 +125,14 @@ class Telemetry {
   // An event about a hold or acquire (the client's own: primitive kMeteredPrimitives, no name).
   static Event event(EventKind kind, std::size_t primitive = kMeteredPrimitives, const std::string& name = {},
                      std::uint64_t token = 0);
-  // Calls the event hook (if any), stamping the time and backend; never throws.
+  // Stamps the time and backend and hands the event to the hook's own thread (EventQueue), if
+  // there is a hook; never throws, never waits for the hook.
   void tell(Event event) const noexcept;
   BackendReports& backend_reports() { return reports_; }
+  // Returns once every event told so far reached the hook (tests).
+  void wait_until_events_told() const {
+    if (events_) events_->wait_until_told();
+  }
   // The end of an acquire that started at `started` (its wait), told as an event when asked.
   void acquire_ended(PrimitiveCells& cells, std::size_t primitive, const std::string& name, AcquireOutcome outcome,
                      SteadyClock::time_point started, SteadyClock::time_point ended, std::uint64_t token = 0,
@@ -136,7 +142,8 @@ class Telemetry {
   Metrics snapshot(std::size_t removals_pending) const;
 
   static constexpr std::size_t kMaxNames = 1000;
-  static constexpr const char* kOtherName = "other";
+  // Where names past the cap are counted: a value no name can be (names never start with '/').
+  static constexpr const char* kOtherName = "/other";
 
  private:
   Metrics::Family hold_family(const char* name, const char* help, bool wait) const;
@@ -148,6 +155,7 @@ class Telemetry {
   std::string backend_;
   bool name_label_;
   EventHandler on_event_;
+  std::unique_ptr<EventQueue> events_;  // made when there is a hook
   NameCells unnamed_;
   mutable std::mutex names_mutex_;  // the name label's only
   std::unordered_map<std::string, std::unique_ptr<NameCells>> names_;

@@ -82,6 +82,8 @@ TEST_P(Conformance, MetricsCountSemaphoreAcquiresHoldsAndEvents) {
     }
   }
 
+  // The hook runs on the client's own thread: its events come a moment later.
+  EXPECT_TRUE(eventually([&] { return log.about(sem_name).size() >= 4; }, 5s));
   const auto events = log.about(sem_name);
   ASSERT_EQ(events.size(), 4u);
   const std::vector<std::pair<EventKind, std::string>> expected{{EventKind::acquired, "admitted"},
@@ -126,6 +128,7 @@ TEST_P(Conformance, MetricsCountMutexHoldsAndTheClientsOwnWork) {
     EXPECT_EQ(metrics.value("turnstile_connections_total"), 0);
     EXPECT_EQ(renewals(), 0u);
   }
+  EXPECT_TRUE(eventually([&] { return log.about(lock_name).size() >= 2; }, 5s));
   const auto events = log.about(lock_name);
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[0].kind, EventKind::acquired);

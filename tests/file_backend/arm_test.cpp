@@ -32,6 +32,7 @@
 #include "core/backend_loader.hpp"
 #include "core/loss_signal.hpp"
 #include "core/queue_store.hpp"
+#include "core/telemetry.hpp"
 #include "core/url.hpp"
 
 namespace {
@@ -93,7 +94,9 @@ class FileArm : public ::testing::Test {
     url_ = "file://" + scratch_.string() + "/root";
   }
   void TearDown() override { fs::remove_all(scratch_); }
-  std::unique_ptr<Backend> connect() const { return make_file_backend(parse_url(url_), turnstile::ClientOptions{}); }
+  std::unique_ptr<Backend> connect() const {
+    return make_file_backend(parse_url(url_), turnstile::ClientOptions{}, telemetry_.backend_reports());
+  }
 
   // Arms a wake-up for the wait `standing` says this waiter must make.
   void arm(Waiter& waiter, const QueueRequest& request, const Standing& standing) {
@@ -173,6 +176,7 @@ class FileArm : public ::testing::Test {
 
   fs::path scratch_;
   std::string url_;
+  mutable turnstile::detail::Telemetry telemetry_{"file", false, {}};  // file:// reports nothing
   std::atomic<int> wakes_{0};
 };
 

@@ -25,6 +25,7 @@
 
 #include "core/backend.hpp"
 #include "core/backend_loader.hpp"
+#include "core/telemetry.hpp"
 #include "core/url.hpp"
 #include "file_backend/scratch_root.hpp"
 
@@ -155,7 +156,9 @@ TEST_F(FileElection, ObserverWaitIsWokenByEventsOnly) {
   auto client = turnstile::Client::connect(url_);
   auto leader = client.election("e");
   leader.campaign("a");
-  auto backend = turnstile::detail::make_file_backend(turnstile::detail::parse_url(url_), {});
+  turnstile::detail::Telemetry telemetry("file", false, {});  // file:// reports nothing
+  auto backend =
+      turnstile::detail::make_file_backend(turnstile::detail::parse_url(url_), {}, telemetry.backend_reports());
   auto watch = backend->watch_leader("e");
   auto start = Clock::now();
   watch->wait(start + 1200ms, {});

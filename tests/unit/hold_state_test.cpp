@@ -143,6 +143,7 @@ TEST(HoldState, ChangesAreCountedByCauseAndToldAsEvents) {
   signal->lose("again", LossCause::entry_gone);
 
   const auto count = [](const auto& counter) { return counter.load(); };
+  telemetry->wait_until_events_told();  // the hook runs on the telemetry's own thread
   EXPECT_EQ(count(cells.suspended[static_cast<std::size_t>(SuspendCause::connection_lost)]), 1u);
   EXPECT_EQ(count(cells.suspended[static_cast<std::size_t>(SuspendCause::renewal_unanswered)]), 0u);
   EXPECT_EQ(count(cells.lost[static_cast<std::size_t>(LossCause::session_expired)]), 1u);

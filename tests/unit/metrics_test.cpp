@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
+#include <future>
 #include <string>
+#include <thread>
 
 #include "core/telemetry.hpp"
 #include "turnstile/metrics.hpp"
@@ -116,11 +119,11 @@ TEST(Metrics, NameLabelIsOptInAndCapped) {
   const auto metrics = named.snapshot(0);
   const auto* holds = metrics.family("turnstile_hold_seconds");
   ASSERT_NE(holds, nullptr);
-  EXPECT_EQ(holds->series.size(), detail::Telemetry::kMaxNames + 1);  // the first 1,000 and "other"
+  EXPECT_EQ(holds->series.size(), detail::Telemetry::kMaxNames + 1);  // the first 1,000 and "/other"
   const auto admitted = [&](const std::string& name) {
     return metrics.histogram_count("turnstile_acquire_wait_seconds", {{"name", name}, {"outcome", "admitted"}});
   };
-  EXPECT_EQ(admitted("other"), static_cast<std::uint64_t>(extra));
+  EXPECT_EQ(admitted("/other"), static_cast<std::uint64_t>(extra));
   EXPECT_EQ(admitted("n/0"), 2u);
   EXPECT_EQ(admitted("n/999"), 1u);
   EXPECT_EQ(admitted("n/1000"), 0u);
@@ -143,7 +146,8 @@ TEST(Metrics, BackendReportsCountRenewalsAndConnections) {
   reports.connected(false);
   reports.renewed(3ms);
   reports.renewal_failed("no answer");
-  reports.opened_another();  // after a first connection: a reconnect
+  reports.opened_another();            // after a first connection: a reconnect
+  telemetry.wait_until_events_told();  // the hook runs on the telemetry's own thread
   const auto metrics = telemetry.snapshot(0);
   EXPECT_EQ(metrics.value("turnstile_connections_total"), 2);
   EXPECT_EQ(metrics.value("turnstile_reconnects_total"), 1);
@@ -151,6 +155,35 @@ TEST(Metrics, BackendReportsCountRenewalsAndConnections) {
   EXPECT_EQ(metrics.value("turnstile_renewal_failures_total"), 1);
   EXPECT_EQ(told, (std::vector<EventKind>{EventKind::connected, EventKind::renewed, EventKind::renewal_failed,
                                           EventKind::reconnected}));
+}
+
+// Red team (issue 28, F1): the hook ran on the thread where the event happened, so a hook that
+// blocked (`run --events -` writing to a pipe nobody read) stopped the renewal thread until the
+// server expired the holds: two holders. Telling never waits for the hook now; past the bound,
+// events are dropped and counted.
+TEST(Metrics, ABlockedHookHoldsUpNoTellerAndWhatOverflowsIsDroppedAndCounted) {
+  std::promise<void> unblock;
+  const auto unblocked = unblock.get_future().share();
+  std::atomic<bool> entered{false};
+  std::atomic<std::size_t> told{0};
+  detail::Telemetry telemetry("redis", false, [&, unblocked](const Event&) {
+    entered = true;
+    unblocked.wait();
+    ++told;
+  });
+  auto& reports = telemetry.backend_reports();
+  const std::size_t extra = 5;
+  auto teller = std::async(std::launch::async, [&] {
+    reports.renewed(1ms);
+    while (!entered) std::this_thread::yield();  // the first is in the hook: the rest wait
+    for (std::size_t i = 0; i < detail::EventQueue::kMaxWaiting + extra; ++i) reports.renewed(1ms);
+  });
+  const bool returned = teller.wait_for(20s) == std::future_status::ready;
+  EXPECT_TRUE(returned) << "telling waited for a blocked hook";
+  EXPECT_EQ(telemetry.snapshot(0).value("turnstile_events_dropped_total"), static_cast<double>(extra));
+  unblock.set_value();
+  telemetry.wait_until_events_told();
+  EXPECT_EQ(told.load(), detail::EventQueue::kMaxWaiting + 1);
 }
 
 Event sample_event() {

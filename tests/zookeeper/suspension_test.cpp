@@ -77,6 +77,11 @@ TEST(ZookeeperSuspension, MetricsCountTheSuspensionAndTheLossByCause) {
   ASSERT_EQ(server.restart(), 0);
   EXPECT_TRUE(eventually([&] { return client.metrics().value("turnstile_reconnects_total") >= 1; }, 30s));
   EXPECT_THROW(mutex.release(), turnstile::HoldLost);
+  // The hook runs on the client's own thread: its events come a moment later.
+  EXPECT_TRUE(eventually([&] {
+    std::lock_guard lock(events_mutex);
+    return events.size() >= 4;
+  }));
   std::lock_guard lock(events_mutex);
   EXPECT_EQ(events, (std::vector{turnstile::EventKind::acquired, turnstile::EventKind::suspended,
                                  turnstile::EventKind::lost, turnstile::EventKind::released}));

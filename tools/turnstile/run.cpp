@@ -261,8 +261,6 @@ struct Supervision {
 
   void take_loss() {
     lost = true;
-    complain("the hold on '" + name + "' (fencing token " + std::to_string(hold.token) +
-             ") may have been lost; stopping the command");
     // SIGKILL at the latest half the library's margin after SIGTERM (the other half is left
     // for the kill itself); without one (none came, or the loss had none to give: the server
     // said the hold is gone, the embedded backend's state was removed), the bound from the TTL
@@ -271,6 +269,9 @@ struct Supervision {
     const bool has_margin = margin && margin->count() > 0;
     const auto kill_after = has_margin ? std::chrono::duration_cast<Clock::duration>(*margin / 2) : loss.kill_after;
     terminate_group(std::min(grace(), kill_after));
+    // Said once the command is being stopped: a stderr nobody reads must not delay that.
+    complain("the hold on '" + name + "' (fencing token " + std::to_string(hold.token) +
+             ") may have been lost; stopping the command");
   }
 };
 

@@ -31,6 +31,7 @@ constexpr auto kLookTime = std::chrono::seconds(5);
 constexpr auto kKeepAlive = std::chrono::seconds(2);
 // A page that does not take what is written within this time is dropped.
 constexpr auto kWriteTimeout = std::chrono::seconds(5);
+constexpr auto kIdleTimeout = std::chrono::seconds(2);
 
 struct Published {
   ServedState state;
@@ -167,9 +168,13 @@ class WebServer {
  public:
   WebServer(Client& client, StatePoller& poller, const ServeOptions& options, bool loopback)
       : client_(client), poller_(poller), options_(options) {
-    const auto threads = options.max_live_pages + 4;  // the live pages, and others besides them
+    // The live pages, and room besides them; a connection that sends nothing holds a thread for
+    // at most kIdleTimeout (idle keep-alive connections once kept /metrics waiting 27 s).
+    const auto threads = options.max_live_pages + 16;
     server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server_.set_write_timeout(kWriteTimeout);
+    server_.set_read_timeout(kIdleTimeout);
+    server_.set_keep_alive_timeout(kIdleTimeout.count());
     // SO_REUSEADDR (a restart binds again at once), but not cpp-httplib's SO_REUSEPORT: with it a
     // second serve on the same port would share it silently, each answering some requests.
     server_.set_socket_options([](int socket) {

@@ -117,10 +117,10 @@ std::string render_backend_metrics(const ServedState& state, bool per_name, std:
   gauge(kLongestHold, longest_hold);
   gauge(kLongestWait, longest_wait);
   if (per_name) per_name_series(out, state, now);
-  // Counters: the family's name in HELP and TYPE is without _total, the sample's with it.
+  // Counters: named with _total in HELP, TYPE and the sample alike, as the text format 0.0.4
+  // has it (and as the library's part of /metrics does).
   for (const auto& [family, value] : {std::pair{kPolls, state.polls}, std::pair{kFailedPolls, state.failed_polls}}) {
-    const std::string base = std::string(family.name).substr(0, std::string_view(family.name).size() - 6);
-    out += "# HELP " + base + " " + family.help + "\n# TYPE " + base + " counter\n";
+    out += "# HELP " + std::string(family.name) + " " + family.help + "\n# TYPE " + family.name + " counter\n";
     sample(out, family, static_cast<double>(value));
   }
   gauge(kLastPoll, state.polls > 0 ? std::chrono::duration<double>(state.taken.time_since_epoch()).count() : 0);
