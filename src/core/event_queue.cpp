@@ -4,9 +4,12 @@
 #include <chrono>
 #include <optional>
 
+#include "core/fork_generation.hpp"
+
 namespace turnstile::detail {
 
-EventQueue::EventQueue(EventHandler hook) : hook_(std::move(hook)), thread_([this] { run(); }) {}
+EventQueue::EventQueue(EventHandler hook)
+    : hook_(std::move(hook)), generation_(fork_generation()), thread_([this] { run(); }) {}
 
 EventQueue::~EventQueue() {
   {
@@ -18,6 +21,10 @@ EventQueue::~EventQueue() {
 }
 
 void EventQueue::push(Event event) noexcept {
+  if (forked()) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   try {
     std::lock_guard lock(mutex_);
     if (ending_ || waiting_.size() >= kMaxWaiting) {
@@ -32,7 +39,10 @@ void EventQueue::push(Event event) noexcept {
   wake_.notify_one();
 }
 
+bool EventQueue::forked() const noexcept { return fork_generation() != generation_; }
+
 void EventQueue::wait_until_told() {
+  if (forked()) return;
   std::unique_lock lock(mutex_);
   told_.wait(lock, [&] { return waiting_.empty() && !telling_; });
 }

@@ -26,7 +26,9 @@ class EventQueue {
   static constexpr std::chrono::milliseconds kDrainAtEnd{1000};
 
   explicit EventQueue(EventHandler hook);
-  ~EventQueue();  // tells what waits (for at most kDrainAtEnd), then joins the thread
+  // Tells what waits (for at most kDrainAtEnd), then joins the thread. Never in a child of
+  // fork() (see forked()).
+  ~EventQueue();
   EventQueue(const EventQueue&) = delete;
   EventQueue& operator=(const EventQueue&) = delete;
 
@@ -34,11 +36,17 @@ class EventQueue {
   // Returns once every event pushed before the call was told (or dropped): for tests.
   void wait_until_told();
   std::uint64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
+  // In a child of fork(): the thread is the parent's, and its condition variables may count it
+  // as a waiter, so destroying the queue would wait for good. Its owner leaves it behind.
+  bool forked() const noexcept;
 
  private:
   void run();
 
   EventHandler hook_;
+  // The hook's thread is not in a child of fork(): there the queue tells nothing (its mutex may
+  // have been held at the fork).
+  const std::uint64_t generation_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Event> waiting_;

@@ -114,6 +114,7 @@ class Telemetry {
  public:
   // `backend`: the backend's family ("file", "redis", "zookeeper", "etcd", "consul").
   Telemetry(std::string backend, bool name_label, EventHandler on_event);
+  ~Telemetry();
   Telemetry(const Telemetry&) = delete;
   Telemetry& operator=(const Telemetry&) = delete;
 

@@ -11,8 +11,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "core/backend.hpp"
 #include "core/backend_loader.hpp"
@@ -66,8 +69,14 @@ class EtcdArm : public ::testing::Test {
   }
 
  public:
+  // The backend refers to its client's telemetry (its BackendReports): kept for the whole test.
   std::unique_ptr<Backend> connect(const std::string& url = {}, turnstile::ClientOptions options = {}) {
-    return connect_backend(parse_url(url.empty() ? url_ : url), options).backend;
+    static std::mutex kept_mutex;
+    static std::vector<std::shared_ptr<Telemetry>> kept;
+    auto connected = connect_backend(parse_url(url.empty() ? url_ : url), options);
+    std::lock_guard lock(kept_mutex);
+    kept.push_back(connected.telemetry);
+    return std::move(connected.backend);
   }
   static Deadline soon() { return turnstile::SteadyClock::now() + 10s; }
   // An arm's deadline is the core's, which destroys the arm on it: longer than any wait here.

@@ -78,7 +78,9 @@ class TURNSTILE_ARM_SUITE : public ::testing::Test {
   void SetUp() override {
     const auto url = read_first_line(TURNSTILE_REDIS_URL_FILE);
     ASSERT_FALSE(url.empty()) << "no URL in " << TURNSTILE_REDIS_URL_FILE;
-    backend_ = connect_backend(parse_url(url), turnstile::ClientOptions{}).backend;
+    auto connected = connect_backend(parse_url(url), turnstile::ClientOptions{});
+    telemetry_ = connected.telemetry;  // the backend refers to it (its BackendReports)
+    backend_ = std::move(connected.backend);
     threads_at_start_ = thread_count();  // the client's own: its watchdog and its subscriber
   }
   std::shared_ptr<LossSignal> loss(const std::string& name) {
@@ -107,6 +109,7 @@ class TURNSTILE_ARM_SUITE : public ::testing::Test {
     EXPECT_LE(threads, threads_at_start_ + 2) << "armed waiters cost threads";
   }
 
+  std::shared_ptr<Telemetry> telemetry_;  // before backend_: it outlives it
   std::unique_ptr<Backend> backend_;
   std::size_t threads_at_start_ = 0;
   turnstile::Deadline deadline_ = deadline_after(120s);

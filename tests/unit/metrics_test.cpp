@@ -2,10 +2,12 @@
 // Metrics snapshots in Prometheus' text format (exact text, label escapes), the histograms'
 // buckets, the name label's cap, and events as JSON lines.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
+#include <csignal>
 #include <future>
 #include <string>
 #include <thread>
@@ -184,6 +186,39 @@ TEST(Metrics, ABlockedHookHoldsUpNoTellerAndWhatOverflowsIsDroppedAndCounted) {
   unblock.set_value();
   telemetry.wait_until_events_told();
   EXPECT_EQ(told.load(), detail::EventQueue::kMaxWaiting + 1);
+}
+
+// In a child of fork() the hook's thread is not there: telling drops the event, and the end of
+// the client's telemetry joins nothing (joining the parent's thread would wait for good).
+TEST(Metrics, AForkedChildDropsItsEventsAndItsEndDoesNotHang) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "fork() of a process with threads, under ThreadSanitizer";
+#endif
+  std::atomic<int> told{0};
+  auto telemetry = std::make_unique<detail::Telemetry>("redis", false, [&](const Event&) { ++told; });
+  telemetry->backend_reports().renewed(1ms);
+  telemetry->wait_until_events_told();
+  const pid_t child = fork();
+  if (child == 0) {
+    telemetry->backend_reports().renewed(1ms);
+    const bool dropped = telemetry->snapshot(0).value("turnstile_events_dropped_total") == 1;
+    telemetry.reset();
+    _exit(dropped ? 0 : 1);
+  }
+  ASSERT_GT(child, 0);
+  int status = 0;
+  bool ended = false;
+  for (int tenth = 0; tenth < 100 && !ended; ++tenth) {
+    ended = waitpid(child, &status, WNOHANG) == child;
+    if (!ended) std::this_thread::sleep_for(100ms);
+  }
+  if (!ended) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+  }
+  EXPECT_TRUE(ended) << "the child's end waited for a thread it does not have";
+  EXPECT_TRUE(ended && WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's event was not dropped";
+  EXPECT_EQ(told.load(), 1);
 }
 
 Event sample_event() {

@@ -13,9 +13,11 @@
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "core/backend_loader.hpp"
 #include "core/queue_store.hpp"
@@ -34,8 +36,14 @@ using turnstile_test::TcpProxy;
 
 std::string server_url() { return read_first_line(TURNSTILE_ZOOKEEPER_URL_FILE); }
 
+// The backend refers to its client's telemetry (its BackendReports): kept for the whole test.
 std::unique_ptr<Backend> connect(const std::string& url = server_url(), turnstile::ClientOptions options = {}) {
-  return connect_backend(parse_url(url), options).backend;
+  static std::mutex kept_mutex;
+  static std::vector<std::shared_ptr<Telemetry>> kept;
+  auto connected = connect_backend(parse_url(url), options);
+  std::lock_guard lock(kept_mutex);
+  kept.push_back(connected.telemetry);
+  return std::move(connected.backend);
 }
 
 std::size_t thread_count() {
