@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the conformance suite's network-fault tests share (faults_test.cpp, async_loss_test.cpp):
 // a loopback proxy between a client and its server (tests/support/tcp_proxy.hpp), the TTLs and
-// the documented loss bound, and the moment a hold was told it was lost.
+// the documented loss bound, and the moment a hold was told it was lost (support/loss_time.hpp).
 #pragma once
 
 #include <algorithm>
@@ -9,10 +9,12 @@
 #include <stop_token>
 
 #include "conformance/support.hpp"
+#include "support/loss_time.hpp"
 #include "support/tcp_proxy.hpp"
 
 namespace conformance::faults {
 
+using turnstile_test::LossTime;
 using turnstile_test::TcpProxy;
 
 inline constexpr auto kShortTtl = 3000ms;
@@ -35,22 +37,6 @@ inline constexpr auto kQuiet = 50ms;
 inline std::chrono::milliseconds loss_margin(std::chrono::milliseconds ttl) {
   return std::max<std::chrono::milliseconds>(ttl / 10, 50ms);
 }
-
-// When a stop token was signalled (the hold reported lost), stamped by the signalling thread.
-class LossTime {
- public:
-  explicit LossTime(std::stop_token token) : callback_(std::move(token), Stamp{&at_}) {}
-  bool reported() const { return at_.load() != 0; }
-  Clock::time_point at() const { return Clock::time_point(Clock::duration(at_.load())); }
-
- private:
-  struct Stamp {
-    std::atomic<Clock::rep>* at;
-    void operator()() const noexcept { at->store(Clock::now().time_since_epoch().count()); }
-  };
-  std::atomic<Clock::rep> at_{0};  // before callback_: it may run in callback_'s constructor
-  std::stop_callback<Stamp> callback_;
-};
 
 inline long long ms(Clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 

@@ -14,6 +14,7 @@
 #include <future>
 #include <set>
 
+#include "support/loss_time.hpp"
 #include "support/server_tests.hpp"
 #include "support/tcp_proxy.hpp"
 
@@ -67,12 +68,12 @@ TEST(ZookeeperSafety, LossIsToldByTheGrantedTimeoutBeforeTheServerCanExpireTheSe
   ASSERT_FALSE(contender.try_lock());
 
   const auto cut = proxy.blackhole_when_quiet(100ms);
-  std::atomic<Clock::time_point> told{};
-  std::stop_callback on_lost(lost, [&] { told = Clock::now(); });
+  const turnstile_test::LossTime told(lost);
   ASSERT_TRUE(contender.try_lock_for(20s));
   const auto granted = Clock::now();
   ASSERT_TRUE(lost.stop_requested());
-  const auto told_at = told.load();
+  ASSERT_TRUE(told.stamped()) << "the loss was flagged but its callbacks never ran";
+  const auto told_at = told.at();
   const auto after_cut = std::chrono::duration_cast<std::chrono::milliseconds>(told_at - cut);
   const auto before_grant = std::chrono::duration_cast<std::chrono::milliseconds>(granted - told_at);
   std::printf("told %lld ms after the cut, %lld ms before the contender got the lock\n",
