@@ -393,10 +393,13 @@ TEST(AsyncAcquire, AnAcquireStartedOnAPoolThreadAndAdmittedAtOnceHasEndedWhenSta
 // A storage whose try costs no round trip (QueueStore::tries_locally, the embedded backend): an
 // acquire started on a pool thread is first tried there and, admitted, has ended with no state of
 // its own (Acquiring::ended): it holds, gives its result once, and a result nobody took is
-// released; one that is not admitted queues and waits as usual.
+// released; one that is not admitted queues and waits as usual. The first acquire waits behind
+// a holder, so its callback runs on the pool thread: ended at once, then() would run it on the
+// test thread, where nothing is tried first (TSan, 2026-11-27).
 TEST(AsyncAcquire, AnAcquireTriedOnAPoolThreadEndsAtOnceOrQueuesAsUsual) {
   auto [queue, client] = make_client(/*event_arms=*/true, /*threads=*/1);
   queue->local_tries = true;
+  const auto holder = queue->add(EntryKind::exclusive);
   std::promise<void> done;
   std::atomic<bool> ended = false, admitted = false, taken_twice = false, dropped_released = false;
   Acquiring<std::optional<Lease>> queued(nullptr);
@@ -420,6 +423,8 @@ TEST(AsyncAcquire, AnAcquireTriedOnAPoolThreadEndsAtOnceOrQueuesAsUsual) {
     lease.reset();                                       // released: the queued one is admitted
     done.set_value();
   });
+  ASSERT_TRUE(eventually([&] { return queue->armed() == 1; })) << "the first acquire never waited";
+  queue->remove(holder);
   ASSERT_EQ(done.get_future().wait_for(5s), std::future_status::ready);
   EXPECT_TRUE(ended) << "an admitted try on a pool thread had not ended when acquire_async returned";
   EXPECT_TRUE(admitted);
