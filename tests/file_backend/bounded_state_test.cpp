@@ -32,6 +32,7 @@
 #include <turnstile/turnstile.hpp>
 
 #include "../../src/backends/file/state.hpp"
+#include "file_backend/scratch_root.hpp"
 
 namespace {
 
@@ -48,6 +49,10 @@ std::vector<std::string> entries_of(const std::string& dir) {
   std::sort(names.begin(), names.end());
   return names;
 }
+
+// Each test's own scratch directory, removed with everything in it even when the test fails.
+class FileBoundedState : public file_backend_test::ScratchRoot {};
+class FileCollectUnused : public file_backend_test::ScratchRoot {};
 
 // A tmpfs of `size` mounted on a fresh directory for the test (root only), unmounted after.
 class SmallTmpfs {
@@ -80,7 +85,7 @@ int names_to_use(int default_count) {
 // Before: the 257th name failed with "no room for the state of 'deploy/build-256'" on a 1 MiB
 // tmpfs, every name's state file kept until reboot. Now one client uses name after name, each
 // acquired and released, and the directory holds only the few names it keeps open.
-TEST(FileBoundedState, ManyNamesOneAfterAnotherFitInASmallTmpfs) {
+TEST_F(FileBoundedState, ManyNamesOneAfterAnotherFitInASmallTmpfs) {
   SmallTmpfs tmpfs("1m");
   if (!tmpfs.mounted()) GTEST_SKIP() << "needs root to mount a small tmpfs";
   const int count = names_to_use(10'000);
@@ -100,7 +105,7 @@ TEST(FileBoundedState, ManyNamesOneAfterAnotherFitInASmallTmpfs) {
 }
 
 // The same with one process per name, as `turnstile run --lock deploy/build-$ID` does.
-TEST(FileBoundedState, AClientPerNameLeavesNothingBehind) {
+TEST_F(FileBoundedState, AClientPerNameLeavesNothingBehind) {
   SmallTmpfs tmpfs("1m");
   if (!tmpfs.mounted()) GTEST_SKIP() << "needs root to mount a small tmpfs";
   for (int i = 0; i < 400; ++i) {
@@ -166,10 +171,8 @@ void race(RaceBoard& board, const std::string& root, unsigned seed, int rounds) 
 // Processes and threads take and release the same few names, each closing its client after
 // every hold, so state files are removed and made afresh under the others' feet. Never two
 // holders at once, tokens keep growing, no error; and the files really were removed meanwhile.
-TEST(FileBoundedState, RemovalRacingOpenersKeepsMutualExclusion) {
-  char dir[] = "/tmp/turnstile-race-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string root = std::string(dir) + "/locks";
+TEST_F(FileBoundedState, RemovalRacingOpenersKeepsMutualExclusion) {
+  const std::string root = scratch_ + "/locks";
   void* shared = mmap(nullptr, sizeof(RaceBoard), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(shared, MAP_FAILED);
   auto& board = *new (shared) RaceBoard{};
@@ -204,16 +207,13 @@ TEST(FileBoundedState, RemovalRacingOpenersKeepsMutualExclusion) {
   }
   EXPECT_TRUE(entries_of(root).empty());
   munmap(shared, sizeof(RaceBoard));
-  fs::remove_all(dir);
 }
 
 // A PermitCounter's count lives in its state file: a change made in a file another client just
 // removed as unused would be lost. Threads open a fresh name, close it (removing its file when
 // nobody else uses it) and add a permit, all at once: every permit counts.
-TEST(FileBoundedState, ACounterChangeIsNeverLostToARemovedFile) {
-  char dir[] = "/tmp/turnstile-count-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string url = std::string("file://") + dir + "/locks";
+TEST_F(FileBoundedState, ACounterChangeIsNeverLostToARemovedFile) {
+  const std::string url = "file://" + scratch_ + "/locks";
   constexpr int kThreads = 4, kRounds = 500;
   std::atomic<int> errors{0};
   std::atomic<int> lost{0};
@@ -245,17 +245,14 @@ TEST(FileBoundedState, ACounterChangeIsNeverLostToARemovedFile) {
   }
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(lost.load(), 0) << "rounds that lost a permit";
-  fs::remove_all(dir);
 }
 
 // A remover killed between unlinking a file and marking it removed (kill -9 at the worst
 // moment) leaves an unmarked file no longer at its path: the next to take its mutex (robust:
 // EOWNERDEAD) marks it, so a counter change made through a client that kept the file open lands
 // in the file at the path, not in the orphan. (Red team of issue 24: the change was lost.)
-TEST(FileBoundedState, ARemoverKilledMidRemovalLosesNoCounterChange) {
-  char dir[] = "/tmp/turnstile-killed-remover-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string root = std::string(dir) + "/locks";
+TEST_F(FileBoundedState, ARemoverKilledMidRemovalLosesNoCounterChange) {
+  const std::string root = scratch_ + "/locks";
   auto client = Client::connect("file://" + root);
   auto counter = client.permit_counter("c");
   EXPECT_EQ(counter.available_permits(), 0);  // the file is open in this client, never set
@@ -279,15 +276,12 @@ TEST(FileBoundedState, ARemoverKilledMidRemovalLosesNoCounterChange) {
   counter.add_permits(1);
   EXPECT_EQ(Client::connect("file://" + root).permit_counter("c").available_permits(), 1)
       << "the permit went into the removed file";
-  fs::remove_all(dir);
 }
 
 // Closing an idle name tries its removal without waiting: a process paused inside the name's
 // mutex (a debugger, SIGSTOP at the worst moment) must not stall the client's other names.
-TEST(FileBoundedState, ClosingANameNeverWaitsOnAProcessInsideItsMutex) {
-  char dir[] = "/tmp/turnstile-stuck-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string root = std::string(dir) + "/locks";
+TEST_F(FileBoundedState, ClosingANameNeverWaitsOnAProcessInsideItsMutex) {
+  const std::string root = scratch_ + "/locks";
   auto client = Client::connect("file://" + root);
   {
     auto stuck = client.mutex("stuck");
@@ -328,7 +322,6 @@ TEST(FileBoundedState, ClosingANameNeverWaitsOnAProcessInsideItsMutex) {
   close(ready[1]);
   EXPECT_TRUE(finished) << "closing a name waited on the process inside its mutex";
   EXPECT_TRUE(fs::exists(root + "/n.stuck.s")) << "removed while a process was inside it";
-  fs::remove_all(dir);
 }
 
 // A child that takes `name` and then is killed with SIGKILL: its state file stays behind (only
@@ -358,10 +351,8 @@ void crash_while_holding(const std::string& root, const std::string& name) {
 
 // Client::collect_unused (turnstile gc) removes the state crashed processes left, and never a
 // name held, waited for or keeping a PermitCounter value; a prefix limits it.
-TEST(FileCollectUnused, RemovesWhatCrashedProcessesLeftAndNothingInUse) {
-  char dir[] = "/tmp/turnstile-gc-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string root = std::string(dir) + "/locks";
+TEST_F(FileCollectUnused, RemovesWhatCrashedProcessesLeftAndNothingInUse) {
+  const std::string root = scratch_ + "/locks";
   crash_while_holding(root, "deploy/crashed");
   crash_while_holding(root, "other/crashed");
   auto client = Client::connect("file://" + root);
@@ -413,7 +404,6 @@ TEST(FileCollectUnused, RemovesWhatCrashedProcessesLeftAndNothingInUse) {
   EXPECT_EQ(entries_of(root), (std::vector<std::string>{"n.deploy%2Fcounter.s", "n.deploy%2Fheld.s"}));
   held.unlock();
   EXPECT_EQ(client.collect_unused(""), (std::vector<std::string>{"deploy/held"}));
-  fs::remove_all(dir);
 }
 
 }  // namespace

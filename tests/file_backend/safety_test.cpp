@@ -36,6 +36,7 @@
 #include <turnstile/turnstile.hpp>
 
 #include "../../src/backends/file/state.hpp"
+#include "file_backend/scratch_root.hpp"
 
 namespace {
 
@@ -185,26 +186,15 @@ class StateFile {
   layout::Header* header_ = nullptr;
 };
 
-class FileSafety : public ::testing::Test {
+class FileSafety : public file_backend_test::ScratchRoot {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/turnstile-file-safety-XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    scratch_ = dir;
-    root_ = scratch_ + "/root";
-    url_ = "file://" + root_;
+    ScratchRoot::SetUp();
+    root_ = scratch_ + "/root";  // url_'s directory
   }
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(scratch_, ignored);
-  }
-  // The state file of a name made only of letters, digits and "-_." (kept as is).
-  std::string state_of(const std::string& plain_name) const { return root_ + "/n." + plain_name + ".s"; }
   void removed_or_moved_state_file_admits_nobody_while_its_holder_lives(bool move);
 
-  std::string scratch_;
   std::string root_;
-  std::string url_;
 };
 
 // ---- liveness from the kernel only (issues 10.7, 15.9) --------------------------------------
