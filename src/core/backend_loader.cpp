@@ -101,7 +101,7 @@ ConnectedBackend connect_backend(const BackendUrl& url, const ClientOptions& opt
   }
   // Made first: the backend reports its connections from its factory on.
   auto telemetry = std::make_shared<Telemetry>(std::string(kind->family), options.metrics_name_label, options.on_event);
-  auto backend = factory(url, options, telemetry->backend_reports());
+  OwnedBackend backend(factory(url, options, telemetry->backend_reports()).release(), BackendDeleter(telemetry));
   return {std::move(backend), kind->usable_after_fork, std::move(telemetry)};
 }
 

@@ -80,8 +80,8 @@ class PendingReleases {
   std::size_t running_ = 0;
 };
 
-ClientState::ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options,
-                         bool usable_after_fork, std::shared_ptr<Telemetry> telemetry)
+ClientState::ClientState(std::string url, OwnedBackend backend, ClientOptions options, bool usable_after_fork,
+                         std::shared_ptr<Telemetry> telemetry)
     : url_(std::move(url)),
       telemetry_(telemetry ? std::move(telemetry)
                            : std::make_shared<Telemetry>("unknown", options.metrics_name_label, options.on_event)),

@@ -11,6 +11,7 @@
 
 #include "core/async_acquire.hpp"
 #include "core/backend.hpp"
+#include "core/backend_loader.hpp"
 #include "core/guaranteed_removal.hpp"
 #include "core/hold_record.hpp"
 #include "core/thread_holds.hpp"
@@ -37,7 +38,7 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
   // every call in a child throws BackendUnavailable and the child's copy is never torn down.
   // `telemetry`: the client's counters and event hook, whose BackendReports `backend` uses
   // (none: a fresh one, for a backend made without it).
-  ClientState(std::string url, std::unique_ptr<Backend> backend, ClientOptions options, bool usable_after_fork,
+  ClientState(std::string url, OwnedBackend backend, ClientOptions options, bool usable_after_fork,
               std::shared_ptr<Telemetry> telemetry = nullptr);
   ~ClientState();
 
@@ -111,7 +112,7 @@ class ClientState : public std::enable_shared_from_this<ClientState> {
 
   std::string url_;
   std::shared_ptr<Telemetry> telemetry_;  // before backend_: its BackendReports outlive the backend
-  std::unique_ptr<Backend> backend_;
+  OwnedBackend backend_;
   bool usable_after_fork_;
   std::uint64_t fork_generation_;  // when connected
   ClientOptions options_;

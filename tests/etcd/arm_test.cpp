@@ -69,14 +69,9 @@ class EtcdArm : public ::testing::Test {
   }
 
  public:
-  // The backend refers to its client's telemetry (its BackendReports): kept for the whole test.
-  std::unique_ptr<Backend> connect(const std::string& url = {}, turnstile::ClientOptions options = {}) {
-    static std::mutex kept_mutex;
-    static std::vector<std::shared_ptr<Telemetry>> kept;
-    auto connected = connect_backend(parse_url(url.empty() ? url_ : url), options);
-    std::lock_guard lock(kept_mutex);
-    kept.push_back(connected.telemetry);
-    return std::move(connected.backend);
+  // The backend keeps the telemetry it reports to (OwnedBackend).
+  OwnedBackend connect(const std::string& url = {}, turnstile::ClientOptions options = {}) {
+    return connect_backend(parse_url(url.empty() ? url_ : url), options).backend;
   }
   static Deadline soon() { return turnstile::SteadyClock::now() + 10s; }
   // An arm's deadline is the core's, which destroys the arm on it: longer than any wait here.
@@ -195,7 +190,7 @@ TEST_F(EtcdArm, ThousandArmedWaitersOfOneClientAddNoThreadAndAreWokenOneByOneInO
 // when the key just ahead goes, and by nothing else (a later join, another's release).
 TEST_F(EtcdArm, EachReleaseWakesTheNextClientsWaiterAlone) {
   const auto name = unique_name("arm-chain");
-  std::vector<std::unique_ptr<Backend>> clients;
+  std::vector<OwnedBackend> clients;
   std::vector<std::unique_ptr<Waiter>> waiters;
   for (int i = 0; i < 4; ++i) {
     clients.push_back(connect());

@@ -78,9 +78,7 @@ class TURNSTILE_ARM_SUITE : public ::testing::Test {
   void SetUp() override {
     const auto url = read_first_line(TURNSTILE_REDIS_URL_FILE);
     ASSERT_FALSE(url.empty()) << "no URL in " << TURNSTILE_REDIS_URL_FILE;
-    auto connected = connect_backend(parse_url(url), turnstile::ClientOptions{});
-    telemetry_ = connected.telemetry;  // the backend refers to it (its BackendReports)
-    backend_ = std::move(connected.backend);
+    backend_ = connect_backend(parse_url(url), turnstile::ClientOptions{}).backend;
     threads_at_start_ = thread_count();  // the client's own: its watchdog and its subscriber
   }
   std::shared_ptr<LossSignal> loss(const std::string& name) {
@@ -109,8 +107,7 @@ class TURNSTILE_ARM_SUITE : public ::testing::Test {
     EXPECT_LE(threads, threads_at_start_ + 2) << "armed waiters cost threads";
   }
 
-  std::shared_ptr<Telemetry> telemetry_;  // before backend_: it outlives it
-  std::unique_ptr<Backend> backend_;
+  OwnedBackend backend_;  // with the telemetry it reports to
   std::size_t threads_at_start_ = 0;
   turnstile::Deadline deadline_ = deadline_after(120s);
   WakeLog wakes_;

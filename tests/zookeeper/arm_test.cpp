@@ -36,14 +36,9 @@ using turnstile_test::TcpProxy;
 
 std::string server_url() { return read_first_line(TURNSTILE_ZOOKEEPER_URL_FILE); }
 
-// The backend refers to its client's telemetry (its BackendReports): kept for the whole test.
-std::unique_ptr<Backend> connect(const std::string& url = server_url(), turnstile::ClientOptions options = {}) {
-  static std::mutex kept_mutex;
-  static std::vector<std::shared_ptr<Telemetry>> kept;
-  auto connected = connect_backend(parse_url(url), options);
-  std::lock_guard lock(kept_mutex);
-  kept.push_back(connected.telemetry);
-  return std::move(connected.backend);
+// The backend keeps the telemetry it reports to (OwnedBackend).
+OwnedBackend connect(const std::string& url = server_url(), turnstile::ClientOptions options = {}) {
+  return connect_backend(parse_url(url), options).backend;
 }
 
 std::size_t thread_count() {
@@ -323,8 +318,8 @@ struct ProxiedWaiter {
 
   std::string url = server_url();
   TcpProxy proxy{url};
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Backend> holders = connect();
+  OwnedBackend backend;
+  OwnedBackend holders = connect();
   QueueRequest request;
   std::unique_ptr<BackendHold> held;
   Wakes wakes{1};
