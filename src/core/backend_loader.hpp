@@ -22,7 +22,10 @@ class BackendDeleter {
   requires std::derived_from<Made, Backend> BackendDeleter(std::default_delete<Made>) {
   }  // NOLINT(google-explicit-constructor): as unique_ptr's
   explicit BackendDeleter(std::shared_ptr<Telemetry> reported_to) : reported_to_(std::move(reported_to)) {}
-  void operator()(Backend* backend) const { delete backend; }
+  void operator()(Backend* backend) {
+    delete backend;
+    reported_to_.reset();  // now, not when the emptied unique_ptr goes
+  }
 
  private:
   std::shared_ptr<Telemetry> reported_to_;

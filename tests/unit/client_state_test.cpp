@@ -3,6 +3,7 @@
 // headers, with a backend whose release answers as told: no server involved.
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -10,7 +11,9 @@
 
 #include <gtest/gtest.h>
 
+#include "core/backend_loader.hpp"
 #include "core/client_state.hpp"
+#include "core/url.hpp"
 #include "turnstile/error.hpp"
 
 namespace {
@@ -201,6 +204,27 @@ TEST(ClientStateRelease, TheClientsEndWaitsForAPipelinedReleasesAnswer) {
     EXPECT_NE(reports.messages[0].find("gone"), std::string::npos) << reports.messages[0];
   }
   answer.join();
+}
+
+}  // namespace
+
+namespace {
+
+// A backend refers to its client's telemetry (its BackendReports): however a caller keeps the
+// pieces connect_backend() gives, the telemetry lives exactly as long as the backend. Before,
+// dropping ConnectedBackend::telemetry freed it under a live backend (three arm tests crashed).
+TEST(ConnectedBackend, TheBackendKeepsTheTelemetryItReportsTo) {
+  char dir[] = "/tmp/turnstile-connected-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  {
+    auto connected = connect_backend(parse_url(std::string("file://") + dir + "/root"), turnstile::ClientOptions{});
+    const std::weak_ptr<Telemetry> telemetry = connected.telemetry;
+    connected.telemetry.reset();
+    EXPECT_FALSE(telemetry.expired()) << "the telemetry went while its backend lived";
+    connected.backend.reset();
+    EXPECT_TRUE(telemetry.expired()) << "the telemetry outlived everything that refers to it";
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
