@@ -283,4 +283,43 @@ TEST_F(CliHabitsTest, EtcdRefusesAFractionalTtl) {
   EXPECT_EQ(run_true({"--connect-timeout", "1", "job"}, etcd + "?ttl=5").status, 69);
 }
 
+// --- issue 28's leftovers: --events FILE ------------------------------------
+
+// A FIFO nobody reads hung turnstile at open() for good, before it held anything. It is refused
+// at once now, as a file it cannot create: exit 73 (EX_CANTCREAT), the command not run.
+TEST_F(CliHabitsTest, AnEventsFifoWithoutAReaderIsRefusedAtOnce) {
+  const auto fifo = path("events.fifo"), ran = path("ran");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const auto unread = run(lock_sh("job", "touch " + ran, {"--events", fifo}));
+  EXPECT_EQ(unread.status, 73) << unread.err;
+  EXPECT_NE(unread.err.find("cannot open --events file '" + fifo + "': no process reads the FIFO"), std::string::npos)
+      << unread.err;
+  EXPECT_FALSE(fs::exists(ran));
+  // With a reader the FIFO takes the events, as a file does.
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  const auto read_by = run(lock_sh("job", "touch " + ran, {"--events", fifo}));
+  EXPECT_EQ(read_by.status, 0) << read_by.err;
+  char lines[4096];
+  const auto got = read(reader, lines, sizeof lines);
+  close(reader);
+  ASSERT_GT(got, 0);
+  EXPECT_NE(std::string(lines, static_cast<std::size_t>(got)).find("\"event\":\"acquired\""), std::string::npos);
+  EXPECT_TRUE(fs::exists(ran));
+}
+
+// A path --events cannot create (a missing directory, a directory) exited 71, the status of a
+// failed fork: it is the user's output file that cannot be made, 73, before anything is held.
+TEST_F(CliHabitsTest, AnEventsFileThatCannotBeCreatedGives73) {
+  const auto ran = path("ran");
+  for (const auto& bad : {path("no/such/dir/events"), dir_}) {
+    const auto result = run(lock_sh("job", "touch " + ran, {"--events", bad}));
+    EXPECT_EQ(result.status, 73) << bad << ": " << result.err;
+    EXPECT_NE(result.err.find("cannot open --events file '" + bad + "': "), std::string::npos) << result.err;
+    EXPECT_FALSE(fs::exists(ran));
+  }
+  const auto hold = run({"hold", "--backend", backend_, "--events", path("no/such/dir/events"), "job"});
+  EXPECT_EQ(hold.status, 73) << hold.err;
+}
+
 }  // namespace

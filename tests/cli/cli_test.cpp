@@ -168,7 +168,7 @@ TEST_F(CliTest, EventsAppendsEachEventOfTheHoldAsAJsonLine) {
 
   const auto ran = path("ran");
   const auto unopened = run(lock_sh("job", "touch " + ran, {"--events", path("no/such/dir/events")}));
-  EXPECT_EQ(unopened.status, 71) << unopened.err;
+  EXPECT_EQ(unopened.status, 73) << unopened.err;
   EXPECT_NE(unopened.err.find("cannot open --events file"), std::string::npos) << unopened.err;
   EXPECT_FALSE(std::filesystem::exists(ran));
 }

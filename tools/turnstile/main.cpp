@@ -142,6 +142,7 @@ struct AcquireFlags {
 constexpr const char* kExitStatuses =
     "  64  usage error, bad name or URL          69  the backend cannot be reached\n"
     "  70  the hold was lost                     71  an operating-system call failed\n"
+    "  73  --events FILE cannot be opened\n"
     "  75  busy: --timeout ran out, or 0 and held (or --conflict-exit-code)\n"
     "  77  permission denied (ACL, credentials, the state directory)\n";
 
