@@ -148,11 +148,17 @@ TEST(Metrics, AnAcquireStoppedBeforeTheCallIsCountedAsStopped) {
     EXPECT_FALSE(semaphore.acquire(1, stop.get_token()));
     auto counter = client.permit_counter("quota");
     EXPECT_FALSE(counter.acquire(1, stop.get_token()));
+    // The async forms end at once too, and are counted the same.
+    turnstile::AsyncOptions stopped_already;
+    stopped_already.stop = stop.get_token();
+    EXPECT_FALSE(mutex.lock_async(stopped_already).get());
+    EXPECT_FALSE(semaphore.acquire_async(1, stopped_already).get());
+    EXPECT_FALSE(counter.acquire_async(1, stopped_already).get());
     const auto metrics = client.metrics();
     for (const char* primitive : {"mutex", "semaphore", "permit_counter"}) {
       const auto stopped =
           metrics.histogram_count("turnstile_acquire_wait_seconds", {{"primitive", primitive}, {"outcome", "stopped"}});
-      EXPECT_EQ(stopped, 1u) << primitive << "\n" << metrics.prometheus_text();
+      EXPECT_EQ(stopped, 2u) << primitive << "\n" << metrics.prometheus_text();
     }
   }
   std::filesystem::remove_all(dir);
