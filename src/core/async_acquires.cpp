@@ -159,6 +159,11 @@ std::shared_ptr<AsyncQueueAcquire<Sink>> start_queue_acquire(ClientState& client
                                                              const AsyncOptions& options, Sink sink,
                                                              const std::weak_ptr<ThreadHolds>* blocking_check) {
   if (options.stop.stop_requested()) {
+    // Counted as stopped all the same, as an acquire stopped while it waits.
+    const auto primitive = metered(request.primitive);
+    auto& telemetry = *client.telemetry();
+    meter_async_end(&telemetry, &telemetry.cells(request.name, primitive), primitive, request.name, SteadyClock::now(),
+                    nullptr, false, true);
     sink.none();
     return nullptr;
   }
@@ -282,6 +287,8 @@ Acquiring<bool> ClientState::counter_acquire_async(std::string name, std::int64_
   auto state = std::make_shared<AsyncCounterAcquire::State>();
   Acquiring<bool> handle(state);
   if (options.stop.stop_requested()) {
+    meter_async_end(telemetry_.get(), &telemetry_->cells(name, kPermitCounter), kPermitCounter, name,
+                    SteadyClock::now(), nullptr, false, true);
     state->complete(false);
     return handle;
   }

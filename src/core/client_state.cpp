@@ -160,7 +160,15 @@ std::shared_ptr<ThreadHolds> ClientState::thread_holds(const std::string& name) 
 }
 
 std::unique_ptr<HoldRecord> ClientState::acquire(const QueueRequest& request, Deadline deadline) {
-  if (request.stop.stop_requested()) return nullptr;  // never joins a queue it would leave at once
+  if (request.stop.stop_requested()) {
+    // It never joins a queue it would leave at once, but it was stopped all the same: counted
+    // as an acquire stopped while waiting is.
+    const auto primitive = metered(request.primitive);
+    const auto now = SteadyClock::now();
+    telemetry_->acquire_ended(telemetry_->cells(request.name, primitive), primitive, request.name,
+                              AcquireOutcome::stopped, now, now);
+    return nullptr;
+  }
   if (blocking_through_async()) return acquire_through_async(request, deadline);
   const auto started = SteadyClock::now();
   auto loss = new_loss_signal(request.name, metered(request.primitive));

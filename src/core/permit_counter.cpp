@@ -37,13 +37,17 @@ std::int64_t PermitCounter::drain_permits() { return client_->backend().counter_
 
 bool PermitCounter::acquire_until(Deadline deadline, std::int64_t n, std::stop_token stop) {
   require_positive(name_, n);
-  if (stop.stop_requested()) return false;  // never joins a line it would leave at once
-  if (detail::ClientState::blocking_through_async()) {
-    return client_->counter_acquire_through_async(name_, n, deadline, stop);
-  }
   auto& telemetry = *client_->telemetry();
   auto& cells = telemetry.cells(name_, detail::kPermitCounter);
   const auto started = SteadyClock::now();
+  if (stop.stop_requested()) {
+    // It never joins a line it would leave at once; counted as stopped, as a stop while waiting.
+    telemetry.acquire_ended(cells, detail::kPermitCounter, name_, detail::AcquireOutcome::stopped, started, started);
+    return false;
+  }
+  if (detail::ClientState::blocking_through_async()) {
+    return client_->counter_acquire_through_async(name_, n, deadline, stop);
+  }
   bool taken = false;
   try {
     taken = detail::acquire_from_counter(client_->backend(), name_, n, deadline, stop);

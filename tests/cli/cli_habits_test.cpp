@@ -283,4 +283,84 @@ TEST_F(CliHabitsTest, EtcdRefusesAFractionalTtl) {
   EXPECT_EQ(run_true({"--connect-timeout", "1", "job"}, etcd + "?ttl=5").status, 69);
 }
 
+// --- issue 28's leftovers: --events FILE, gc -v, elect -n ------------------------------------
+
+// A FIFO nobody reads hung turnstile at open() for good, before it held anything. It is refused
+// at once now, as a file it cannot create: exit 73 (EX_CANTCREAT), the command not run.
+TEST_F(CliHabitsTest, AnEventsFifoWithoutAReaderIsRefusedAtOnce) {
+  const auto fifo = path("events.fifo"), ran = path("ran");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const auto unread = run(lock_sh("job", "touch " + ran, {"--events", fifo}));
+  EXPECT_EQ(unread.status, 73) << unread.err;
+  EXPECT_NE(unread.err.find("cannot open --events file '" + fifo + "': no process reads the FIFO"), std::string::npos)
+      << unread.err;
+  EXPECT_FALSE(fs::exists(ran));
+  // With a reader the FIFO takes the events, as a file does.
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  const auto read_by = run(lock_sh("job", "touch " + ran, {"--events", fifo}));
+  EXPECT_EQ(read_by.status, 0) << read_by.err;
+  char lines[4096];
+  const auto got = read(reader, lines, sizeof lines);
+  close(reader);
+  ASSERT_GT(got, 0);
+  EXPECT_NE(std::string(lines, static_cast<std::size_t>(got)).find("\"event\":\"acquired\""), std::string::npos);
+  EXPECT_TRUE(fs::exists(ran));
+}
+
+// A path --events cannot create (a missing directory, a directory) exited 71, the status of a
+// failed fork: it is the user's output file that cannot be made, 73, before anything is held.
+TEST_F(CliHabitsTest, AnEventsFileThatCannotBeCreatedGives73) {
+  const auto ran = path("ran");
+  for (const auto& bad : {path("no/such/dir/events"), dir_}) {
+    const auto result = run(lock_sh("job", "touch " + ran, {"--events", bad}));
+    EXPECT_EQ(result.status, 73) << bad << ": " << result.err;
+    EXPECT_NE(result.err.find("cannot open --events file '" + bad + "': "), std::string::npos) << result.err;
+    EXPECT_FALSE(fs::exists(ran));
+  }
+  const auto hold = run({"hold", "--backend", backend_, "--events", path("no/such/dir/events"), "job"});
+  EXPECT_EQ(hold.status, 73) << hold.err;
+}
+
+// -v on every other subcommand says what happened: gc -v says how many names' state it removed
+// and where (refused with 64 before).
+TEST_F(CliHabitsTest, GcVerboseSaysHowManyNamesItRemovedAndWhere) {
+  const auto none = run({"gc", "-v", "--backend", backend_});
+  EXPECT_EQ(none.status, 0) << none.err;
+  EXPECT_EQ(none.out, "");
+  EXPECT_NE(none.err.find("removed the state of 0 unused names on "), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find(backend_dir_), std::string::npos) << none.err;
+  auto killed = hold_until("deploy/killed", path("ready"), path("never"));
+  kill(killed.pid, SIGKILL);
+  wait_exit(killed);
+  // The killed run's watcher keeps the name in use until it has ended the command.
+  Result gc{};
+  EXPECT_TRUE(wait_until([&] {
+    gc = run({"gc", "--verbose", "--backend", backend_, "deploy/"});
+    return gc.out == "removed deploy/killed\n";
+  })) << gc.out
+      << gc.err;
+  EXPECT_EQ(gc.status, 0) << gc.err;
+  EXPECT_NE(gc.err.find("removed the state of 1 unused name under 'deploy/' on "), std::string::npos) << gc.err;
+}
+
+// elect -n is one try, as run -n (flock -n): not won, it exits as run -n does when busy (75).
+TEST_F(CliHabitsTest, ElectNonblockIsOneTry) {
+  const auto ready = path("ready"), release = path("release"), ran = path("ran");
+  auto leader = start({"elect", "--backend", backend_, "primary", "--", "sh", "-c",
+                       "echo x > " + ready + "; while [ ! -e " + release + " ]; do sleep 0.02; done"});
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready) && !read_file(ready).empty(); })) << leader.err();
+  const auto lost = run({"elect", "--backend", backend_, "-n", "primary", "--", "touch", ran});
+  EXPECT_EQ(lost.status, 75) << lost.err;
+  EXPECT_FALSE(fs::exists(ran));
+  const auto both = run({"elect", "--backend", backend_, "-n", "--timeout", "5", "primary", "--", "touch", ran});
+  EXPECT_EQ(both.status, 64) << both.err;
+  EXPECT_NE(both.err.find("give one of -n/--nonblock and --timeout"), std::string::npos) << both.err;
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(leader), 0);
+  const auto won = run({"elect", "--backend", backend_, "--nonblock", "primary", "--", "touch", ran});
+  EXPECT_EQ(won.status, 0) << won.err;
+  EXPECT_TRUE(fs::exists(ran));
+}
+
 }  // namespace

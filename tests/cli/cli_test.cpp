@@ -168,7 +168,7 @@ TEST_F(CliTest, EventsAppendsEachEventOfTheHoldAsAJsonLine) {
 
   const auto ran = path("ran");
   const auto unopened = run(lock_sh("job", "touch " + ran, {"--events", path("no/such/dir/events")}));
-  EXPECT_EQ(unopened.status, 71) << unopened.err;
+  EXPECT_EQ(unopened.status, 73) << unopened.err;
   EXPECT_NE(unopened.err.find("cannot open --events file"), std::string::npos) << unopened.err;
   EXPECT_FALSE(std::filesystem::exists(ran));
 }
@@ -807,6 +807,46 @@ TEST_F(CliTest, InspectEscapesHostileHostNames) {
             "a\x1b[2Jb\xef\xbf\xbd"
             "c\xc2\x9b"
             "d");
+  write_file(release, "");
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
+// The table's columns line up whatever its cells: LABEL starts at the same character in the
+// header and every row, with one host cell carrying "(kept until …)" and a host name of two-byte
+// characters (the embedded backend reports the inspecting host's name). The width was counted in
+// bytes: the header's LABEL stood one column right of the rows'.
+TEST_F(CliTest, InspectLinesUpTheColumnsWhateverTheCells) {
+  const std::vector<std::string> lease{"run", "--backend", backend_, "--semaphore", "pool", "--limit", "2"};
+  auto kept_args = lease;
+  kept_args.insert(kept_args.end(), {"--hold-at-least", "1h", "--holder-label", "kept", "--", "true"});
+  const auto kept = run(kept_args);
+  ASSERT_EQ(kept.status, 0) << kept.err;
+  const auto ready = path("ready"), release = path("release");
+  auto held_args = lease;
+  held_args.insert(held_args.end(), {"--holder-label", "held", "--", "sh", "-c",
+                                     "echo x > " + ready + "; while [ ! -e " + release + " ]; do sleep 0.02; done"});
+  auto holder = start(held_args);
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ready) && !read_file(ready).empty(); })) << holder.err();
+
+  Launch accented;
+  accented.prefix = {TURNSTILE_PROBE_CHILD_PATH, "hostname", "h\xc3\xb4te-\xc3\xa9t\xc3\xa9"};
+  const auto table = run({"inspect", "--backend", backend_, "pool"}, accented);
+  if (table.status == 77) GTEST_SKIP() << "no UTS namespace here: " << table.err;
+  ASSERT_EQ(table.status, 0) << table.err;
+  ASSERT_NE(table.out.find("kept until"), std::string::npos) << table.out;
+  ASSERT_NE(table.out.find("h\xc3\xb4te-\xc3\xa9t\xc3\xa9"), std::string::npos) << table.out;
+  // Where `cell` starts in the line that has it, in characters (UTF-8 sequences count once).
+  const auto column_of = [&](const std::string& cell) -> long {
+    const auto at = table.out.find(cell);
+    if (at == std::string::npos) return -1;
+    const auto line_start = table.out.rfind('\n', at) + 1;  // npos + 1 == 0 on the first line
+    return std::count_if(table.out.begin() + static_cast<long>(line_start), table.out.begin() + static_cast<long>(at),
+                         [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+  };
+  const auto label = column_of("LABEL");
+  EXPECT_GT(label, 0) << table.out;
+  EXPECT_EQ(column_of("\"kept\""), label) << table.out;
+  EXPECT_EQ(column_of("\"held\""), label) << table.out;
   write_file(release, "");
   EXPECT_EQ(wait_exit(holder), 0);
 }

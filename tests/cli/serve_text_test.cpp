@@ -55,6 +55,52 @@ TEST(ServeListen, MalformedAddressesAreRefusedSayingWhy) {
   EXPECT_NE(problem("lo\ncal:80").find("\\u{a}"), std::string::npos);  // spelled, not printed raw
 }
 
+TEST(ServeListen, APortIsDigitsOnly) {
+  // from_chars takes a sign: "-0" read as port 0 before the port was checked digit by digit.
+  for (const char* text : {"127.0.0.1:-0", "127.0.0.1:+80", "127.0.0.1: 80", "127.0.0.1:80 ", "[::1]:-0",
+                           "127.0.0.1:0x50", "127.0.0.1:99999999999"}) {
+    EXPECT_THROW(parse_listen_address(text), InvalidArgument) << text;
+  }
+  EXPECT_EQ(parse_listen_address("127.0.0.1:00080").port, 80);
+}
+
+TEST(ServeHostHeader, LoopbackNamesWithOrWithoutAPortAreLoopback) {
+  for (const char* host : {"localhost", "localhost:9464", "127.0.0.1", "127.0.0.1:80", "127.9.8.7:65535", "[::1]",
+                           "[::1]:9464", "[::ffff:127.0.0.1]:1"}) {
+    EXPECT_TRUE(host_header_is_loopback(host)) << host;
+  }
+}
+
+TEST(ServeHostHeader, AnythingButHostAndDigitsPortIsNotLoopback) {
+  // A browser sends userinfo or a path nowhere in Host; a header that has them is forged, and
+  // "127.0.0.1:1@evil.com" must not pass for 127.0.0.1.
+  for (const char* host : {"127.0.0.1:1@evil.com",
+                           "evil.com@127.0.0.1",
+                           "user@localhost",
+                           "127.0.0.1:",
+                           "[::1]:",
+                           "127.0.0.1:80/x",
+                           "127.0.0.1 :80",
+                           " 127.0.0.1",
+                           "127.0.0.1:8 0",
+                           "127.0.0.1:-1",
+                           "127.0.0.1:65536",
+                           "127.0.0.1:80:80",
+                           "[::1]x",
+                           "[::1]:80x",
+                           "[127.0.0.1]:80",
+                           "[::1",
+                           "localhost.evil.com",
+                           "evil.com",
+                           "",
+                           ":80",
+                           "::1",
+                           "10.0.0.1:80",
+                           "[::2]:80"}) {
+    EXPECT_FALSE(host_header_is_loopback(host)) << host;
+  }
+}
+
 TEST(ServeListen, AddressTextPutsIpv6InBrackets) {
   EXPECT_EQ(address_text("127.0.0.1", 80), "127.0.0.1:80");
   EXPECT_EQ(address_text("::1", 80), "[::1]:80");

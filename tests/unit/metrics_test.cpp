@@ -8,12 +8,14 @@
 #include <array>
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <future>
 #include <string>
 #include <thread>
 
 #include "core/telemetry.hpp"
 #include "turnstile/metrics.hpp"
+#include "turnstile/turnstile.hpp"
 
 namespace {
 
@@ -129,6 +131,37 @@ TEST(Metrics, NameLabelIsOptInAndCapped) {
   EXPECT_EQ(admitted("n/0"), 2u);
   EXPECT_EQ(admitted("n/999"), 1u);
   EXPECT_EQ(admitted("n/1000"), 0u);
+}
+
+// A stop requested before the call ends the acquire as surely as one requested while it waits:
+// both are counted as stopped (the early one was counted nowhere, so stops went missing).
+TEST(Metrics, AnAcquireStoppedBeforeTheCallIsCountedAsStopped) {
+  char dir[] = "/tmp/turnstile-metrics-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  {
+    auto client = turnstile::Client::connect(std::string("file://") + dir);
+    std::stop_source stop;
+    stop.request_stop();
+    auto mutex = client.mutex("job");
+    EXPECT_FALSE(mutex.lock(stop.get_token()));
+    auto semaphore = client.semaphore("pool", 1);
+    EXPECT_FALSE(semaphore.acquire(1, stop.get_token()));
+    auto counter = client.permit_counter("quota");
+    EXPECT_FALSE(counter.acquire(1, stop.get_token()));
+    // The async forms end at once too, and are counted the same.
+    turnstile::AsyncOptions stopped_already;
+    stopped_already.stop = stop.get_token();
+    EXPECT_FALSE(mutex.lock_async(stopped_already).get());
+    EXPECT_FALSE(semaphore.acquire_async(1, stopped_already).get());
+    EXPECT_FALSE(counter.acquire_async(1, stopped_already).get());
+    const auto metrics = client.metrics();
+    for (const char* primitive : {"mutex", "semaphore", "permit_counter"}) {
+      const auto stopped =
+          metrics.histogram_count("turnstile_acquire_wait_seconds", {{"primitive", primitive}, {"outcome", "stopped"}});
+      EXPECT_EQ(stopped, 2u) << primitive << "\n" << metrics.prometheus_text();
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Metrics, HoldsGaugeIsAdmittedMinusEnded) {

@@ -74,8 +74,9 @@ int leader_command(const LeaderOptions& options);
 
 struct GcOptions {
   std::optional<std::string> backend;
-  std::string prefix;  // only names starting with it ("" for all)
-  bool quiet = false;  // -q: print nothing, only the exit status
+  std::string prefix;    // only names starting with it ("" for all)
+  bool quiet = false;    // -q: print nothing, only the exit status
+  bool verbose = false;  // -v: also say on stderr how many names' state it removed, and where
 };
 // `turnstile gc`: removes what the backend keeps for names nobody uses; prints what it removed.
 int gc_command(const GcOptions& options);

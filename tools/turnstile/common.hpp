@@ -17,6 +17,7 @@ inline constexpr int kExitUsage = 64;         // bad usage, bad name, bad URL
 inline constexpr int kExitUnavailable = 69;   // the backend cannot be reached
 inline constexpr int kExitHoldLost = 70;      // the hold was lost while the command ran
 inline constexpr int kExitOsError = 71;       // fork/pipe/signalfd failed
+inline constexpr int kExitCannotCreate = 73;  // an output file (--events FILE) cannot be made
 inline constexpr int kExitTimeout = 75;       // the timeout passed before acquisition
 inline constexpr int kExitNoPermission = 77;  // refused: credentials, ACL, a state directory we may not use
 inline constexpr int kExitCannotExecute = 126;

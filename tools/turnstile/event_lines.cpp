@@ -3,6 +3,7 @@
 #include "event_lines.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -31,9 +32,23 @@ std::shared_ptr<EventsFile> open_events_file(const std::string& path) {
     file->fd = STDERR_FILENO;
     return file;
   }
-  file->fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
-  if (file->fd < 0) throw std::runtime_error("cannot open --events file '" + path + "': " + std::strerror(errno));
+  const auto cannot = [&path](const std::string& why) {
+    return EventsFileError("cannot open --events file '" + printable(path) + "': " + why);
+  };
+  // O_NONBLOCK: opening a FIFO nobody reads fails at once (ENXIO) instead of waiting for good
+  // for a reader, before anything is held.
+  file->fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0666);
+  if (file->fd < 0) {
+    const int error = errno;
+    struct stat status {};
+    const bool fifo = stat(path.c_str(), &status) == 0 && S_ISFIFO(status.st_mode);
+    throw cannot(error == ENXIO && fifo ? "no process reads the FIFO" : std::strerror(error));
+  }
   file->owned = true;
+  // Written blocking again, as a file opened plainly (json_lines_sink gives up on a line that
+  // waits a second).
+  const int flags = fcntl(file->fd, F_GETFL);
+  if (flags < 0 || fcntl(file->fd, F_SETFL, flags & ~O_NONBLOCK) != 0) throw cannot(std::strerror(errno));
   return file;
 }
 

@@ -14,6 +14,14 @@ int gc_command(const GcOptions& options) {
     if (!options.quiet) {
       for (const auto& what : removed) std::printf("removed %s\n", printable(what).c_str());
     }
+    if (options.verbose) {
+      // A count, "0" included: a gc that removed nothing says so, and where it looked.
+      std::fflush(stdout);
+      complain("removed the state of " + std::to_string(removed.size()) + " unused name" +
+               (removed.size() == 1 ? "" : "s") +
+               (options.prefix.empty() ? "" : " under '" + printable(options.prefix) + "'") + " on " +
+               backend_shown(client));
+    }
     return 0;
   } catch (const Error& error) {
     complain(error.what());

@@ -16,7 +16,9 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -94,6 +96,30 @@ std::string host_cell(const EntryInfo& e) {
   return host;
 }
 
+// How many characters wide `text` (from printable(): well-formed UTF-8) is on a terminal: one
+// column per character, not per byte, so a host name in UTF-8 does not shift the next column.
+std::size_t columns(std::string_view text) {
+  return static_cast<std::size_t>(
+      std::count_if(text.begin(), text.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+// The rows (the header first), each column as wide as its widest cell or its minimum, one space
+// apart: every column lines up whatever its cells hold (a long host, "(kept until …)").
+std::string aligned_rows(const std::vector<std::vector<std::string>>& rows, std::vector<std::size_t> widths) {
+  for (const auto& row : rows) {
+    for (std::size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], columns(row[i]));
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      out += row[i];
+      if (i + 1 < row.size()) out.append(widths[i] - columns(row[i]) + 1, ' ');
+    }
+    out += '\n';
+  }
+  return out;
+}
+
 std::string render_table(const std::string& backend, const Inspection& q) {
   std::string out;
   char line[1024];
@@ -112,30 +138,21 @@ std::string render_table(const std::string& backend, const Inspection& q) {
   }
   if (q.permits) add("permits  %lld\n", static_cast<long long>(*q.permits));
   if (q.holders.empty() && q.waiters.empty()) return out;
-  // TOKEN fits any 64-bit token (20 digits), PERMITS any count (at most 10^12); HOST is as wide
-  // as the widest host shown, so LABEL keeps a column of its own.
-  int host_width = 4;
-  for (const auto* entries : {&q.holders, &q.waiters}) {
-    for (const auto& e : *entries) host_width = std::max(host_width, static_cast<int>(host_cell(e).size()));
-  }
-  host_width = std::min(host_width, 300);
-  add("%-8s %-20s %-10s %-13s %-25s %-8s %-*s %s\n", "ROLE", "TOKEN", "KIND", "PERMITS", "SINCE", "PID", host_width,
-      "HOST", "LABEL");
-  const auto rows = [&](const char* role, const std::vector<EntryInfo>& entries) {
+  std::vector<std::vector<std::string>> rows{{"ROLE", "TOKEN", "KIND", "PERMITS", "SINCE", "PID", "HOST", "LABEL"}};
+  const auto add_rows = [&](const char* role, const std::vector<EntryInfo>& entries) {
     for (const auto& e : entries) {
       const bool foreign = !e.foreign.empty();
-      add("%-8s %-20llu %-10s %-13lld %-25s %-8s ", role, static_cast<unsigned long long>(e.fencing_token),
-          printable(e.kind).c_str(), static_cast<long long>(e.permits),
-          foreign || !known(e.since) ? "-" : iso8601(e.since).c_str(),
-          foreign || e.pid == 0 ? "-" : std::to_string(e.pid).c_str());
-      auto host = host_cell(e);
-      host.resize(std::max(host.size(), static_cast<std::size_t>(host_width)), ' ');
-      out += host + " " + (e.label.empty() ? "-" : "\"" + printable(e.label) + "\"") + "\n";
+      rows.push_back({role, std::to_string(e.fencing_token), printable(e.kind), std::to_string(e.permits),
+                      foreign || !known(e.since) ? "-" : iso8601(e.since),
+                      foreign || e.pid == 0 ? "-" : std::to_string(e.pid), host_cell(e),
+                      e.label.empty() ? "-" : "\"" + printable(e.label) + "\""});
     }
   };
-  rows("holder", q.holders);
-  rows("waiter", q.waiters);
-  return out;
+  add_rows("holder", q.holders);
+  add_rows("waiter", q.waiters);
+  // TOKEN fits any 64-bit token (20 digits) and PERMITS any count (at most 10^12), so that
+  // tables of one name keep their shape from look to look (--watch).
+  return out + aligned_rows(rows, {8, 20, 10, 13, 25, 8, 4, 0});
 }
 
 // The directory of a plain file:// URL — file:///DIR or file://localhost/DIR, percent-escapes

@@ -142,6 +142,7 @@ struct AcquireFlags {
 constexpr const char* kExitStatuses =
     "  64  usage error, bad name or URL          69  the backend cannot be reached\n"
     "  70  the hold was lost                     71  an operating-system call failed\n"
+    "  73  --events FILE cannot be opened\n"
     "  75  busy: --timeout ran out, or 0 and held (or --conflict-exit-code)\n"
     "  77  permission denied (ACL, credentials, the state directory)\n";
 
@@ -199,6 +200,7 @@ struct Subcommands {
   RunOptions elect;
   AcquireFlags elect_flags;
   std::string elect_name, elect_value, elect_shell;
+  bool elect_nonblock = false;
   CLI::App* elect_cmd{};
   CLI::Option *elect_shell_opt{}, *elect_value_opt{};
 
@@ -288,6 +290,7 @@ struct Subcommands {
     if (!builds(elect_cmd)) return;
     elect_flags.add_common_to(elect_cmd, elect);
     elect_shell_opt = add_command_options(elect_cmd, elect, elect_shell);
+    elect_cmd->add_flag("-n,--nonblock", elect_nonblock, "The same as --timeout 0: one try (as run -n, flock -n)");
     elect_value_opt = elect_cmd->add_option(
         "--value", elect_value, "The leader's value, what `turnstile leader NAME` prints (default: HOST:PID)");
     elect_cmd->add_option("NAME", elect_name, "The election's name")->required();
@@ -375,6 +378,8 @@ struct Subcommands {
     gc_backend_opt = gc_cmd->add_option("--backend", gc_backend,
                                         "Backend URL (default: $TURNSTILE_BACKEND, else the embedded default)");
     gc_cmd->add_flag("-q,--quiet", gc.quiet, "Print nothing; only the exit status tells");
+    gc_cmd->add_flag("-v,--verbose", gc.verbose,
+                     "Also say on stderr how many names' state it removed, and on which backend");
     gc_cmd->add_option("PREFIX", gc.prefix, "Only names starting with PREFIX (default: every name)");
     gc_cmd->footer(
         "Prints \"removed NAME\" for each name whose state it removed. A name held, waited for or keeping a\n"
@@ -433,14 +438,7 @@ struct Subcommands {
   int dispatch(std::vector<std::string> command) {
     if (run_cmd->parsed()) return dispatch_run(std::move(command));
     if (hold_cmd->parsed()) return dispatch_hold();
-    if (elect_cmd->parsed()) {
-      elect_flags.apply_common(elect);
-      elect.elect = elect_name;
-      take_if_given(elect_value_opt, elect_value, elect.leader_value);
-      take_if_given(elect_shell_opt, elect_shell, elect.shell);
-      elect.command = std::move(command);
-      return run_command(elect);
-    }
+    if (elect_cmd->parsed()) return dispatch_elect(std::move(command));
     if (leader_cmd->parsed()) {
       take_if_given(leader_backend_opt, leader_backend, leader.backend);
       return leader_command(leader);
@@ -475,6 +473,20 @@ struct Subcommands {
     }
     run.command = std::move(command);
     return run_command(run);
+  }
+
+  int dispatch_elect(std::vector<std::string> command) {
+    elect_flags.apply_common(elect);
+    if (elect_nonblock && elect.timeout_sec) {
+      complain("give one of -n/--nonblock and --timeout");
+      return kExitUsage;
+    }
+    if (elect_nonblock) elect.timeout_sec = 0;  // one try, as run -n
+    elect.elect = elect_name;
+    take_if_given(elect_value_opt, elect_value, elect.leader_value);
+    take_if_given(elect_shell_opt, elect_shell, elect.shell);
+    elect.command = std::move(command);
+    return run_command(elect);
   }
 
   int dispatch_hold() {

@@ -147,23 +147,6 @@ std::string event_message(const std::string& data) {
   return out + "\n";
 }
 
-// Whether a request's Host header names this host's loopback: a page served on loopback only
-// answers requests meant for it, not a DNS name rebound to 127.0.0.1 by another site.
-bool host_header_is_loopback(const std::string& host_header) {
-  std::string host = host_header;
-  if (host.starts_with('[')) {
-    host = host.substr(1, host.find(']') - 1);
-  } else if (const auto colon = host.rfind(':'); colon != std::string::npos) {
-    host.resize(colon);
-  }
-  if (host == "localhost") return true;
-  try {
-    return parse_listen_address(address_text(host, 0)).loopback;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 class WebServer {
  public:
   WebServer(Client& client, StatePoller& poller, const ServeOptions& options, bool loopback)

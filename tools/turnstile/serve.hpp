@@ -40,6 +40,8 @@ struct ListenAddress {
 };
 // Parses HOST:PORT or [IPV6]:PORT; throws InvalidArgument saying what is wrong.
 ListenAddress parse_listen_address(std::string_view text);
+// Whether a request's Host header names this host's loopback (the anti-DNS-rebinding check).
+bool host_header_is_loopback(const std::string& host_header);
 // "127.0.0.1:8080" or "[::1]:8080": how the address is written back in messages and URLs.
 std::string address_text(const std::string& host, int port);
 

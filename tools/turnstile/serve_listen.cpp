@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// `turnstile serve --listen`: HOST:PORT parsed, and whether HOST is this host's loopback, the
-// only place the page may be served without --allow-remote.
+// `turnstile serve --listen`: HOST:PORT parsed, and whether HOST (or a request's Host header) is this
+// host's loopback, the only place the page may be served without --allow-remote.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
@@ -25,14 +25,22 @@ std::optional<bool> is_loopback_address(const std::string& host) {
   return std::nullopt;
 }
 
-int parse_port(std::string_view text, std::string_view whole) {
+// PORT: digits only, 0 to 65535; nullopt otherwise. from_chars alone takes a sign ("-0").
+std::optional<int> port_number(std::string_view text) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
   int port = -1;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), port);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || port < 0 || port > 65535) {
+  if (error != std::errc() || end != text.data() + text.size() || port > 65535) return std::nullopt;
+  return port;
+}
+
+int parse_port(std::string_view text, std::string_view whole) {
+  const auto port = port_number(text);
+  if (!port) {
     throw InvalidArgument("--listen: the port must be a number from 0 (any free port) to 65535, in '" +
                           printable(whole) + "'");
   }
-  return port;
+  return *port;
 }
 
 }  // namespace
@@ -71,6 +79,36 @@ ListenAddress parse_listen_address(std::string_view text) {
   }
   address.loopback = *loopback;
   return address;
+}
+
+// Whether a request's Host header names this host's loopback: a page served on loopback only
+// answers requests meant for it, not a DNS name rebound to 127.0.0.1 by another site. Read
+// strictly, as HOST or HOST:PORT (HOST a name, an IPv4 address or [IPv6]; PORT digits): anything
+// else ("127.0.0.1:1@evil.com", a path, spaces, an empty port) is not loopback.
+bool host_header_is_loopback(const std::string& host_header) {
+  const std::string_view header = host_header;
+  std::string_view host = header, port;
+  bool bracketed = false;
+  if (header.starts_with('[')) {
+    const auto close = header.find(']');
+    if (close == std::string_view::npos) return false;
+    host = header.substr(1, close - 1);
+    const auto rest = header.substr(close + 1);
+    if (!rest.empty()) {
+      if (!rest.starts_with(':') || rest.size() == 1) return false;
+      port = rest.substr(1);
+    }
+    bracketed = true;
+  } else if (const auto colon = header.find(':'); colon != std::string_view::npos) {
+    host = header.substr(0, colon);
+    port = header.substr(colon + 1);
+    if (port.empty()) return false;
+  }
+  if (!port.empty() && !port_number(port)) return false;
+  if (!bracketed && host == "localhost") return true;
+  // IPv6 only in brackets, IPv4 only without: "[127.0.0.1]" and a bare "::1" are not Host values.
+  if (bracketed != (host.find(':') != std::string_view::npos)) return false;
+  return is_loopback_address(std::string(host)).value_or(false);
 }
 
 std::string address_text(const std::string& host, int port) {

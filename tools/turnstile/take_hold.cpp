@@ -206,6 +206,9 @@ int take_hold_then(const RunOptions& options, const HeldBody& body) {
   } catch (const Error& error) {
     complain(error.what());
     return exit_status_for(error);
+  } catch (const EventsFileError& error) {
+    complain(error.what());
+    return kExitCannotCreate;
   } catch (const std::exception& error) {
     complain(error.what());
     return kExitOsError;
