@@ -2,17 +2,15 @@
 // Metrics snapshots in Prometheus' text format, and events as JSON lines (turnstile/metrics.hpp).
 #include "turnstile/metrics.hpp"
 
-#include <poll.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <ctime>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
+
+#include "core/bounded_write.hpp"
 
 namespace turnstile {
 namespace {
@@ -176,17 +174,9 @@ EventHandler json_lines_sink(int fd) {
   return [fd, order](const Event& event) {
     const auto line = to_json_line(event);
     std::lock_guard lock(*order);
-    std::size_t written = 0;
-    while (written < line.size()) {
-      // A descriptor that takes nothing for a second (a pipe nobody reads) loses the line: the
-      // client's later events and its end must not wait on it for good.
-      pollfd ready{.fd = fd, .events = POLLOUT, .revents = 0};
-      if (::poll(&ready, 1, 1000) != 1 || !(ready.revents & POLLOUT)) return;
-      const auto n = ::write(fd, line.data() + written, line.size() - written);
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (n <= 0) return;
-      written += static_cast<std::size_t>(n);
-    }
+    // A descriptor that takes nothing for a second (a pipe nobody reads) loses the line: the
+    // client's later events and its end must not wait on it for good.
+    static_cast<void>(detail::write_within(fd, line, std::chrono::seconds(1)));
   };
 }
 

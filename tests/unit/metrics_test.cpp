@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Metrics snapshots in Prometheus' text format (exact text, label escapes), the histograms'
 // buckets, the name label's cap, and events as JSON lines.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -296,6 +297,34 @@ TEST(Events, SinkWritesOneLinePerEvent) {
   ::close(pipe_fds[0]);
   const auto line = turnstile::to_json_line(sample_event());
   EXPECT_EQ(read_back, line + line);
+}
+
+// A reader that takes nothing (a full pipe nobody reads) costs the line, never a hang: the
+// client's later events and its end must not wait on it. Once the reader drains the pipe, the
+// next line is written whole. The same write serves the CLI's messages (complain()).
+TEST(Events, ASinkWhoseReaderTakesNothingDropsTheLineInsteadOfWaiting) {
+  std::array<int, 2> pipe_fds{};
+  ASSERT_EQ(::pipe(pipe_fds.data()), 0);
+  ASSERT_EQ(::fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK), 0);
+  std::size_t filled = 0;
+  for (const std::string block(4096, 'x'); ::write(pipe_fds[1], block.data(), block.size()) > 0;) filled += 4096;
+  ASSERT_EQ(::fcntl(pipe_fds[1], F_SETFL, 0), 0);  // blocking again: only the bound can end a write
+  auto sink = turnstile::json_lines_sink(pipe_fds[1]);
+  auto told = std::async(std::launch::async, [&] { sink(sample_event()); });
+  ASSERT_EQ(told.wait_for(60s), std::future_status::ready) << "the sink waited for a reader that never read";
+  std::string drained;
+  std::array<char, 4096> buffer{};
+  ASSERT_EQ(::fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK), 0);
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer.data(), buffer.size())) > 0;) drained.append(buffer.data(), n);
+  EXPECT_EQ(drained.find('{'), std::string::npos) << "a line went into a pipe that had no room for it";
+  EXPECT_GE(drained.size(), filled);
+  sink(sample_event());
+  ::close(pipe_fds[1]);
+  ASSERT_EQ(::fcntl(pipe_fds[0], F_SETFL, 0), 0);
+  std::string after;
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer.data(), buffer.size())) > 0;) after.append(buffer.data(), n);
+  ::close(pipe_fds[0]);
+  EXPECT_EQ(after, turnstile::to_json_line(sample_event()));
 }
 
 TEST(Events, NamesEveryKind) {

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common.hpp"
 
-#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <string_view>
 
 #include "acquire.hpp"
+#include "core/bounded_write.hpp"
 #include "core/text_escape.hpp"
 
 namespace turnstile::cli {
@@ -32,16 +32,7 @@ std::string iso8601(std::chrono::system_clock::time_point when) {
 // Given up when stderr takes nothing for a second (a pipe nobody reads, a stopped terminal
 // reader): turnstile must not wait on its own messages while it should stop or release.
 void complain(const std::string& message) {
-  const std::string line = "turnstile: " + message + "\n";
-  std::size_t written = 0;
-  while (written < line.size()) {
-    pollfd ready{.fd = STDERR_FILENO, .events = POLLOUT, .revents = 0};
-    if (poll(&ready, 1, 1000) != 1 || !(ready.revents & POLLOUT)) return;
-    const auto n = write(STDERR_FILENO, line.data() + written, line.size() - written);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) return;
-    written += static_cast<std::size_t>(n);
-  }
+  static_cast<void>(detail::write_within(STDERR_FILENO, "turnstile: " + message + "\n", std::chrono::seconds(1)));
 }
 
 int exit_status_for(const Error& error) {

@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+// A write that never waits for good: for lines a process tells while it should be stopping or
+// releasing (the CLI's messages on stderr, --events' JSON lines), where a reader that takes
+// nothing (a pipe nobody reads, a stopped terminal) must cost a lost line, not a hang.
+#pragma once
+
+#include <chrono>
+#include <string_view>
+
+namespace turnstile::detail {
+
+// Writes all of `bytes` to `fd`, unless the descriptor takes nothing for `patience` at a time
+// (then what is left is dropped) or fails. Whether everything was written.
+bool write_within(int fd, std::string_view bytes, std::chrono::milliseconds patience) noexcept;
+
+}  // namespace turnstile::detail
