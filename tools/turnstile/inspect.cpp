@@ -27,6 +27,7 @@
 #include "core/text_escape.hpp"
 #include "inspect_list.hpp"
 #include "namespace_notice.hpp"
+#include "text_table.hpp"
 
 namespace turnstile::cli {
 namespace {
@@ -96,30 +97,6 @@ std::string host_cell(const EntryInfo& e) {
   return host;
 }
 
-// How many characters wide `text` (from printable(): well-formed UTF-8) is on a terminal: one
-// column per character, not per byte, so a host name in UTF-8 does not shift the next column.
-std::size_t columns(std::string_view text) {
-  return static_cast<std::size_t>(
-      std::count_if(text.begin(), text.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
-}
-
-// The rows (the header first), each column as wide as its widest cell or its minimum, one space
-// apart: every column lines up whatever its cells hold (a long host, "(kept until …)").
-std::string aligned_rows(const std::vector<std::vector<std::string>>& rows, std::vector<std::size_t> widths) {
-  for (const auto& row : rows) {
-    for (std::size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], columns(row[i]));
-  }
-  std::string out;
-  for (const auto& row : rows) {
-    for (std::size_t i = 0; i < row.size(); ++i) {
-      out += row[i];
-      if (i + 1 < row.size()) out.append(widths[i] - columns(row[i]) + 1, ' ');
-    }
-    out += '\n';
-  }
-  return out;
-}
-
 std::string render_table(const std::string& backend, const Inspection& q) {
   std::string out;
   char line[1024];
@@ -152,7 +129,7 @@ std::string render_table(const std::string& backend, const Inspection& q) {
   add_rows("waiter", q.waiters);
   // TOKEN fits any 64-bit token (20 digits) and PERMITS any count (at most 10^12), so that
   // tables of one name keep their shape from look to look (--watch).
-  return out + aligned_rows(rows, {8, 20, 10, 13, 25, 8, 4, 0});
+  return out + aligned_rows(rows, {{8}, {20}, {10}, {13}, {25}, {8}, {4}, {0}}, 1);
 }
 
 // The directory of a plain file:// URL — file:///DIR or file://localhost/DIR, percent-escapes

@@ -3,12 +3,13 @@
 // holder and waiter counts (Client::names_in_use).
 #include "inspect_list.hpp"
 
-#include <algorithm>
-#include <cstdio>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common.hpp"
+#include "text_table.hpp"
 
 namespace turnstile::cli {
 
@@ -19,19 +20,14 @@ std::string render_names_table(const std::string& backend, const std::string& pr
     out += names.truncated ? "(no name in use among those looked at; the backend has more)\n" : "(no name in use)\n";
     return out;
   }
-  // The name column is as wide as the widest name shown (names are at most 255 bytes).
-  std::size_t width = 4;
-  for (const auto& n : names.names) width = std::max(width, printable(n.name).size());
-  char line[512];
-  std::snprintf(line, sizeof line, "%-*s  %-9s  %13s  %8s  %8s\n", static_cast<int>(width), "NAME", "MODE", "LIMIT",
-                "HOLDERS", "WAITERS");
-  out += line;
+  // NAME as wide as the widest name shown, on a terminal (names are at most 255 bytes, but
+  // printable() may spell one in four times as many characters).
+  std::vector<std::vector<std::string>> rows{{"NAME", "MODE", "LIMIT", "HOLDERS", "WAITERS"}};
   for (const auto& n : names.names) {
-    const auto limit = n.mode == "semaphore" ? std::to_string(n.limit) : std::string("-");
-    std::snprintf(line, sizeof line, "%-*s  %-9s  %13s  %8zu  %8zu\n", static_cast<int>(width),
-                  printable(n.name).c_str(), printable(n.mode).c_str(), limit.c_str(), n.holders, n.waiters);
-    out += line;
+    rows.push_back({printable(n.name), printable(n.mode), n.mode == "semaphore" ? std::to_string(n.limit) : "-",
+                    std::to_string(n.holders), std::to_string(n.waiters)});
   }
+  out += aligned_rows(rows, {{4}, {9}, {13, true}, {8, true}, {8, true}}, 2);
   if (names.truncated) {
     out += "(the first " + std::to_string(names.names.size()) +
            " in name order; more may be in use: narrow with --prefix or raise --max-names)\n";
