@@ -66,8 +66,19 @@ TEST(ServeListen, APortIsDigitsOnly) {
 
 TEST(ServeHostHeader, LoopbackNamesWithOrWithoutAPortAreLoopback) {
   for (const char* host : {"localhost", "localhost:9464", "127.0.0.1", "127.0.0.1:80", "127.9.8.7:65535", "[::1]",
-                           "[::1]:9464", "[::ffff:127.0.0.1]:1"}) {
+                           "[::1]:9464", "[::ffff:127.0.0.1]:1",
+                           // Host names are case-insensitive; the trailing dot is the root (rt29 F3).
+                           "LOCALHOST", "Localhost:9464", "localhost.", "localhost.:80"}) {
     EXPECT_TRUE(host_header_is_loopback(host)) << host;
+  }
+}
+
+// rt29 F4: the address parser stopped at a NUL byte, so "127.0.0.1\0.evil.example" passed.
+TEST(ServeHostHeader, ACharacterNoHostIsSpelledWithIsNotLoopback) {
+  for (const std::string& host :
+       {std::string("127.0.0.1\0.evil.example", 23), std::string("localhost\0", 10), std::string("[::1%lo]"),
+        std::string("[::1%25lo]:80"), std::string("127.0.0.1\t"), std::string("localhost..")}) {
+    EXPECT_FALSE(host_header_is_loopback(host)) << host;
   }
 }
 

@@ -179,7 +179,10 @@ class WebServer {
  private:
   void guard_host_header() {
     server_.set_pre_routing_handler([](const httplib::Request& request, httplib::Response& response) {
-      if (host_header_is_loopback(request.get_header_value("Host"))) return httplib::Server::HandlerResponse::Unhandled;
+      // One Host header naming loopback; two are a malformed request (RFC 9112 3.2), refused too.
+      if (request.get_header_value_count("Host") == 1 && host_header_is_loopback(request.get_header_value("Host"))) {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
       response.status = 421;
       response.set_content("this server answers requests for a loopback address only\n", "text/plain");
       return httplib::Server::HandlerResponse::Handled;

@@ -4,6 +4,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 
 #include "common.hpp"
@@ -32,6 +34,15 @@ std::optional<int> port_number(std::string_view text) {
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), port);
   if (error != std::errc() || end != text.data() + text.size() || port > 65535) return std::nullopt;
   return port;
+}
+
+// "localhost" in any case, with or without the root's trailing dot.
+bool is_localhost_name(std::string_view host) {
+  if (host.ends_with('.')) host.remove_suffix(1);
+  constexpr std::string_view kLocalhost = "localhost";
+  return host.size() == kLocalhost.size() &&
+         std::equal(host.begin(), host.end(), kLocalhost.begin(),
+                    [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
 }
 
 int parse_port(std::string_view text, std::string_view whole) {
@@ -86,6 +97,12 @@ ListenAddress parse_listen_address(std::string_view text) {
 // strictly, as HOST or HOST:PORT (HOST a name, an IPv4 address or [IPv6]; PORT digits): anything
 // else ("127.0.0.1:1@evil.com", a path, spaces, an empty port) is not loopback.
 bool host_header_is_loopback(const std::string& host_header) {
+  // Only what a host and a port are spelled with: no NUL (the address parser would stop at it),
+  // no space, '@', '/' or '%' (a zone id).
+  if (host_header.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]") !=
+      std::string::npos) {
+    return false;
+  }
   const std::string_view header = host_header;
   std::string_view host = header, port;
   bool bracketed = false;
@@ -105,7 +122,8 @@ bool host_header_is_loopback(const std::string& host_header) {
     if (port.empty()) return false;
   }
   if (!port.empty() && !port_number(port)) return false;
-  if (!bracketed && host == "localhost") return true;
+  // Host names are case-insensitive, and "localhost." is the same name, fully qualified.
+  if (!bracketed && is_localhost_name(host)) return true;
   // IPv6 only in brackets, IPv4 only without: "[127.0.0.1]" and a bare "::1" are not Host values.
   if (bracketed != (host.find(':') != std::string_view::npos)) return false;
   return is_loopback_address(std::string(host)).value_or(false);

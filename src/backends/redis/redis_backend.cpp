@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "backends/redis/scripts.hpp"
+#include "backends/redis/wire.hpp"
 #include "core/host_name.hpp"
 
 namespace turnstile::detail::redis {
@@ -223,11 +224,13 @@ extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory
   const auto description = settings.description;
   try {
     return std::make_unique<RedisBackend>(std::move(settings), eviction, options.error_handler, options.holder_label);
-  } catch (const turnstile::BackendUnavailable&) {
-    // Whatever step ran out of time (the TCP connect, AUTH, the first commands): the connect
-    // timed out, which is what the message must say ("no answer in time" blamed a live server
-    // given 1 ms), as etcd's, in the same words.
-    if (!connect_by || turnstile::SteadyClock::now() < *connect_by) throw;
+  } catch (const turnstile::BackendUnavailable& error) {
+    // A step that ran out of the connect timeout (the TCP connect, AUTH, the first commands): the
+    // connect timed out, which is what the message must say ("no answer in time" blamed a live
+    // server given 1 ms), in etcd's words. Only then: a refused port or an unknown host that
+    // failed past the deadline keeps its own reason (red team rt29 F5).
+    const bool ran_out = std::string_view(error.what()).ends_with(kNoAnswerInTime);
+    if (!connect_by || !ran_out || turnstile::SteadyClock::now() < *connect_by) throw;
     throw turnstile::BackendUnavailable("connecting to redis at " + description + " timed out after " +
                                         std::to_string(options.connect_timeout.count()) + " ms");
   }

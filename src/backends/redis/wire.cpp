@@ -111,7 +111,7 @@ bool wait_for(int fd, short events, SteadyClock::time_point until, int cancel_fd
     }
     if (fds[0].revents) return true;
     if (timeout == 0 || SteadyClock::now() >= until) {
-      why = "no answer in time";
+      why = kNoAnswerInTime;
       return false;
     }
   }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/redis/settings.hpp"
@@ -109,8 +110,12 @@ bool next_reply(redisContext* context, Reply& reply);
 // poll()'s timeout for waiting until `until` (-1 for forever), in whole milliseconds rounded up.
 int poll_timeout(SteadyClock::time_point until);
 
+// wait_for()'s `why` when `until` came first: the end of every message of a call that ran out
+// of time (the factory says a connect that ended so as timed out, and nothing else).
+inline constexpr std::string_view kNoAnswerInTime = "no answer in time";
+
 // Waits until `fd` has one of `events` (or an error/hangup), by `until`. False, with `why`, on
-// timeout or when `cancel_fd` became readable ("cancelled").
+// timeout (kNoAnswerInTime) or when `cancel_fd` became readable ("cancelled").
 bool wait_for(int fd, short events, SteadyClock::time_point until, int cancel_fd, std::string& why);
 // A non-blocking, close-on-exec TCP connection to settings.host:port, made by `until`.
 int connect_socket(const Settings& settings, SteadyClock::time_point until, int cancel_fd);
