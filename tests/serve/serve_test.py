@@ -24,6 +24,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -254,6 +255,15 @@ def check_guards(scene):
         except urllib.error.HTTPError as error:
             if error.code != 421:
                 raise Failure(f"a request with Host: {host} got {error.code}, not 421")
+    # Two Host headers, loopback first (rt29 F4: the first one decided): a malformed request.
+    address = scene.base[len("http://"):].rstrip("/")
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=20) as raw:
+        raw.sendall(f"GET /state.json HTTP/1.1\r\nHost: {address}\r\nHost: rebound.example\r\n"
+                    "Connection: close\r\n\r\n".encode())
+        status_line = raw.makefile("rb").readline().decode(errors="replace")
+    if " 421 " not in status_line:
+        raise Failure(f"a request with two Host headers got {status_line.strip()!r}, not 421")
     # The browser's pages went away: their places are free once a write finds them gone.
     eventually("the browser's live pages closed", lambda: scene.state()["live_pages"] == 0)
     streams = [urllib.request.urlopen(scene.base + "events", timeout=20) for _ in range(MAX_LIVE_PAGES)]
