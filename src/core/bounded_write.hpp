@@ -5,12 +5,14 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <string_view>
 
 namespace turnstile::detail {
 
 // Writes all of `bytes` to `fd`, unless the descriptor takes nothing for `patience` at a time
-// (then what is left is dropped) or fails. Whether everything was written.
-bool write_within(int fd, std::string_view bytes, std::chrono::milliseconds patience) noexcept;
+// (then what is left is dropped) or fails. How many bytes were written: fewer than all, but
+// some, leaves a torn line the caller must end before its next one.
+std::size_t write_within(int fd, std::string_view bytes, std::chrono::milliseconds patience) noexcept;
 
 }  // namespace turnstile::detail

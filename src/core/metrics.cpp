@@ -170,13 +170,19 @@ std::string to_json_line(const Event& event) {
 }
 
 EventHandler json_lines_sink(int fd) {
-  auto order = std::make_shared<std::mutex>();
-  return [fd, order](const Event& event) {
+  struct Writer {
+    std::mutex order;
+    bool torn = false;  // the last line was cut short: the next one starts on a line of its own
+  };
+  auto writer = std::make_shared<Writer>();
+  return [fd, writer](const Event& event) {
     const auto line = to_json_line(event);
-    std::lock_guard lock(*order);
+    std::lock_guard lock(writer->order);
+    const std::string text = writer->torn ? "\n" + line : line;
     // A descriptor that takes nothing for a second (a pipe nobody reads) loses the line: the
     // client's later events and its end must not wait on it for good.
-    static_cast<void>(detail::write_within(fd, line, std::chrono::seconds(1)));
+    const auto written = detail::write_within(fd, text, std::chrono::seconds(1));
+    if (written > 0) writer->torn = written < text.size();
   };
 }
 

@@ -327,6 +327,38 @@ TEST(Events, ASinkWhoseReaderTakesNothingDropsTheLineInsteadOfWaiting) {
   EXPECT_EQ(after, turnstile::to_json_line(sample_event()));
 }
 
+// A line longer than the room a pipe has left: a blocking write of it all waited for good for
+// the rest (no reader), now the part that fits is written and the rest given up after a second.
+// The torn line is ended before the next one, which arrives whole on a line of its own.
+TEST(Events, ALineCutShortIsEndedBeforeTheNextOne) {
+  std::array<int, 2> pipe_fds{};
+  ASSERT_EQ(::pipe(pipe_fds.data()), 0);
+  ASSERT_EQ(::fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK), 0);
+  for (const std::string block(4096, 'x'); ::write(pipe_fds[1], block.data(), block.size()) > 0;) {
+  }
+  ASSERT_EQ(::fcntl(pipe_fds[1], F_SETFL, 0), 0);
+  std::array<char, 4096> buffer{};
+  ASSERT_EQ(::read(pipe_fds[0], buffer.data(), buffer.size()), 4096);  // room for one page, no more
+  auto sink = turnstile::json_lines_sink(pipe_fds[1]);
+  auto long_event = sample_event();
+  long_event.reason = std::string(6000, 'r');  // a line of over 6,000 bytes
+  auto told = std::async(std::launch::async, [&] { sink(long_event); });
+  ASSERT_EQ(told.wait_for(60s), std::future_status::ready) << "the sink waited for room the pipe never had";
+  std::string drained;
+  ASSERT_EQ(::fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK), 0);
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer.data(), buffer.size())) > 0;) drained.append(buffer.data(), n);
+  const auto torn_at = drained.find('{');
+  ASSERT_NE(torn_at, std::string::npos) << "nothing of the long line was written";
+  EXPECT_EQ(drained.find('\n', torn_at), std::string::npos) << "the long line was not cut short: nothing tested";
+  sink(sample_event());
+  ::close(pipe_fds[1]);
+  ASSERT_EQ(::fcntl(pipe_fds[0], F_SETFL, 0), 0);
+  std::string after;
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer.data(), buffer.size())) > 0;) after.append(buffer.data(), n);
+  ::close(pipe_fds[0]);
+  EXPECT_EQ(after, "\n" + turnstile::to_json_line(sample_event())) << "the next line was glued to the torn one";
+}
+
 TEST(Events, NamesEveryKind) {
   EXPECT_STREQ(turnstile::to_string(EventKind::not_acquired), "not_acquired");
   EXPECT_STREQ(turnstile::to_string(EventKind::renewal_failed), "renewal_failed");

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 #include <string_view>
 
 #include "acquire.hpp"
@@ -32,7 +33,14 @@ std::string iso8601(std::chrono::system_clock::time_point when) {
 // Given up when stderr takes nothing for a second (a pipe nobody reads, a stopped terminal
 // reader): turnstile must not wait on its own messages while it should stop or release.
 void complain(const std::string& message) {
-  static_cast<void>(detail::write_within(STDERR_FILENO, "turnstile: " + message + "\n", std::chrono::seconds(1)));
+  // Messages come from the main thread and from the event hook's (-v): one at a time, and a
+  // line cut short is ended before the next, which starts on a line of its own.
+  static std::mutex order;
+  static bool torn = false;
+  std::lock_guard lock(order);
+  const std::string line = (torn ? "\nturnstile: " : "turnstile: ") + message + "\n";
+  const auto written = detail::write_within(STDERR_FILENO, line, std::chrono::seconds(1));
+  if (written > 0) torn = written < line.size();
 }
 
 int exit_status_for(const Error& error) {
