@@ -6,13 +6,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <filesystem>
 #include <future>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "core/telemetry.hpp"
 #include "turnstile/metrics.hpp"
@@ -299,64 +302,80 @@ TEST(Events, SinkWritesOneLinePerEvent) {
   EXPECT_EQ(read_back, line + line);
 }
 
+// A pipe nobody reads, filled to the last byte; its write end blocking again, so that only the
+// sink's own bound can end a write into it.
+class FullPipe {
+ public:
+  FullPipe() {
+    EXPECT_EQ(::pipe(fds_.data()), 0);
+    EXPECT_EQ(::fcntl(fds_[1], F_SETFL, O_NONBLOCK), 0);
+    for (const std::string block(4096, 'x'); ::write(fds_[1], block.data(), block.size()) > 0;) filled_ += 4096;
+    EXPECT_EQ(::fcntl(fds_[1], F_SETFL, 0), 0);
+    EXPECT_EQ(::fcntl(fds_[0], F_SETFL, O_NONBLOCK), 0);
+  }
+  ~FullPipe() {
+    for (const int fd : fds_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  FullPipe(const FullPipe&) = delete;
+  FullPipe& operator=(const FullPipe&) = delete;
+  int write_end() const { return fds_[1]; }
+  std::size_t filled() const { return filled_; }
+  // Reads what the pipe holds now (at most `most` bytes).
+  std::string drain(std::size_t most = SIZE_MAX) {
+    std::string read_back;
+    std::array<char, 4096> buffer{};
+    while (read_back.size() < most) {
+      const auto n = ::read(fds_[0], buffer.data(), std::min(buffer.size(), most - read_back.size()));
+      if (n <= 0) break;
+      read_back.append(buffer.data(), static_cast<std::size_t>(n));
+    }
+    return read_back;
+  }
+  // Closes the write end and reads the rest.
+  std::string rest() {
+    ::close(std::exchange(fds_[1], -1));
+    return drain();
+  }
+
+ private:
+  std::array<int, 2> fds_{-1, -1};
+  std::size_t filled_ = 0;
+};
+
 // A reader that takes nothing (a full pipe nobody reads) costs the line, never a hang: the
 // client's later events and its end must not wait on it. Once the reader drains the pipe, the
 // next line is written whole. The same write serves the CLI's messages (complain()).
 TEST(Events, ASinkWhoseReaderTakesNothingDropsTheLineInsteadOfWaiting) {
-  std::array<int, 2> pipe_fds{};
-  ASSERT_EQ(::pipe(pipe_fds.data()), 0);
-  ASSERT_EQ(::fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK), 0);
-  std::size_t filled = 0;
-  for (const std::string block(4096, 'x'); ::write(pipe_fds[1], block.data(), block.size()) > 0;) filled += 4096;
-  ASSERT_EQ(::fcntl(pipe_fds[1], F_SETFL, 0), 0);  // blocking again: only the bound can end a write
-  auto sink = turnstile::json_lines_sink(pipe_fds[1]);
+  FullPipe pipe;
+  auto sink = turnstile::json_lines_sink(pipe.write_end());
   auto told = std::async(std::launch::async, [&] { sink(sample_event()); });
   ASSERT_EQ(told.wait_for(60s), std::future_status::ready) << "the sink waited for a reader that never read";
-  std::string drained;
-  std::array<char, 4096> buffer{};
-  ASSERT_EQ(::fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK), 0);
-  for (ssize_t n; (n = ::read(pipe_fds[0], buffer.data(), buffer.size())) > 0;) drained.append(buffer.data(), n);
+  const auto drained = pipe.drain();
   EXPECT_EQ(drained.find('{'), std::string::npos) << "a line went into a pipe that had no room for it";
-  EXPECT_GE(drained.size(), filled);
+  EXPECT_GE(drained.size(), pipe.filled());
   sink(sample_event());
-  ::close(pipe_fds[1]);
-  ASSERT_EQ(::fcntl(pipe_fds[0], F_SETFL, 0), 0);
-  std::string after;
-  for (ssize_t n; (n = ::read(pipe_fds[0], buffer.data(), buffer.size())) > 0;) after.append(buffer.data(), n);
-  ::close(pipe_fds[0]);
-  EXPECT_EQ(after, turnstile::to_json_line(sample_event()));
+  EXPECT_EQ(pipe.rest(), turnstile::to_json_line(sample_event()));
 }
 
 // A line longer than the room a pipe has left: a blocking write of it all waited for good for
 // the rest (no reader), now the part that fits is written and the rest given up after a second.
 // The torn line is ended before the next one, which arrives whole on a line of its own.
 TEST(Events, ALineCutShortIsEndedBeforeTheNextOne) {
-  std::array<int, 2> pipe_fds{};
-  ASSERT_EQ(::pipe(pipe_fds.data()), 0);
-  ASSERT_EQ(::fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK), 0);
-  for (const std::string block(4096, 'x'); ::write(pipe_fds[1], block.data(), block.size()) > 0;) {
-  }
-  ASSERT_EQ(::fcntl(pipe_fds[1], F_SETFL, 0), 0);
-  std::array<char, 4096> buffer{};
-  ASSERT_EQ(::read(pipe_fds[0], buffer.data(), buffer.size()), 4096);  // room for one page, no more
-  auto sink = turnstile::json_lines_sink(pipe_fds[1]);
+  FullPipe pipe;
+  ASSERT_EQ(pipe.drain(4096).size(), 4096u);  // room for one page, no more
+  auto sink = turnstile::json_lines_sink(pipe.write_end());
   auto long_event = sample_event();
   long_event.reason = std::string(6000, 'r');  // a line of over 6,000 bytes
   auto told = std::async(std::launch::async, [&] { sink(long_event); });
   ASSERT_EQ(told.wait_for(60s), std::future_status::ready) << "the sink waited for room the pipe never had";
-  std::string drained;
-  ASSERT_EQ(::fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK), 0);
-  for (ssize_t n; (n = ::read(pipe_fds[0], buffer.data(), buffer.size())) > 0;) drained.append(buffer.data(), n);
+  const auto drained = pipe.drain();
   const auto torn_at = drained.find('{');
   ASSERT_NE(torn_at, std::string::npos) << "nothing of the long line was written";
   EXPECT_EQ(drained.find('\n', torn_at), std::string::npos) << "the long line was not cut short: nothing tested";
   sink(sample_event());
-  ::close(pipe_fds[1]);
-  ASSERT_EQ(::fcntl(pipe_fds[0], F_SETFL, 0), 0);
-  std::string after;
-  for (ssize_t n; (n = ::read(pipe_fds[0], buffer.data(), buffer.size())) > 0;) after.append(buffer.data(), n);
-  ::close(pipe_fds[0]);
-  EXPECT_EQ(after, "\n" + turnstile::to_json_line(sample_event())) << "the next line was glued to the torn one";
+  EXPECT_EQ(pipe.rest(), "\n" + turnstile::to_json_line(sample_event())) << "the next line was glued to the torn one";
 }
 
 TEST(Events, NamesEveryKind) {
