@@ -47,8 +47,9 @@ using EventHandler = std::function<void(const Event&)>;
 // "event":"acquired","backend":...,"duration_seconds":...}; empty fields are left out.
 std::string to_json_line(const Event& event);
 // An EventHandler writing to_json_line() of each event to `fd` (not closed by it), lines of
-// concurrent events never interleaved. A descriptor that takes nothing for a second (a pipe
-// nobody reads) loses that line; write errors are ignored: telling must never fail a hold.
+// concurrent events never interleaved. A line the descriptor has not taken within a second (a
+// pipe nobody reads) is given up, and one given up part-way is ended before the next; write
+// errors are ignored: telling must never fail a hold.
 EventHandler json_lines_sink(int fd);
 
 // A snapshot of a Client's counters and histograms (Client::metrics()): plain values, copied

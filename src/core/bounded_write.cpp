@@ -25,10 +25,14 @@ ssize_t write_some(int fd, const char* bytes, std::size_t size) noexcept {
 }  // namespace
 
 std::size_t write_within(int fd, std::string_view bytes, std::chrono::milliseconds patience) noexcept {
+  // One deadline for the whole: a reader that takes a byte now and then cannot stretch it.
+  const auto give_up = std::chrono::steady_clock::now() + patience;
   std::size_t written = 0;
   while (written < bytes.size()) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(give_up - std::chrono::steady_clock::now());
     pollfd ready{.fd = fd, .events = POLLOUT, .revents = 0};
-    if (::poll(&ready, 1, static_cast<int>(patience.count())) != 1 || !(ready.revents & POLLOUT)) return written;
+    const int wait_ms = static_cast<int>(std::max<std::chrono::milliseconds::rep>(left.count(), 0));
+    if (::poll(&ready, 1, wait_ms) != 1 || !(ready.revents & POLLOUT)) return written;
     const auto n = write_some(fd, bytes.data() + written, bytes.size() - written);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) return written;

@@ -10,8 +10,8 @@
 
 namespace turnstile::detail {
 
-// Writes all of `bytes` to `fd`, unless the descriptor takes nothing for `patience` at a time
-// (then what is left is dropped) or fails. How many bytes were written: fewer than all, but
+// Writes all of `bytes` to `fd`, unless that takes longer than `patience` (then what is left is
+// dropped) or the descriptor fails. Never waits in write() itself. How many bytes were written: fewer than all, but
 // some, leaves a torn line the caller must end before its next one.
 std::size_t write_within(int fd, std::string_view bytes, std::chrono::milliseconds patience) noexcept;
 

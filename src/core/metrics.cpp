@@ -179,7 +179,7 @@ EventHandler json_lines_sink(int fd) {
     const auto line = to_json_line(event);
     std::lock_guard lock(writer->order);
     const std::string text = writer->torn ? "\n" + line : line;
-    // A descriptor that takes nothing for a second (a pipe nobody reads) loses the line: the
+    // A line the descriptor has not taken within a second (a pipe nobody reads) is given up: the
     // client's later events and its end must not wait on it for good.
     const auto written = detail::write_within(fd, text, std::chrono::seconds(1));
     if (written > 0) writer->torn = written < text.size();

@@ -77,7 +77,8 @@ TEST(ServeHostHeader, LoopbackNamesWithOrWithoutAPortAreLoopback) {
 TEST(ServeHostHeader, ACharacterNoHostIsSpelledWithIsNotLoopback) {
   for (const std::string& host :
        {std::string("127.0.0.1\0.evil.example", 23), std::string("localhost\0", 10), std::string("[::1%lo]"),
-        std::string("[::1%25lo]:80"), std::string("127.0.0.1\t"), std::string("localhost..")}) {
+        std::string("[::1%25lo]:80"), std::string("127.0.0.1\t"), std::string("localhost.."), std::string(".localhost"),
+        std::string("a..localhost"), std::string("evillocalhost"), std::string("localhost.evil")}) {
     EXPECT_FALSE(host_header_is_loopback(host)) << host;
   }
 }

@@ -7,12 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "common.hpp"
 #include "text_table.hpp"
 
 namespace {
 
 using turnstile::cli::aligned_rows;
 using turnstile::cli::display_width;
+using turnstile::cli::printable;
 
 TEST(TextTable, WidthCountsTerminalColumns) {
   EXPECT_EQ(display_width("host-1"), 6u);
@@ -57,6 +59,19 @@ TEST(TextTable, NumbersAlignRightAndTheLastColumnIsNotPadded) {
             "NAME     HOLDERS\n"
             "\xe5\x90\x8d            12\n"
             "jobs/a         3\n");
+}
+
+// Names that differ only by characters a terminal draws as nothing looked alike in inspect
+// (rt29b B3: four names in use, every row "deploy/prod"): each such character is escaped.
+TEST(Printable, CharactersATerminalDrawsAsNothingAreEscaped) {
+  EXPECT_EQ(printable("deploy/\xcd\x8fprod"), "deploy/\\u{34f}prod");            // U+034F grapheme joiner
+  EXPECT_EQ(printable("deploy/prod\xc2\xad"), "deploy/prod\\u{ad}");             // soft hyphen
+  EXPECT_EQ(printable("deploy/\xe3\x85\xa4prod"), "deploy/\\u{3164}prod");       // Hangul filler
+  EXPECT_EQ(printable("deploy/prod\xf3\xa0\x80\x81"), "deploy/prod\\u{e0001}");  // a tag
+  EXPECT_EQ(printable("\xd8\x9cprod"), "\\u{61c}prod");                          // Arabic letter mark
+  EXPECT_EQ(printable("\xef\xbf\xb9x"), "\\u{fff9}x");                           // interlinear annotation
+  // Visible text stays as it is, wide and combining characters included.
+  EXPECT_EQ(printable("h\xc3\xb4te \xe6\x97\xa5 e\xcc\x81"), "h\xc3\xb4te \xe6\x97\xa5 e\xcc\x81");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <iterator>
 #include <mutex>
 #include <string_view>
 
@@ -30,7 +31,7 @@ std::string iso8601(std::chrono::system_clock::time_point when) {
   return buf;
 }
 
-// Given up when stderr takes nothing for a second (a pipe nobody reads, a stopped terminal
+// Given up when stderr has not taken it within a second (a pipe nobody reads, a stopped terminal
 // reader): turnstile must not wait on its own messages while it should stop or release.
 void complain(const std::string& message) {
   // Messages come from the main thread and from the event hook's (-v): one at a time, and a
@@ -112,11 +113,22 @@ std::string name_problem(std::string_view name) {
   return {};
 }
 
-// Characters a terminal acts on or that reorder or hide text: C0 and C1 controls, DEL, and
-// Unicode's invisible formatting marks (zero-width, bidirectional overrides, line separators).
+// Characters a terminal acts on or that reorder or hide text: C0 and C1 controls, DEL, the line
+// and paragraph separators, the interlinear annotation marks, and every code point Unicode
+// calls Default_Ignorable (DerivedCoreProperties.txt: zero-width and bidirectional marks, the
+// soft hyphen, variation selectors, Hangul fillers, tags...), which a terminal draws as nothing,
+// so that two names that differ only by them look alike (red team rt29b B3).
 static bool invisible(char32_t c) {
-  return c < 0x20 || (c >= 0x7F && c <= 0x9F) || (c >= 0x200B && c <= 0x200F) || (c >= 0x2028 && c <= 0x202E) ||
-         (c >= 0x2060 && c <= 0x2069) || c == 0xFEFF;
+  struct Range {
+    char32_t first, last;
+  };
+  static constexpr Range kInvisible[] = {{0x0000, 0x001F},   {0x007F, 0x009F},   {0x00AD, 0x00AD},  {0x034F, 0x034F},
+                                         {0x061C, 0x061C},   {0x115F, 0x1160},   {0x17B4, 0x17B5},  {0x180B, 0x180F},
+                                         {0x200B, 0x200F},   {0x2028, 0x202E},   {0x2060, 0x206F},  {0x3164, 0x3164},
+                                         {0xFE00, 0xFE0F},   {0xFEFF, 0xFEFF},   {0xFFA0, 0xFFA0},  {0xFFF0, 0xFFFB},
+                                         {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A}, {0xE0000, 0xE0FFF}};
+  return std::any_of(std::begin(kInvisible), std::end(kInvisible),
+                     [c](const Range& range) { return c >= range.first && c <= range.last; });
 }
 
 // Text from the backend — written by any peer — as shown on a terminal: each control or

@@ -36,13 +36,20 @@ std::optional<int> port_number(std::string_view text) {
   return port;
 }
 
-// "localhost" in any case, with or without the root's trailing dot.
+// "localhost" or a name under it ("app.localhost", which browsers resolve to loopback
+// themselves, RFC 6761), in any case, with or without the root's trailing dot.
 bool is_localhost_name(std::string_view host) {
   if (host.ends_with('.')) host.remove_suffix(1);
   constexpr std::string_view kLocalhost = "localhost";
-  return host.size() == kLocalhost.size() &&
-         std::equal(host.begin(), host.end(), kLocalhost.begin(),
-                    [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
+  if (host.size() < kLocalhost.size()) return false;
+  const auto last = host.substr(host.size() - kLocalhost.size());
+  const bool named = std::equal(last.begin(), last.end(), kLocalhost.begin(),
+                                [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
+  if (!named || host.size() == kLocalhost.size()) return named;
+  // A name under it: labels of letters, digits and '-', none empty.
+  const auto labels = host.substr(0, host.size() - kLocalhost.size());
+  return labels.ends_with('.') && !labels.starts_with('.') && labels.find("..") == std::string_view::npos &&
+         labels.find(':') == std::string_view::npos && labels.find_first_of("[]") == std::string_view::npos;
 }
 
 int parse_port(std::string_view text, std::string_view whole) {

@@ -222,6 +222,7 @@ extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory
   settings.reports = &reports;
   const auto connect_by = settings.connect_by;
   const auto description = settings.description;
+  const bool many_nodes = settings.sentinel() || settings.cluster();
   try {
     return std::make_unique<RedisBackend>(std::move(settings), eviction, options.error_handler, options.holder_label);
   } catch (const turnstile::BackendUnavailable& error) {
@@ -231,7 +232,9 @@ extern "C" std::unique_ptr<turnstile::detail::Backend> turnstile_backend_factory
     // failed past the deadline keeps its own reason (red team rt29 F5).
     const bool ran_out = std::string_view(error.what()).ends_with(kNoAnswerInTime);
     if (!connect_by || !ran_out || turnstile::SteadyClock::now() < *connect_by) throw;
+    // With sentinels or cluster seeds, what each one did (a refusal among them) follows.
     throw turnstile::BackendUnavailable("connecting to redis at " + description + " timed out after " +
-                                        std::to_string(options.connect_timeout.count()) + " ms");
+                                        std::to_string(options.connect_timeout.count()) + " ms" +
+                                        (many_nodes ? std::string(" (") + error.what() + ")" : std::string()));
   }
 }
