@@ -552,16 +552,24 @@ TEST(ZookeeperCounter, AChangeWhoseReplyWasLostIsReportedAsItHappened) {
   EXPECT_EQ(lose_the_reply(outcome([&] { return counter.drain_permits(); }), 0), "106");
   EXPECT_EQ(seen.available_permits(), 0);
 
-  // Every reply lost until the call gives up at its deadline: it cannot know, and says so.
+  // Every reply lost until the call gives up at its deadline: it cannot know, and says so. The
+  // replies before the change's are passed one by one until the change shows; a reply passed
+  // just as the change was applied may be the change's own (then the call was admitted: "1",
+  // nothing tested; seen once under ASan), and the attempt is made again.
   ASSERT_EQ(seen.add_permits(10), 10);
-  proxy.hold_replies();
-  auto undecided = std::async(std::launch::async, outcome([&] { return counter.try_acquire_for(1s, 4) ? 1 : 0; }));
-  EXPECT_TRUE(eventually([&] { return seen.available_permits() == 6 || (proxy.pass_one_reply(20ms), false); }, 10s));
-  proxy.drop_replies();
-  ASSERT_EQ(undecided.wait_for(15s), std::future_status::ready);
-  const auto message = undecided.get();
+  std::string message;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    proxy.hold_replies();
+    auto undecided = std::async(std::launch::async, outcome([&] { return counter.try_acquire_for(1s, 4) ? 1 : 0; }));
+    EXPECT_TRUE(eventually([&] { return seen.available_permits() == 6 || (proxy.pass_one_reply(20ms), false); }, 10s));
+    proxy.drop_replies();
+    ASSERT_EQ(undecided.wait_for(15s), std::future_status::ready);
+    message = undecided.get();
+    proxy.forward();
+    if (message != "1") break;
+    ASSERT_EQ(seen.add_permits(4), 10);  // the 4 taken go back for the next attempt
+  }
   EXPECT_NE(message.find("may or may not have been applied"), std::string::npos) << message;
-  proxy.forward();
 }
 
 // A count a peer pushed beyond +-max_permits (or beyond 64 bits) never wedges the name: it is
