@@ -57,9 +57,7 @@ int exit_status_for(const Error& error) {
   }
 }
 
-// The length of the well-formed UTF-8 sequence at text[i] (RFC 3629: no overlong forms, no
-// surrogates, nothing above U+10FFFF), or 0.
-static std::size_t utf8_length(std::string_view text, std::size_t i, char32_t& code_point) {
+std::size_t utf8_length(std::string_view text, std::size_t i, char32_t& code_point) {
   const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
   const unsigned char lead = byte(i);
   std::size_t length;

@@ -27,6 +27,11 @@ inline constexpr int kExitNotFound = 127;
 // formatting character becomes \u{...}, each byte that is not UTF-8 \xNN, and a backslash \\.
 std::string printable(std::string_view text);
 
+// The length of the well-formed multi-byte UTF-8 sequence at text[i] (RFC 3629: no overlong
+// forms, no surrogates, nothing above U+10FFFF), its code point in `code_point`; 0 for an ASCII
+// byte or anything not well formed.
+std::size_t utf8_length(std::string_view text, std::size_t i, char32_t& code_point);
+
 // ISO 8601 in UTC with milliseconds: 2024-05-01T10:00:00.123Z.
 std::string iso8601(std::chrono::system_clock::time_point when);
 

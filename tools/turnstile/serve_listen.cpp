@@ -48,8 +48,9 @@ bool is_localhost_name(std::string_view host) {
   if (!named || host.size() == kLocalhost.size()) return named;
   // A name under it: labels of letters, digits and '-', none empty.
   const auto labels = host.substr(0, host.size() - kLocalhost.size());
+  constexpr std::string_view kLabelCharacters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.";
   return labels.ends_with('.') && !labels.starts_with('.') && labels.find("..") == std::string_view::npos &&
-         labels.find(':') == std::string_view::npos && labels.find_first_of("[]") == std::string_view::npos;
+         labels.find_first_not_of(kLabelCharacters) == std::string_view::npos;
 }
 
 int parse_port(std::string_view text, std::string_view whole) {

@@ -6,18 +6,10 @@
 
 #include <algorithm>
 
+#include "common.hpp"
+
 namespace turnstile::cli {
 namespace {
-
-// The code point of the UTF-8 sequence at text[i], advancing i past it (text is well formed).
-char32_t next_code_point(std::string_view text, std::size_t& i) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char lead = byte(i++);
-  const int more = lead < 0x80 ? 0 : lead < 0xE0 ? 1 : lead < 0xF0 ? 2 : 3;
-  char32_t code_point = more == 0 ? lead : lead & (0x3F >> more);
-  for (int k = 0; k < more && i < text.size(); ++k) code_point = (code_point << 6) | (byte(i++) & 0x3F);
-  return code_point;
-}
 
 // C.UTF-8's character classes for wcwidth(), made once; nullptr without that locale.
 locale_t utf8_locale() {
@@ -33,8 +25,10 @@ std::size_t display_width(std::string_view text) {
   const locale_t previous = utf8 ? uselocale(utf8) : static_cast<locale_t>(nullptr);
   std::size_t width = 0;
   for (std::size_t i = 0; i < text.size();) {
-    const char32_t code_point = next_code_point(text, i);
-    const int columns = utf8 ? wcwidth(static_cast<wchar_t>(code_point)) : 1;
+    char32_t code_point = static_cast<unsigned char>(text[i]);
+    const std::size_t length = code_point < 0x80 ? 1 : utf8_length(text, i, code_point);
+    i += length == 0 ? 1 : length;  // a byte that is not UTF-8 (printable() leaves none): as one
+    const int columns = utf8 && length != 0 ? wcwidth(static_cast<wchar_t>(code_point)) : 1;
     width += columns < 0 ? 1 : static_cast<std::size_t>(columns);  // unassigned: as one
   }
   if (utf8) uselocale(previous);
